@@ -1,0 +1,8 @@
+#pragma once
+
+// Everything public in dtensor.
+#include <dtensor/collectives.h>
+#include <dtensor/comm_debug_mode.h>
+#include <dtensor/device_mesh.h>
+#include <dtensor/error.h>
+#include <dtensor/process_group.h>

@@ -1,0 +1,97 @@
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/intrusive_ptr.h>
+#include <torch/arg.h>
+
+#include <dtensor/process_group.h>
+
+namespace c10d {
+class Work;
+} // namespace c10d
+
+namespace dtensor {
+
+// [Note: the collective choke point]
+// Every collective dtensor issues (DTensor redistribution, FSDP all-gather and
+// reduce-scatter, norm reductions, scalers, hooks) goes through the functions below. They
+// check their arguments, report to every active CommDebugMode, then call the c10d backend.
+// Nothing else in the library may call a c10d collective, which is what lets tests assert
+// exact collective counts.
+
+enum class ReduceOp { Sum, Avg, Max, Min, Product };
+std::string to_string(ReduceOp op);
+
+enum class CollectiveKind { AllReduce, AllGather, ReduceScatter, AllToAll, Broadcast, Barrier };
+constexpr int kNumCollectiveKinds = 6;
+std::string to_string(CollectiveKind kind);
+
+struct CollectiveOptions {
+  // Return at once with a pending Work instead of waiting for completion. The tensors
+  // must not be read or freed before Work::wait().
+  TORCH_ARG(bool, async_op) = false;
+};
+
+// A pending collective. wait() blocks until it completes (or throws dtensor::Error naming
+// the collective and group when it failed or timed out) and then runs the finishing step
+// the collective needs (for example the division of an emulated average).
+class Work {
+ public:
+  Work() = default;
+  Work(c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish, std::string what);
+  ~Work();
+  Work(Work&&) noexcept;
+  Work& operator=(Work&&) noexcept;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  void wait();
+  bool completed() const { return done_; }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::function<void()> finish_;
+  std::string what_;
+  bool done_ = true;
+};
+
+// In place: every rank's `tensor` becomes the reduction over the group.
+// Avg is emulated (Sum then divide) where the backend lacks it; it needs a floating dtype.
+Work all_reduce_(at::Tensor& tensor, ReduceOp op, const Group& group,
+                 const CollectiveOptions& options = {});
+// Functional form: returns the reduced tensor, leaves `tensor` alone.
+at::Tensor all_reduce(const at::Tensor& tensor, ReduceOp op, const Group& group);
+
+// `output` (size(0) == group.size() * input.size(0), same trailing shape) receives every
+// rank's `input`, stacked along dim 0 in group-rank order.
+Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const Group& group,
+                            const CollectiveOptions& options = {});
+// Functional form: concatenates every rank's `input` along `gather_dim`.
+at::Tensor all_gather_tensor(const at::Tensor& input, int64_t gather_dim, const Group& group);
+
+// `input` (size(0) == group.size() * output.size(0)) is reduced over the group and group
+// rank r keeps slice r along dim 0 in `output`.
+Work reduce_scatter_tensor_into(at::Tensor& output, const at::Tensor& input, ReduceOp op,
+                                const Group& group, const CollectiveOptions& options = {});
+// Functional form: reduces, then keeps this rank's slice along `scatter_dim` (whose size
+// must be divisible by the group size).
+at::Tensor reduce_scatter_tensor(const at::Tensor& input, ReduceOp op, int64_t scatter_dim,
+                                 const Group& group);
+
+// Rank r sends rows input[in_splits[0..j-1] sum .. +in_splits[j]) to group rank j and
+// receives out_splits[j] rows from it. Empty splits mean equal splits along dim 0.
+at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>& out_splits,
+                             const std::vector<int64_t>& in_splits, const Group& group);
+
+// In place: every rank's `tensor` becomes group rank `src`'s.
+Work broadcast_(at::Tensor& tensor, int src, const Group& group,
+                const CollectiveOptions& options = {});
+
+void barrier(const Group& group);
+
+} // namespace dtensor

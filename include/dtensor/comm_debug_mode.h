@@ -1,0 +1,70 @@
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <c10/core/ScalarType.h>
+
+#include <dtensor/collectives.h>
+
+namespace dtensor {
+
+// One collective as the choke point saw it.
+struct CollectiveRecord {
+  CollectiveKind kind;
+  std::string group;        // the Group's label ("dp", "world", ...) or its ranks
+  std::vector<int> ranks;   // global ranks of the group
+  ReduceOp op = ReduceOp::Sum; // meaningful for AllReduce / ReduceScatter
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  std::vector<int64_t> shape; // of the input tensor
+  int64_t bytes_in = 0;  // bytes this rank hands to the collective
+  int64_t bytes_out = 0; // bytes this rank receives as its result
+  bool async = false;
+};
+
+// [Note: CommDebugMode]
+// An RAII scope that records every collective issued through the choke point while it is
+// alive. Scopes are thread-local and nest: a collective is recorded by every scope active on
+// the issuing thread, inner and outer alike (as nested PyTorch dispatch modes both see it).
+//
+//   dtensor::CommDebugMode mode;
+//   ... run collectives ...
+//   REQUIRE(mode.count(CollectiveKind::AllReduce) == 1);
+//   std::cout << mode.table();
+class CommDebugMode {
+ public:
+  CommDebugMode();
+  ~CommDebugMode();
+  CommDebugMode(const CommDebugMode&) = delete;
+  CommDebugMode& operator=(const CommDebugMode&) = delete;
+
+  // Counts per kind (kinds never seen are absent), like PyTorch's get_comm_counts().
+  std::map<CollectiveKind, int64_t> comm_counts() const;
+  int64_t count(CollectiveKind kind) const;
+  int64_t total_count() const;
+  // Counts per group label, then per kind.
+  std::map<std::string, std::map<CollectiveKind, int64_t>> counts_by_group() const;
+  int64_t count(const std::string& group, CollectiveKind kind) const;
+  int64_t bytes_in(CollectiveKind kind) const;
+  int64_t total_bytes_in() const;
+  int64_t total_bytes_out() const;
+  const std::vector<CollectiveRecord>& records() const { return records_; }
+
+  // A fixed-width table: one row per group, one column per kind, and bytes.
+  std::string table() const;
+  // {"total_count":..,"total_bytes_in":..,"counts":{..},"by_group":{..},"records":[..]}
+  std::string json() const;
+  void reset() { records_.clear(); }
+
+  // Called by the choke point; not for users.
+  static void record(const CollectiveRecord& rec);
+  static bool any_active();
+
+ private:
+  std::vector<CollectiveRecord> records_;
+};
+
+} // namespace dtensor

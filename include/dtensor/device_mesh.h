@@ -1,0 +1,92 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <c10/core/DeviceType.h>
+
+#include <dtensor/process_group.h>
+
+namespace dtensor {
+
+namespace detail {
+struct MeshState;
+} // namespace detail
+
+// [Note: DeviceMesh]
+// An N-D array of global ranks with optional dimension names. Each process holds the groups
+// of its own slices: for dimension d, the ranks that share its coordinates on every other
+// dimension. Groups are created once (collectively, when the mesh is made) and cached by
+// rank list, so sub-meshes and flattened meshes over the same ranks reuse them.
+class DeviceMesh {
+ public:
+  DeviceMesh() = default;
+
+  c10::DeviceType device_type() const;
+  const std::vector<int64_t>& shape() const;
+  int64_t ndim() const;
+  int64_t size() const; // number of ranks in the mesh
+  int64_t size(int64_t dim) const;
+  const std::vector<std::string>& dim_names() const; // empty when the mesh is unnamed
+  // Index of a named dimension; throws naming the mesh when unknown.
+  int64_t dim_index(const std::string& name) const;
+
+  // This rank's global rank, and its coordinate on each dimension (nullopt when the rank
+  // is not part of the mesh, which cannot happen for meshes made by init_device_mesh).
+  int get_rank() const;
+  std::optional<std::vector<int64_t>> get_coordinate() const;
+  int64_t get_local_rank(int64_t dim) const;
+  int64_t get_local_rank(const std::string& dim) const;
+
+  // The group of this rank's slice along a dimension. Its label is the dimension's name
+  // (or "dim<i>" for unnamed meshes), which CommDebugMode reports.
+  Group get_group(int64_t dim) const;
+  Group get_group(const std::string& dim) const;
+  Group get_group() const; // 1-D meshes only
+  std::vector<Group> get_all_groups() const;
+
+  // The global ranks of the mesh, row-major over shape().
+  const std::vector<int>& ranks() const;
+
+  // Sub-mesh over the named dimensions (in the given order; other dimensions fixed at this
+  // rank's coordinates). Names made by flatten() on any ancestor mesh are accepted too.
+  DeviceMesh operator[](const std::string& name) const;
+  DeviceMesh operator[](const std::vector<std::string>& names) const;
+  DeviceMesh operator[](std::initializer_list<std::string> names) const {
+    return (*this)[std::vector<std::string>(names)];
+  }
+
+  // A 1-D mesh over all ranks of this mesh (row-major), named `name` (default: dimension
+  // names joined by '_'). The root mesh remembers it, so root[name] returns it afterwards.
+  // Collective: every rank of the root mesh must call it.
+  DeviceMesh flatten(const std::string& name = "") const;
+
+  bool operator==(const DeviceMesh& other) const;
+  bool operator!=(const DeviceMesh& other) const { return !(*this == other); }
+  size_t hash() const;
+  std::string to_string() const; // "DeviceMesh(cpu, [[0, 1], [2, 3]], names=(dp, tp))"
+  bool defined() const { return state_ != nullptr; }
+
+ private:
+  friend DeviceMesh init_device_mesh(c10::DeviceType, const std::vector<int64_t>&,
+                                     const std::vector<std::string>&);
+  explicit DeviceMesh(std::shared_ptr<detail::MeshState> state);
+  std::shared_ptr<detail::MeshState> state_;
+};
+
+// A mesh over all ranks of the world, ranks laid out row-major over `shape`. Collective:
+// every rank calls it with the same arguments. Starts the process group if needed.
+DeviceMesh init_device_mesh(c10::DeviceType device_type, const std::vector<int64_t>& shape,
+                            const std::vector<std::string>& dim_names = {});
+
+} // namespace dtensor
+
+template <>
+struct std::hash<dtensor::DeviceMesh> {
+  size_t operator()(const dtensor::DeviceMesh& mesh) const { return mesh.hash(); }
+};

@@ -1,0 +1,97 @@
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <c10/core/DeviceType.h>
+#include <c10/util/intrusive_ptr.h>
+#include <torch/arg.h>
+
+namespace c10d {
+class Backend;
+class Store;
+} // namespace c10d
+
+namespace dtensor {
+
+// Which c10d engine carries the collectives.
+enum class BackendType {
+  Auto, // NCCL when built with CUDA and enough GPUs are visible, Gloo otherwise
+  Gloo, // c10d::ProcessGroupGloo (CPU tensors)
+  Nccl, // c10d::ProcessGroupNCCL (CUDA tensors)
+};
+
+std::string to_string(BackendType backend);
+
+// Options of init_process_group(). Everything not set here is read from the torchrun
+// environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
+// so the same program runs under torchrun, SLURM srun (with those variables exported) or
+// alone (no variables: a world of one rank).
+struct ProcessGroupOptions {
+  TORCH_ARG(BackendType, backend) = BackendType::Auto;
+  // Timeout of the rendezvous and of every collective; a rank that waits longer fails.
+  TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(5);
+  TORCH_ARG(std::optional<int>, rank) = std::nullopt;
+  TORCH_ARG(std::optional<int>, world_size) = std::nullopt;
+  TORCH_ARG(std::optional<std::string>, master_addr) = std::nullopt;
+  TORCH_ARG(std::optional<int>, master_port) = std::nullopt;
+};
+
+namespace detail {
+struct GroupState;
+} // namespace detail
+
+// A handle on one c10d communicator: the ranks it spans (global ranks, in group-rank
+// order) and a label that CommDebugMode uses to attribute its collectives ("world",
+// a mesh dimension name such as "dp", ...). Copies share the communicator.
+class Group {
+ public:
+  Group() = default;
+  Group(std::shared_ptr<const detail::GroupState> state, std::string label);
+
+  bool defined() const { return state_ != nullptr; }
+  int rank() const; // this process's rank inside the group
+  int size() const;
+  const std::vector<int>& ranks() const; // global ranks, index = group rank
+  const std::string& label() const { return label_; }
+  Group with_label(std::string label) const { return Group(state_, std::move(label)); }
+  BackendType backend_type() const;
+  c10::DeviceType device_type() const; // kCPU for Gloo, kCUDA for NCCL
+  std::chrono::milliseconds timeout() const;
+  // The underlying c10d backend, for what dtensor does not wrap. Collectives issued on it
+  // directly bypass CommDebugMode.
+  const c10::intrusive_ptr<c10d::Backend>& backend() const;
+  std::string to_string() const; // "dp: ranks [0, 2] (gloo)"
+
+  bool operator==(const Group& other) const { return state_ == other.state_; }
+  bool operator!=(const Group& other) const { return !(*this == other); }
+
+ private:
+  std::shared_ptr<const detail::GroupState> state_;
+  std::string label_;
+};
+
+// Joins the default (world) group. Collective across all ranks; call once per process.
+void init_process_group(const ProcessGroupOptions& options = {});
+bool is_initialized();
+// Drops the world group and every cached subgroup.
+void destroy_process_group();
+
+int get_rank();
+int get_world_size();
+int get_local_rank(); // LOCAL_RANK, 0 when unset
+BackendType get_backend();
+Group world_group();
+
+// The group over `ranks` (global ranks, in the given order), created on first use and
+// cached: every rank in `ranks` must call it, in the same order relative to other group
+// creations. Ranks not in `ranks` get an undefined Group and must not call collectives on it.
+Group new_group(const std::vector<int>& ranks, std::string label = "");
+
+// Number of c10d communicators this process has created so far (world included).
+int64_t num_groups_created();
+
+} // namespace dtensor

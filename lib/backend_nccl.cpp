@@ -1,0 +1,43 @@
+// Construction of c10d::ProcessGroupNCCL. The only translation unit that sees the NCCL and
+// CUDA headers; built with USE_C10D_NCCL when -Dcuda is enabled.
+#include "internal/check.h"
+#include "internal/process_group_state.h"
+
+#ifdef USE_C10D_NCCL
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+namespace dtensor::detail {
+
+#ifdef USE_C10D_NCCL
+
+bool nccl_available() { return true; }
+
+int cuda_device_count() { return static_cast<int>(c10::cuda::device_count()); }
+
+c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store,
+                                                    int rank, int size,
+                                                    std::chrono::milliseconds timeout) {
+  auto options = c10d::ProcessGroupNCCL::Options::create();
+  options->timeout = timeout;
+  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+}
+
+#else
+
+bool nccl_available() { return false; }
+
+int cuda_device_count() { return 0; }
+
+c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>&,
+                                                    int rank, int size,
+                                                    std::chrono::milliseconds) {
+  DTENSOR_FAIL("init_process_group: backend nccl requested (rank {} of {}) but dtensor was "
+               "built without CUDA/NCCL; rebuild with -Dcuda=enabled or use backend gloo",
+               rank, size);
+}
+
+#endif
+
+} // namespace dtensor::detail

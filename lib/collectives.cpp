@@ -1,0 +1,384 @@
+// The collective choke point (see [Note: the collective choke point] in collectives.h).
+#include <dtensor/collectives.h>
+#include <dtensor/comm_debug_mode.h>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "internal/check.h"
+#include "internal/process_group_state.h"
+
+namespace dtensor {
+
+namespace {
+
+std::string describe(const at::Tensor& t) {
+  return fmt::format("{}{} on {}", c10::toString(t.scalar_type()), t.sizes(),
+                     t.device().str());
+}
+
+void check_group(const char* what, const Group& group) {
+  DTENSOR_CHECK(group.defined(), "{}: undefined group (this rank is not a member of it)", what);
+}
+
+void check_tensor(const char* what, const char* name, const at::Tensor& t, const Group& group) {
+  DTENSOR_CHECK(t.defined(), "{}: {} is an undefined tensor (group {})", what, name,
+                group.to_string());
+  DTENSOR_CHECK(t.device().type() == group.device_type(),
+                "{}: {} is {} but group {} moves {} tensors", what, name, describe(t),
+                group.to_string(), c10::DeviceTypeName(group.device_type(), true));
+  DTENSOR_CHECK(t.is_contiguous(), "{}: {} ({}) must be contiguous", what, name, describe(t));
+  DTENSOR_CHECK(!t.is_sparse(), "{}: {} ({}) is sparse; only dense tensors are supported", what,
+                name, describe(t));
+}
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+  case ReduceOp::Sum:
+    return c10d::ReduceOp(c10d::ReduceOp::SUM);
+  case ReduceOp::Avg:
+    return c10d::ReduceOp(c10d::ReduceOp::AVG);
+  case ReduceOp::Max:
+    return c10d::ReduceOp(c10d::ReduceOp::MAX);
+  case ReduceOp::Min:
+    return c10d::ReduceOp(c10d::ReduceOp::MIN);
+  case ReduceOp::Product:
+    return c10d::ReduceOp(c10d::ReduceOp::PRODUCT);
+  }
+  DTENSOR_FAIL("unknown ReduceOp {}", static_cast<int>(op));
+}
+
+// [Note: emulated average]
+// Gloo has no AVG. We reduce with SUM and divide the result by the group size when the
+// collective completes, so callers (and CommDebugMode) still see a single collective.
+bool emulate_avg(ReduceOp op, const Group& group) {
+  return op == ReduceOp::Avg && group.backend_type() != BackendType::Nccl;
+}
+
+c10d::ReduceOp backend_op(const char* what, ReduceOp op, const at::Tensor& t, const Group& group) {
+  if (op == ReduceOp::Avg) {
+    DTENSOR_CHECK(at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type()),
+                  "{}: ReduceOp avg needs a floating-point tensor, got {}", what, describe(t));
+  }
+  return emulate_avg(op, group) ? c10d::ReduceOp(c10d::ReduceOp::SUM) : to_c10d(op);
+}
+
+void report(CollectiveKind kind, const Group& group, ReduceOp op, const at::Tensor& in,
+            int64_t bytes_out, bool async) {
+  if (!CommDebugMode::any_active()) {
+    return;
+  }
+  CollectiveRecord rec;
+  rec.kind = kind;
+  rec.group = group.label();
+  rec.ranks = group.ranks();
+  rec.op = op;
+  if (in.defined()) {
+    rec.dtype = in.scalar_type();
+    rec.shape = in.sizes().vec();
+    rec.bytes_in = static_cast<int64_t>(in.nbytes());
+  }
+  rec.bytes_out = bytes_out;
+  rec.async = async;
+  CommDebugMode::record(rec);
+}
+
+template <typename Issue>
+Work run(const std::string& what, const Group& group, const CollectiveOptions& options,
+         Issue&& issue, std::function<void()> finish = {}) {
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = issue(*group.backend());
+  } catch (const Error&) {
+    throw;
+  } catch (const c10::Error& e) {
+    DTENSOR_FAIL("{} on group {} failed: {}", what, group.to_string(), e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    DTENSOR_FAIL("{} on group {} failed: {}", what, group.to_string(), e.what());
+  }
+  Work handle(std::move(work), std::move(finish), what + " on group " + group.to_string());
+  if (!options.async_op()) {
+    handle.wait();
+  }
+  return handle;
+}
+
+int64_t normalize_dim(const char* what, int64_t dim, const at::Tensor& t) {
+  int64_t nd = t.dim();
+  DTENSOR_CHECK(nd > 0, "{}: needs a tensor with at least one dimension, got {}", what, describe(t));
+  DTENSOR_CHECK(dim >= -nd && dim < nd, "{}: dim {} is out of range for {}", what, dim,
+                describe(t));
+  return dim < 0 ? dim + nd : dim;
+}
+
+} // namespace
+
+std::string to_string(ReduceOp op) {
+  switch (op) {
+  case ReduceOp::Sum:
+    return "sum";
+  case ReduceOp::Avg:
+    return "avg";
+  case ReduceOp::Max:
+    return "max";
+  case ReduceOp::Min:
+    return "min";
+  case ReduceOp::Product:
+    return "product";
+  }
+  return "?";
+}
+
+std::string to_string(CollectiveKind kind) {
+  switch (kind) {
+  case CollectiveKind::AllReduce:
+    return "all_reduce";
+  case CollectiveKind::AllGather:
+    return "all_gather";
+  case CollectiveKind::ReduceScatter:
+    return "reduce_scatter";
+  case CollectiveKind::AllToAll:
+    return "all_to_all";
+  case CollectiveKind::Broadcast:
+    return "broadcast";
+  case CollectiveKind::Barrier:
+    return "barrier";
+  }
+  return "?";
+}
+
+Work::Work(c10::intrusive_ptr<c10d::Work> work, std::function<void()> finish, std::string what)
+    : work_(std::move(work)), finish_(std::move(finish)), what_(std::move(what)), done_(false) {}
+
+Work::Work(Work&& other) noexcept
+    : work_(std::move(other.work_)), finish_(std::move(other.finish_)),
+      what_(std::move(other.what_)), done_(other.done_) {
+  other.done_ = true;
+}
+
+Work& Work::operator=(Work&& other) noexcept {
+  if (this != &other) {
+    work_ = std::move(other.work_);
+    finish_ = std::move(other.finish_);
+    what_ = std::move(other.what_);
+    done_ = other.done_;
+    other.done_ = true;
+  }
+  return *this;
+}
+
+Work::~Work() {
+  // A dropped async Work still completes before its tensors can be reused.
+  if (!done_) {
+    try {
+      wait();
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "dtensor: pending {} failed while its Work was dropped: {}\n", what_,
+                 e.what());
+    }
+  }
+}
+
+void Work::wait() {
+  if (done_) {
+    return;
+  }
+  done_ = true;
+  try {
+    if (work_) {
+      work_->wait();
+    }
+  } catch (const c10::Error& e) {
+    DTENSOR_FAIL("{} failed: {}", what_, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    DTENSOR_FAIL("{} failed: {}", what_, e.what());
+  }
+  if (finish_) {
+    finish_();
+  }
+}
+
+Work all_reduce_(at::Tensor& tensor, ReduceOp op, const Group& group,
+                 const CollectiveOptions& options) {
+  const char* what = "all_reduce";
+  check_group(what, group);
+  check_tensor(what, "tensor", tensor, group);
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = backend_op(what, op, tensor, group);
+  report(CollectiveKind::AllReduce, group, op, tensor, static_cast<int64_t>(tensor.nbytes()),
+         options.async_op());
+  std::function<void()> finish;
+  if (emulate_avg(op, group)) {
+    finish = [tensor, n = group.size()]() mutable { tensor.div_(n); };
+  }
+  std::vector<at::Tensor> tensors{tensor};
+  return run(
+      fmt::format("all_reduce({}, {})", to_string(op), describe(tensor)), group, options,
+      [&](c10d::Backend& b) { return b.allreduce(tensors, opts); }, std::move(finish));
+}
+
+at::Tensor all_reduce(const at::Tensor& tensor, ReduceOp op, const Group& group) {
+  at::Tensor out = tensor.clone(at::MemoryFormat::Contiguous);
+  all_reduce_(out, op, group);
+  return out;
+}
+
+Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const Group& group,
+                            const CollectiveOptions& options) {
+  const char* what = "all_gather_into_tensor";
+  check_group(what, group);
+  check_tensor(what, "input", input, group);
+  check_tensor(what, "output", output, group);
+  DTENSOR_CHECK(input.dim() > 0 && output.dim() == input.dim() &&
+                    output.size(0) == input.size(0) * group.size() &&
+                    output.sizes().slice(1) == input.sizes().slice(1) &&
+                    output.scalar_type() == input.scalar_type(),
+                "{}: output {} does not fit input {} gathered over {} ranks of group {} "
+                "(expected dim 0 = {} x {})",
+                what, describe(output), describe(input), group.size(), group.to_string(),
+                group.size(), input.dim() > 0 ? input.size(0) : 0);
+  report(CollectiveKind::AllGather, group, ReduceOp::Sum, input,
+         static_cast<int64_t>(output.nbytes()), options.async_op());
+  at::Tensor in = input;
+  return run(fmt::format("all_gather_into_tensor({})", describe(input)), group, options,
+             [&](c10d::Backend& b) { return b._allgather_base(output, in, c10d::AllgatherOptions()); });
+}
+
+at::Tensor all_gather_tensor(const at::Tensor& input, int64_t gather_dim, const Group& group) {
+  const char* what = "all_gather_tensor";
+  check_group(what, group);
+  int64_t dim = normalize_dim(what, gather_dim, input);
+  at::Tensor in = input.contiguous();
+  std::vector<int64_t> shape = in.sizes().vec();
+  shape[0] *= group.size();
+  at::Tensor out = at::empty(shape, in.options());
+  all_gather_into_tensor(out, in, group);
+  if (dim == 0) {
+    return out;
+  }
+  return at::cat(out.chunk(group.size(), 0), dim);
+}
+
+Work reduce_scatter_tensor_into(at::Tensor& output, const at::Tensor& input, ReduceOp op,
+                                const Group& group, const CollectiveOptions& options) {
+  const char* what = "reduce_scatter_tensor";
+  check_group(what, group);
+  check_tensor(what, "input", input, group);
+  check_tensor(what, "output", output, group);
+  DTENSOR_CHECK(input.dim() > 0 && output.dim() == input.dim() &&
+                    input.size(0) == output.size(0) * group.size() &&
+                    output.sizes().slice(1) == input.sizes().slice(1) &&
+                    output.scalar_type() == input.scalar_type(),
+                "{}: input {} does not split into output {} over {} ranks of group {} "
+                "(expected input dim 0 = {} x output dim 0)",
+                what, describe(input), describe(output), group.size(), group.to_string(),
+                group.size());
+  c10d::ReduceScatterOptions opts;
+  opts.reduceOp = backend_op(what, op, input, group);
+  report(CollectiveKind::ReduceScatter, group, op, input, static_cast<int64_t>(output.nbytes()),
+         options.async_op());
+  std::function<void()> finish;
+  if (emulate_avg(op, group)) {
+    finish = [output, n = group.size()]() mutable { output.div_(n); };
+  }
+  at::Tensor in = input;
+  return run(
+      fmt::format("reduce_scatter_tensor({}, {})", to_string(op), describe(input)), group,
+      options, [&](c10d::Backend& b) { return b._reduce_scatter_base(output, in, opts); },
+      std::move(finish));
+}
+
+at::Tensor reduce_scatter_tensor(const at::Tensor& input, ReduceOp op, int64_t scatter_dim,
+                                 const Group& group) {
+  const char* what = "reduce_scatter_tensor";
+  check_group(what, group);
+  int64_t dim = normalize_dim(what, scatter_dim, input);
+  int64_t n = group.size();
+  DTENSOR_CHECK(input.size(dim) % n == 0,
+                "{}: dim {} of {} (size {}) is not divisible by the {} ranks of group {}", what,
+                dim, describe(input), input.size(dim), n, group.to_string());
+  at::Tensor in = dim == 0 ? input.contiguous() : at::cat(input.chunk(n, dim), 0).contiguous();
+  std::vector<int64_t> shape = in.sizes().vec();
+  shape[0] /= n;
+  at::Tensor out = at::empty(shape, in.options());
+  // Chunks along `dim` were stacked along dim 0, so this rank's slice already has the
+  // result's shape.
+  reduce_scatter_tensor_into(out, in, op, group);
+  return out;
+}
+
+at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>& out_splits,
+                             const std::vector<int64_t>& in_splits, const Group& group) {
+  const char* what = "all_to_all_single";
+  check_group(what, group);
+  at::Tensor in = input.contiguous();
+  check_tensor(what, "input", in, group);
+  int64_t n = group.size();
+  DTENSOR_CHECK(in.dim() > 0, "{}: needs at least one dimension, got {}", what, describe(in));
+  auto check_splits = [&](const std::vector<int64_t>& splits, const char* name) {
+    DTENSOR_CHECK(splits.empty() || static_cast<int64_t>(splits.size()) == n,
+                  "{}: {} {} must have one entry per rank of group {}", what, name, splits,
+                  group.to_string());
+    for (int64_t s : splits) {
+      DTENSOR_CHECK(s >= 0, "{}: negative split in {} {}", what, name, splits);
+    }
+  };
+  check_splits(out_splits, "out_splits");
+  check_splits(in_splits, "in_splits");
+  if (in_splits.empty()) {
+    DTENSOR_CHECK(in.size(0) % n == 0,
+                  "{}: dim 0 of {} is not divisible by the {} ranks of group {}", what,
+                  describe(in), n, group.to_string());
+  } else {
+    int64_t total = 0;
+    for (int64_t s : in_splits) {
+      total += s;
+    }
+    DTENSOR_CHECK(total == in.size(0), "{}: in_splits {} add up to {}, but input is {}", what,
+                  in_splits, total, describe(in));
+  }
+  int64_t rows = in.size(0);
+  if (!out_splits.empty()) {
+    rows = 0;
+    for (int64_t s : out_splits) {
+      rows += s;
+    }
+  }
+  std::vector<int64_t> shape = in.sizes().vec();
+  shape[0] = rows;
+  at::Tensor out = at::empty(shape, in.options());
+  report(CollectiveKind::AllToAll, group, ReduceOp::Sum, in, static_cast<int64_t>(out.nbytes()),
+         false);
+  std::vector<int64_t> os = out_splits;
+  std::vector<int64_t> is = in_splits;
+  run(fmt::format("all_to_all_single({})", describe(in)), group, CollectiveOptions(),
+      [&](c10d::Backend& b) { return b.alltoall_base(out, in, os, is, c10d::AllToAllOptions()); });
+  return out;
+}
+
+Work broadcast_(at::Tensor& tensor, int src, const Group& group, const CollectiveOptions& options) {
+  const char* what = "broadcast";
+  check_group(what, group);
+  check_tensor(what, "tensor", tensor, group);
+  DTENSOR_CHECK(src >= 0 && src < group.size(),
+                "{}: source group rank {} is out of range for group {}", what, src,
+                group.to_string());
+  c10d::BroadcastOptions opts;
+  opts.rootRank = src;
+  opts.rootTensor = 0;
+  report(CollectiveKind::Broadcast, group, ReduceOp::Sum, tensor,
+         static_cast<int64_t>(tensor.nbytes()), options.async_op());
+  std::vector<at::Tensor> tensors{tensor};
+  return run(fmt::format("broadcast(src={}, {})", src, describe(tensor)), group, options,
+             [&](c10d::Backend& b) { return b.broadcast(tensors, opts); });
+}
+
+void barrier(const Group& group) {
+  check_group("barrier", group);
+  report(CollectiveKind::Barrier, group, ReduceOp::Sum, at::Tensor(), 0, false);
+  run("barrier", group, CollectiveOptions(),
+      [&](c10d::Backend& b) { return b.barrier(c10d::BarrierOptions()); });
+}
+
+} // namespace dtensor

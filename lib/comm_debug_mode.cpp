@@ -1,0 +1,192 @@
+// CommDebugMode: thread-local, nestable recording of the choke point's collectives.
+#include <dtensor/comm_debug_mode.h>
+
+#include <algorithm>
+
+#include "internal/check.h"
+
+namespace dtensor {
+
+namespace {
+
+thread_local std::vector<CommDebugMode*> active_modes;
+
+constexpr CollectiveKind kAllKinds[kNumCollectiveKinds] = {
+    CollectiveKind::AllReduce, CollectiveKind::AllGather, CollectiveKind::ReduceScatter,
+    CollectiveKind::AllToAll,  CollectiveKind::Broadcast, CollectiveKind::Barrier};
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+    case '"':
+      out += "\\\"";
+      break;
+    case '\\':
+      out += "\\\\";
+      break;
+    case '\n':
+      out += "\\n";
+      break;
+    default:
+      if (static_cast<unsigned char>(c) < 0x20) {
+        out += fmt::format("\\u{:04x}", static_cast<int>(c));
+      } else {
+        out += c;
+      }
+    }
+  }
+  return out + "\"";
+}
+
+std::string json_counts(const std::map<CollectiveKind, int64_t>& counts) {
+  std::vector<std::string> items;
+  for (const auto& [kind, n] : counts) {
+    items.push_back(fmt::format("{}:{}", json_string(to_string(kind)), n));
+  }
+  return fmt::format("{{{}}}", fmt::join(items, ","));
+}
+
+} // namespace
+
+CommDebugMode::CommDebugMode() { active_modes.push_back(this); }
+
+CommDebugMode::~CommDebugMode() {
+  auto it = std::find(active_modes.begin(), active_modes.end(), this);
+  if (it != active_modes.end()) {
+    active_modes.erase(it);
+  }
+}
+
+bool CommDebugMode::any_active() { return !active_modes.empty(); }
+
+void CommDebugMode::record(const CollectiveRecord& rec) {
+  for (CommDebugMode* mode : active_modes) {
+    mode->records_.push_back(rec);
+  }
+}
+
+std::map<CollectiveKind, int64_t> CommDebugMode::comm_counts() const {
+  std::map<CollectiveKind, int64_t> counts;
+  for (const auto& r : records_) {
+    ++counts[r.kind];
+  }
+  return counts;
+}
+
+int64_t CommDebugMode::count(CollectiveKind kind) const {
+  return std::count_if(records_.begin(), records_.end(),
+                       [&](const CollectiveRecord& r) { return r.kind == kind; });
+}
+
+int64_t CommDebugMode::total_count() const { return static_cast<int64_t>(records_.size()); }
+
+std::map<std::string, std::map<CollectiveKind, int64_t>> CommDebugMode::counts_by_group() const {
+  std::map<std::string, std::map<CollectiveKind, int64_t>> counts;
+  for (const auto& r : records_) {
+    ++counts[r.group][r.kind];
+  }
+  return counts;
+}
+
+int64_t CommDebugMode::count(const std::string& group, CollectiveKind kind) const {
+  return std::count_if(records_.begin(), records_.end(), [&](const CollectiveRecord& r) {
+    return r.kind == kind && r.group == group;
+  });
+}
+
+int64_t CommDebugMode::bytes_in(CollectiveKind kind) const {
+  int64_t total = 0;
+  for (const auto& r : records_) {
+    if (r.kind == kind) {
+      total += r.bytes_in;
+    }
+  }
+  return total;
+}
+
+int64_t CommDebugMode::total_bytes_in() const {
+  int64_t total = 0;
+  for (const auto& r : records_) {
+    total += r.bytes_in;
+  }
+  return total;
+}
+
+int64_t CommDebugMode::total_bytes_out() const {
+  int64_t total = 0;
+  for (const auto& r : records_) {
+    total += r.bytes_out;
+  }
+  return total;
+}
+
+std::string CommDebugMode::table() const {
+  // One row per group in first-seen order, then a total row.
+  std::vector<std::string> groups;
+  for (const auto& r : records_) {
+    if (std::find(groups.begin(), groups.end(), r.group) == groups.end()) {
+      groups.push_back(r.group);
+    }
+  }
+  size_t width = 5;
+  for (const auto& g : groups) {
+    width = std::max(width, g.size());
+  }
+  std::string out = fmt::format("CommDebugMode: {} collective(s), {} bytes in, {} bytes out\n",
+                                total_count(), total_bytes_in(), total_bytes_out());
+  out += fmt::format("{:<{}}", "group", width);
+  for (CollectiveKind k : kAllKinds) {
+    out += fmt::format(" {:>14}", to_string(k));
+  }
+  out += fmt::format(" {:>12} {:>12}\n", "bytes_in", "bytes_out");
+  auto row = [&](const std::string& name, const std::string& group) {
+    int64_t in = 0;
+    int64_t outb = 0;
+    std::string line = fmt::format("{:<{}}", name, width);
+    for (CollectiveKind k : kAllKinds) {
+      int64_t n = 0;
+      for (const auto& r : records_) {
+        if (r.kind == k && (group.empty() || r.group == group)) {
+          ++n;
+        }
+      }
+      line += fmt::format(" {:>14}", n);
+    }
+    for (const auto& r : records_) {
+      if (group.empty() || r.group == group) {
+        in += r.bytes_in;
+        outb += r.bytes_out;
+      }
+    }
+    return line + fmt::format(" {:>12} {:>12}\n", in, outb);
+  };
+  for (const auto& g : groups) {
+    out += row(g, g);
+  }
+  out += row("total", "");
+  return out;
+}
+
+std::string CommDebugMode::json() const {
+  std::vector<std::string> by_group;
+  for (const auto& [group, counts] : counts_by_group()) {
+    by_group.push_back(fmt::format("{}:{}", json_string(group), json_counts(counts)));
+  }
+  std::vector<std::string> recs;
+  for (const auto& r : records_) {
+    recs.push_back(fmt::format(
+        "{{\"kind\":{},\"group\":{},\"ranks\":[{}],\"op\":{},\"dtype\":{},\"shape\":[{}],"
+        "\"bytes_in\":{},\"bytes_out\":{},\"async\":{}}}",
+        json_string(to_string(r.kind)), json_string(r.group), fmt::join(r.ranks, ","),
+        json_string(to_string(r.op)), json_string(c10::toString(r.dtype)),
+        fmt::join(r.shape, ","), r.bytes_in, r.bytes_out, r.async ? "true" : "false"));
+  }
+  return fmt::format("{{\"total_count\":{},\"total_bytes_in\":{},\"total_bytes_out\":{},"
+                     "\"counts\":{},\"by_group\":{{{}}},\"records\":[{}]}}",
+                     total_count(), total_bytes_in(), total_bytes_out(),
+                     json_counts(comm_counts()), fmt::join(by_group, ","),
+                     fmt::join(recs, ","));
+}
+
+} // namespace dtensor

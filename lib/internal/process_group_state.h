@@ -1,0 +1,36 @@
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <dtensor/process_group.h>
+
+namespace dtensor::detail {
+
+// What a Group points at: one c10d communicator over a list of global ranks.
+struct GroupState {
+  c10::intrusive_ptr<c10d::Backend> backend;
+  std::vector<int> ranks; // global ranks; index = group rank
+  int rank = -1;          // this process's group rank
+  BackendType type = BackendType::Gloo;
+  c10::DeviceType device = c10::DeviceType::CPU;
+  std::chrono::milliseconds timeout{0};
+};
+
+// Backend constructors, one translation unit each so that only they see the Gloo / NCCL
+// headers and defines (lib/backend_gloo.cpp, lib/backend_nccl.cpp).
+c10::intrusive_ptr<c10d::Backend> make_gloo_backend(const c10::intrusive_ptr<c10d::Store>& store,
+                                                    int rank, int size,
+                                                    std::chrono::milliseconds timeout);
+c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store,
+                                                    int rank, int size,
+                                                    std::chrono::milliseconds timeout);
+bool nccl_available();   // built with NCCL
+int cuda_device_count(); // 0 without CUDA
+
+} // namespace dtensor::detail

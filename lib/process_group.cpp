@@ -1,0 +1,299 @@
+// init_process_group, the world group and the cache of subgroups.
+#include <cstdlib>
+#include <map>
+#include <mutex>
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "internal/check.h"
+#include "internal/process_group_state.h"
+
+namespace dtensor {
+
+namespace {
+
+struct World {
+  std::mutex mutex;
+  bool initialized = false;
+  c10::intrusive_ptr<c10d::Store> store;
+  std::shared_ptr<const detail::GroupState> world;
+  std::map<std::vector<int>, std::shared_ptr<const detail::GroupState>> groups;
+  int local_rank = 0;
+  int64_t num_created = 0;
+};
+
+World& world_state() {
+  static World w;
+  return w;
+}
+
+std::optional<std::string> env(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') {
+    return std::nullopt;
+  }
+  return std::string(v);
+}
+
+int env_int(const char* name, const std::string& value) {
+  try {
+    size_t pos = 0;
+    int v = std::stoi(value, &pos);
+    DTENSOR_CHECK(pos == value.size(), "init_process_group: {}='{}' is not an integer", name,
+                  value);
+    return v;
+  } catch (const std::logic_error&) {
+    DTENSOR_FAIL("init_process_group: {}='{}' is not an integer", name, value);
+  }
+}
+
+std::optional<int> env_int(const char* name) {
+  auto v = env(name);
+  if (!v) {
+    return std::nullopt;
+  }
+  return env_int(name, *v);
+}
+
+c10::intrusive_ptr<c10d::Store> make_store(int rank, int world_size, const std::string& addr,
+                                           std::optional<int> port,
+                                           std::chrono::milliseconds timeout) {
+  if (world_size == 1 && !port) {
+    return c10::make_intrusive<c10d::HashStore>();
+  }
+  DTENSOR_CHECK(port.has_value(),
+                "init_process_group: MASTER_PORT is not set (rank {} of {}, MASTER_ADDR={}); "
+                "launch with torchrun or export MASTER_ADDR/MASTER_PORT",
+                rank, world_size, addr);
+  DTENSOR_CHECK(*port > 0 && *port < 65536, "init_process_group: MASTER_PORT={} is not a port",
+                *port);
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<uint16_t>(*port);
+  opts.numWorkers = world_size;
+  opts.timeout = timeout;
+  // Under torchrun the agent already serves a TCPStore at MASTER_ADDR:MASTER_PORT; workers
+  // join it as clients under a per-restart prefix (what torch.distributed does too).
+  if (env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True") {
+    opts.isServer = false;
+    opts.waitWorkers = false;
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(addr, opts);
+    auto attempt = env("TORCHELASTIC_RESTART_COUNT").value_or("0");
+    return c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + attempt, tcp);
+  }
+  opts.isServer = rank == 0;
+  return c10::make_intrusive<c10d::TCPStore>(addr, opts);
+}
+
+std::shared_ptr<const detail::GroupState> make_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     std::vector<int> ranks, int group_rank,
+                                                     BackendType type,
+                                                     std::chrono::milliseconds timeout) {
+  auto state = std::make_shared<detail::GroupState>();
+  int size = static_cast<int>(ranks.size());
+  try {
+    state->backend = type == BackendType::Nccl
+                         ? detail::make_nccl_backend(store, group_rank, size, timeout)
+                         : detail::make_gloo_backend(store, group_rank, size, timeout);
+  } catch (const c10::Error& e) {
+    DTENSOR_FAIL("creating the {} group over ranks {} (group rank {}) failed: {}",
+                 to_string(type), ranks, group_rank, e.what_without_backtrace());
+  }
+  state->ranks = std::move(ranks);
+  state->rank = group_rank;
+  state->type = type;
+  state->device = type == BackendType::Nccl ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+  state->timeout = timeout;
+  return state;
+}
+
+World& initialized_world(const char* what) {
+  World& w = world_state();
+  DTENSOR_CHECK(w.initialized, "{}: the process group is not initialized; call "
+                               "dtensor::init_process_group() first",
+                what);
+  return w;
+}
+
+} // namespace
+
+std::string to_string(BackendType backend) {
+  switch (backend) {
+  case BackendType::Auto:
+    return "auto";
+  case BackendType::Gloo:
+    return "gloo";
+  case BackendType::Nccl:
+    return "nccl";
+  }
+  return "?";
+}
+
+Group::Group(std::shared_ptr<const detail::GroupState> state, std::string label)
+    : state_(std::move(state)), label_(std::move(label)) {}
+
+#define DTENSOR_GROUP_DEFINED(what)                                                      \
+  DTENSOR_CHECK(state_ != nullptr, "Group::{}: undefined group (this rank is not a member)", \
+                what)
+
+int Group::rank() const {
+  DTENSOR_GROUP_DEFINED("rank");
+  return state_->rank;
+}
+int Group::size() const {
+  DTENSOR_GROUP_DEFINED("size");
+  return static_cast<int>(state_->ranks.size());
+}
+const std::vector<int>& Group::ranks() const {
+  DTENSOR_GROUP_DEFINED("ranks");
+  return state_->ranks;
+}
+BackendType Group::backend_type() const {
+  DTENSOR_GROUP_DEFINED("backend_type");
+  return state_->type;
+}
+c10::DeviceType Group::device_type() const {
+  DTENSOR_GROUP_DEFINED("device_type");
+  return state_->device;
+}
+std::chrono::milliseconds Group::timeout() const {
+  DTENSOR_GROUP_DEFINED("timeout");
+  return state_->timeout;
+}
+const c10::intrusive_ptr<c10d::Backend>& Group::backend() const {
+  DTENSOR_GROUP_DEFINED("backend");
+  return state_->backend;
+}
+std::string Group::to_string() const {
+  if (!state_) {
+    return "Group(undefined)";
+  }
+  return fmt::format("{}: ranks {} ({})", label_, state_->ranks, dtensor::to_string(state_->type));
+}
+
+void init_process_group(const ProcessGroupOptions& options) {
+  World& w = world_state();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  DTENSOR_CHECK(!w.initialized, "init_process_group: already initialized (rank {} of {})",
+                w.world->rank, w.world->ranks.size());
+  auto env_rank = env_int("RANK");
+  auto env_world = env_int("WORLD_SIZE");
+  int rank = options.rank().value_or(env_rank.value_or(0));
+  int world_size = options.world_size().value_or(env_world.value_or(1));
+  DTENSOR_CHECK(world_size >= 1, "init_process_group: world size {} must be >= 1", world_size);
+  DTENSOR_CHECK(rank >= 0 && rank < world_size,
+                "init_process_group: rank {} is out of range for world size {}", rank,
+                world_size);
+  DTENSOR_CHECK(options.timeout().count() > 0, "init_process_group: timeout {} ms must be > 0",
+                options.timeout().count());
+  std::string addr = options.master_addr().value_or(env("MASTER_ADDR").value_or("127.0.0.1"));
+  std::optional<int> port = options.master_port();
+  if (!port) {
+    port = env_int("MASTER_PORT");
+  }
+  int local_rank = env_int("LOCAL_RANK").value_or(0);
+  int local_world = env_int("LOCAL_WORLD_SIZE").value_or(world_size);
+
+  BackendType type = options.backend();
+  if (type == BackendType::Auto) {
+    type = detail::nccl_available() && detail::cuda_device_count() >= local_world
+               ? BackendType::Nccl
+               : BackendType::Gloo;
+  }
+  if (type == BackendType::Nccl) {
+    DTENSOR_CHECK(detail::nccl_available(),
+                  "init_process_group: backend nccl requested but dtensor was built without "
+                  "CUDA/NCCL (-Dcuda=disabled)");
+    int gpus = detail::cuda_device_count();
+    DTENSOR_CHECK(local_rank < gpus,
+                  "init_process_group: backend nccl needs a GPU per local rank, but LOCAL_RANK={} "
+                  "and {} GPU(s) are visible",
+                  local_rank, gpus);
+  }
+
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = make_store(rank, world_size, addr, port, options.timeout());
+  } catch (const c10::Error& e) {
+    DTENSOR_FAIL("init_process_group: rendezvous at {}:{} failed (rank {} of {}): {}", addr,
+                 port.value_or(0), rank, world_size, e.what_without_backtrace());
+  }
+  std::vector<int> all(static_cast<size_t>(world_size));
+  for (int r = 0; r < world_size; ++r) {
+    all[static_cast<size_t>(r)] = r;
+  }
+  auto world = make_group(c10::make_intrusive<c10d::PrefixStore>("dtensor/world/", store), all,
+                          rank, type, options.timeout());
+  w.store = store;
+  w.world = world;
+  w.groups.clear();
+  w.groups[all] = world;
+  w.local_rank = local_rank;
+  w.num_created = 1;
+  w.initialized = true;
+}
+
+bool is_initialized() {
+  World& w = world_state();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  return w.initialized;
+}
+
+void destroy_process_group() {
+  World& w = world_state();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  w.groups.clear();
+  w.world.reset();
+  w.store.reset();
+  w.initialized = false;
+}
+
+int get_rank() { return initialized_world("get_rank").world->rank; }
+
+int get_world_size() {
+  return static_cast<int>(initialized_world("get_world_size").world->ranks.size());
+}
+
+int get_local_rank() { return initialized_world("get_local_rank").local_rank; }
+
+BackendType get_backend() { return initialized_world("get_backend").world->type; }
+
+Group world_group() { return Group(initialized_world("world_group").world, "world"); }
+
+int64_t num_groups_created() { return initialized_world("num_groups_created").num_created; }
+
+Group new_group(const std::vector<int>& ranks, std::string label) {
+  World& w = initialized_world("new_group");
+  std::lock_guard<std::mutex> lock(w.mutex);
+  int world_size = static_cast<int>(w.world->ranks.size());
+  DTENSOR_CHECK(!ranks.empty(), "new_group: empty rank list");
+  std::vector<bool> seen(static_cast<size_t>(world_size), false);
+  for (int r : ranks) {
+    DTENSOR_CHECK(r >= 0 && r < world_size, "new_group: rank {} in {} is out of range for world size {}",
+                  r, ranks, world_size);
+    DTENSOR_CHECK(!seen[static_cast<size_t>(r)], "new_group: rank {} appears twice in {}", r, ranks);
+    seen[static_cast<size_t>(r)] = true;
+  }
+  if (label.empty()) {
+    label = fmt::format("ranks{}", ranks);
+  }
+  int me = w.world->rank;
+  auto it = std::find(ranks.begin(), ranks.end(), me);
+  if (it == ranks.end()) {
+    return Group();
+  }
+  if (auto cached = w.groups.find(ranks); cached != w.groups.end()) {
+    return Group(cached->second, std::move(label));
+  }
+  // Members rendezvous under a prefix named after the rank list: the same list always
+  // names the same communicator, and disjoint lists never wait on each other.
+  auto prefix = fmt::format("dtensor/group/{}/", fmt::join(ranks, ","));
+  auto state = make_group(c10::make_intrusive<c10d::PrefixStore>(prefix, w.store), ranks,
+                          static_cast<int>(it - ranks.begin()), w.world->type, w.world->timeout);
+  w.groups[ranks] = state;
+  ++w.num_created;
+  return Group(state, std::move(label));
+}
+
+} // namespace dtensor

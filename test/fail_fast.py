@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""A rank that throws, or one that stalls, must make the whole job fail within the timeout.
+
+usage: fail_fast.py TORCHRUN WORKER NPROC
+Runs WORKER under torchrun twice (modes throw and stall) and checks the exit status, the
+time it took and the messages. Exits 0 when both behave.
+"""
+import subprocess
+import sys
+import time
+
+COLLECTIVE_TIMEOUT_S = 5
+LIMIT_S = 60  # generous: torchrun start-up plus one collective timeout
+
+
+def run(torchrun, worker, nproc, mode):
+    cmd = [torchrun, "--standalone", f"--nproc-per-node={nproc}", "--no-python",
+           worker, mode, str(COLLECTIVE_TIMEOUT_S)]
+    start = time.monotonic()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT_S * 2)
+    except subprocess.TimeoutExpired:
+        print(f"FAIL {mode}: job still running after {LIMIT_S * 2} s (a rank hangs)")
+        return False
+    elapsed = time.monotonic() - start
+    out = p.stdout + p.stderr
+    ok = True
+    if p.returncode == 0:
+        print(f"FAIL {mode}: torchrun exited 0")
+        ok = False
+    if elapsed > LIMIT_S:
+        print(f"FAIL {mode}: took {elapsed:.1f} s > {LIMIT_S} s")
+        ok = False
+    want = ["rank 1 fails on purpose"] if mode == "throw" else ["rank 0 error:", "all_reduce(sum, Float[4] on cpu) on group dp"]
+    for w in want:
+        if w not in out:
+            print(f"FAIL {mode}: output lacks {w!r}")
+            ok = False
+    if "completed without rank 1" in out:
+        print(f"FAIL {mode}: a collective completed without rank 1")
+        ok = False
+    print(f"{'ok' if ok else 'FAIL'} {mode}: exit {p.returncode} after {elapsed:.1f} s")
+    if not ok:
+        print(out[-4000:])
+    return ok
+
+
+def main():
+    torchrun, worker, nproc = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    results = [run(torchrun, worker, nproc, m) for m in ("throw", "stall")]
+    sys.exit(0 if all(results) else 1)
+
+
+if __name__ == "__main__":
+    main()

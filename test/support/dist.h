@@ -1,0 +1,39 @@
+#pragma once
+
+// Helpers shared by the multi-rank tests.
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include <dtensor/all.h>
+
+namespace dtensor::testing {
+
+inline int rank() { return dtensor::get_rank(); }
+inline int world() { return dtensor::get_world_size(); }
+
+// cuda when the run uses NCCL (>= N GPUs visible and a CUDA build), cpu otherwise.
+inline c10::DeviceType device_type() {
+  return dtensor::get_backend() == dtensor::BackendType::Nccl ? c10::DeviceType::CUDA
+                                                              : c10::DeviceType::CPU;
+}
+
+inline at::TensorOptions options(at::ScalarType dtype = at::kFloat) {
+  auto device = device_type() == c10::DeviceType::CUDA
+                    ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(dtensor::get_local_rank()))
+                    : at::Device(at::kCPU);
+  return at::TensorOptions().dtype(dtype).device(device);
+}
+
+// A tensor from host values, on the test device.
+inline at::Tensor tensor(const std::vector<double>& values, at::ScalarType dtype = at::kFloat) {
+  return at::tensor(values, at::TensorOptions().dtype(at::kDouble)).to(options(dtype));
+}
+
+inline bool same(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
+         at::equal(a.cpu(), b.cpu());
+}
+
+} // namespace dtensor::testing

@@ -1,0 +1,233 @@
+// Collectives of the choke point, on every dimension of 1-D and 2-D meshes, against values
+// computed by hand.
+#include <numeric>
+
+#include "support/catch.h"
+#include "support/dist.h"
+
+using dtensor::ReduceOp;
+using dtensor::init_device_mesh;
+using dtensor::testing::contains;
+using dtensor::testing::device_type;
+using dtensor::testing::same;
+using dtensor::testing::options;
+using dtensor::testing::rank;
+using dtensor::testing::tensor;
+using dtensor::testing::world;
+
+namespace {
+
+// The meshes every collective is checked on: the 1-D world mesh, and for 4 ranks both
+// dimensions of a (2, 2) mesh; for 2 ranks both dimensions of a (1, 2) mesh.
+std::vector<dtensor::Group> groups_under_test() {
+  std::vector<dtensor::Group> groups{init_device_mesh(device_type(), {world()}, {"w"}).get_group()};
+  if (world() == 4) {
+    auto mesh = init_device_mesh(device_type(), {2, 2}, {"dp", "tp"});
+    groups.push_back(mesh.get_group("dp"));
+    groups.push_back(mesh.get_group("tp"));
+  } else if (world() == 2) {
+    auto mesh = init_device_mesh(device_type(), {1, 2}, {"dp", "tp"});
+    groups.push_back(mesh.get_group("dp"));
+    groups.push_back(mesh.get_group("tp"));
+  }
+  return groups;
+}
+
+// Group rank g contributes (g + 1) * [1, 10, 100].
+at::Tensor contribution(const dtensor::Group& g, at::ScalarType dtype = at::kFloat) {
+  double v = g.rank() + 1;
+  return tensor({v, 10 * v, 100 * v}, dtype);
+}
+
+at::Tensor scaled(double s) { return tensor({s, 10 * s, 100 * s}); }
+
+} // namespace
+
+TEST_CASE("all_reduce: every op on every mesh dimension", "[collectives][world1][world2][world4]") {
+  for (const auto& g : groups_under_test()) {
+    INFO(g.to_string());
+    double n = g.size();
+    double factorial = 1;
+    for (int i = 2; i <= g.size(); ++i) {
+      factorial *= i;
+    }
+    auto t = contribution(g);
+    dtensor::all_reduce_(t, ReduceOp::Sum, g);
+    CHECK(same(t, scaled(n * (n + 1) / 2)));
+    t = contribution(g);
+    dtensor::all_reduce_(t, ReduceOp::Avg, g);
+    CHECK(at::allclose(t.cpu(), scaled((n + 1) / 2).cpu()));
+    t = contribution(g);
+    dtensor::all_reduce_(t, ReduceOp::Max, g);
+    CHECK(same(t, scaled(n)));
+    t = contribution(g);
+    dtensor::all_reduce_(t, ReduceOp::Min, g);
+    CHECK(same(t, scaled(1)));
+    auto p = tensor({static_cast<double>(g.rank() + 1)});
+    dtensor::all_reduce_(p, ReduceOp::Product, g);
+    CHECK(p.item<float>() == static_cast<float>(factorial));
+    // Functional form leaves its input alone.
+    auto in = contribution(g, at::kDouble);
+    auto out = dtensor::all_reduce(in, ReduceOp::Sum, g);
+    CHECK(same(in, contribution(g, at::kDouble)));
+    CHECK(same(out, tensor({n * (n + 1) / 2, 10 * n * (n + 1) / 2, 100 * n * (n + 1) / 2}, at::kDouble)));
+    // Integers too.
+    auto i = tensor({static_cast<double>(g.rank())}, at::kLong);
+    dtensor::all_reduce_(i, ReduceOp::Sum, g);
+    CHECK(i.item<int64_t>() == g.size() * (g.size() - 1) / 2);
+  }
+}
+
+TEST_CASE("all_gather along dim 0 and dim 1", "[collectives][world1][world2][world4]") {
+  for (const auto& g : groups_under_test()) {
+    INFO(g.to_string());
+    // Group rank k holds a 2x3 block filled with k*100 + i*3 + j.
+    auto block = [&](int k) {
+      return (at::arange(6, options()).view({2, 3}) + 100.0 * k);
+    };
+    auto local = block(g.rank());
+    std::vector<at::Tensor> blocks;
+    for (int k = 0; k < g.size(); ++k) {
+      blocks.push_back(block(k));
+    }
+    CHECK(same(dtensor::all_gather_tensor(local, 0, g), at::cat(blocks, 0)));
+    CHECK(same(dtensor::all_gather_tensor(local, 1, g), at::cat(blocks, 1)));
+    CHECK(same(dtensor::all_gather_tensor(local, -1, g), at::cat(blocks, 1)));
+    at::Tensor out = at::empty({2 * g.size(), 3}, options());
+    dtensor::all_gather_into_tensor(out, local, g);
+    CHECK(same(out, at::cat(blocks, 0)));
+  }
+}
+
+TEST_CASE("reduce_scatter along dim 0 and dim 1", "[collectives][world1][world2][world4]") {
+  for (const auto& g : groups_under_test()) {
+    INFO(g.to_string());
+    int64_t n = g.size();
+    // Every rank holds x * (rank + 1) with x = arange; the sum is x * n(n+1)/2.
+    auto x0 = at::arange(2 * n * 3, options()).view({2 * n, 3});
+    auto x1 = at::arange(3 * 2 * n, options()).view({3, 2 * n});
+    double s = static_cast<double>(n * (n + 1) / 2);
+    auto r0 = dtensor::reduce_scatter_tensor(x0 * (g.rank() + 1), ReduceOp::Sum, 0, g);
+    CHECK(same(r0, x0.chunk(n, 0)[g.rank()] * s));
+    auto r1 = dtensor::reduce_scatter_tensor(x1 * (g.rank() + 1), ReduceOp::Sum, 1, g);
+    CHECK(same(r1, (x1.chunk(n, 1)[g.rank()] * s).contiguous()));
+    auto ra = dtensor::reduce_scatter_tensor(x0 * (g.rank() + 1), ReduceOp::Avg, 0, g);
+    CHECK(at::allclose(ra.cpu(), (x0.chunk(n, 0)[g.rank()] * (s / n)).cpu()));
+    auto rm = dtensor::reduce_scatter_tensor(x0 * (g.rank() + 1), ReduceOp::Max, 0, g);
+    CHECK(same(rm, x0.chunk(n, 0)[g.rank()] * static_cast<double>(n)));
+  }
+}
+
+TEST_CASE("all_to_all_single with equal and uneven splits", "[collectives][world1][world2][world4]") {
+  for (const auto& g : groups_under_test()) {
+    INFO(g.to_string());
+    int n = g.size();
+    int me = g.rank();
+    // Equal splits: rank i sends row block j (value 10*i + j) to rank j.
+    std::vector<double> send;
+    for (int j = 0; j < n; ++j) {
+      send.push_back(10.0 * me + j);
+    }
+    auto out = dtensor::all_to_all_single(tensor(send).view({n, 1}), {}, {}, g);
+    std::vector<double> expect;
+    for (int i = 0; i < n; ++i) {
+      expect.push_back(10.0 * i + me);
+    }
+    CHECK(same(out, tensor(expect).view({n, 1})));
+    // Uneven: rank i sends (j + 1) rows of value 10*i + j to rank j.
+    std::vector<double> rows;
+    std::vector<int64_t> in_splits;
+    for (int j = 0; j < n; ++j) {
+      in_splits.push_back(j + 1);
+      for (int k = 0; k <= j; ++k) {
+        rows.push_back(10.0 * me + j);
+      }
+    }
+    std::vector<int64_t> out_splits(static_cast<size_t>(n), me + 1);
+    auto uneven = dtensor::all_to_all_single(tensor(rows), out_splits, in_splits, g);
+    std::vector<double> got_expect;
+    for (int i = 0; i < n; ++i) {
+      for (int k = 0; k <= me; ++k) {
+        got_expect.push_back(10.0 * i + me);
+      }
+    }
+    CHECK(same(uneven, tensor(got_expect)));
+  }
+}
+
+TEST_CASE("broadcast and barrier", "[collectives][world1][world2][world4]") {
+  for (const auto& g : groups_under_test()) {
+    INFO(g.to_string());
+    for (int src = 0; src < g.size(); ++src) {
+      auto t = tensor({static_cast<double>(g.ranks()[static_cast<size_t>(g.rank())]), 7});
+      dtensor::broadcast_(t, src, g);
+      CHECK(same(t, tensor({static_cast<double>(g.ranks()[static_cast<size_t>(src)]), 7})));
+    }
+    dtensor::barrier(g);
+  }
+}
+
+TEST_CASE("async collectives complete on wait()", "[collectives][world1][world2][world4]") {
+  for (const auto& g : groups_under_test()) {
+    INFO(g.to_string());
+    double n = g.size();
+    auto opts = dtensor::CollectiveOptions().async_op(true);
+    auto a = contribution(g);
+    auto b = contribution(g);
+    auto w1 = dtensor::all_reduce_(a, ReduceOp::Sum, g, opts);
+    auto w2 = dtensor::all_reduce_(b, ReduceOp::Avg, g, opts);
+    at::Tensor gathered = at::empty({3 * g.size()}, options());
+    auto local = contribution(g);
+    auto w3 = dtensor::all_gather_into_tensor(gathered, local, g, opts);
+    at::Tensor shard = at::empty({1}, options());
+    auto full = tensor(std::vector<double>(static_cast<size_t>(g.size()), 2.0));
+    auto w4 = dtensor::reduce_scatter_tensor_into(shard, full, ReduceOp::Avg, g, opts);
+    w1.wait();
+    w2.wait();
+    w3.wait();
+    w4.wait();
+    CHECK(w1.completed());
+    CHECK(same(a, scaled(n * (n + 1) / 2)));
+    CHECK(at::allclose(b.cpu(), scaled((n + 1) / 2).cpu()));
+    std::vector<double> expect;
+    for (int k = 1; k <= g.size(); ++k) {
+      expect.insert(expect.end(), {1.0 * k, 10.0 * k, 100.0 * k});
+    }
+    CHECK(same(gathered, tensor(expect)));
+    CHECK(shard.item<float>() == 2.0f); // average of 2s, emulated on Gloo
+  }
+}
+
+TEST_CASE("collective errors name the op, the shapes and the group", "[collectives][world1][world2][world4]") {
+  auto g = init_device_mesh(device_type(), {world()}, {"w"}).get_group();
+  int n = g.size();
+  auto x = at::ones({3, 4}, options());
+  at::Tensor bad_out = at::empty({n * 3 + 1, 4}, options());
+  REQUIRE_THROWS_WITH(dtensor::all_gather_into_tensor(bad_out, x, g),
+                      contains("all_gather_into_tensor: output Float[" + std::to_string(n * 3 + 1) +
+                               ", 4]"));
+  REQUIRE_THROWS_WITH(dtensor::all_gather_into_tensor(bad_out, x, g), contains("does not fit input Float[3, 4]"));
+  at::Tensor small = at::empty({1, 4}, options());
+  REQUIRE_THROWS_WITH(dtensor::reduce_scatter_tensor_into(small, x, ReduceOp::Sum, g),
+                      contains("reduce_scatter_tensor: input Float[3, 4]"));
+  if (n > 1) {
+    REQUIRE_THROWS_WITH(dtensor::reduce_scatter_tensor(at::ones({3, 4}, options()), ReduceOp::Sum, 0, g),
+                        contains("dim 0 of Float[3, 4]"));
+  }
+  REQUIRE_THROWS_WITH(dtensor::all_gather_tensor(x, 2, g), contains("dim 2 is out of range for Float[3, 4]"));
+  auto xt = x.t();
+  REQUIRE_THROWS_WITH(dtensor::all_reduce_(xt, ReduceOp::Sum, g), contains("must be contiguous"));
+  auto ints = at::ones({2}, options(at::kLong));
+  REQUIRE_THROWS_WITH(dtensor::all_reduce_(ints, ReduceOp::Avg, g),
+                      contains("ReduceOp avg needs a floating-point tensor, got Long[2]"));
+  auto meta = at::empty({2}, at::TensorOptions().device(at::kMeta));
+  REQUIRE_THROWS_WITH(dtensor::all_reduce_(meta, ReduceOp::Sum, g), contains("is Float[2] on meta but group w"));
+  REQUIRE_THROWS_WITH(dtensor::broadcast_(x, n, g), contains("source group rank " + std::to_string(n) + " is out of range"));
+  if (n > 1) {
+    REQUIRE_THROWS_WITH(dtensor::all_to_all_single(at::ones({n + 1}, options()), {}, {}, g),
+                        contains("is not divisible by the " + std::to_string(n) + " ranks"));
+  }
+  std::vector<int64_t> wrong(static_cast<size_t>(n), 2);
+  REQUIRE_THROWS_WITH(dtensor::all_to_all_single(at::ones({2 * n + 1}, options()), {}, wrong, g),
+                      contains("add up to " + std::to_string(2 * n)));
+}

@@ -1,0 +1,87 @@
+// Process group: environment, world group, cached subgroups, errors.
+#include <cstdlib>
+
+#include "support/catch.h"
+#include "support/dist.h"
+
+using dtensor::testing::contains;
+using dtensor::testing::rank;
+using dtensor::testing::world;
+
+TEST_CASE("world group matches the torchrun environment", "[pg][world1][world2][world4]") {
+  const char* env_world = std::getenv("WORLD_SIZE");
+  const char* env_rank = std::getenv("RANK");
+  REQUIRE(world() == (env_world ? std::atoi(env_world) : 1));
+  REQUIRE(rank() == (env_rank ? std::atoi(env_rank) : 0));
+  auto g = dtensor::world_group();
+  REQUIRE(g.size() == world());
+  REQUIRE(g.rank() == rank());
+  REQUIRE(g.label() == "world");
+  std::vector<int> all;
+  for (int r = 0; r < world(); ++r) {
+    all.push_back(r);
+  }
+  REQUIRE(g.ranks() == all);
+  REQUIRE(dtensor::is_initialized());
+  REQUIRE(g.backend_type() == dtensor::get_backend());
+  REQUIRE(g.timeout() == std::chrono::milliseconds(std::chrono::seconds(DTENSOR_TEST_TIMEOUT_S)));
+}
+
+TEST_CASE("init_process_group twice is an error", "[pg][world1][world2][world4]") {
+  REQUIRE_THROWS_WITH(dtensor::init_process_group(), contains("already initialized"));
+}
+
+TEST_CASE("new_group creates each communicator once", "[pg][world2][world4]") {
+  int64_t before = dtensor::num_groups_created();
+  // Pairs {0,1}, {2,3}, ...: each rank is in exactly one.
+  int base = rank() - rank() % 2;
+  auto g = dtensor::new_group({base, base + 1}, "pair");
+  REQUIRE(g.defined());
+  REQUIRE(g.size() == 2);
+  REQUIRE(g.rank() == rank() % 2);
+  REQUIRE(g.label() == "pair");
+  auto again = dtensor::new_group({base, base + 1});
+  REQUIRE(again == g);
+  REQUIRE(again.label() == "ranks[" + std::to_string(base) + ", " + std::to_string(base + 1) + "]");
+  int64_t created = dtensor::num_groups_created() - before;
+  REQUIRE(created <= 1); // 0 when an earlier test already made it
+
+  // The whole world in order is the world group itself.
+  std::vector<int> all;
+  for (int r = 0; r < world(); ++r) {
+    all.push_back(r);
+  }
+  REQUIRE(dtensor::new_group(all) == dtensor::world_group());
+
+  // A group over the pair reversed is another communicator with swapped group ranks.
+  auto reversed = dtensor::new_group({base + 1, base});
+  REQUIRE(reversed != g);
+  REQUIRE(reversed.rank() == 1 - rank() % 2);
+  auto t = dtensor::testing::tensor({static_cast<double>(reversed.rank())});
+  auto gathered = dtensor::all_gather_tensor(t, 0, reversed);
+  REQUIRE(dtensor::testing::same(gathered, dtensor::testing::tensor({0, 1})));
+}
+
+TEST_CASE("new_group: non-members get an undefined group", "[pg][world4]") {
+  auto g = dtensor::new_group({0, 3});
+  REQUIRE(g.defined() == (rank() == 0 || rank() == 3));
+  if (!g.defined()) {
+    auto t = dtensor::testing::tensor({1});
+    REQUIRE_THROWS_WITH(dtensor::all_reduce_(t, dtensor::ReduceOp::Sum, g),
+                        contains("all_reduce: undefined group"));
+    REQUIRE_THROWS_WITH(g.size(), contains("undefined group"));
+  } else {
+    auto t = dtensor::testing::tensor({static_cast<double>(rank())});
+    dtensor::all_reduce_(t, dtensor::ReduceOp::Sum, g);
+    REQUIRE(t.item<float>() == 3.0f);
+  }
+}
+
+TEST_CASE("new_group rejects bad rank lists", "[pg][world1][world2][world4]") {
+  int w = world();
+  REQUIRE_THROWS_WITH(dtensor::new_group({}), contains("empty rank list"));
+  REQUIRE_THROWS_WITH(dtensor::new_group({0, w}),
+                      contains("rank " + std::to_string(w) + " in [0, " + std::to_string(w) +
+                               "] is out of range for world size " + std::to_string(w)));
+  REQUIRE_THROWS_WITH(dtensor::new_group({0, 0}), contains("rank 0 appears twice in [0, 0]"));
+}
