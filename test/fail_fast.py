@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """A rank that throws, or one that stalls, must make the whole job fail within the timeout.
 
-usage: fail_fast.py TORCHRUN WORKER NPROC
-Runs WORKER under torchrun twice (modes throw and stall) and checks the exit status, the
-time it took and the messages. Exits 0 when both behave.
+usage: fail_fast.py TORCHRUN WORKER TEST_PROGRAM NPROC
+Runs WORKER under torchrun twice (modes throw and stall), and TEST_PROGRAM's hidden test
+case that fails an assertion on rank 1 only; checks the exit status, the time it took and
+the messages. Exits 0 when all three behave.
 """
 import subprocess
 import sys
@@ -14,8 +15,12 @@ LIMIT_S = 60  # generous: torchrun start-up plus one collective timeout
 
 
 def run(torchrun, worker, nproc, mode):
-    cmd = [torchrun, "--standalone", f"--nproc-per-node={nproc}", "--no-python",
-           worker, mode, str(COLLECTIVE_TIMEOUT_S)]
+    if mode == "assertion":
+        cmd = [torchrun, "--standalone", f"--nproc-per-node={nproc}", "--no-python",
+               worker, "[harness-self-check]"]
+    else:
+        cmd = [torchrun, "--standalone", f"--nproc-per-node={nproc}", "--no-python",
+               worker, mode, str(COLLECTIVE_TIMEOUT_S)]
     start = time.monotonic()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT_S * 2)
@@ -31,7 +36,12 @@ def run(torchrun, worker, nproc, mode):
     if elapsed > LIMIT_S:
         print(f"FAIL {mode}: took {elapsed:.1f} s > {LIMIT_S} s")
         ok = False
-    want = ["rank 1 fails on purpose"] if mode == "throw" else ["rank 0 error:", "all_reduce(sum, Float[4] on cpu) on group dp"]
+    want = {
+        "throw": ["rank 1 fails on purpose"],
+        "stall": ["rank 0 error:", "all_reduce(sum, Float[4] on cpu) on group dp"],
+        "assertion": ["'harness self-check: fails on rank 1 only' failed on rank(s) 1",
+                      "failed: rank() != 1"],
+    }[mode]
     for w in want:
         if w not in out:
             print(f"FAIL {mode}: output lacks {w!r}")
@@ -46,8 +56,9 @@ def run(torchrun, worker, nproc, mode):
 
 
 def main():
-    torchrun, worker, nproc = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    torchrun, worker, test_program, nproc = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     results = [run(torchrun, worker, nproc, m) for m in ("throw", "stall")]
+    results.append(run(torchrun, test_program, nproc, "assertion"))
     sys.exit(0 if all(results) else 1)
 
 

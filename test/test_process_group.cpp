@@ -85,3 +85,12 @@ TEST_CASE("new_group rejects bad rank lists", "[pg][world1][world2][world4]") {
                                "] is out of range for world size " + std::to_string(w)));
   REQUIRE_THROWS_WITH(dtensor::new_group({0, 0}), contains("rank 0 appears twice in [0, 0]"));
 }
+
+// Hidden ([.]): run only by fail_fast.py to prove that an assertion failing on one rank
+// fails the whole run, and that rank 0 names the failing rank.
+TEST_CASE("harness self-check: fails on rank 1 only", "[.][harness-self-check]") {
+  auto t = dtensor::testing::tensor({1});
+  dtensor::all_reduce_(t, dtensor::ReduceOp::Sum, dtensor::world_group());
+  REQUIRE(t.item<float>() == static_cast<float>(world()));
+  CHECK(rank() != 1);
+}

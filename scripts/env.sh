@@ -1,0 +1,19 @@
+# Sourced by the scripts: paths and ccache settings shared by every build directory.
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=${DTENSOR_VENV:-$root/.venv}
+export PATH="$venv/bin:$PATH"
+# Objects are shared between clones and between the CPU and CUDA build directories.
+export CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1
+# One intra-op thread per rank: several ranks share the cores of one machine.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+
+# configure BUILD_DIR [meson options...]: set up once, reconfigure when options change.
+configure() {
+  local dir=$1
+  shift
+  if [[ -f $dir/build.ninja ]]; then
+    meson configure "$dir" "$@" >/dev/null
+  else
+    meson setup "$dir" "$@"
+  fi
+}

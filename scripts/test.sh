@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The whole test suite: set up (idempotent), build, run the world1/world2/world4 suites,
+# then build the CUDA/NCCL variant of the library and demo (compile and link only: no GPU
+# is needed, nothing of it runs here). Extra arguments go to `meson test`.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+"$root/scripts/setup.sh"
+
+start=$SECONDS
+configure "$root/build" -Dcuda=disabled
+ninja -C "$root/build"
+echo "[test] CPU build: $((SECONDS - start)) s"
+
+status=0
+meson test -C "$root/build" --print-errorlogs "$@" || status=$?
+summary=$(python3 - "$root/build/meson-logs/testlog.json" <<'PY'
+import json, sys
+passed = failed = skipped = 0
+for line in open(sys.argv[1]):
+    r = json.loads(line)["result"]
+    if r in ("OK", "EXPECTEDFAIL"):
+        passed += 1
+    elif r == "SKIP":
+        skipped += 1
+    else:
+        failed += 1
+print(f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else ""))
+PY
+)
+
+if [[ ${DTENSOR_SKIP_CUDA_BUILD:-0} != 1 ]]; then
+  if ls "$venv"/lib/python3*/site-packages/torch/lib/libtorch_cuda.so >/dev/null 2>&1; then
+    start=$SECONDS
+    configure "$root/build-cuda" -Dcuda=enabled -Dtests=false -Dexamples=true
+    ninja -C "$root/build-cuda" || status=1
+    echo "[test] CUDA/NCCL variant (compile + link): $((SECONDS - start)) s"
+  else
+    echo "[test] no libtorch_cuda in this LibTorch: CUDA/NCCL variant not built"
+  fi
+fi
+echo "tests: $summary"
+exit $status
