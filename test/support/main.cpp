@@ -102,7 +102,12 @@ int main(int argc, char** argv) {
   if (cfg.testsOrTags.empty()) {
     cfg.testsOrTags.push_back("[world" + std::to_string(world) + "]");
   }
-  if (cfg.rngSeed == 0) {
+  // Same seed on every rank (Catch2 v3 would otherwise draw one per process).
+  bool seed_given = false;
+  for (int i = 1; i < argc; ++i) {
+    seed_given = seed_given || std::string(argv[i]).rfind("--rng-seed", 0) == 0;
+  }
+  if (!seed_given) {
     cfg.rngSeed = 20261121;
   }
   if (rank != 0) {
