@@ -7,11 +7,13 @@
 #include <iostream>
 
 #if __has_include(<catch2/catch_test_macros.hpp>)
+#define DTENSOR_CATCH_V3 1
 #include <catch2/catch_session.hpp>
 #include <catch2/catch_test_case_info.hpp>
 #include <catch2/reporters/catch_reporter_event_listener.hpp>
 #include <catch2/reporters/catch_reporter_registrars.hpp>
 #else
+#define DTENSOR_CATCH_V3 0
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #endif
