@@ -4,5 +4,8 @@
 #include <dtensor/collectives.h>
 #include <dtensor/comm_debug_mode.h>
 #include <dtensor/device_mesh.h>
+#include <dtensor/dtensor.h>
+#include <dtensor/dtensor_spec.h>
 #include <dtensor/error.h>
+#include <dtensor/placement.h>
 #include <dtensor/process_group.h>

@@ -1,0 +1,57 @@
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include <dtensor/device_mesh.h>
+#include <dtensor/dtensor_spec.h>
+#include <dtensor/placement.h>
+
+namespace dtensor {
+
+// [Note: a DTensor is an at::Tensor]
+// A DTensor is an ordinary at::Tensor whose dispatch keys carry the PrivateUse1 bit next to
+// its local device's backend bit, whose sizes are the global shape, which has no storage,
+// and whose TensorImpl's BackendMeta holds the local tensor and the DTensorSpec. Every
+// aten op on it reaches dtensor's dispatch handler (below autograd, so autograd records it
+// like any op), which runs the op on local tensors after sharding propagation.
+// Because the state travels with the TensorImpl's metadata, `param.set_data(dtensor)`,
+// `.detach()`, `.data()` and autograd's shallow copies all stay DTensors: modules and
+// optimizers keep working on their existing parameter handles.
+//
+// dtensor::DTensor is a view of such a tensor with the DTensor API; it adds no state and
+// converts to at::Tensor implicitly (it derives from it).
+class DTensor : public at::Tensor {
+ public:
+  DTensor() = default;
+  // Throws when `t` is not a DTensor.
+  explicit DTensor(const at::Tensor& t);
+
+  // Wraps an existing local shard; no communication. `shape`/`stride` default to the global
+  // shape implied by even shards of `local`.
+  static DTensor from_local(const at::Tensor& local, const DeviceMesh& mesh,
+                            const Placements& placements,
+                            std::optional<std::vector<int64_t>> shape = std::nullopt,
+                            std::optional<std::vector<int64_t>> stride = std::nullopt);
+
+  at::Tensor to_local() const; // differentiable (gradients flow back as DTensors)
+  at::Tensor full_tensor() const; // redistribute to Replicate everywhere, then to_local()
+  DTensor redistribute(const DeviceMesh& mesh, const Placements& placements,
+                       bool async_op = false) const; // differentiable
+  DTensor redistribute(const Placements& placements) const;
+
+  const Placements& placements() const;
+  const DeviceMesh& device_mesh() const;
+  const DTensorSpec& spec() const;
+};
+
+bool is_dtensor(const at::Tensor& t);
+
+// Distributes a full tensor: each rank keeps its piece of `tensor` as held by global rank
+// `src_rank` (one broadcast per mesh dimension, then local chunks for Shard placements).
+DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
+                          const Placements& placements, int src_rank = 0);
+
+} // namespace dtensor

@@ -1,0 +1,359 @@
+// The DTensor dispatch handler: one boxed kernel for every aten op reaching PrivateUse1.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+
+#include "internal/check.h"
+#include "internal/dtensor_impl.h"
+#include "internal/redistribute.h"
+#include "internal/sharding.h"
+
+namespace dtensor::detail {
+
+namespace {
+
+// [Note: what reaches the handler]
+// DTensors carry the PrivateUse1 backend bit, so the dispatcher sends every op on them,
+// after autograd, to PrivateUse1. The boxed fallback below catches ops without a kernel
+// there. But an op with a CompositeExplicitAutograd(NonFunctional) kernel would run that
+// kernel on the DTensor instead (views become as_strided with global strides, structured
+// ops allocate plain outputs), so the same handler is registered directly on PrivateUse1
+// for every such aten op that has no CompositeImplicitAutograd kernel (those decompose
+// above autograd into ops we do see, e.g. linear -> t + addmm). The list is read from the
+// dispatcher when the first DTensor is made.
+
+struct Cached {
+  OpSharding sharding;
+  // Per returned tensor (a list return counts once): the global shapes of the outputs.
+  std::vector<std::vector<std::vector<int64_t>>> out_shapes;
+  std::vector<std::vector<c10::ScalarType>> out_dtypes;
+};
+
+struct DecisionCache {
+  std::mutex mutex;
+  std::unordered_map<std::string, std::shared_ptr<const Cached>> entries;
+};
+
+DecisionCache& decision_cache() {
+  static DecisionCache cache;
+  return cache;
+}
+constexpr size_t kMaxCachedDecisions = 8192;
+
+std::string op_full_name(const c10::OperatorHandle& op) {
+  const auto& n = op.operator_name();
+  return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+}
+
+// The key spells every spec out in full (placements, shape, stride, dtype; the mesh by its
+// hash, which covers its ranks, shape and names): equal keys mean equal decisions.
+void append_spec(std::ostringstream& key, const DTensorSpec& s) {
+  key << 's' << s.mesh.hash() << ':' << static_cast<int>(s.dtype);
+  for (const auto& p : s.placements) {
+    key << (p.is_shard() ? 'S' : p.is_replicate() ? 'R' : 'P');
+    if (p.is_shard()) {
+      key << p.dim();
+    } else if (p.is_partial()) {
+      key << static_cast<int>(p.reduce_op());
+      if (p.is_norm_partial()) {
+        key << 'n' << p.norm_p();
+      }
+    }
+  }
+  key << '[';
+  for (int64_t d : s.shape) {
+    key << d << ',';
+  }
+  key << '/';
+  for (int64_t d : s.stride) {
+    key << d << ',';
+  }
+  key << ']';
+}
+
+std::string cache_key(const OpInfo& info) {
+  std::ostringstream key;
+  key << info.name;
+  for (size_t i = 0; i < info.num_args(); ++i) {
+    key << '|';
+    if (info.specs[i]) {
+      append_spec(key, *info.specs[i]);
+    } else if (!info.list_specs[i].empty()) {
+      for (const auto& s : info.list_specs[i]) {
+        key << 'l';
+        append_spec(key, s);
+      }
+    } else {
+      const c10::IValue& v = info.arg(i);
+      if (v.isTensor()) {
+        const at::Tensor& t = v.toTensor();
+        key << 't' << (t.defined() ? c10::str(t.sizes(), t.scalar_type()) : "u");
+      } else {
+        key << v;
+      }
+    }
+  }
+  return key.str();
+}
+
+at::Tensor meta_of(const DTensorSpec& s) {
+  return at::empty_strided(s.shape, s.stride, at::TensorOptions().dtype(s.dtype).device(at::kMeta));
+}
+
+// Runs the op on meta tensors with global shapes to learn the outputs' global shapes.
+void infer_output_shapes(const c10::OperatorHandle& op, const OpInfo& info, Cached& out) {
+  torch::jit::Stack meta;
+  for (size_t i = 0; i < info.num_args(); ++i) {
+    const c10::IValue& v = info.arg(i);
+    if (info.specs[i]) {
+      meta.emplace_back(meta_of(*info.specs[i]));
+    } else if (!info.list_specs[i].empty() && v.isTensorList()) {
+      c10::List<at::Tensor> l;
+      for (const auto& s : info.list_specs[i]) {
+        l.push_back(meta_of(s));
+      }
+      meta.emplace_back(l);
+    } else if (v.isTensor() && v.toTensor().defined()) {
+      meta.emplace_back(v.toTensor().to(at::kMeta));
+    } else {
+      meta.push_back(v);
+    }
+  }
+  try {
+    op.callBoxed(meta);
+  } catch (const c10::Error& e) {
+    fail_unsupported(info, fmt::format("its output shape could not be inferred on meta tensors ({})",
+                                       e.what_without_backtrace()));
+  }
+  for (const auto& r : meta) {
+    std::vector<std::vector<int64_t>> shapes;
+    std::vector<c10::ScalarType> dtypes;
+    if (r.isTensor()) {
+      const at::Tensor& t = r.toTensor();
+      shapes.push_back(t.defined() ? t.sizes().vec() : std::vector<int64_t>{});
+      dtypes.push_back(t.defined() ? t.scalar_type() : c10::ScalarType::Undefined);
+    } else if (r.isTensorList()) {
+      for (const at::Tensor& t : r.toTensorVector()) {
+        shapes.push_back(t.sizes().vec());
+        dtypes.push_back(t.scalar_type());
+      }
+    }
+    out.out_shapes.push_back(std::move(shapes));
+    out.out_dtypes.push_back(std::move(dtypes));
+  }
+}
+
+bool returns_tensors(const c10::FunctionSchema& schema) {
+  for (const auto& r : schema.returns()) {
+    const auto& type = r.type();
+    if (type->kind() == c10::TypeKind::TensorType || type->kind() == c10::TypeKind::ListType ||
+        type->kind() == c10::TypeKind::OptionalType) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t nargs = schema.arguments().size();
+  const size_t base = stack->size() - nargs;
+  torch::jit::Stack args(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
+
+  OpInfo info;
+  info.op = &op;
+  info.name = op_full_name(op);
+  info.args = &args;
+  info.specs.resize(nargs);
+  info.list_specs.resize(nargs);
+  const DeviceMesh* mesh = nullptr;
+  auto see_mesh = [&](const DTensorSpec& s) {
+    if (mesh == nullptr) {
+      mesh = &s.mesh;
+    } else {
+      DTENSOR_CHECK(*mesh == s.mesh, "{}: DTensor arguments live on different meshes: {} and {}",
+                    info.name, mesh->to_string(), s.mesh.to_string());
+    }
+  };
+  std::vector<std::string> plain_args;
+  for (size_t i = 0; i < nargs; ++i) {
+    const c10::IValue& v = args[i];
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (const DTensorMeta* m = dtensor_meta(t)) {
+        info.specs[i] = m->spec;
+        see_mesh(m->spec);
+      } else if (t.defined() && t.dim() > 0) {
+        plain_args.push_back(fmt::format("argument {} '{}' ({}{})", i, schema.arguments()[i].name(),
+                                         c10::toString(t.scalar_type()), t.sizes()));
+      }
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorVector()) {
+        if (const DTensorMeta* m = dtensor_meta(t)) {
+          info.list_specs[i].push_back(m->spec);
+          see_mesh(m->spec);
+        } else {
+          plain_args.push_back(fmt::format("an element of argument {} '{}'", i,
+                                           schema.arguments()[i].name()));
+        }
+      }
+    }
+  }
+  DTENSOR_CHECK(mesh != nullptr, "{}: reached the DTensor handler without DTensor arguments", info.name);
+  info.mesh = mesh;
+  DTENSOR_CHECK(plain_args.empty(),
+                "{}: mixes DTensors with plain tensors ({}); only scalars and 0-dim tensors mix "
+                "implicitly: convert the others with distribute_tensor or DTensor::from_local",
+                info.name, fmt::join(plain_args, ", "));
+
+  // Decide (cached by op, input specs and the other arguments).
+  std::string key = cache_key(info);
+  std::shared_ptr<const Cached> decision;
+  {
+    DecisionCache& cache = decision_cache();
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    auto it = cache.entries.find(key);
+    if (it != cache.entries.end()) {
+      decision = it->second;
+    }
+  }
+  if (!decision) {
+    ShardingRule rule = find_rule(info.name, schema.name());
+    if (rule == nullptr) {
+      fail_unsupported(info, "no sharding rule is registered for it");
+    }
+    auto made = std::make_shared<Cached>();
+    made->sharding = rule(info);
+    made->sharding.inputs.resize(nargs);
+    made->sharding.list_inputs.resize(nargs);
+    made->sharding.local_args.resize(nargs);
+    if (returns_tensors(schema)) {
+      infer_output_shapes(op, info, *made);
+    }
+    decision = made;
+    DecisionCache& cache = decision_cache();
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    if (cache.entries.size() >= kMaxCachedDecisions) {
+      cache.entries.clear();
+    }
+    cache.entries.emplace(key, decision);
+  }
+  const OpSharding& sharding = decision->sharding;
+
+  // Unwrap, redistributing where the rule asks.
+  for (size_t i = 0; i < nargs; ++i) {
+    c10::IValue& slot = (*stack)[base + i];
+    if (info.specs[i]) {
+      const DTensorMeta* m = dtensor_meta(args[i].toTensor());
+      at::Tensor local = m->local;
+      if (sharding.inputs[i] && *sharding.inputs[i] != m->spec.placements) {
+        const auto* alias = schema.arguments()[i].alias_info();
+        DTENSOR_CHECK(alias == nullptr || !alias->isWrite(),
+                      "{}: argument '{}' is written in place but would have to be redistributed "
+                      "from {} to {}; redistribute it explicitly first",
+                      info.name, schema.arguments()[i].name(), to_string(m->spec.placements),
+                      to_string(*sharding.inputs[i]));
+        local = redistribute_local(local, m->spec, *sharding.inputs[i]);
+      }
+      slot = local;
+    } else if (!info.list_specs[i].empty()) {
+      c10::List<at::Tensor> locals;
+      for (const at::Tensor& t : args[i].toTensorVector()) {
+        const DTensorMeta* m = dtensor_meta(t);
+        at::Tensor local = m->local;
+        if (sharding.list_inputs[i] && *sharding.list_inputs[i] != m->spec.placements) {
+          local = redistribute_local(local, m->spec, *sharding.list_inputs[i]);
+        }
+        locals.push_back(local);
+      }
+      slot = locals;
+    }
+    if (sharding.local_args[i]) {
+      slot = *sharding.local_args[i];
+    }
+  }
+
+  op.callBoxed(*stack);
+
+  // Wrap the results.
+  const size_t nret = schema.returns().size();
+  const size_t rbase = stack->size() - nret;
+  for (size_t r = 0; r < nret; ++r) {
+    c10::IValue& slot = (*stack)[rbase + r];
+    const auto* alias = schema.returns()[r].alias_info();
+    if (alias != nullptr && alias->isWrite()) {
+      for (size_t a = 0; a < nargs; ++a) {
+        const auto* ai = schema.arguments()[a].alias_info();
+        if (ai != nullptr && ai->beforeSets() == alias->beforeSets()) {
+          slot = args[a];
+          break;
+        }
+      }
+      continue;
+    }
+    auto spec_for = [&](size_t element) {
+      DTENSOR_CHECK(r < sharding.outputs.size(), "{}: its sharding rule gave no placements for output {}",
+                    info.name, r);
+      DTensorSpec s;
+      s.mesh = *mesh;
+      s.placements = sharding.outputs[r];
+      s.shape = decision->out_shapes[r][element];
+      s.stride = contiguous_strides(s.shape);
+      s.dtype = decision->out_dtypes[r][element];
+      return s;
+    };
+    if (slot.isTensor()) {
+      const at::Tensor& t = slot.toTensor();
+      if (t.defined()) {
+        slot = make_dtensor(t, spec_for(0));
+      }
+    } else if (slot.isTensorList()) {
+      c10::List<at::Tensor> wrapped;
+      size_t e = 0;
+      for (const at::Tensor& t : slot.toTensorVector()) {
+        wrapped.push_back(make_dtensor(t, spec_for(e++)));
+      }
+      slot = wrapped;
+    }
+  }
+}
+
+} // namespace
+
+void ensure_dispatch_registered() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    static std::unique_ptr<torch::Library> lib = std::make_unique<torch::Library>(
+        torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+    auto& d = c10::Dispatcher::singleton();
+    for (const auto& name : d.getAllOpNames()) {
+      if (name.name.rfind("aten::", 0) != 0) {
+        continue;
+      }
+      auto h = d.findOp(name);
+      if (!h) {
+        continue;
+      }
+      bool explicit_composite =
+          h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+          h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
+      if (!explicit_composite || h->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
+          h->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+        continue;
+      }
+      std::string op = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+      lib->impl(op.c_str(), torch::CppFunction::makeFromBoxedFunction<&handler>());
+    }
+    register_builtin_rules();
+  });
+}
+
+} // namespace dtensor::detail
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&dtensor::detail::handler>());
+}

@@ -1,0 +1,212 @@
+// The DTensor API: from_local, to_local, redistribute (all differentiable), full_tensor,
+// distribute_tensor.
+#include <dtensor/dtensor.h>
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "internal/check.h"
+#include "internal/dtensor_impl.h"
+#include "internal/redistribute.h"
+
+namespace dtensor {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct SpecHolder : torch::CustomClassHolder {
+  explicit SpecHolder(DTensorSpec s) : spec(std::move(s)) {}
+  DTensorSpec spec;
+};
+
+void save_spec(AutogradContext* ctx, const DTensorSpec& spec) {
+  ctx->saved_data["spec"] = c10::IValue::make_capsule(c10::make_intrusive<SpecHolder>(spec));
+}
+
+const DTensorSpec& saved_spec(AutogradContext* ctx) {
+  auto holder = c10::static_intrusive_pointer_cast<SpecHolder>(ctx->saved_data["spec"].toCapsule());
+  return holder->spec;
+}
+
+// Gradients of a tensor that was Partial flow back as Replicate: every rank's partial
+// contributed with weight one, so each rank's local gradient is the whole gradient.
+Placements grad_placements(const Placements& forward) {
+  Placements out;
+  for (const auto& p : forward) {
+    out.push_back(p.is_partial() ? Placement::replicate() : p);
+  }
+  return out;
+}
+
+// A DTensor gradient moved to `target` placements (no autograd recording).
+at::Tensor grad_to(const at::Tensor& grad, const Placements& target) {
+  const auto& m = detail::checked_meta(grad, "DTensor backward");
+  if (m.spec.placements == target) {
+    return grad;
+  }
+  at::Tensor local = detail::redistribute_local(m.local, m.spec, target);
+  DTensorSpec spec = m.spec;
+  spec.placements = target;
+  return detail::make_dtensor(local, std::move(spec));
+}
+
+struct FromLocalFn : torch::autograd::Function<FromLocalFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, const DTensorSpec& spec) {
+    save_spec(ctx, spec);
+    return detail::make_dtensor(local, spec);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const DTensorSpec& spec = saved_spec(ctx);
+    at::Tensor g = grads[0];
+    if (!g.defined()) {
+      return {at::Tensor(), at::Tensor()};
+    }
+    if (!detail::dtensor_meta(g)) {
+      return {g, at::Tensor()}; // already local (a plain gradient of the same shape)
+    }
+    g = grad_to(g, grad_placements(spec.placements));
+    return {detail::checked_meta(g, "from_local backward").local, at::Tensor()};
+  }
+};
+
+struct ToLocalFn : torch::autograd::Function<ToLocalFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& dt) {
+    const auto& m = detail::checked_meta(dt, "to_local");
+    save_spec(ctx, m.spec);
+    return m.local.view_as(m.local);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const DTensorSpec& spec = saved_spec(ctx);
+    if (!grads[0].defined()) {
+      return {at::Tensor()};
+    }
+    return {detail::make_dtensor(grads[0].contiguous(), spec)};
+  }
+};
+
+struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& dt, const Placements& target) {
+    const auto& m = detail::checked_meta(dt, "redistribute");
+    save_spec(ctx, m.spec);
+    at::Tensor local = detail::redistribute_local(m.local, m.spec, target);
+    DTensorSpec spec = m.spec;
+    spec.placements.clear();
+    for (const auto& p : target) {
+      spec.placements.push_back(p.normalized(spec.ndim()));
+    }
+    return detail::make_dtensor(local, std::move(spec));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const DTensorSpec& spec = saved_spec(ctx);
+    if (!grads[0].defined()) {
+      return {at::Tensor(), at::Tensor()};
+    }
+    return {grad_to(grads[0], grad_placements(spec.placements)), at::Tensor()};
+  }
+};
+
+} // namespace
+
+DTensor::DTensor(const at::Tensor& t) : at::Tensor(t) { detail::checked_meta(t, "DTensor"); }
+
+bool is_dtensor(const at::Tensor& t) { return detail::dtensor_meta(t) != nullptr; }
+
+const DTensorSpec& DTensor::spec() const { return detail::checked_meta(*this, "DTensor::spec").spec; }
+
+const Placements& DTensor::placements() const { return spec().placements; }
+
+const DeviceMesh& DTensor::device_mesh() const { return spec().mesh; }
+
+DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
+                            const Placements& placements, std::optional<std::vector<int64_t>> shape,
+                            std::optional<std::vector<int64_t>> stride) {
+  DTENSOR_CHECK(local.defined(), "DTensor::from_local: undefined local tensor");
+  DTENSOR_CHECK(!is_dtensor(local), "DTensor::from_local: the local tensor is already a DTensor");
+  DTENSOR_CHECK(local.device().type() == mesh.device_type(),
+                "DTensor::from_local: local tensor on {} but the mesh is {}", local.device().str(),
+                mesh.to_string());
+  std::vector<int64_t> global = local.sizes().vec();
+  if (shape) {
+    global = *shape;
+  } else {
+    auto nd = static_cast<int64_t>(global.size());
+    for (size_t i = 0; i < placements.size(); ++i) {
+      if (placements[i].is_shard()) {
+        int64_t d = placements[i].normalized(nd).dim();
+        global[static_cast<size_t>(d)] *= mesh.size(static_cast<int64_t>(i));
+      }
+    }
+  }
+  DTensorSpec spec = detail::make_spec(mesh, placements, global, local.scalar_type(), stride);
+  return DTensor(FromLocalFn::apply(local.contiguous(), spec));
+}
+
+// [Note: DTensor as an autograd input]
+// Function::apply must see an at::Tensor, not the derived DTensor: its argument matching
+// would otherwise take the generic (non-variable) overload and drop the autograd edge.
+at::Tensor DTensor::to_local() const { return ToLocalFn::apply(static_cast<const at::Tensor&>(*this)); }
+
+DTensor DTensor::redistribute(const DeviceMesh& mesh, const Placements& placements, bool async_op) const {
+  DTENSOR_CHECK(mesh == device_mesh(),
+                "DTensor::redistribute: moving between meshes is not supported ({} -> {})",
+                device_mesh().to_string(), mesh.to_string());
+  (void)async_op; // every step waits for its collective; the flag is accepted for API parity
+  return DTensor(RedistributeFn::apply(static_cast<const at::Tensor&>(*this), placements));
+}
+
+DTensor DTensor::redistribute(const Placements& placements) const {
+  return redistribute(device_mesh(), placements);
+}
+
+at::Tensor DTensor::full_tensor() const {
+  Placements all(placements().size(), Placement::replicate());
+  return redistribute(all).to_local();
+}
+
+DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
+                          const Placements& placements, int src_rank) {
+  DTENSOR_CHECK(tensor.defined(), "distribute_tensor: undefined tensor");
+  DTENSOR_CHECK(!is_dtensor(tensor), "distribute_tensor: the tensor is already a DTensor");
+  DTENSOR_CHECK(tensor.device().type() == mesh.device_type(),
+                "distribute_tensor: tensor on {} but the mesh is {}", tensor.device().str(),
+                mesh.to_string());
+  const auto& ranks = mesh.ranks();
+  auto it = std::find(ranks.begin(), ranks.end(), src_rank);
+  DTENSOR_CHECK(it != ranks.end(), "distribute_tensor: src_rank {} is not in {}", src_rank,
+                mesh.to_string());
+  for (const auto& p : placements) {
+    DTENSOR_CHECK(!p.is_partial(), "distribute_tensor: placement {} in {}: a full tensor cannot be "
+                                   "distributed as Partial",
+                  p.to_string(), to_string(placements));
+  }
+  DTensorSpec spec = detail::make_spec(mesh, placements, tensor.sizes().vec(), tensor.scalar_type());
+  // src_rank's coordinate on each mesh dimension: broadcast from it within each slice.
+  std::vector<int64_t> src_coord(static_cast<size_t>(mesh.ndim()));
+  int64_t rest = it - ranks.begin();
+  for (auto d = static_cast<size_t>(mesh.ndim()); d-- > 0;) {
+    src_coord[d] = rest % mesh.size(static_cast<int64_t>(d));
+    rest /= mesh.size(static_cast<int64_t>(d));
+  }
+  at::Tensor local = tensor.detach().contiguous().clone();
+  for (int64_t i = 0; i < mesh.ndim(); ++i) {
+    broadcast_(local, static_cast<int>(src_coord[static_cast<size_t>(i)]), mesh.get_group(i));
+    const Placement& p = spec.placements[static_cast<size_t>(i)];
+    if (p.is_shard()) {
+      int64_t d = p.dim();
+      int64_t k = mesh.size(i);
+      int64_t c = mesh.get_local_rank(i);
+      int64_t n = local.size(d);
+      local = local.narrow(d, chunk_offset(n, k, c), chunk_size(n, k, c)).contiguous();
+    }
+  }
+  DTensor out(detail::make_dtensor(local, std::move(spec)));
+  if (tensor.requires_grad()) {
+    out.set_requires_grad(true);
+  }
+  return out;
+}
+
+} // namespace dtensor

@@ -1,0 +1,84 @@
+// Making DTensors and finding their state.
+#include "internal/dtensor_impl.h"
+
+#include <ATen/ATen.h>
+
+#include "internal/check.h"
+#include "internal/sharding.h"
+
+namespace dtensor::detail {
+
+c10::DispatchKeySet dtensor_key_set(c10::Device device) {
+  // The backend bit of the local device next to PrivateUse1: dispatch picks PrivateUse1
+  // (the higher backend), and LibTorch's set_data accepts the tensor as a dense one of
+  // the same device (has_compatible_shallow_copy_type).
+  c10::DispatchKey backend = device.is_cuda() ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU;
+  return c10::DispatchKeySet(c10::DispatchKey::PrivateUse1) | c10::DispatchKeySet(backend);
+}
+
+DTensorSpec make_spec(const DeviceMesh& mesh, const Placements& placements,
+                      std::vector<int64_t> shape, c10::ScalarType dtype,
+                      std::optional<std::vector<int64_t>> stride) {
+  DTENSOR_CHECK(mesh.defined(), "DTensor: undefined mesh");
+  DTENSOR_CHECK(static_cast<int64_t>(placements.size()) == mesh.ndim(),
+                "DTensor: {} placements {} for a mesh of {} dimensions {}", placements.size(),
+                to_string(placements), mesh.ndim(), mesh.to_string());
+  DTensorSpec spec;
+  spec.mesh = mesh;
+  auto ndim = static_cast<int64_t>(shape.size());
+  for (const auto& p : placements) {
+    DTENSOR_CHECK(!p.is_shard() || (p.dim() >= -ndim && p.dim() < ndim),
+                  "DTensor: placement {} in {} is out of range for a tensor of shape {}",
+                  p.to_string(), to_string(placements), shape);
+    spec.placements.push_back(p.normalized(ndim));
+  }
+  spec.stride = stride ? *stride : contiguous_strides(shape);
+  spec.shape = std::move(shape);
+  spec.dtype = dtype;
+  return spec;
+}
+
+at::Tensor make_dtensor(const at::Tensor& local, DTensorSpec spec) {
+  DTENSOR_CHECK(local.defined(), "DTensor: undefined local tensor for {}", spec.to_string());
+  DTENSOR_CHECK(dtensor_meta(local) == nullptr, "DTensor: the local tensor of {} is itself a DTensor",
+                spec.to_string());
+  auto expected = spec.local_shape();
+  DTENSOR_CHECK(local.sizes().vec() == expected,
+                "DTensor: local tensor of shape {} on rank {} does not match {}, whose local shape "
+                "here is {}",
+                local.sizes(), get_rank(), spec.to_string(), expected);
+  DTENSOR_CHECK(local.scalar_type() == spec.dtype, "DTensor: local tensor is {} but {} says {}",
+                c10::toString(local.scalar_type()), spec.to_string(), c10::toString(spec.dtype));
+  ensure_dispatch_registered();
+  auto t = at::detail::make_tensor<c10::TensorImpl>(dtensor_key_set(local.device()), local.dtype(),
+                                                    local.device());
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  impl->set_sizes_and_strides(spec.shape, spec.stride);
+  auto meta = c10::make_intrusive<DTensorMeta>();
+  meta->local = local.detach();
+  meta->spec = std::move(spec);
+  impl->set_backend_meta(meta);
+  return t;
+}
+
+const DTensorMeta* dtensor_meta(const at::Tensor& t) {
+  if (!t.defined()) {
+    return nullptr;
+  }
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  if (!impl->key_set().has_backend(c10::BackendComponent::PrivateUse1Bit)) {
+    return nullptr;
+  }
+  return dynamic_cast<const DTensorMeta*>(impl->get_backend_meta());
+}
+
+const DTensorMeta& checked_meta(const at::Tensor& t, const char* what) {
+  const DTensorMeta* m = dtensor_meta(t);
+  DTENSOR_CHECK(m != nullptr, "{}: expected a DTensor, got a plain tensor {}{} on {}", what,
+                t.defined() ? c10::toString(t.scalar_type()) : "undefined",
+                t.defined() ? t.sizes().vec() : std::vector<int64_t>{},
+                t.defined() ? t.device().str() : "-");
+  return *m;
+}
+
+} // namespace dtensor::detail

@@ -1,0 +1,79 @@
+#pragma once
+
+// Sharding propagation: for each aten op, a rule maps the placements of its DTensor
+// arguments to the placements the op needs them in and the placements of its outputs.
+// Rules live in lib/ops/, one file per op family, and are registered by name in
+// lib/ops/registry.cpp (one explicit list: no static-initialisation order games).
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <dtensor/dtensor_spec.h>
+
+namespace dtensor::detail {
+
+// What a rule sees: the op, its arguments (DTensors described by their specs, everything
+// else as IValues) and the mesh they share.
+struct OpInfo {
+  const c10::OperatorHandle* op = nullptr;
+  std::string name; // "aten::add.Tensor"
+  const DeviceMesh* mesh = nullptr;
+  // One entry per schema argument: the spec of a DTensor argument, nullopt otherwise.
+  std::vector<std::optional<DTensorSpec>> specs;
+  // For TensorList arguments: the specs of their elements.
+  std::vector<std::vector<DTensorSpec>> list_specs;
+  const torch::jit::Stack* args = nullptr; // the original arguments (DTensors unreplaced)
+
+  const c10::IValue& arg(size_t i) const { return (*args)[i]; }
+  size_t num_args() const { return specs.size(); }
+  int64_t mesh_ndim() const { return mesh->ndim(); }
+};
+
+// What a rule decides.
+struct OpSharding {
+  // Per argument: the placements it must have (redistributed if it differs); nullopt keeps it.
+  std::vector<std::optional<Placements>> inputs;
+  // For TensorList arguments: the placements every element must have.
+  std::vector<std::optional<Placements>> list_inputs;
+  // Per returned tensor (in schema order): its placements. Aliasing returns (in-place and
+  // out= ops) keep their argument's and may be left empty.
+  std::vector<Placements> outputs;
+  // Per argument: a replacement for the local call (shape arguments such as view's size are
+  // global; the local op needs this rank's local shape).
+  std::vector<std::optional<c10::IValue>> local_args;
+};
+
+// This rank's local shape of a tensor of global `shape` laid out as `placements` on `mesh`.
+std::vector<int64_t> local_shape_of(const DeviceMesh& mesh, const Placements& placements,
+                                    const std::vector<int64_t>& shape);
+
+using ShardingRule = OpSharding (*)(const OpInfo& info);
+
+// The registry. Lookup tries "ns::name.overload", then "ns::name".
+void register_rule(const std::string& name, ShardingRule rule);
+ShardingRule find_rule(const std::string& full_name, const std::string& base_name);
+void register_builtin_rules(); // calls the register_* of every op family once
+
+// Families (lib/ops/*.cpp).
+void register_tensor_ops();   // clone, detach, *_like, copy_, fill_, zero_, _to_copy
+void register_pointwise_ops(); // unary / binary / ternary, in-place and out=
+void register_reduction_ops(); // sum, mean, amax, amin, linalg_vector_norm
+void register_matmul_ops();   // mm, addmm, bmm, baddbmm
+void register_view_ops();     // t, transpose, view-like
+
+// Helpers shared by rules.
+Placements replicate_all(int64_t mesh_ndim);
+// `p` with Partial placements replaced by Replicate.
+Placements without_partial(const Placements& p);
+// The error for an op the rule cannot shard as given.
+[[noreturn]] void fail_unsupported(const OpInfo& info, const std::string& why);
+std::string describe_args(const OpInfo& info); // "(Shard(0), Replicate()) Float[8, 4], 2.0, ..."
+
+// Ensures the op dispatcher routes DTensors to dtensor (once per process).
+void ensure_dispatch_registered();
+
+} // namespace dtensor::detail

@@ -1,0 +1,114 @@
+// Matrix products: mm, addmm, bmm, baddbmm. Per mesh dimension the rule picks the
+// cheapest of the layouts a product can be computed in locally:
+//   A Shard(rows) x B Replicate     -> Shard(rows)
+//   A Replicate   x B Shard(cols)   -> Shard(cols)
+//   A Shard(inner) x B Shard(inner) -> Partial(sum)
+//   A Partial     x B Replicate     -> Partial(sum), and the mirror image
+//   A Shard(batch) x B Shard(batch) -> Shard(batch)       (bmm only)
+//   A Replicate   x B Replicate     -> Replicate
+#include "../internal/check.h"
+#include "../internal/sharding.h"
+
+namespace dtensor::detail {
+
+namespace {
+
+struct Layout {
+  Placement a, b, out;
+};
+
+// Collectives needed to move `from` to `to` on one mesh dimension (0: local or no-op).
+int cost(const Placement& from, const Placement& to) {
+  if (from == to) {
+    return 0;
+  }
+  if (from.is_replicate()) {
+    return 0; // local chunk or partition
+  }
+  return 1;
+}
+
+std::vector<Layout> layouts(int64_t batch) {
+  // batch = 1 for bmm (dims shifted by one), 0 for mm.
+  Placement R = Placement::replicate();
+  Placement P = Placement::partial(ReduceOp::Sum);
+  std::vector<Layout> l = {
+      {R, R, R},
+      {Placement::shard(batch + 0), R, Placement::shard(batch + 0)},
+      {R, Placement::shard(batch + 1), Placement::shard(batch + 1)},
+      {Placement::shard(batch + 1), Placement::shard(batch + 0), P},
+      {P, R, P},
+      {R, P, P},
+  };
+  if (batch == 1) {
+    l.push_back({Placement::shard(0), Placement::shard(0), Placement::shard(0)});
+  }
+  return l;
+}
+
+// a_index / b_index: argument positions of the two factors; bias_index: -1 or the added term.
+OpSharding product(const OpInfo& info, size_t a_index, size_t b_index, int bias_index, int64_t batch) {
+  const DTensorSpec* a = info.specs[a_index] ? &*info.specs[a_index] : nullptr;
+  const DTensorSpec* b = info.specs[b_index] ? &*info.specs[b_index] : nullptr;
+  if (a == nullptr || b == nullptr) {
+    fail_unsupported(info, "both factors must be DTensors");
+  }
+  const size_t mesh_ndim = static_cast<size_t>(info.mesh_ndim());
+  Placements want_a(mesh_ndim, Placement::replicate());
+  Placements want_b(mesh_ndim, Placement::replicate());
+  Placements out(mesh_ndim, Placement::replicate());
+  for (size_t i = 0; i < mesh_ndim; ++i) {
+    int best = 1 << 30;
+    for (const Layout& l : layouts(batch)) {
+      int c = cost(a->placements[i], l.a) + cost(b->placements[i], l.b);
+      if (c < best) {
+        best = c;
+        want_a[i] = l.a;
+        want_b[i] = l.b;
+        out[i] = l.out;
+      }
+    }
+  }
+  OpSharding s;
+  s.inputs.resize(info.num_args());
+  s.inputs[a_index] = want_a;
+  s.inputs[b_index] = want_b;
+  if (bias_index >= 0 && info.specs[static_cast<size_t>(bias_index)]) {
+    // The added term broadcasts against the output: it is sharded where the output is (when
+    // it has that dimension), partitioned where the output is Partial.
+    const DTensorSpec& bias = *info.specs[static_cast<size_t>(bias_index)];
+    int64_t out_ndim = batch + 2;
+    Placements want_bias(mesh_ndim, Placement::replicate());
+    for (size_t i = 0; i < mesh_ndim; ++i) {
+      if (out[i].is_shard()) {
+        int64_t d = out[i].dim() - (out_ndim - bias.ndim());
+        if (d >= 0 && bias.shape[static_cast<size_t>(d)] != 1) {
+          want_bias[i] = Placement::shard(d);
+        }
+      } else if (out[i].is_partial()) {
+        want_bias[i] = out[i];
+      }
+    }
+    s.inputs[static_cast<size_t>(bias_index)] = want_bias;
+  }
+  s.outputs.push_back(out);
+  return s;
+}
+
+OpSharding mm_rule(const OpInfo& info) { return product(info, 0, 1, -1, 0); }
+OpSharding addmm_rule(const OpInfo& info) { return product(info, 1, 2, 0, 0); }
+OpSharding bmm_rule(const OpInfo& info) { return product(info, 0, 1, -1, 1); }
+OpSharding baddbmm_rule(const OpInfo& info) { return product(info, 1, 2, 0, 1); }
+
+} // namespace
+
+void register_matmul_ops() {
+  register_rule("aten::mm", mm_rule);
+  register_rule("aten::addmm", addmm_rule);
+  register_rule("aten::addmm_", addmm_rule);
+  register_rule("aten::bmm", bmm_rule);
+  register_rule("aten::baddbmm", baddbmm_rule);
+  register_rule("aten::baddbmm_", baddbmm_rule);
+}
+
+} // namespace dtensor::detail

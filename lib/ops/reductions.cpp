@@ -1,0 +1,150 @@
+// Reductions: sum, mean, amax, amin, max/min (full), linalg_vector_norm. A reduction over a
+// sharded dimension gives a Partial result; the reduction itself stays local.
+#include <cmath>
+
+#include "../internal/check.h"
+#include "../internal/sharding.h"
+
+namespace dtensor::detail {
+
+namespace {
+
+enum class Kind { Sum, Mean, Max, Min, Norm };
+
+struct Reduced {
+  std::vector<bool> dims; // per input dim: reduced?
+  bool keepdim = false;
+};
+
+// Reads `dim` (int[]? / int) and `keepdim` from the op's arguments by name.
+Reduced reduced_dims(const OpInfo& info, int64_t ndim) {
+  Reduced r;
+  r.dims.assign(static_cast<size_t>(ndim), false);
+  const auto& schema_args = info.op->schema().arguments();
+  bool have_dim = false;
+  for (size_t a = 0; a < schema_args.size(); ++a) {
+    const std::string& n = schema_args[a].name();
+    const c10::IValue& v = info.arg(a);
+    if (n == "dim") {
+      if (v.isIntList()) {
+        auto list = v.toIntVector();
+        have_dim = !list.empty();
+        for (int64_t d : list) {
+          r.dims[static_cast<size_t>(d < 0 ? d + ndim : d)] = true;
+        }
+      } else if (v.isInt()) {
+        int64_t d = v.toInt();
+        have_dim = true;
+        r.dims[static_cast<size_t>(d < 0 ? d + ndim : d)] = true;
+      }
+    } else if (n == "keepdim" && v.isBool()) {
+      r.keepdim = v.toBool();
+    }
+  }
+  if (!have_dim) {
+    r.dims.assign(static_cast<size_t>(ndim), true); // no dim list: a full reduction
+  }
+  return r;
+}
+
+double norm_ord(const OpInfo& info) {
+  const auto& schema_args = info.op->schema().arguments();
+  for (size_t a = 0; a < schema_args.size(); ++a) {
+    if (schema_args[a].name() == "ord" && info.arg(a).isScalar()) {
+      return info.arg(a).toScalar().toDouble();
+    }
+  }
+  return 2.0;
+}
+
+OpSharding reduce(const OpInfo& info, Kind kind) {
+  const DTensorSpec& in = *info.specs[0];
+  Reduced r = reduced_dims(info, in.ndim());
+  const size_t mesh_ndim = static_cast<size_t>(info.mesh_ndim());
+  Placements want = in.placements;
+  Placements out(mesh_ndim, Placement::replicate());
+  auto coord = *in.mesh.get_coordinate();
+  for (size_t i = 0; i < mesh_ndim; ++i) {
+    const Placement& p = in.placements[i];
+    if (p.is_shard()) {
+      auto d = static_cast<size_t>(p.dim());
+      if (r.dims[d]) {
+        switch (kind) {
+        case Kind::Sum:
+          out[i] = Placement::partial(ReduceOp::Sum);
+          break;
+        case Kind::Mean:
+          // Local means average to the global one only for equal shards.
+          if (in.shape[d] % in.mesh.size(static_cast<int64_t>(i)) == 0) {
+            out[i] = Placement::partial(ReduceOp::Avg);
+          } else {
+            want[i] = Placement::replicate();
+          }
+          break;
+        case Kind::Max:
+          out[i] = Placement::partial(ReduceOp::Max);
+          break;
+        case Kind::Min:
+          out[i] = Placement::partial(ReduceOp::Min);
+          break;
+        case Kind::Norm:
+          out[i] = Placement::partial_norm(norm_ord(info));
+          break;
+        }
+      } else {
+        int64_t shift = 0;
+        if (!r.keepdim) {
+          for (size_t k = 0; k < d; ++k) {
+            shift += r.dims[k] ? 1 : 0;
+          }
+        }
+        out[i] = Placement::shard(static_cast<int64_t>(d) - shift);
+      }
+    } else if (p.is_partial()) {
+      bool linear = (kind == Kind::Sum || kind == Kind::Mean) && !p.is_norm_partial() &&
+                    p.reduce_op() == ReduceOp::Sum;
+      bool same = (kind == Kind::Max && !p.is_norm_partial() && p.reduce_op() == ReduceOp::Max) ||
+                  (kind == Kind::Min && !p.is_norm_partial() && p.reduce_op() == ReduceOp::Min);
+      if (linear || same) {
+        out[i] = p;
+      } else {
+        want[i] = Placement::replicate();
+      }
+    }
+  }
+  (void)coord;
+  OpSharding s;
+  s.inputs.resize(info.num_args());
+  s.inputs[0] = want;
+  s.outputs.push_back(out);
+  // max.dim / min.dim also return indices: only meaningful when nothing was sharded away.
+  if (info.op->schema().returns().size() > 1) {
+    for (size_t i = 0; i < mesh_ndim; ++i) {
+      if (out[i].is_partial()) {
+        fail_unsupported(info, "indices of a reduction over a sharded dimension are not supported");
+      }
+    }
+    s.outputs.push_back(out);
+  }
+  return s;
+}
+
+OpSharding sum_rule(const OpInfo& info) { return reduce(info, Kind::Sum); }
+OpSharding mean_rule(const OpInfo& info) { return reduce(info, Kind::Mean); }
+OpSharding max_rule(const OpInfo& info) { return reduce(info, Kind::Max); }
+OpSharding min_rule(const OpInfo& info) { return reduce(info, Kind::Min); }
+OpSharding norm_rule(const OpInfo& info) { return reduce(info, Kind::Norm); }
+
+} // namespace
+
+void register_reduction_ops() {
+  register_rule("aten::sum", sum_rule);
+  register_rule("aten::mean", mean_rule);
+  register_rule("aten::amax", max_rule);
+  register_rule("aten::amin", min_rule);
+  register_rule("aten::max", max_rule);
+  register_rule("aten::min", min_rule);
+  register_rule("aten::linalg_vector_norm", norm_rule);
+}
+
+} // namespace dtensor::detail

@@ -1,0 +1,86 @@
+// The sharding-rule registry and helpers shared by the op families.
+#include <mutex>
+#include <unordered_map>
+
+#include "../internal/check.h"
+#include "../internal/sharding.h"
+
+namespace dtensor::detail {
+
+namespace {
+
+std::unordered_map<std::string, ShardingRule>& rules() {
+  static std::unordered_map<std::string, ShardingRule> r;
+  return r;
+}
+
+} // namespace
+
+void register_rule(const std::string& name, ShardingRule rule) { rules()[name] = rule; }
+
+ShardingRule find_rule(const std::string& full_name, const std::string& base_name) {
+  auto& r = rules();
+  auto it = r.find(full_name);
+  if (it != r.end()) {
+    return it->second;
+  }
+  it = r.find(base_name);
+  return it == r.end() ? nullptr : it->second;
+}
+
+void register_builtin_rules() {
+  register_tensor_ops();
+  register_pointwise_ops();
+  register_reduction_ops();
+  register_matmul_ops();
+  register_view_ops();
+}
+
+Placements replicate_all(int64_t mesh_ndim) {
+  return Placements(static_cast<size_t>(mesh_ndim), Placement::replicate());
+}
+
+Placements without_partial(const Placements& p) {
+  Placements out;
+  for (const auto& x : p) {
+    out.push_back(x.is_partial() ? Placement::replicate() : x);
+  }
+  return out;
+}
+
+std::vector<int64_t> local_shape_of(const DeviceMesh& mesh, const Placements& placements,
+                                    const std::vector<int64_t>& shape) {
+  DTensorSpec spec;
+  spec.mesh = mesh;
+  spec.placements = placements;
+  spec.shape = shape;
+  return spec.local_shape();
+}
+
+std::string describe_args(const OpInfo& info) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < info.num_args(); ++i) {
+    if (info.specs[i]) {
+      const auto& s = *info.specs[i];
+      parts.push_back(fmt::format("{}{} {}", c10::toString(s.dtype), s.shape, to_string(s.placements)));
+    } else if (!info.list_specs[i].empty()) {
+      std::vector<std::string> items;
+      for (const auto& s : info.list_specs[i]) {
+        items.push_back(fmt::format("{}{} {}", c10::toString(s.dtype), s.shape, to_string(s.placements)));
+      }
+      parts.push_back(fmt::format("[{}]", fmt::join(items, ", ")));
+    } else {
+      std::ostringstream os;
+      os << info.arg(i);
+      parts.push_back(os.str());
+    }
+  }
+  return fmt::format("({})", fmt::join(parts, ", "));
+}
+
+void fail_unsupported(const OpInfo& info, const std::string& why) {
+  DTENSOR_FAIL("{} on DTensors {} over {}: {}", info.name, describe_args(info),
+               info.mesh ? info.mesh->to_string() : "?", why);
+}
+
+} // namespace dtensor::detail

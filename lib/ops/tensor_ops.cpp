@@ -1,0 +1,86 @@
+// Ops that keep their input's layout: copies, detach, *_like factories, fills, casts, item.
+#include "../internal/check.h"
+#include "../internal/sharding.h"
+
+namespace dtensor::detail {
+
+namespace {
+
+// Output (and every DTensor input) keeps the first DTensor argument's placements.
+OpSharding same_as_self(const OpInfo& info) {
+  OpSharding s;
+  s.inputs.resize(info.num_args());
+  const DTensorSpec& self = *info.specs[0];
+  s.outputs.push_back(self.placements);
+  for (size_t i = 1; i < info.num_args(); ++i) {
+    if (info.specs[i]) {
+      s.inputs[i] = self.placements;
+    }
+  }
+  return s;
+}
+
+// Factories that only take the input's metadata: a Partial input gives a Replicate output
+// (the new values are not partial sums).
+OpSharding like_factory(const OpInfo& info) {
+  OpSharding s;
+  s.inputs.resize(info.num_args());
+  s.outputs.push_back(without_partial(info.specs[0]->placements));
+  return s;
+}
+
+// fill_ / zero_ write the same value everywhere: fine for Shard / Replicate, wrong for a
+// Partial(sum) (the reduction would multiply it).
+OpSharding fill_rule(const OpInfo& info) {
+  for (const auto& p : info.specs[0]->placements) {
+    if (p.is_partial() && p.reduce_op() == ReduceOp::Sum && !p.is_norm_partial()) {
+      fail_unsupported(info, "filling a Partial(sum) DTensor in place would change its value; "
+                             "redistribute it to Replicate first");
+    }
+  }
+  return same_as_self(info);
+}
+
+OpSharding to_copy_rule(const OpInfo& info) {
+  for (size_t i = 1; i < info.num_args(); ++i) {
+    const c10::IValue& v = info.arg(i);
+    if (v.isDevice()) {
+      fail_unsupported(info, "moving a DTensor to another device is not supported; the mesh fixes it");
+    }
+  }
+  return same_as_self(info);
+}
+
+// item(): needs the whole value on every rank.
+OpSharding replicate_inputs(const OpInfo& info) {
+  OpSharding s;
+  s.inputs.resize(info.num_args());
+  for (size_t i = 0; i < info.num_args(); ++i) {
+    if (info.specs[i]) {
+      s.inputs[i] = replicate_all(info.mesh_ndim());
+    }
+  }
+  s.outputs.push_back(replicate_all(info.mesh_ndim()));
+  return s;
+}
+
+} // namespace
+
+void register_tensor_ops() {
+  for (const char* name : {"aten::clone", "aten::detach", "aten::alias", "aten::copy_", "aten::copy",
+                           "aten::lift_fresh", "aten::_copy_from"}) {
+    register_rule(name, same_as_self);
+  }
+  for (const char* name : {"aten::zeros_like", "aten::ones_like", "aten::empty_like", "aten::full_like"}) {
+    register_rule(name, like_factory);
+  }
+  register_rule("aten::fill_", fill_rule);
+  register_rule("aten::fill", fill_rule);
+  register_rule("aten::zero_", same_as_self); // zeros stay zero under any reduction
+  register_rule("aten::_to_copy", to_copy_rule);
+  register_rule("aten::_local_scalar_dense", replicate_inputs);
+  register_rule("aten::equal", replicate_inputs);
+  register_rule("aten::is_nonzero", replicate_inputs);
+}
+
+} // namespace dtensor::detail

@@ -1,0 +1,236 @@
+// View and shape ops: t, transpose, permute, view / _unsafe_view / _reshape_alias,
+// unsqueeze, squeeze, expand, slice, select. Shards follow their dimension; a shard that
+// the view would cut across is gathered first.
+#include "../internal/check.h"
+#include "../internal/sharding.h"
+
+namespace dtensor::detail {
+
+namespace {
+
+int64_t wrap_dim(int64_t d, int64_t ndim) { return d < 0 ? d + ndim : d; }
+
+// Rebuild placements through a map from input dims to output dims (-1: cannot follow).
+OpSharding map_dims(const OpInfo& info, const std::vector<int64_t>& to_out) {
+  const DTensorSpec& in = *info.specs[0];
+  Placements want = in.placements;
+  Placements out = in.placements;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (in.placements[i].is_shard()) {
+      int64_t od = to_out[static_cast<size_t>(in.placements[i].dim())];
+      if (od < 0) {
+        want[i] = Placement::replicate();
+        out[i] = Placement::replicate();
+      } else {
+        out[i] = Placement::shard(od);
+      }
+    }
+  }
+  OpSharding s;
+  s.inputs.resize(info.num_args());
+  s.inputs[0] = want;
+  s.outputs.push_back(out);
+  return s;
+}
+
+std::vector<int64_t> identity(int64_t n) {
+  std::vector<int64_t> m(static_cast<size_t>(n));
+  for (int64_t d = 0; d < n; ++d) {
+    m[static_cast<size_t>(d)] = d;
+  }
+  return m;
+}
+
+OpSharding transpose_rule(const OpInfo& info) {
+  int64_t n = info.specs[0]->ndim();
+  auto m = identity(n);
+  if (n >= 2) {
+    int64_t a = info.num_args() > 1 ? wrap_dim(info.arg(1).toInt(), n) : 0;
+    int64_t b = info.num_args() > 2 ? wrap_dim(info.arg(2).toInt(), n) : 1;
+    std::swap(m[static_cast<size_t>(a)], m[static_cast<size_t>(b)]);
+  }
+  return map_dims(info, m);
+}
+
+OpSharding permute_rule(const OpInfo& info) {
+  int64_t n = info.specs[0]->ndim();
+  auto dims = info.arg(1).toIntVector();
+  std::vector<int64_t> m(static_cast<size_t>(n), -1);
+  for (size_t o = 0; o < dims.size(); ++o) {
+    m[static_cast<size_t>(wrap_dim(dims[o], n))] = static_cast<int64_t>(o);
+  }
+  return map_dims(info, m);
+}
+
+OpSharding unsqueeze_rule(const OpInfo& info) {
+  int64_t n = info.specs[0]->ndim();
+  int64_t at = wrap_dim(info.arg(1).toInt(), n + 1);
+  std::vector<int64_t> m(static_cast<size_t>(n));
+  for (int64_t d = 0; d < n; ++d) {
+    m[static_cast<size_t>(d)] = d < at ? d : d + 1;
+  }
+  return map_dims(info, m);
+}
+
+OpSharding squeeze_rule(const OpInfo& info) {
+  const DTensorSpec& in = *info.specs[0];
+  int64_t n = in.ndim();
+  std::vector<bool> drop(static_cast<size_t>(n), false);
+  if (info.num_args() > 1 && info.arg(1).isInt()) {
+    int64_t d = wrap_dim(info.arg(1).toInt(), n);
+    drop[static_cast<size_t>(d)] = in.shape[static_cast<size_t>(d)] == 1;
+  } else if (info.num_args() > 1 && info.arg(1).isIntList()) {
+    for (int64_t d : info.arg(1).toIntVector()) {
+      d = wrap_dim(d, n);
+      drop[static_cast<size_t>(d)] = in.shape[static_cast<size_t>(d)] == 1;
+    }
+  } else {
+    for (int64_t d = 0; d < n; ++d) {
+      drop[static_cast<size_t>(d)] = in.shape[static_cast<size_t>(d)] == 1;
+    }
+  }
+  std::vector<int64_t> m(static_cast<size_t>(n), -1);
+  int64_t o = 0;
+  for (int64_t d = 0; d < n; ++d) {
+    if (!drop[static_cast<size_t>(d)]) {
+      m[static_cast<size_t>(d)] = o++;
+    }
+  }
+  return map_dims(info, m);
+}
+
+OpSharding expand_rule(const OpInfo& info) {
+  const DTensorSpec& in = *info.specs[0];
+  auto sizes = info.arg(1).toIntVector();
+  int64_t off = static_cast<int64_t>(sizes.size()) - in.ndim();
+  std::vector<int64_t> m(static_cast<size_t>(in.ndim()));
+  for (int64_t d = 0; d < in.ndim(); ++d) {
+    // A dim of size 1 being expanded cannot be sharded (it never is: size 1).
+    m[static_cast<size_t>(d)] = d + off;
+    if (sizes[static_cast<size_t>(d + off)] == -1) {
+      sizes[static_cast<size_t>(d + off)] = in.shape[static_cast<size_t>(d)];
+    }
+  }
+  OpSharding s = map_dims(info, m);
+  s.local_args.resize(info.num_args());
+  s.local_args[1] = c10::IValue(local_shape_of(*info.mesh, s.outputs[0], sizes));
+  return s;
+}
+
+// slice / select along a sharded dim need the whole dim; elsewhere the shard follows.
+OpSharding slice_rule(const OpInfo& info) {
+  int64_t n = info.specs[0]->ndim();
+  int64_t dim = info.num_args() > 1 && info.arg(1).isInt() ? wrap_dim(info.arg(1).toInt(), n) : 0;
+  auto m = identity(n);
+  m[static_cast<size_t>(dim)] = -1;
+  return map_dims(info, m);
+}
+
+OpSharding select_rule(const OpInfo& info) {
+  int64_t n = info.specs[0]->ndim();
+  int64_t dim = wrap_dim(info.arg(1).toInt(), n);
+  std::vector<int64_t> m(static_cast<size_t>(n));
+  for (int64_t d = 0; d < n; ++d) {
+    m[static_cast<size_t>(d)] = d < dim ? d : (d == dim ? -1 : d - 1);
+  }
+  return map_dims(info, m);
+}
+
+// view: group input and output dims whose products match; a shard survives on the first
+// dimension of its group when the cut stays contiguous and even.
+OpSharding view_rule(const OpInfo& info) {
+  const DTensorSpec& in = *info.specs[0];
+  std::vector<int64_t> out = info.arg(1).toIntVector();
+  int64_t numel = 1;
+  for (int64_t s : in.shape) {
+    numel *= s;
+  }
+  int64_t known = 1;
+  int64_t infer = -1;
+  for (size_t o = 0; o < out.size(); ++o) {
+    if (out[o] == -1) {
+      infer = static_cast<int64_t>(o);
+    } else {
+      known *= out[o];
+    }
+  }
+  if (infer >= 0) {
+    out[static_cast<size_t>(infer)] = known == 0 ? 0 : numel / known;
+  }
+  const int64_t n = in.ndim();
+  std::vector<int64_t> m(static_cast<size_t>(n), -1);
+  // Shard dims whose view cut is even: valid only for the first non-1 dim of a group.
+  size_t i = 0;
+  size_t o = 0;
+  while (i < in.shape.size() || o < out.size()) {
+    // Skip size-1 dims on both sides; they map to nothing.
+    if (i < in.shape.size() && in.shape[i] == 1) {
+      ++i;
+      continue;
+    }
+    if (o < out.size() && out[o] == 1) {
+      ++o;
+      continue;
+    }
+    if (i >= in.shape.size() || o >= out.size()) {
+      break;
+    }
+    size_t i0 = i;
+    size_t o0 = o;
+    int64_t pi = in.shape[i++];
+    int64_t po = out[o++];
+    while (pi != po) {
+      if (pi < po) {
+        pi *= in.shape[i++];
+      } else {
+        po *= out[o++];
+      }
+    }
+    // Group: input dims [i0, i), output dims [o0, o).
+    m[i0] = static_cast<int64_t>(o0);
+    (void)o0;
+  }
+  OpSharding s = map_dims(info, m);
+  // Even cuts only: a shard of input dim d lands on output dim m[d]; the chunks of a merged
+  // or split dimension are contiguous only when every chunk has the same size.
+  for (size_t k = 0; k < in.placements.size(); ++k) {
+    const Placement& p = in.placements[k];
+    if (!p.is_shard() || m[static_cast<size_t>(p.dim())] < 0) {
+      continue;
+    }
+    int64_t size = info.mesh->size(static_cast<int64_t>(k));
+    int64_t od = m[static_cast<size_t>(p.dim())];
+    bool same_size = in.shape[static_cast<size_t>(p.dim())] == out[static_cast<size_t>(od)];
+    bool even = in.shape[static_cast<size_t>(p.dim())] % size == 0 && out[static_cast<size_t>(od)] % size == 0;
+    if (!same_size && !even) {
+      (*s.inputs[0])[k] = Placement::replicate();
+      s.outputs[0][k] = Placement::replicate();
+    }
+  }
+  // The size argument is global; the local view takes this rank's piece of it.
+  s.local_args.resize(info.num_args());
+  auto local = local_shape_of(*info.mesh, s.outputs[0], out);
+  s.local_args[1] = c10::IValue(local);
+  if (info.op->schema().name() == "aten::_reshape_alias") {
+    s.local_args[2] = c10::IValue(contiguous_strides(local)); // its stride argument too
+  }
+  return s;
+}
+
+} // namespace
+
+void register_view_ops() {
+  register_rule("aten::t", transpose_rule);
+  register_rule("aten::transpose", transpose_rule);
+  register_rule("aten::permute", permute_rule);
+  register_rule("aten::unsqueeze", unsqueeze_rule);
+  register_rule("aten::squeeze", squeeze_rule);
+  register_rule("aten::expand", expand_rule);
+  register_rule("aten::slice", slice_rule);
+  register_rule("aten::select", select_rule);
+  register_rule("aten::view", view_rule);
+  register_rule("aten::_unsafe_view", view_rule);
+  register_rule("aten::_reshape_alias", view_rule);
+}
+
+} // namespace dtensor::detail

@@ -1,0 +1,153 @@
+// The redistribution planner (see [Note: redistribution planning]).
+#include <list>
+#include <mutex>
+#include <unordered_map>
+
+#include "../internal/check.h"
+#include "../internal/redistribute.h"
+#include "transitions.h"
+
+namespace dtensor::detail {
+
+namespace {
+
+// Shape of the piece over mesh dim `i` under `current` placements.
+std::vector<int64_t> logical_shape(const DTensorSpec& spec, const Placements& current, size_t i) {
+  std::vector<int64_t> shape = spec.shape;
+  auto coord = *spec.mesh.get_coordinate();
+  for (size_t j = 0; j < i; ++j) {
+    if (current[j].is_shard()) {
+      auto d = static_cast<size_t>(current[j].dim());
+      shape[d] = chunk_size(shape[d], spec.mesh.size(static_cast<int64_t>(j)), coord[j]);
+    }
+  }
+  return shape;
+}
+
+// Does mesh dim k change how tensor dim d is cut?
+bool changes_dim(const Placement& cur, const Placement& dst, int64_t d) {
+  return cur != dst && (cur.is_shard(d) || dst.is_shard(d));
+}
+
+struct Key {
+  DTensorSpec src;
+  Placements dst;
+  bool operator==(const Key& o) const { return src == o.src && dst == o.dst; }
+};
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    size_t h = k.src.hash();
+    for (const auto& p : k.dst) {
+      h = h * 31 + p.hash();
+    }
+    return h;
+  }
+};
+
+constexpr size_t kMaxCachedPlans = 4096;
+
+struct PlanCache {
+  std::mutex mutex;
+  std::unordered_map<Key, std::vector<TransformStep>, KeyHash> plans;
+};
+
+PlanCache& plan_cache() {
+  static PlanCache cache;
+  return cache;
+}
+
+std::vector<TransformStep> make_plan(const DTensorSpec& src, const Placements& dst) {
+  const size_t n = src.placements.size();
+  Placements cur = src.placements;
+  std::vector<TransformStep> steps;
+  auto add = [&](size_t i, const Placement& to) {
+    // Decompose into transitions: each step is one registered transition.
+    std::vector<Placement> route = route_through_replicate(cur[i], to, logical_shape(src, cur, i),
+                                                          src.mesh.size(static_cast<int64_t>(i)));
+    for (const Placement& next : route) {
+      TransformStep step;
+      step.mesh_dim = static_cast<int64_t>(i);
+      step.src = cur[i];
+      step.dst = next;
+      step.logical_shape = logical_shape(src, cur, i);
+      step.group_size = src.mesh.size(static_cast<int64_t>(i));
+      const Transition& t = find_transition(step);
+      step.transition = t.name;
+      step.communicates = t.communicates;
+      steps.push_back(std::move(step));
+      cur[i] = next;
+    }
+  };
+  // 1. Right to left: gather every shard whose mesh dimension leaves Shard for Replicate or
+  //    Partial, or to whose left a mesh dimension changes the cut of the same tensor dim.
+  //    (Shard(d) -> Shard(e) stays for an all-to-all in pass 2: anything nested to its right
+  //    on d or e has been gathered here already.)
+  for (size_t i = n; i-- > 0;) {
+    if (!cur[i].is_shard()) {
+      continue;
+    }
+    int64_t d = cur[i].dim();
+    bool must_gather = cur[i] != dst[i] && !dst[i].is_shard();
+    for (size_t k = 0; k < i && !must_gather; ++k) {
+      must_gather = changes_dim(cur[k], dst[k], d);
+    }
+    if (must_gather) {
+      add(i, Placement::replicate());
+    }
+  }
+  // 2. Left to right: move every mesh dimension to its target.
+  for (size_t i = 0; i < n; ++i) {
+    if (cur[i] != dst[i]) {
+      add(i, dst[i]);
+    }
+  }
+  return steps;
+}
+
+} // namespace
+
+std::string TransformStep::to_string() const {
+  return fmt::format("mesh dim {}: {} -> {} [{}] on {}", mesh_dim, src.to_string(), dst.to_string(),
+                     transition, logical_shape);
+}
+
+std::vector<TransformStep> plan_redistribute(const DTensorSpec& src, const Placements& dst) {
+  DTENSOR_CHECK(dst.size() == src.placements.size(),
+                "redistribute: {} target placements {} for a mesh of {} dimensions ({})", dst.size(),
+                to_string(dst), src.placements.size(), src.to_string());
+  Placements target;
+  for (const auto& p : dst) {
+    DTENSOR_CHECK(!p.is_shard() || (p.dim() >= -src.ndim() && p.dim() < src.ndim()),
+                  "redistribute: target placement {} in {} is out of range for {}", p.to_string(),
+                  to_string(dst), src.to_string());
+    target.push_back(p.normalized(src.ndim()));
+  }
+  PlanCache& cache = plan_cache();
+  Key key{src, target};
+  {
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    auto it = cache.plans.find(key);
+    if (it != cache.plans.end()) {
+      return it->second;
+    }
+  }
+  auto plan = make_plan(src, target);
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  if (cache.plans.size() >= kMaxCachedPlans) {
+    cache.plans.clear(); // bounded: start over rather than grow without limit
+  }
+  cache.plans.emplace(std::move(key), plan);
+  return plan;
+}
+
+size_t redistribute_plan_cache_size() {
+  PlanCache& cache = plan_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  return cache.plans.size();
+}
+
+at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src, const Placements& dst) {
+  return execute_redistribute(local, src, plan_redistribute(src, dst));
+}
+
+} // namespace dtensor::detail
