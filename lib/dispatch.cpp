@@ -28,9 +28,11 @@ namespace {
 
 struct Cached {
   OpSharding sharding;
+  // No meta kernel and no shapes from the rule, but no output is sharded: every output's
+  // global shape is its local shape.
+  bool shapes_from_local = false;
   // Per returned tensor (a list return counts once): the global shapes of the outputs.
   std::vector<std::vector<std::vector<int64_t>>> out_shapes;
-  std::vector<std::vector<c10::ScalarType>> out_dtypes;
 };
 
 struct DecisionCache {
@@ -126,24 +128,29 @@ void infer_output_shapes(const c10::OperatorHandle& op, const OpInfo& info, Cach
   try {
     op.callBoxed(meta);
   } catch (const c10::Error& e) {
-    fail_unsupported(info, fmt::format("its output shape could not be inferred on meta tensors ({})",
-                                       e.what_without_backtrace()));
+    for (const auto& placements : out.sharding.outputs) {
+      for (const auto& p : placements) {
+        if (p.is_shard()) {
+          fail_unsupported(info, fmt::format("its output shape could not be inferred on meta tensors "
+                                             "and its rule gives none ({})",
+                                             e.what_without_backtrace()));
+        }
+      }
+    }
+    out.shapes_from_local = true;
+    return;
   }
   for (const auto& r : meta) {
     std::vector<std::vector<int64_t>> shapes;
-    std::vector<c10::ScalarType> dtypes;
     if (r.isTensor()) {
       const at::Tensor& t = r.toTensor();
       shapes.push_back(t.defined() ? t.sizes().vec() : std::vector<int64_t>{});
-      dtypes.push_back(t.defined() ? t.scalar_type() : c10::ScalarType::Undefined);
     } else if (r.isTensorList()) {
       for (const at::Tensor& t : r.toTensorVector()) {
         shapes.push_back(t.sizes().vec());
-        dtypes.push_back(t.scalar_type());
       }
     }
     out.out_shapes.push_back(std::move(shapes));
-    out.out_dtypes.push_back(std::move(dtypes));
   }
 }
 
@@ -231,7 +238,11 @@ void handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     made->sharding.inputs.resize(nargs);
     made->sharding.list_inputs.resize(nargs);
     made->sharding.local_args.resize(nargs);
-    if (returns_tensors(schema)) {
+    if (!made->sharding.output_shapes.empty()) {
+      for (const auto& shape : made->sharding.output_shapes) {
+        made->out_shapes.push_back({shape});
+      }
+    } else if (returns_tensors(schema)) {
       infer_output_shapes(op, info, *made);
     }
     decision = made;
@@ -295,27 +306,27 @@ void handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       }
       continue;
     }
-    auto spec_for = [&](size_t element) {
+    auto spec_for = [&](size_t element, const at::Tensor& local) {
       DTENSOR_CHECK(r < sharding.outputs.size(), "{}: its sharding rule gave no placements for output {}",
                     info.name, r);
       DTensorSpec s;
       s.mesh = *mesh;
       s.placements = sharding.outputs[r];
-      s.shape = decision->out_shapes[r][element];
+      s.shape = decision->shapes_from_local ? local.sizes().vec() : decision->out_shapes[r][element];
       s.stride = contiguous_strides(s.shape);
-      s.dtype = decision->out_dtypes[r][element];
+      s.dtype = local.scalar_type();
       return s;
     };
     if (slot.isTensor()) {
       const at::Tensor& t = slot.toTensor();
       if (t.defined()) {
-        slot = make_dtensor(t, spec_for(0));
+        slot = make_dtensor(t, spec_for(0, t));
       }
     } else if (slot.isTensorList()) {
       c10::List<at::Tensor> wrapped;
       size_t e = 0;
       for (const at::Tensor& t : slot.toTensorVector()) {
-        wrapped.push_back(make_dtensor(t, spec_for(e++)));
+        wrapped.push_back(make_dtensor(t, spec_for(e++, t)));
       }
       slot = wrapped;
     }

@@ -45,6 +45,9 @@ struct OpSharding {
   // Per argument: a replacement for the local call (shape arguments such as view's size are
   // global; the local op needs this rank's local shape).
   std::vector<std::optional<c10::IValue>> local_args;
+  // Optional: the global shape of each returned tensor, for rules that know it (pointwise
+  // ops: the broadcast shape). Otherwise the handler runs the op on meta tensors once.
+  std::vector<std::vector<int64_t>> output_shapes;
 };
 
 // This rank's local shape of a tensor of global `shape` laid out as `placements` on `mesh`.
@@ -64,6 +67,8 @@ void register_pointwise_ops(); // unary / binary / ternary, in-place and out=
 void register_reduction_ops(); // sum, mean, amax, amin, linalg_vector_norm
 void register_matmul_ops();   // mm, addmm, bmm, baddbmm
 void register_view_ops();     // t, transpose, view-like
+void register_nn_ops();       // softmax, layer norm, embedding, nll_loss (+ backward)
+void register_list_ops();     // cat, stack, split, unbind
 
 // Helpers shared by rules.
 Placements replicate_all(int64_t mesh_ndim);

@@ -176,6 +176,11 @@ OpSharding pointwise_rule(const OpInfo& info) {
     s.inputs[t.index] = want;
   }
   s.outputs.push_back(out);
+  // Some pointwise kernels have no Meta kernel in C++ (relu): the broadcast shape is known.
+  // Boolean/complex ops returning more than one tensor are not pointwise.
+  if (info.op->schema().returns().size() == 1) {
+    s.output_shapes.push_back(out_shape);
+  }
   return s;
 }
 

@@ -34,6 +34,8 @@ void register_builtin_rules() {
   register_reduction_ops();
   register_matmul_ops();
   register_view_ops();
+  register_nn_ops();
+  register_list_ops();
 }
 
 Placements replicate_all(int64_t mesh_ndim) {

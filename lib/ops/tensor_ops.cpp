@@ -64,9 +64,32 @@ OpSharding replicate_inputs(const OpInfo& info) {
   return s;
 }
 
+// new_empty / new_zeros / new_ones / new_full / new_empty_strided(self, size, [stride,] ...):
+// a new tensor of the given global size. Same shape as self: self's layout (Partial ->
+// Replicate); another shape: Replicate. The size (and stride) arguments become local.
+OpSharding new_factory(const OpInfo& info) {
+  const DTensorSpec& self = *info.specs[0];
+  std::vector<int64_t> size = info.arg(1).toIntVector();
+  Placements out = size == self.shape ? without_partial(self.placements) : replicate_all(info.mesh_ndim());
+  OpSharding s;
+  s.inputs.resize(info.num_args());
+  s.outputs.push_back(out);
+  s.local_args.resize(info.num_args());
+  auto local = local_shape_of(*info.mesh, out, size);
+  s.local_args[1] = c10::IValue(local);
+  if (info.op->schema().name() == "aten::new_empty_strided") {
+    s.local_args[2] = c10::IValue(contiguous_strides(local));
+  }
+  return s;
+}
+
 } // namespace
 
 void register_tensor_ops() {
+  for (const char* name : {"aten::new_empty", "aten::new_zeros", "aten::new_ones", "aten::new_full",
+                           "aten::new_empty_strided"}) {
+    register_rule(name, new_factory);
+  }
   for (const char* name : {"aten::clone", "aten::detach", "aten::alias", "aten::copy_", "aten::copy",
                            "aten::lift_fresh", "aten::_copy_from"}) {
     register_rule(name, same_as_self);

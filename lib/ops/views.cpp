@@ -217,9 +217,44 @@ OpSharding view_rule(const OpInfo& info) {
   return s;
 }
 
+// slice_backward(grad, input_sizes, dim, start, end, step) / select_backward(grad,
+// input_sizes, dim, index): zeros of the input's (global) size with the gradient written in.
+// Shards off `dim` follow; Partial(sum) passes (the op is linear); the size becomes local.
+OpSharding slice_select_backward(const OpInfo& info) {
+  const DTensorSpec& grad = *info.specs[0];
+  std::vector<int64_t> input_sizes = info.arg(1).toIntVector();
+  const auto out_ndim = static_cast<int64_t>(input_sizes.size());
+  int64_t dim = wrap_dim(info.arg(2).toInt(), out_ndim);
+  bool select = info.op->schema().name() == "aten::select_backward";
+  Placements want = grad.placements;
+  Placements out = grad.placements;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const Placement& p = grad.placements[i];
+    if (p.is_shard()) {
+      int64_t od = select && p.dim() >= dim ? p.dim() + 1 : p.dim();
+      if (od == dim) {
+        want[i] = out[i] = Placement::replicate();
+      } else {
+        out[i] = Placement::shard(od);
+      }
+    } else if (p.is_partial() && !(p.reduce_op() == ReduceOp::Sum && !p.is_norm_partial())) {
+      want[i] = out[i] = Placement::replicate();
+    }
+  }
+  OpSharding s;
+  s.inputs.resize(info.num_args());
+  s.inputs[0] = want;
+  s.outputs.push_back(out);
+  s.local_args.resize(info.num_args());
+  s.local_args[1] = c10::IValue(local_shape_of(*info.mesh, out, input_sizes));
+  return s;
+}
+
 } // namespace
 
 void register_view_ops() {
+  register_rule("aten::slice_backward", slice_select_backward);
+  register_rule("aten::select_backward", slice_select_backward);
   register_rule("aten::t", transpose_rule);
   register_rule("aten::transpose", transpose_rule);
   register_rule("aten::permute", permute_rule);

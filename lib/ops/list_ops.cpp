@@ -1,0 +1,98 @@
+// Ops over lists of tensors: cat, stack, split / split_with_sizes, unbind.
+#include "../internal/check.h"
+#include "../internal/sharding.h"
+
+namespace dtensor::detail {
+
+namespace {
+
+int64_t wrap(int64_t d, int64_t ndim) { return d < 0 ? d + ndim : d; }
+
+// cat(tensors, dim): every input takes the first input's placements, with the cat dim
+// (and Partial) replicated. Inputs of rank 1 and size 0 are legacy no-ops of cat.
+OpSharding cat_rule(const OpInfo& info) {
+  const auto& specs = info.list_specs[0];
+  if (specs.empty()) {
+    fail_unsupported(info, "cat of an empty list");
+  }
+  int64_t ndim = specs[0].ndim();
+  int64_t dim = wrap(info.num_args() > 1 ? info.arg(1).toInt() : 0, ndim);
+  Placements p;
+  for (const auto& x : specs[0].placements) {
+    p.push_back(x.is_partial() || x.is_shard(dim) ? Placement::replicate() : x);
+  }
+  OpSharding s;
+  s.inputs.resize(info.num_args());
+  s.list_inputs.resize(info.num_args());
+  s.list_inputs[0] = p;
+  s.outputs.push_back(p);
+  return s;
+}
+
+// stack(tensors, dim): like cat on a new dim; shards at or after it move up by one.
+OpSharding stack_rule(const OpInfo& info) {
+  const auto& specs = info.list_specs[0];
+  if (specs.empty()) {
+    fail_unsupported(info, "stack of an empty list");
+  }
+  int64_t dim = wrap(info.num_args() > 1 ? info.arg(1).toInt() : 0, specs[0].ndim() + 1);
+  Placements in;
+  Placements out;
+  for (const auto& x : specs[0].placements) {
+    Placement y = x.is_partial() ? Placement::replicate() : x;
+    in.push_back(y);
+    out.push_back(y.is_shard() && y.dim() >= dim ? Placement::shard(y.dim() + 1) : y);
+  }
+  OpSharding s;
+  s.inputs.resize(info.num_args());
+  s.list_inputs.resize(info.num_args());
+  s.list_inputs[0] = in;
+  s.outputs.push_back(out);
+  return s;
+}
+
+// split.Tensor(self, split_size, dim) / split_with_sizes(self, sizes, dim): the split dim
+// must be whole; every piece keeps the other placements.
+OpSharding split_rule(const OpInfo& info) {
+  const DTensorSpec& in = *info.specs[0];
+  int64_t dim = wrap(info.num_args() > 2 ? info.arg(2).toInt() : 0, in.ndim());
+  Placements p;
+  for (const auto& x : in.placements) {
+    p.push_back(x.is_shard(dim) ? Placement::replicate() : x);
+  }
+  OpSharding s;
+  s.inputs.resize(info.num_args());
+  s.inputs[0] = p;
+  s.outputs.push_back(p);
+  return s;
+}
+
+// unbind(self, dim): the dim disappears; shards after it move down by one.
+OpSharding unbind_rule(const OpInfo& info) {
+  const DTensorSpec& in = *info.specs[0];
+  int64_t dim = wrap(info.num_args() > 1 ? info.arg(1).toInt() : 0, in.ndim());
+  Placements want;
+  Placements out;
+  for (const auto& x : in.placements) {
+    Placement y = x.is_shard(dim) ? Placement::replicate() : x;
+    want.push_back(y);
+    out.push_back(y.is_shard() && y.dim() > dim ? Placement::shard(y.dim() - 1) : y);
+  }
+  OpSharding s;
+  s.inputs.resize(info.num_args());
+  s.inputs[0] = want;
+  s.outputs.push_back(out);
+  return s;
+}
+
+} // namespace
+
+void register_list_ops() {
+  register_rule("aten::cat", cat_rule);
+  register_rule("aten::stack", stack_rule);
+  register_rule("aten::split.Tensor", split_rule);
+  register_rule("aten::split_with_sizes", split_rule);
+  register_rule("aten::unbind", unbind_rule);
+}
+
+} // namespace dtensor::detail

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Builds and runs the benchmarks; prints markdown tables for docs/benchmarks.md.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+"$root/scripts/setup.sh" >/dev/null
+configure "$root/build" -Dcuda=disabled -Dbuildtype=debugoptimized
+ninja -C "$root/build" bench/bench_dispatch_overhead
+export TORCH_CPP_LOG_LEVEL=${TORCH_CPP_LOG_LEVEL:-WARNING}
+echo "## dispatch overhead, 1 rank"
+"$root/build/bench/bench_dispatch_overhead"
+echo
+echo "## dispatch overhead, 2 ranks"
+torchrun --standalone --nproc-per-node 2 --no-python "$root/build/bench/bench_dispatch_overhead"
