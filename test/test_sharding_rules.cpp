@@ -176,6 +176,28 @@ TEST_CASE("sharding rules on a 1-D mesh", "[dtensor][rules][world1][world2][worl
   REQUIRE(n > 50);
 }
 
+TEST_CASE("dropout on DTensors", "[dtensor][rules][world1][world2][world4]") {
+  auto mesh = init_device_mesh(device_type(), {world()}, {"x"});
+  at::Tensor full = at::rand({8, 6}, options(at::kDouble)) + 1;
+  for (const Placements& p : {Placements{S(0)}, Placements{R}}) {
+    at::manual_seed(5); // the same generator state on every rank
+    DTensor x = dtensor::distribute_tensor(full, mesh, p);
+    at::Tensor y = at::dropout(x, 0.5, /*train=*/true);
+    REQUIRE(DTensor(y).placements() == p);
+    at::Tensor out = DTensor(y).full_tensor();
+    // Every element is dropped (0) or kept and scaled by 1 / (1 - p) = 2.
+    REQUIRE(at::logical_or(out == 0, at::isclose(out, full * 2)).all().item<bool>());
+    if (p[0].is_replicate()) {
+      // Replicate stays consistent: every rank drew the same mask.
+      auto gathered = dtensor::all_gather_tensor(DTensor(y).to_local().contiguous(), 0, mesh.get_group());
+      for (int r = 1; r < world(); ++r) {
+        REQUIRE(at::equal(gathered.chunk(world(), 0)[r], gathered.chunk(world(), 0)[0]));
+      }
+    }
+    REQUIRE(dtensor::testing::same(DTensor(at::dropout(x, 0.5, /*train=*/false)).full_tensor(), full));
+  }
+}
+
 TEST_CASE("sharding rules on a 2-D mesh", "[dtensor][rules][world4]") {
   auto mesh = init_device_mesh(device_type(), {2, 2}, {"dp", "tp"});
   at::manual_seed(12);

@@ -204,7 +204,7 @@ void register_pointwise_ops() {
       // backward kernels
       "threshold_backward", "gelu_backward", "silu_backward", "sigmoid_backward", "tanh_backward",
       "hardtanh_backward", "leaky_relu_backward", "elu_backward", "softplus_backward",
-      "mish_backward",
+      "mish_backward", "native_dropout_backward",
   };
   for (const char* n : names) {
     std::string base = std::string("aten::") + n;
