@@ -149,6 +149,13 @@ std::vector<Case> one_d_cases() {
                   auto t = dtensor::is_dtensor(v[0]) ? at::Tensor(dtensor::distribute_tensor(target, DTensor(v[0]).device_mesh(), {R}))
                                                      : target;
                   return at::cross_entropy_loss(v[0], t); }, {R}, true});
+  cs.push_back({"rms_norm", {{rnd({8, 3, 12}), {S(0)}}, {rnd({12}), {R}}},
+                [](auto& v) { return at::rms_norm(v[0], {12}, v[1], 1e-6); }, {S(0)}, true});
+  auto ids = [] { return at::randint(0, 10, {8, 3}, options(at::kLong)); };
+  cs.push_back({"embedding, sharded indices", {{rnd({10, 12}), {R}}, {ids(), {S(0)}}},
+                [](auto& v) { return at::embedding(v[0], v[1]); }, {S(0)}, true});
+  cs.push_back({"embedding, column-sharded weight", {{rnd({10, 12}), {S(1)}}, {ids(), {R}}},
+                [](auto& v) { return at::embedding(v[0], v[1]); }, {S(2)}, true});
   // lists
   cs.push_back({"cat", {{x(), {S(0)}}, {x(), {S(0)}}}, [](auto& v) { return at::cat({v[0], v[1]}, 1); }, {S(0)}, true});
   cs.push_back({"stack", {{x(), {S(1)}}, {x(), {S(1)}}}, [](auto& v) { return at::stack({v[0], v[1]}, 0); }, {S(2)}, true});
@@ -159,6 +166,14 @@ std::vector<Case> one_d_cases() {
   // tensor ops
   cs.push_back({"clone", {{x(), {S(1)}}}, [](auto& v) { return v[0].clone(); }, {S(1)}, true});
   cs.push_back({"zeros_like of P", {{x(), {P}}}, [](auto& v) { return at::ones_like(v[0]); }, {R}});
+  cs.push_back({"zero_ fill_ copy_", {{x(), {S(0)}}, {x(), {R}}}, [](auto& v) {
+                  at::Tensor zeros = v[0].detach().clone();
+                  at::Tensor filled = v[0].detach().clone();
+                  zeros.zero_();
+                  filled.fill_(2.5);
+                  at::Tensor copied = at::empty_like(v[0]);
+                  copied.copy_(v[1]);
+                  return zeros + filled + copied; }, {S(0)}});
   cs.push_back({"to double", {{rnd({4, 4}).to(at::kFloat), {S(0)}}}, [](auto& v) { return v[0].to(at::kDouble); }, {S(0)}});
   return cs;
 }
