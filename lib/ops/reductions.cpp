@@ -63,7 +63,6 @@ OpSharding reduce(const OpInfo& info, Kind kind) {
   const size_t mesh_ndim = static_cast<size_t>(info.mesh_ndim());
   Placements want = in.placements;
   Placements out(mesh_ndim, Placement::replicate());
-  auto coord = *in.mesh.get_coordinate();
   for (size_t i = 0; i < mesh_ndim; ++i) {
     const Placement& p = in.placements[i];
     if (p.is_shard()) {
@@ -112,7 +111,6 @@ OpSharding reduce(const OpInfo& info, Kind kind) {
       }
     }
   }
-  (void)coord;
   OpSharding s;
   s.inputs.resize(info.num_args());
   s.inputs[0] = want;

@@ -188,7 +188,6 @@ OpSharding view_rule(const OpInfo& info) {
     }
     // Group: input dims [i0, i), output dims [o0, o).
     m[i0] = static_cast<int64_t>(o0);
-    (void)o0;
   }
   OpSharding s = map_dims(info, m);
   // Even cuts only: a shard of input dim d lands on output dim m[d]; the chunks of a merged

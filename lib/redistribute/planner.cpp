@@ -1,5 +1,4 @@
 // The redistribution planner (see [Note: redistribution planning]).
-#include <list>
 #include <mutex>
 #include <unordered_map>
 
