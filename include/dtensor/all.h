@@ -9,3 +9,4 @@
 #include <dtensor/error.h>
 #include <dtensor/placement.h>
 #include <dtensor/process_group.h>
+#include <dtensor/replicate.h>

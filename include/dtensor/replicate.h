@@ -1,0 +1,53 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include <torch/arg.h>
+
+#include <dtensor/device_mesh.h>
+
+namespace torch::nn {
+class Module;
+} // namespace torch::nn
+
+namespace dtensor {
+
+namespace detail {
+struct ReplicateState;
+} // namespace detail
+
+struct ReplicateOptions {
+  // Gradients are all-reduced in buckets of at most this many MiB (a parameter larger than
+  // the cap gets a bucket of its own), filled in reverse parameter order.
+  TORCH_ARG(double, bucket_cap_mb) = 25.0;
+  // Broadcast parameters and buffers from the mesh's first rank when replicating.
+  TORCH_ARG(bool, broadcast_from_rank0) = true;
+};
+
+// Controls a replicated module. Keep it alive while training: the gradient hooks hold only
+// a weak reference and do nothing once every handle is gone.
+class ReplicateHandle {
+ public:
+  ReplicateHandle() = default;
+  explicit ReplicateHandle(std::shared_ptr<detail::ReplicateState> state);
+  // false: gradients accumulate locally, no communication (gradient accumulation); the
+  // next backward with sync on all-reduces the accumulated gradients.
+  void set_requires_gradient_sync(bool sync);
+  int64_t num_buckets() const;
+  const DeviceMesh& mesh() const;
+
+ private:
+  std::shared_ptr<detail::ReplicateState> state_;
+};
+
+// DDP semantics on an unmodified module: parameters stay plain tensors, equal on every rank
+// of the 1-D `mesh`; after each backward every gradient is the average over the ranks,
+// all-reduced in buckets as soon as a bucket's gradients are all accumulated (post-
+// accumulate-grad hooks; buckets with unused parameters are completed with zero gradients
+// when the backward pass ends, so every rank issues the same collectives whatever it used).
+// Collective: every rank of the mesh calls it.
+ReplicateHandle replicate(torch::nn::Module& module, const DeviceMesh& mesh,
+                          const ReplicateOptions& options = {});
+
+} // namespace dtensor

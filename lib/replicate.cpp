@@ -1,0 +1,212 @@
+// replicate(): data-parallel gradients by bucketed all-reduce from post-accumulate-grad
+// hooks (DDP semantics).
+#include <dtensor/replicate.h>
+
+#include <mutex>
+#include <unordered_map>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/nn/module.h>
+
+#include <dtensor/collectives.h>
+
+#include "internal/check.h"
+
+namespace dtensor {
+
+namespace detail {
+
+struct Bucket {
+  std::vector<at::Tensor> params;
+  size_t ready = 0;
+  bool reduced = false;
+};
+
+struct ReplicateState : std::enable_shared_from_this<ReplicateState> {
+  DeviceMesh mesh;
+  Group group;
+  std::vector<Bucket> buckets;
+  std::unordered_map<const c10::TensorImpl*, size_t> bucket_of;
+  bool sync = true;
+  bool callback_queued = false;
+  std::mutex mutex;
+
+  void on_grad_ready(const at::Tensor& param);
+  void reduce(Bucket& bucket);
+  void finish_backward();
+};
+
+void ReplicateState::reduce(Bucket& bucket) {
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;
+  for (auto& p : bucket.params) {
+    if (!p.grad().defined()) {
+      p.mutable_grad() = at::zeros_like(p); // unused in this backward
+    }
+    grads.push_back(p.grad().reshape({-1}));
+  }
+  at::Tensor flat = at::cat(grads);
+  all_reduce_(flat, ReduceOp::Avg, group);
+  int64_t offset = 0;
+  for (auto& p : bucket.params) {
+    int64_t n = p.numel();
+    p.mutable_grad().copy_(flat.narrow(0, offset, n).view_as(p));
+    offset += n;
+  }
+  bucket.reduced = true;
+}
+
+void ReplicateState::finish_backward() {
+  std::lock_guard<std::mutex> lock(mutex);
+  // Every bucket is reduced each backward, on every rank, even when none of its parameters
+  // was used here: another rank may have used them, and collectives must match.
+  for (auto& b : buckets) {
+    if (!b.reduced) {
+      reduce(b);
+    }
+  }
+  for (auto& b : buckets) {
+    b.ready = 0;
+    b.reduced = false;
+  }
+  callback_queued = false;
+}
+
+void ReplicateState::on_grad_ready(const at::Tensor& param) {
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!sync) {
+    return;
+  }
+  if (!callback_queued) {
+    // Buckets left incomplete (unused parameters) are finished when the backward ends.
+    std::weak_ptr<ReplicateState> weak = shared_from_this();
+    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+      if (auto s = weak.lock()) {
+        s->finish_backward();
+      }
+    });
+    callback_queued = true;
+  }
+  auto it = bucket_of.find(param.unsafeGetTensorImpl());
+  if (it == bucket_of.end()) {
+    return;
+  }
+  Bucket& b = buckets[it->second];
+  if (++b.ready == b.params.size()) {
+    reduce(b);
+  }
+}
+
+namespace {
+
+struct GradReadyHook : torch::autograd::PostAccumulateGradHook {
+  explicit GradReadyHook(std::weak_ptr<ReplicateState> s) : state(std::move(s)) {}
+  void operator()(const torch::autograd::Variable& tensor) override {
+    if (auto s = state.lock()) {
+      s->on_grad_ready(tensor);
+    }
+  }
+  std::weak_ptr<ReplicateState> state;
+};
+
+std::mutex registry_mutex;
+std::unordered_map<const torch::nn::Module*, std::weak_ptr<ReplicateState>>& registry() {
+  static std::unordered_map<const torch::nn::Module*, std::weak_ptr<ReplicateState>> r;
+  return r;
+}
+
+} // namespace
+
+} // namespace detail
+
+ReplicateHandle::ReplicateHandle(std::shared_ptr<detail::ReplicateState> state)
+    : state_(std::move(state)) {}
+
+void ReplicateHandle::set_requires_gradient_sync(bool sync) {
+  DTENSOR_CHECK(state_ != nullptr, "ReplicateHandle: empty handle");
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->sync = sync;
+}
+
+int64_t ReplicateHandle::num_buckets() const {
+  DTENSOR_CHECK(state_ != nullptr, "ReplicateHandle: empty handle");
+  return static_cast<int64_t>(state_->buckets.size());
+}
+
+const DeviceMesh& ReplicateHandle::mesh() const {
+  DTENSOR_CHECK(state_ != nullptr, "ReplicateHandle: empty handle");
+  return state_->mesh;
+}
+
+ReplicateHandle replicate(torch::nn::Module& module, const DeviceMesh& mesh,
+                          const ReplicateOptions& options) {
+  DTENSOR_CHECK(mesh.defined() && mesh.ndim() == 1,
+                "replicate({}): needs a 1-D mesh, got {}", module.name(), mesh.to_string());
+  DTENSOR_CHECK(options.bucket_cap_mb() > 0, "replicate({}): bucket_cap_mb {} must be positive",
+                module.name(), options.bucket_cap_mb());
+  {
+    std::lock_guard<std::mutex> lock(detail::registry_mutex);
+    auto it = detail::registry().find(&module);
+    DTENSOR_CHECK(it == detail::registry().end() || it->second.expired(),
+                  "replicate({}): this module is already replicated", module.name());
+  }
+  auto state = std::make_shared<detail::ReplicateState>();
+  state->mesh = mesh;
+  state->group = mesh.get_group();
+  auto params = module.parameters();
+  for (const auto& p : params) {
+    DTENSOR_CHECK(!p.unsafeGetTensorImpl()->key_set().has_backend(c10::BackendComponent::PrivateUse1Bit),
+                  "replicate({}): parameter of shape {} is a DTensor; replicate takes plain parameters",
+                  module.name(), p.sizes());
+    DTENSOR_CHECK(p.device().type() == mesh.device_type(),
+                  "replicate({}): a parameter is on {} but the mesh is {}", module.name(),
+                  p.device().str(), mesh.to_string());
+  }
+  if (options.broadcast_from_rank0()) {
+    torch::NoGradGuard no_grad;
+    for (auto p : params) {
+      at::Tensor data = p.detach();
+      broadcast_(data, 0, state->group);
+    }
+    for (auto b : module.buffers()) {
+      at::Tensor data = b.detach();
+      broadcast_(data, 0, state->group);
+    }
+  }
+  // Buckets in reverse parameter order (gradients tend to be ready last layer first), one
+  // dtype per bucket, at most bucket_cap_mb each.
+  const auto cap = static_cast<int64_t>(options.bucket_cap_mb() * 1024 * 1024);
+  int64_t bytes = 0;
+  for (auto it = params.rbegin(); it != params.rend(); ++it) {
+    const at::Tensor& p = *it;
+    if (!p.requires_grad()) {
+      continue;
+    }
+    int64_t n = static_cast<int64_t>(p.nbytes());
+    bool new_bucket = state->buckets.empty() || bytes + n > cap ||
+                      state->buckets.back().params.front().scalar_type() != p.scalar_type();
+    if (new_bucket) {
+      state->buckets.emplace_back();
+      bytes = 0;
+    }
+    state->buckets.back().params.push_back(p);
+    state->bucket_of[p.unsafeGetTensorImpl()] = state->buckets.size() - 1;
+    bytes += n;
+  }
+  for (const auto& b : state->buckets) {
+    for (const auto& p : b.params) {
+      torch::autograd::impl::set_post_acc_grad_hooks(
+          p, std::make_unique<detail::GradReadyHook>(std::weak_ptr<detail::ReplicateState>(state)));
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(detail::registry_mutex);
+    detail::registry()[&module] = state;
+  }
+  return ReplicateHandle(state);
+}
+
+} // namespace dtensor
