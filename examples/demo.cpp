@@ -1,5 +1,6 @@
-// The demo: a (dp=2, tp=2) mesh on 4 ranks, collectives on each dimension, and the
-// CommDebugMode table. Run it with scripts/demo.sh (torchrun --nproc-per-node 4).
+// The demo: a (dp=2, tp=2) mesh on 4 ranks, a DTensor product and its redistributions,
+// collectives on each dimension, and CommDebugMode's tables. Run it with scripts/demo.sh
+// (torchrun --nproc-per-node 4).
 #include <iostream>
 
 #include <ATen/ATen.h>
@@ -41,6 +42,26 @@ int main() {
                 << ", norm^2 over " << mesh.ndim() << " dims -> " << norm_sq.item<float>()
                 << " (world " << world << ")\n\n"
                 << mode.table();
+    }
+    {
+      // DTensor: a (Shard(0), Shard(1)) matrix, a product that leaves a Partial over tp, and
+      // the redistributions that make things whole again.
+      dtensor::CommDebugMode dt_mode;
+      at::manual_seed(0);
+      at::Tensor a_full = at::randn({8, 8});
+      at::Tensor b_full = at::randn({8, 4});
+      dtensor::DTensor a = dtensor::distribute_tensor(a_full, mesh, {dtensor::Shard(0), dtensor::Shard(1)});
+      dtensor::DTensor b = dtensor::distribute_tensor(b_full, mesh, {dtensor::Replicate(), dtensor::Shard(0)});
+      dtensor::DTensor c(at::mm(a, b)); // rows sharded over dp, partial sums over tp
+      at::Tensor c_full = c.full_tensor();
+      bool exact = at::allclose(c_full, at::mm(a_full, b_full), 1e-5, 1e-6);
+
+      if (rank == 0) {
+        std::cout << "\nDTensor mm: " << dtensor::to_string(a.placements()) << " x "
+                  << dtensor::to_string(b.placements()) << " -> " << dtensor::to_string(c.placements())
+                  << ", full_tensor equals the plain product: " << (exact ? "yes" : "NO") << "\n"
+                  << dt_mode.table();
+      }
     }
     dtensor::barrier(dtensor::world_group());
     dtensor::destroy_process_group();
