@@ -154,6 +154,36 @@ void infer_output_shapes(const c10::OperatorHandle& op, const OpInfo& info, Cach
   }
 }
 
+bool all_replicated(const OpInfo& info) {
+  auto replicated = [](const DTensorSpec& spec) {
+    for (const auto& p : spec.placements) {
+      if (!p.is_replicate()) {
+        return false;
+      }
+    }
+    return true;
+  };
+  for (size_t i = 0; i < info.num_args(); ++i) {
+    if (info.specs[i] && !replicated(*info.specs[i])) {
+      return false;
+    }
+    for (const auto& s : info.list_specs[i]) {
+      if (!replicated(s)) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+OpSharding replicated_fallback(const OpInfo& info) {
+  OpSharding s;
+  for (size_t r = 0; r < info.op->schema().returns().size(); ++r) {
+    s.outputs.push_back(replicate_all(info.mesh_ndim()));
+  }
+  return s;
+}
+
 bool returns_tensors(const c10::FunctionSchema& schema) {
   for (const auto& r : schema.returns()) {
     const auto& type = r.type();
@@ -231,7 +261,15 @@ void handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (!decision) {
     ShardingRule rule = find_rule(info.name, schema.name());
     if (rule == nullptr) {
-      fail_unsupported(info, "no sharding rule is registered for it");
+      // [Note: the replicated fallback]
+      // An op without a rule still runs when every DTensor argument is Replicate on every
+      // mesh dimension: each rank computes the same result from the same inputs, so the
+      // outputs are Replicate, with no communication. Anything else needs a rule.
+      if (!all_replicated(info)) {
+        fail_unsupported(info, "no sharding rule is registered for it (ops without a rule "
+                               "only run on DTensors that are Replicate everywhere)");
+      }
+      rule = replicated_fallback;
     }
     auto made = std::make_shared<Cached>();
     made->sharding = rule(info);
