@@ -93,7 +93,12 @@ std::vector<Case> one_d_cases() {
   cs.push_back({"add S0+R", {{x(), {S(0)}}, {x(), {R}}}, [](auto& a) { return a[0] + a[1]; }, {S(0)}, true});
   cs.push_back({"mul R*S1", {{x(), {R}}, {x(), {S(1)}}}, [](auto& a) { return a[0] * a[1]; }, {S(1)}, true});
   cs.push_back({"add P+P", {{x(), {P}}, {x(), {P}}}, [](auto& a) { return a[0] + a[1]; }, {P}});
-  cs.push_back({"add P+R reduces", {{x(), {P}}, {x(), {R}}}, [](auto& a) { return a[0] + a[1]; }, {R}});
+  cs.push_back({"add P+R stays partial (R partitioned)", {{x(), {P}}, {x(), {R}}}, [](auto& a) { return a[0] + a[1]; }, {P}});
+  cs.push_back({"sub R-P stays partial", {{x(), {R}}, {x(), {P}}}, [](auto& a) { return a[0] - a[1]; }, {P}});
+  cs.push_back({"add_ in place P += R", {{x(), {P}}, {rnd({12}), {R}}}, [](auto& a) {
+                  at::Tensor t = a[0].detach().clone();
+                  t.add_(a[1]);
+                  return t; }, {P}});
   cs.push_back({"mul P*R stays partial", {{x(), {P}}, {x(), {R}}}, [](auto& a) { return a[0] * a[1]; }, {P}});
   cs.push_back({"neg P", {{x(), {P}}}, [](auto& a) { return -a[0]; }, {P}});
   cs.push_back({"add P+scalar reduces", {{x(), {P}}}, [](auto& a) { return a[0] + 1.5; }, {R}});

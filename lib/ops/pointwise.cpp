@@ -59,10 +59,20 @@ bool partial_passes(const OpInfo& info, const std::vector<TensorArg>& args, size
   case Linearity::Unary:
     return args.size() == 1;
   case Linearity::Additive: {
-    // x + c is not linear in x; x + y is when both are partial sums. A Scalar `other`
-    // (add.Scalar) is also a constant.
+    // x + y stays a partial sum when both are partial sums; a Replicate operand joins as a
+    // partial sum by partition (each rank adds y / k: no communication), as PyTorch does.
+    // A constant (Scalar or plain 0-dim tensor) cannot be partitioned here.
     bool scalar_other = info.num_args() > 1 && info.arg(1).isScalar();
-    return !plain_tensor && !scalar_other && partial_count == args.size();
+    if (plain_tensor || scalar_other || partial_count == 0) {
+      return false;
+    }
+    for (const auto& t : args) {
+      const Placement& p = t.spec->placements[i];
+      if (!is_sum_partial(p) && !p.is_replicate()) {
+        return false;
+      }
+    }
+    return true;
   }
   case Linearity::Product:
     if (partial_count != 1) {
@@ -169,8 +179,9 @@ OpSharding pointwise_rule(const OpInfo& info) {
         int64_t d = arg_dim(t, out[i].dim());
         want[i] = d >= 0 ? Placement::shard(d) : Placement::replicate();
       } else if (out[i].is_partial()) {
-        // Linear in the partial arguments; the others stay as they are (Replicate).
-        want[i] = t.spec->placements[i];
+        // add/sub: every operand becomes a partial sum (Replicate ones by partition);
+        // mul/div: linear in the partial factor, the others stay Replicate.
+        want[i] = lin == Linearity::Additive ? Placement::partial(ReduceOp::Sum) : t.spec->placements[i];
       }
     }
     s.inputs[t.index] = want;
