@@ -13,14 +13,11 @@ using dtensor::Placement;
 using dtensor::Placements;
 using dtensor::init_device_mesh;
 using dtensor::testing::device_type;
+using dtensor::testing::close;
 using dtensor::testing::options;
 using dtensor::testing::world;
 
 namespace {
-
-bool close(const at::Tensor& a, const at::Tensor& b) {
-  return a.sizes() == b.sizes() && at::allclose(a.cpu(), b.cpu(), 1e-5, 1e-6);
-}
 
 void convert(torch::nn::Linear& lin, const dtensor::DeviceMesh& mesh, const Placements& weight,
              const Placements& bias) {

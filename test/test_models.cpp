@@ -13,12 +13,11 @@ using dtensor::DTensor;
 using dtensor::Placement;
 using dtensor::init_device_mesh;
 using dtensor::testing::device_type;
+using dtensor::testing::close;
 using dtensor::testing::options;
 using dtensor::testing::world;
 
 namespace {
-
-bool close(const at::Tensor& a, const at::Tensor& b) { return at::allclose(a.cpu(), b.cpu(), 1e-4, 1e-5); }
 
 void set(at::Tensor& p, const dtensor::DeviceMesh& mesh, Placement placement) {
   torch::NoGradGuard no_grad;
@@ -64,19 +63,19 @@ TEST_CASE("MLPStack with column/row-wise DTensor parameters matches the plain mo
     REQUIRE(mode.count("tp", CollectiveKind::AllReduce) == 3);
     at::Tensor ref_y = ref->forward(x);
     REQUIRE(DTensor(y).placements()[0] == Placement::replicate());
-    REQUIRE(close(DTensor(y).full_tensor(), ref_y.detach()));
+    REQUIRE(close(DTensor(y).full_tensor(), ref_y.detach(), 1e-4, 1e-5));
     y.pow(2).sum().backward();
     ref_y.pow(2).sum().backward();
     auto p = model->parameters();
     auto q = ref->parameters();
     for (size_t i = 0; i < p.size(); ++i) {
       REQUIRE(dtensor::is_dtensor(p[i].grad()));
-      REQUIRE(close(DTensor(p[i].grad()).full_tensor(), q[i].grad()));
+      REQUIRE(close(DTensor(p[i].grad()).full_tensor(), q[i].grad(), 1e-4, 1e-5));
     }
     opt.step();
     ref_opt.step();
     for (size_t i = 0; i < p.size(); ++i) {
-      REQUIRE(close(DTensor(p[i]).full_tensor(), q[i].detach()));
+      REQUIRE(close(DTensor(p[i]).full_tensor(), q[i].detach(), 1e-4, 1e-5));
     }
   }
 }
@@ -95,9 +94,9 @@ TEST_CASE("DoubleLinear with replicated DTensor parameters, second output unused
   auto outs = model->forward(dtensor::distribute_tensor(x, mesh, {Placement::replicate()}));
   auto ref_outs = ref->forward(x);
   REQUIRE(outs.size() == 2);
-  REQUIRE(close(DTensor(outs[1]).full_tensor(), ref_outs[1].detach()));
+  REQUIRE(close(DTensor(outs[1]).full_tensor(), ref_outs[1].detach(), 1e-4, 1e-5));
   outs[0].sum().backward(); // lin2 gets no gradient
   ref_outs[0].sum().backward();
-  REQUIRE(close(DTensor(model->lin1->weight.grad()).full_tensor(), ref->lin1->weight.grad()));
+  REQUIRE(close(DTensor(model->lin1->weight.grad()).full_tensor(), ref->lin1->weight.grad(), 1e-4, 1e-5));
   REQUIRE_FALSE(model->lin2->weight.grad().defined());
 }

@@ -14,6 +14,7 @@ using dtensor::CommDebugMode;
 using dtensor::init_device_mesh;
 using dtensor::testing::contains;
 using dtensor::testing::device_type;
+using dtensor::testing::close;
 using dtensor::testing::options;
 using dtensor::testing::rank;
 using dtensor::testing::world;
@@ -28,8 +29,6 @@ at::Tensor batch(int r, int step) {
   at::manual_seed(1000 + 17 * step + r); // rank r's data, reproducible on every rank
   return at::randn({3, 8}, options());
 }
-
-bool close(const at::Tensor& a, const at::Tensor& b) { return at::allclose(a.cpu(), b.cpu(), 1e-5, 1e-6); }
 
 // The reference: one process sees every rank's batch and averages the gradients.
 void reference_backward(torch::nn::Sequential& ref, int step) {

@@ -11,6 +11,7 @@ using dtensor::Placement;
 using dtensor::Placements;
 using dtensor::init_device_mesh;
 using dtensor::testing::device_type;
+using dtensor::testing::close;
 using dtensor::testing::options;
 using dtensor::testing::world;
 
@@ -47,10 +48,6 @@ DTensor make(const Input& in, const dtensor::DeviceMesh& mesh) {
   return start == in.placements ? d : d.redistribute(in.placements);
 }
 
-bool close(const at::Tensor& a, const at::Tensor& b) {
-  return a.sizes() == b.sizes() && at::allclose(a.cpu().to(at::kDouble), b.cpu().to(at::kDouble), 1e-9, 1e-9);
-}
-
 void run(const Case& c, const dtensor::DeviceMesh& mesh) {
   INFO(c.name << " on " << mesh.to_string());
   std::vector<at::Tensor> full;
@@ -69,7 +66,7 @@ void run(const Case& c, const dtensor::DeviceMesh& mesh) {
   at::Tensor got = c.fn(dist);
   REQUIRE(dtensor::is_dtensor(got));
   REQUIRE(DTensor(got).placements() == c.expected);
-  REQUIRE(close(DTensor(got).full_tensor(), want));
+  REQUIRE(close(DTensor(got).full_tensor(), want, 1e-9, 1e-9));
   if (c.grad) {
     at::Tensor w = at::randn(want.sizes(), options(at::kDouble));
     (want * w).sum().backward();
@@ -79,7 +76,7 @@ void run(const Case& c, const dtensor::DeviceMesh& mesh) {
       if (full[i].requires_grad()) {
         INFO("gradient of input " << i);
         REQUIRE(dtensor::is_dtensor(dist[i].grad()));
-        REQUIRE(close(DTensor(dist[i].grad()).full_tensor(), full[i].grad()));
+        REQUIRE(close(DTensor(dist[i].grad()).full_tensor(), full[i].grad(), 1e-9, 1e-9));
       }
     }
   }

@@ -50,10 +50,11 @@ bool partial_passes(const OpInfo& info, const std::vector<TensorArg>& args, size
       plain_tensor = true; // a 0-dim plain tensor acts like a scalar constant
     }
   }
+  bool sum_partial_or_replicate = true; // every DTensor operand, on mesh dim i
   for (const auto& t : args) {
-    if (is_sum_partial(t.spec->placements[i])) {
-      ++partial_count;
-    }
+    const Placement& p = t.spec->placements[i];
+    partial_count += is_sum_partial(p) ? 1 : 0;
+    sum_partial_or_replicate = sum_partial_or_replicate && (is_sum_partial(p) || p.is_replicate());
   }
   switch (lin) {
   case Linearity::Unary:
@@ -63,28 +64,10 @@ bool partial_passes(const OpInfo& info, const std::vector<TensorArg>& args, size
     // partial sum by partition (each rank adds y / k: no communication), as PyTorch does.
     // A constant (Scalar or plain 0-dim tensor) cannot be partitioned here.
     bool scalar_other = info.num_args() > 1 && info.arg(1).isScalar();
-    if (plain_tensor || scalar_other || partial_count == 0) {
-      return false;
-    }
-    for (const auto& t : args) {
-      const Placement& p = t.spec->placements[i];
-      if (!is_sum_partial(p) && !p.is_replicate()) {
-        return false;
-      }
-    }
-    return true;
+    return !plain_tensor && !scalar_other && partial_count > 0 && sum_partial_or_replicate;
   }
   case Linearity::Product:
-    if (partial_count != 1) {
-      return false;
-    }
-    for (const auto& t : args) {
-      const Placement& p = t.spec->placements[i];
-      if (!is_sum_partial(p) && !p.is_replicate()) {
-        return false;
-      }
-    }
-    return true;
+    return partial_count == 1 && sum_partial_or_replicate;
   case Linearity::Quotient:
     return partial_count == 1 && is_sum_partial(args[0].spec->placements[i]) &&
            (args.size() == 1 || args[1].spec->placements[i].is_replicate());

@@ -36,4 +36,10 @@ inline bool same(const at::Tensor& a, const at::Tensor& b) {
          at::equal(a.cpu(), b.cpu());
 }
 
+// Same shape and values within tolerance (compared in double, on the host).
+inline bool close(const at::Tensor& a, const at::Tensor& b, double rtol = 1e-5, double atol = 1e-6) {
+  return a.sizes() == b.sizes() &&
+         at::allclose(a.cpu().to(at::kDouble), b.cpu().to(at::kDouble), rtol, atol);
+}
+
 } // namespace dtensor::testing
