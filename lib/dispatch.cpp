@@ -9,6 +9,7 @@
 
 #include "internal/check.h"
 #include "internal/dtensor_impl.h"
+#include "internal/fsdp.h"
 #include "internal/redistribute.h"
 #include "internal/sharding.h"
 
@@ -196,6 +197,9 @@ bool returns_tensors(const c10::FunctionSchema& schema) {
 }
 
 void handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (fsdp_intercept(op, stack)) {
+    return;
+  }
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   const size_t base = stack->size() - nargs;
@@ -222,6 +226,10 @@ void handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     if (v.isTensor()) {
       const at::Tensor& t = v.toTensor();
       if (const DTensorMeta* m = dtensor_meta(t)) {
+        DTENSOR_CHECK(m->fsdp == nullptr || !m->fsdp->view,
+                      "{}: argument {} '{}' is a view of an unsharded fully_shard parameter and "
+                      "cannot be used with sharded DTensors",
+                      info.name, i, schema.arguments()[i].name());
         info.specs[i] = m->spec;
         see_mesh(m->spec);
       } else if (t.defined() && t.dim() > 0) {

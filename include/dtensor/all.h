@@ -10,3 +10,5 @@
 #include <dtensor/placement.h>
 #include <dtensor/process_group.h>
 #include <dtensor/replicate.h>
+#include <dtensor/fully_shard.h>
+#include <dtensor/state_dict.h>

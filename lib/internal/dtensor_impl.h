@@ -7,12 +7,16 @@
 
 namespace dtensor::detail {
 
+struct FsdpTag; // lib/internal/fsdp.h
+
 // The state of a DTensor, kept in its TensorImpl's BackendMeta so that shallow copies
 // (set_data, detach, .data(), autograd's saved variables) carry it along. See
 // [Note: a DTensor is an at::Tensor] in include/dtensor/dtensor.h.
 struct DTensorMeta : c10::BackendMeta {
   at::Tensor local; // plain tensor on the local device, never requires grad
   DTensorSpec spec;
+  // Set on parameters managed by fully_shard and on views of their unsharded values.
+  std::shared_ptr<FsdpTag> fsdp;
 };
 
 // A new DTensor over `local` (which must have spec.local_shape() and spec.dtype).

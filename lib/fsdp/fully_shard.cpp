@@ -1,0 +1,233 @@
+// fully_shard(): choosing a unit's parameters, the unit tree, and the FSDPModule controls.
+#include <dtensor/fully_shard.h>
+
+#include <unordered_map>
+#include <unordered_set>
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <dtensor/dtensor.h>
+#include <dtensor/process_group.h>
+
+#include "internal/check.h"
+#include "internal/fsdp.h"
+
+namespace dtensor {
+
+namespace detail {
+
+FSDPRegistry& fsdp_registry() {
+  static FSDPRegistry registry;
+  return registry;
+}
+
+std::vector<std::shared_ptr<FSDPParamGroup>> live_units() {
+  FSDPRegistry& reg = fsdp_registry();
+  std::vector<std::shared_ptr<FSDPParamGroup>> out;
+  auto& units = reg.units;
+  units.erase(std::remove_if(units.begin(), units.end(),
+                             [](const auto& u) { return u.first.expired(); }),
+              units.end());
+  for (auto& u : units) {
+    out.push_back(u.second);
+  }
+  return out;
+}
+
+namespace {
+
+std::shared_ptr<FSDPParamGroup> find_unit(const torch::nn::Module* module) {
+  for (auto& u : fsdp_registry().units) {
+    if (auto m = u.first.lock(); m && m.get() == module) {
+      return u.second;
+    }
+  }
+  return nullptr;
+}
+
+bool is_prefix_of(const std::string& prefix, const std::string& name) {
+  return prefix.empty() || name == prefix || name.rfind(prefix + ".", 0) == 0;
+}
+
+} // namespace
+
+} // namespace detail
+
+FSDPModule fully_shard(torch::nn::Module& module, const FullyShardOptions& options) {
+  using namespace detail;
+  live_units(); // drops units of destroyed modules
+  DTENSOR_CHECK(find_unit(&module) == nullptr,
+                "fully_shard: module '{}' is already fully sharded (call fully_shard once per module, "
+                "children before their parents)", module.name());
+  DeviceMesh mesh = options.mesh();
+  if (!mesh.defined()) {
+    const auto device = get_backend() == BackendType::Nccl ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+    mesh = init_device_mesh(device, {get_world_size()});
+  }
+  DTENSOR_CHECK(mesh.ndim() == 1 || mesh.ndim() == 2,
+                "fully_shard: expected a 1-D mesh (FSDP) or a 2-D mesh (HSDP: replicate, shard), got {}",
+                mesh.to_string());
+
+  std::shared_ptr<torch::nn::Module> self = module.shared_from_this();
+  std::unordered_set<const c10::TensorImpl*> ignored;
+  for (const auto& p : options.ignored_params()) {
+    ignored.insert(p.unsafeGetTensorImpl());
+  }
+
+  // Submodules that are units already (with everything under them) keep their parameters.
+  auto named = self->named_modules();
+  std::vector<std::string> child_unit_prefixes;
+  std::vector<std::shared_ptr<FSDPParamGroup>> child_units;
+  for (const auto& item : named) {
+    if (item.value().get() == &module) {
+      continue;
+    }
+    bool inside = false;
+    for (const auto& prefix : child_unit_prefixes) {
+      inside = inside || is_prefix_of(prefix, item.key());
+    }
+    if (!inside) {
+      if (auto unit = find_unit(item.value().get())) {
+        child_unit_prefixes.push_back(item.key());
+        child_units.push_back(unit);
+      }
+    }
+  }
+  std::unordered_map<const c10::TensorImpl*, std::string> in_children;
+  std::vector<std::pair<std::string, at::Tensor>> own;
+  std::unordered_map<const c10::TensorImpl*, std::string> own_names;
+  for (const auto& item : named) {
+    bool inside = false;
+    for (const auto& prefix : child_unit_prefixes) {
+      inside = inside || is_prefix_of(prefix, item.key());
+    }
+    for (const auto& p : item.value()->named_parameters(/*recurse=*/false)) {
+      const std::string fqn = item.key().empty() ? p.key() : item.key() + "." + p.key();
+      const c10::TensorImpl* impl = p.value().unsafeGetTensorImpl();
+      if (inside) {
+        in_children.emplace(impl, fqn);
+      } else if (!ignored.count(impl) && !own_names.count(impl)) {
+        own_names.emplace(impl, fqn);
+        own.emplace_back(fqn, p.value());
+      }
+    }
+  }
+  for (const auto& [fqn, p] : own) {
+    auto it = in_children.find(p.unsafeGetTensorImpl());
+    DTENSOR_CHECK(it == in_children.end(),
+                  "fully_shard({}): parameter '{}' is shared with '{}', which a nested fully_shard unit "
+                  "already manages; shared parameters must belong to one unit (fully_shard their "
+                  "common ancestor only)",
+                  module.name(), fqn, it == in_children.end() ? "" : it->second);
+    DTENSOR_CHECK(fsdp_tag(p) == nullptr, "fully_shard({}): parameter '{}' is already managed by another unit",
+                  module.name(), fqn);
+    DTENSOR_CHECK(!is_dtensor(p), "fully_shard({}): parameter '{}' is already a DTensor; fully_shard over "
+                  "tensor-parallel parameters is not supported yet", module.name(), fqn);
+    DTENSOR_CHECK(p.device().type() == mesh.device_type(),
+                  "fully_shard({}): parameter '{}' is on {} but the mesh {} is a {} mesh", module.name(),
+                  fqn, p.device().str(), mesh.to_string(), c10::DeviceTypeName(mesh.device_type(), true));
+  }
+
+  auto group = std::make_shared<FSDPParamGroup>();
+  group->module = self;
+  group->name = module.name();
+  group->mesh = mesh;
+  group->options = options;
+  group->reshard_after_forward = options.reshard_after_forward();
+  if (!own.empty()) {
+    group->device = own.front().second.device();
+  }
+  group->init_sharded(std::move(own));
+  for (auto& child : child_units) {
+    if (child->parent.expired()) {
+      child->parent = group;
+    }
+  }
+  fsdp_registry().units.emplace_back(self, group);
+  return FSDPModule(group);
+}
+
+std::optional<FSDPModule> fsdp_module(const torch::nn::Module& module) {
+  if (auto g = detail::find_unit(&module)) {
+    return FSDPModule(g);
+  }
+  return std::nullopt;
+}
+
+FSDPModule::FSDPModule(std::shared_ptr<detail::FSDPParamGroup> group) : group_(std::move(group)) {}
+
+namespace {
+
+// The unit and, with recurse, every unit inside its module.
+std::vector<std::shared_ptr<detail::FSDPParamGroup>> units_under(
+    const std::shared_ptr<detail::FSDPParamGroup>& group, bool recurse) {
+  std::vector<std::shared_ptr<detail::FSDPParamGroup>> out{group};
+  if (recurse) {
+    for (auto& g : detail::live_units()) {
+      if (group->is_ancestor_of(*g)) {
+        out.push_back(g);
+      }
+    }
+  }
+  return out;
+}
+
+} // namespace
+
+void FSDPModule::unshard() { group_->unshard(); }
+void FSDPModule::reshard() { group_->reshard(); }
+
+void FSDPModule::set_requires_gradient_sync(bool sync, bool recurse) {
+  for (auto& g : units_under(group_, recurse)) {
+    g->requires_gradient_sync = sync;
+  }
+}
+
+void FSDPModule::set_reshard_after_forward(bool reshard, bool recurse) {
+  for (auto& g : units_under(group_, recurse)) {
+    g->reshard_after_forward = reshard;
+  }
+}
+
+void FSDPModule::set_reshard_after_backward(bool reshard, bool recurse) {
+  for (auto& g : units_under(group_, recurse)) {
+    g->reshard_after_backward = reshard;
+  }
+}
+
+void FSDPModule::set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules) {
+  group_->forward_prefetch.clear();
+  for (const auto& m : modules) {
+    DTENSOR_CHECK(m.defined(), "set_modules_to_forward_prefetch: an undefined FSDPModule in the list");
+    group_->forward_prefetch.push_back(m.group_);
+  }
+}
+
+void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules) {
+  group_->backward_prefetch.clear();
+  for (const auto& m : modules) {
+    DTENSOR_CHECK(m.defined(), "set_modules_to_backward_prefetch: an undefined FSDPModule in the list");
+    group_->backward_prefetch.push_back(m.group_);
+  }
+}
+
+void FSDPModule::set_gradient_divide_factor(double factor) {
+  DTENSOR_CHECK(factor > 0, "set_gradient_divide_factor: factor must be positive, got {}", factor);
+  group_->gradient_divide_factor = factor;
+}
+
+const DeviceMesh& FSDPModule::mesh() const { return group_->mesh; }
+bool FSDPModule::is_root() const { return group_->is_root(); }
+bool FSDPModule::is_unsharded() const { return group_->state == detail::ShardState::Unsharded; }
+int64_t FSDPModule::unsharded_storage_bytes() const { return group_->unsharded_storage_bytes(); }
+
+std::vector<at::Tensor> FSDPModule::managed_parameters() const {
+  std::vector<at::Tensor> out;
+  for (const auto& p : group_->params) {
+    out.push_back(p.param);
+  }
+  return out;
+}
+
+} // namespace dtensor

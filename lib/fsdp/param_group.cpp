@@ -1,0 +1,301 @@
+// A fully_shard unit's data movement: the flat shard, all-gather into the unsharded buffer,
+// freeing it, and the reduce-scatter of gradients.
+#include <ATen/ATen.h>
+#include <c10/core/StorageImpl.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <dtensor/collectives.h>
+
+#include "internal/check.h"
+#include "internal/fsdp.h"
+
+namespace dtensor::detail {
+
+namespace {
+
+// [Note: the gradient accumulator of a managed parameter]
+// Autograd sends a leaf's gradient to the node impl::grad_accumulator(leaf) returns, which
+// is normally an AccumulateGrad writing .grad. A managed parameter gets this node instead:
+// its gradient arrives unsharded (the ops ran on the unsharded values) and is kept by the
+// unit until every gradient of the unit is in, then reduce-scattered once; .grad becomes
+// (or accumulates into) a Shard DTensor. Its input metadata is the unsharded parameter's
+// (param_dtype), so the engine does not cast low-precision gradients up on the way.
+struct FSDPAccumulateGrad : torch::autograd::Node {
+  FSDPAccumulateGrad(std::weak_ptr<FSDPParamGroup> group, size_t index, const at::Tensor& unsharded)
+      : Node(/*sequence_nr=*/UINT64_MAX), group_(std::move(group)), index_(index) {
+    add_input_metadata(unsharded.options(), unsharded.sym_sizes(), false, false);
+  }
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    if (auto g = group_.lock(); g && !grads.empty() && grads[0].defined()) {
+      g->on_grad(index_, grads[0]);
+    }
+    return {};
+  }
+  std::string name() const override { return "dtensor::FSDPAccumulateGrad"; }
+
+ private:
+  std::weak_ptr<FSDPParamGroup> group_;
+  size_t index_;
+};
+
+void free_storage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  s->set_nbytes(0);
+}
+
+void allocate_storage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  const size_t need = static_cast<size_t>(t.numel()) * t.element_size();
+  if (s->nbytes() < need) {
+    s->set_data_ptr_noswap(s->allocator()->allocate(need));
+    s->set_nbytes(need);
+  }
+}
+
+} // namespace
+
+int64_t FSDPParam::rows_on(int64_t shard_rank, int64_t shard_size) const {
+  return chunk_size(shape[static_cast<size_t>(shard_dim)], shard_size, shard_rank);
+}
+
+std::vector<int64_t> FSDPParam::chunk_shape(int64_t rows) const {
+  std::vector<int64_t> s = shape;
+  s[static_cast<size_t>(shard_dim)] = rows;
+  return s;
+}
+
+bool FSDPParamGroup::is_ancestor_of(const FSDPParamGroup& other) const {
+  for (auto p = other.parent.lock(); p; p = p->parent.lock()) {
+    if (p.get() == this) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void FSDPParamGroup::init_sharded(std::vector<std::pair<std::string, at::Tensor>> named_params) {
+  const bool hsdp = mesh.ndim() == 2;
+  shard_group = mesh.get_group(hsdp ? 1 : 0);
+  if (hsdp) {
+    replicate_group = mesh.get_group(0);
+  }
+  shard_size = mesh.size(hsdp ? 1 : 0);
+  shard_rank = mesh.get_local_rank(hsdp ? 1 : 0);
+
+  int64_t offset = 0;
+  for (auto& [fqn, p] : named_params) {
+    FSDPParam fp;
+    fp.param = p;
+    fp.fqn = fqn;
+    fp.shape = p.sizes().vec();
+    DTENSOR_CHECK(p.dim() > 0, "fully_shard({}): parameter '{}' is a scalar (0-dim) and cannot be "
+                  "sharded; pass it in ignored_params", name, fqn);
+    std::optional<Placement> placement;
+    if (options.shard_placement_fn()) {
+      placement = options.shard_placement_fn()(p);
+    }
+    const Placement shard = placement.value_or(Placement::shard(0)).normalized(p.dim());
+    DTENSOR_CHECK(shard.is_shard() && shard.dim() >= 0 && shard.dim() < p.dim(),
+                  "fully_shard({}): shard_placement_fn gave {} for parameter '{}' of shape {}; "
+                  "expected Shard(d) with 0 <= d < {}",
+                  name, shard.to_string(), fqn, fp.shape, p.dim());
+    fp.shard_dim = shard.dim();
+    const int64_t dim_size = fp.shape[static_cast<size_t>(fp.shard_dim)];
+    DTENSOR_CHECK(fp.shard_dim == 0 || dim_size % shard_size == 0,
+                  "fully_shard({}): parameter '{}' of shape {} would be sharded unevenly on dim {} "
+                  "({} rows over {} ranks); only dim 0 may be uneven",
+                  name, fqn, fp.shape, fp.shard_dim, dim_size, shard_size);
+    DTENSOR_CHECK(p.scalar_type() == named_params.front().second.scalar_type(),
+                  "fully_shard({}): parameters of one unit must share a dtype: '{}' is {}, '{}' is {}",
+                  name, fqn, c10::toString(p.scalar_type()), named_params.front().first,
+                  c10::toString(named_params.front().second.scalar_type()));
+    fp.chunk = chunk_size(dim_size, shard_size, 0);
+    fp.row_numel = dim_size == 0 ? 0 : p.numel() / dim_size;
+    fp.offset = offset;
+    fp.local_rows = fp.rows_on(shard_rank, shard_size);
+    offset += fp.segment_numel();
+    Placements placements;
+    if (hsdp) {
+      placements.push_back(Placement::replicate());
+    }
+    placements.push_back(shard);
+    fp.spec = make_spec(mesh, placements, fp.shape, p.scalar_type());
+    params.push_back(std::move(fp));
+  }
+  shard_numel = offset;
+  if (params.empty()) {
+    return;
+  }
+  orig_dtype = params.front().param.scalar_type();
+  const auto& mp = options.mp_policy();
+  param_dtype = mp.param_dtype().value_or(orig_dtype);
+  reduce_dtype = mp.reduce_dtype().value_or(param_dtype);
+
+  at::NoGradGuard no_grad;
+  const c10::Device shard_device = options.offload_policy().offload_to_cpu() ? c10::Device(c10::kCPU) : device;
+  flat_shard = at::zeros({shard_numel}, at::TensorOptions().dtype(orig_dtype).device(shard_device));
+  int64_t total = 0;
+  for (auto& fp : params) {
+    total += fp.param.numel();
+  }
+  unsharded_flat = at::empty({total}, at::TensorOptions().dtype(param_dtype).device(device));
+  int64_t unsharded_offset = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    FSDPParam& fp = params[i];
+    const int64_t start = chunk_offset(fp.shape[static_cast<size_t>(fp.shard_dim)], shard_size, shard_rank);
+    at::Tensor local = flat_shard.narrow(0, fp.offset, fp.local_rows * fp.row_numel).view(fp.chunk_shape(fp.local_rows));
+    if (fp.local_rows > 0) {
+      local.copy_(fp.param.detach().narrow(fp.shard_dim, start, fp.local_rows));
+    }
+    fp.unsharded = unsharded_flat.narrow(0, unsharded_offset, fp.param.numel()).view(fp.shape);
+    unsharded_offset += fp.param.numel();
+
+    at::Tensor dt = make_dtensor(local, fp.spec);
+    auto tag = std::make_shared<FsdpTag>();
+    tag->group = weak_from_this();
+    tag->index = i;
+    const_cast<DTensorMeta*>(dtensor_meta(dt))->fsdp = tag;
+    fp.param.set_data(dt);
+    if (fp.param.requires_grad()) {
+      fp.grad_node = std::make_shared<FSDPAccumulateGrad>(weak_from_this(), i, fp.unsharded);
+      torch::autograd::impl::set_grad_accumulator(fp.param, fp.grad_node);
+    }
+  }
+  free_storage(unsharded_flat);
+}
+
+void FSDPParamGroup::unshard() {
+  if (state == ShardState::Unsharded) {
+    return;
+  }
+  state = ShardState::Unsharded;
+  if (params.empty()) {
+    return;
+  }
+  at::NoGradGuard no_grad;
+  at::Tensor input = flat_shard.to(device, param_dtype);
+  at::Tensor gathered = at::empty({shard_size * shard_numel}, input.options());
+  all_gather_into_tensor(gathered, input, shard_group);
+  allocate_storage(unsharded_flat);
+  for (const FSDPParam& fp : params) {
+    for (int64_t r = 0; r < shard_size; ++r) {
+      const int64_t rows = fp.rows_on(r, shard_size);
+      if (rows == 0) {
+        continue;
+      }
+      at::Tensor src = gathered.narrow(0, r * shard_numel + fp.offset, rows * fp.row_numel).view(fp.chunk_shape(rows));
+      fp.unsharded.narrow(fp.shard_dim, r * fp.chunk, rows).copy_(src);
+    }
+  }
+}
+
+void FSDPParamGroup::reshard() {
+  if (state == ShardState::Sharded) {
+    return;
+  }
+  state = ShardState::Sharded;
+  forward_used = false;
+  if (unsharded_flat.defined()) {
+    free_storage(unsharded_flat);
+  }
+}
+
+int64_t FSDPParamGroup::unsharded_storage_bytes() const {
+  return unsharded_flat.defined() ? static_cast<int64_t>(unsharded_flat.storage().nbytes()) : 0;
+}
+
+void FSDPParamGroup::on_grad(size_t index, const at::Tensor& grad) {
+  fsdp_queue_final_callback();
+  FSDPParam& fp = params.at(index);
+  at::NoGradGuard no_grad;
+  if (fp.unsharded_grad.defined()) {
+    fp.unsharded_grad = fp.unsharded_grad + grad; // accumulated without sync before
+  } else {
+    fp.unsharded_grad = grad.detach();
+  }
+  fp.grad_received = true;
+  if (!requires_gradient_sync) {
+    return;
+  }
+  for (const FSDPParam& p : params) {
+    if (p.grad_node && !p.grad_received) {
+      return; // more to come; the end of backward reduces what is missing
+    }
+  }
+  reduce_grads();
+  if (reshard_after_backward) {
+    reshard();
+  }
+}
+
+bool FSDPParamGroup::has_pending_grads() const {
+  for (const FSDPParam& p : params) {
+    if (p.unsharded_grad.defined()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void FSDPParamGroup::end_backward() {
+  if (requires_gradient_sync && has_pending_grads()) {
+    reduce_grads();
+  }
+  for (FSDPParam& p : params) {
+    p.grad_received = false;
+  }
+}
+
+void FSDPParamGroup::reduce_grads() {
+  at::NoGradGuard no_grad;
+  auto opts = at::TensorOptions().dtype(reduce_dtype).device(device);
+  at::Tensor input = at::zeros({shard_size * shard_numel}, opts);
+  for (const FSDPParam& fp : params) {
+    if (!fp.unsharded_grad.defined()) {
+      continue; // contributes zeros: every rank issues the same collective
+    }
+    for (int64_t r = 0; r < shard_size; ++r) {
+      const int64_t rows = fp.rows_on(r, shard_size);
+      if (rows == 0) {
+        continue;
+      }
+      input.narrow(0, r * shard_numel + fp.offset, rows * fp.row_numel)
+          .view(fp.chunk_shape(rows))
+          .copy_(fp.unsharded_grad.narrow(fp.shard_dim, r * fp.chunk, rows));
+    }
+  }
+  at::Tensor output = at::empty({shard_numel}, opts);
+  reduce_scatter_tensor_into(output, input, ReduceOp::Sum, shard_group);
+  if (replicate_group) {
+    all_reduce_(output, ReduceOp::Sum, *replicate_group);
+  }
+  const double factor = gradient_divide_factor > 0 ? gradient_divide_factor : static_cast<double>(mesh.size());
+  output.div_(factor);
+  const bool keep_low = options.mp_policy().keep_low_precision_grads();
+  if (!keep_low && output.scalar_type() != orig_dtype) {
+    output = output.to(orig_dtype);
+  }
+  if (options.offload_policy().offload_to_cpu()) {
+    output = output.to(c10::kCPU);
+  }
+  for (FSDPParam& fp : params) {
+    if (!fp.unsharded_grad.defined()) {
+      continue;
+    }
+    at::Tensor local = output.narrow(0, fp.offset, fp.local_rows * fp.row_numel).view(fp.chunk_shape(fp.local_rows));
+    at::Tensor& g = fp.param.mutable_grad();
+    if (g.defined()) {
+      const DTensorMeta& m = checked_meta(g, "fully_shard gradient accumulation");
+      m.local.add_(local);
+    } else {
+      DTensorSpec spec = fp.spec;
+      spec.dtype = local.scalar_type();
+      g = make_dtensor(local, spec);
+    }
+    fp.unsharded_grad = at::Tensor();
+    fp.grad_received = false;
+  }
+}
+
+} // namespace dtensor::detail

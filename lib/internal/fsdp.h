@@ -1,0 +1,138 @@
+#pragma once
+
+// The state behind fully_shard (include/dtensor/fully_shard.h). See docs/fsdp.md and
+// [Note: fully_shard without module hooks] in lib/fsdp/fsdp_dispatch.cpp.
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/function.h>
+
+#include <dtensor/collectives.h>
+#include <dtensor/dtensor_spec.h>
+#include <dtensor/fully_shard.h>
+
+#include "internal/dtensor_impl.h"
+
+namespace torch::nn {
+class Module;
+} // namespace torch::nn
+
+namespace dtensor::detail {
+
+// Carried by a DTensor's metadata (DTensorMeta::fsdp) when the DTensor is a parameter
+// managed by a unit (view == false: `index` names it) or a view of a unit's unsharded
+// parameter made in forward or backward (view == true: its local tensor is that view).
+struct FsdpTag {
+  std::weak_ptr<FSDPParamGroup> group;
+  size_t index = 0;
+  bool view = false;
+};
+
+enum class ShardState { Sharded, Unsharded };
+
+// One managed parameter: where its shard sits in the unit's flat shard, and its unsharded
+// view in the unit's unsharded buffer.
+struct FSDPParam {
+  at::Tensor param; // the module's parameter, a DTensor after fully_shard
+  std::string fqn;  // its name under the unit's module
+  std::vector<int64_t> shape;
+  int64_t shard_dim = 0;
+  int64_t chunk = 0;      // rows per rank on shard_dim before padding (torch.chunk)
+  int64_t row_numel = 0;  // elements per row of shard_dim
+  int64_t offset = 0;     // start in the flat shard (elements); its segment holds chunk rows
+  int64_t local_rows = 0; // rows this rank holds
+  DTensorSpec spec;       // the sharded spec
+  at::Tensor unsharded;   // view of the unsharded buffer (param dtype)
+  at::Tensor unsharded_grad;
+  bool grad_received = false; // in the current backward
+  std::shared_ptr<torch::autograd::Node> grad_node;
+
+  int64_t segment_numel() const { return chunk * row_numel; }
+  int64_t rows_on(int64_t shard_rank, int64_t shard_size) const;
+  std::vector<int64_t> chunk_shape(int64_t rows) const;
+};
+
+// One fully_shard unit: its parameters, the flat shard, the unsharded buffer and the
+// collectives that move between them.
+struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
+  std::weak_ptr<torch::nn::Module> module;
+  std::string name; // the module's name, for messages
+  DeviceMesh mesh;
+  Group shard_group;
+  std::optional<Group> replicate_group; // HSDP
+  int64_t shard_size = 1;
+  int64_t shard_rank = 0;
+  c10::Device device{c10::kCPU};
+  FullyShardOptions options;
+  std::vector<FSDPParam> params;
+  std::weak_ptr<FSDPParamGroup> parent;
+  std::vector<std::weak_ptr<FSDPParamGroup>> forward_prefetch;
+  std::vector<std::weak_ptr<FSDPParamGroup>> backward_prefetch;
+
+  c10::ScalarType orig_dtype = c10::kFloat;
+  c10::ScalarType param_dtype = c10::kFloat;
+  c10::ScalarType reduce_dtype = c10::kFloat;
+  at::Tensor flat_shard;     // this rank's padded shards, one after another
+  int64_t shard_numel = 0;   // its length (equal on every rank)
+  at::Tensor unsharded_flat; // every parameter unsharded, one after another
+  ShardState state = ShardState::Sharded;
+  bool forward_used = false; // touched by forward since it was last resharded
+
+  std::optional<bool> reshard_after_forward;
+  bool reshard_after_backward = true;
+  bool requires_gradient_sync = true;
+  double gradient_divide_factor = 0; // 0: the data-parallel size
+
+  bool is_root() const { return parent.expired(); }
+  bool is_ancestor_of(const FSDPParamGroup& other) const;
+  bool effective_reshard_after_forward() const {
+    return reshard_after_forward.value_or(!is_root());
+  }
+
+  // Builds the flat shard from the parameters' full values and converts them in place.
+  void init_sharded(std::vector<std::pair<std::string, at::Tensor>> named_params);
+  // One all-gather of the flat shard, copied out into the unsharded buffer.
+  void unshard();
+  // Frees the unsharded buffer's storage (views of it, saved by autograd, stay valid and
+  // are refilled by the next unshard).
+  void reshard();
+  int64_t unsharded_storage_bytes() const;
+  // A gradient for params[index] from autograd, unsharded.
+  void on_grad(size_t index, const at::Tensor& grad);
+  bool has_pending_grads() const; // unsharded gradients not reduced yet
+  // At the end of each backward: reduces what is pending (sync on) and starts counting
+  // the next backward's gradients afresh.
+  void end_backward();
+  // One reduce-scatter of every received gradient (+ one all-reduce for HSDP); the
+  // results accumulate into the parameters' Shard gradients.
+  void reduce_grads();
+};
+
+// All live units, in creation order, and the per-backward bookkeeping.
+struct FSDPRegistry {
+  std::vector<std::pair<std::weak_ptr<torch::nn::Module>, std::shared_ptr<FSDPParamGroup>>> units;
+  bool callback_queued = false;
+};
+FSDPRegistry& fsdp_registry();
+std::vector<std::shared_ptr<FSDPParamGroup>> live_units();
+
+// Called before a unit's unsharded parameters are used: reshards units whose forward is
+// over (forward only), unshards this one, runs its prefetches, and in backward queues the
+// end-of-backward callback.
+void fsdp_before_use(FSDPParamGroup& group, bool in_backward);
+void fsdp_queue_final_callback();
+
+// The fully_shard part of the DTensor dispatch handler: returns true when it ran the op
+// (some argument was a managed parameter or a view of one, used unsharded).
+bool fsdp_intercept(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+inline FsdpTag* fsdp_tag(const at::Tensor& t) {
+  const DTensorMeta* m = dtensor_meta(t);
+  return m != nullptr ? m->fsdp.get() : nullptr;
+}
+
+} // namespace dtensor::detail
