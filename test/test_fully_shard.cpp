@@ -385,3 +385,71 @@ TEST_CASE("fully_shard: errors", "[fully_shard][world1][world2][world4]") {
     REQUIRE_THROWS_WITH(dtensor::fully_shard(*m, opts), contains("parameter 'w' is on meta but the mesh"));
   }
 }
+
+TEST_CASE("fully_shard: prefetch lists keep the counts and gather ahead", "[fully_shard][world1][world2][world4]") {
+  auto dp = init_device_mesh(device_type(), {world()}, {"dp"});
+  auto s = sharded_mlp_stack(FullyShardOptions().mesh(dp));
+  s.blocks[0].set_modules_to_forward_prefetch({s.blocks[1], s.blocks[2]});
+  s.blocks[2].set_modules_to_backward_prefetch({s.blocks[1], s.blocks[0]});
+  CommDebugMode mode;
+  {
+    torch::NoGradGuard no_grad;
+    // The first op on block 0 gathers it and, right after, blocks 1 and 2.
+    s.model[0]->as<dtensor::testing::MLPImpl>()->in_proj->forward(batch(rank(), 0));
+    REQUIRE(mode.count(CollectiveKind::AllGather) == 3);
+    REQUIRE(s.blocks[1].is_unsharded());
+    REQUIRE(s.blocks[2].is_unsharded());
+  }
+  mode.reset();
+  auto loss = loss_of(s.model, batch(rank(), 0)); // only the root is left to gather
+  REQUIRE(mode.count(CollectiveKind::AllGather) == 1);
+  mode.reset();
+  loss.backward(); // block 2's refill brings blocks 1 and 0 along
+  REQUIRE(mode.count(CollectiveKind::AllGather) == 3);
+  REQUIRE(mode.count(CollectiveKind::ReduceScatter) == 4);
+}
+
+TEST_CASE("fully_shard: gradient divide factor, offload policy and ignored parameters",
+          "[fully_shard][world1][world2][world4]") {
+  auto dp = init_device_mesh(device_type(), {world()}, {"dp"});
+  auto base = sharded_mlp_stack(FullyShardOptions().mesh(dp));
+  loss_of(base.model, batch(rank(), 0)).backward();
+  {
+    // Summed instead of averaged gradients.
+    auto s = sharded_mlp_stack(FullyShardOptions().mesh(dp));
+    for (auto& b : s.blocks) {
+      b.set_gradient_divide_factor(1.0);
+    }
+    s.root.set_gradient_divide_factor(1.0);
+    loss_of(s.model, batch(rank(), 0)).backward();
+    for (size_t i = 0; i < s.model->parameters().size(); ++i) {
+      REQUIRE(close(full(s.model->parameters()[i].grad()), full(base.model->parameters()[i].grad()) * world()));
+    }
+  }
+  {
+    // Offloading to the CPU: accepted, same training, everything sharded stays on the CPU.
+    auto s = sharded_mlp_stack(FullyShardOptions().mesh(dp).offload_policy(dtensor::OffloadPolicy().offload_to_cpu(true)));
+    loss_of(s.model, batch(rank(), 0)).backward();
+    for (size_t i = 0; i < s.model->parameters().size(); ++i) {
+      auto g = s.model->parameters()[i].grad();
+      REQUIRE(DTensor(g).to_local().is_cpu());
+      REQUIRE(close(full(g), full(base.model->parameters()[i].grad())));
+    }
+  }
+  {
+    // An ignored parameter stays a plain tensor with this rank's own gradient.
+    torch::manual_seed(0);
+    auto model = dtensor::testing::mlp_stack(kDim, true);
+    model->to(options().device());
+    auto ln_weight = model[3]->as<torch::nn::LayerNormImpl>()->weight;
+    dtensor::fully_shard(*model, FullyShardOptions().mesh(dp).ignored_params({ln_weight}));
+    REQUIRE_FALSE(dtensor::is_dtensor(ln_weight));
+    REQUIRE(dtensor::is_dtensor(model[3]->as<torch::nn::LayerNormImpl>()->bias));
+    torch::manual_seed(0);
+    auto local = dtensor::testing::mlp_stack(kDim, true);
+    local->to(options().device());
+    loss_of(model, batch(rank(), 0)).backward();
+    loss_of(local, batch(rank(), 0)).backward();
+    REQUIRE(close(ln_weight.grad(), local[3]->as<torch::nn::LayerNormImpl>()->weight.grad()));
+  }
+}
