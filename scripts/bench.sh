@@ -4,10 +4,14 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 "$root/scripts/setup.sh" >/dev/null
 configure "$root/build" -Dcuda=disabled -Dbuildtype=debugoptimized
-ninja -C "$root/build" bench/bench_dispatch_overhead
+ninja -C "$root/build" bench/bench_dispatch_overhead bench/bench_fsdp_step
 export TORCH_CPP_LOG_LEVEL=${TORCH_CPP_LOG_LEVEL:-WARNING}
 echo "## dispatch overhead, 1 rank"
 "$root/build/bench/bench_dispatch_overhead"
 echo
 echo "## dispatch overhead, 2 ranks"
 torchrun --standalone --nproc-per-node 2 --no-python "$root/build/bench/bench_dispatch_overhead"
+echo
+echo "## fully_shard step, Transformer, 2 and 4 ranks"
+torchrun --standalone --nproc-per-node 2 --no-python "$root/build/bench/bench_fsdp_step"
+torchrun --standalone --nproc-per-node 4 --no-python "$root/build/bench/bench_fsdp_step" | grep -v '^| ranks\|^| ---'

@@ -101,6 +101,17 @@ class FSDPModule {
 // Every rank must hold the same initial parameter values.
 FSDPModule fully_shard(torch::nn::Module& module, const FullyShardOptions& options = {});
 
+// Memory fully_shard itself holds beyond the sharded state, over all units of this process:
+// unsharded parameters, and the all-gather / reduce-scatter buffers while they live. The
+// peak is since the last reset (benchmarks, docs/fsdp.md "Memory").
+struct FSDPMemoryStats {
+  int64_t unsharded_bytes = 0;
+  int64_t communication_bytes = 0;
+  int64_t peak_bytes = 0; // of unsharded_bytes + communication_bytes
+};
+FSDPMemoryStats fsdp_memory_stats();
+void reset_fsdp_peak_memory();
+
 // The unit made by fully_shard(module), if any.
 std::optional<FSDPModule> fsdp_module(const torch::nn::Module& module);
 

@@ -1,5 +1,7 @@
 // A fully_shard unit's data movement: the flat shard, all-gather into the unsharded buffer,
 // freeing it, and the reduce-scatter of gradients.
+#include <atomic>
+
 #include <ATen/ATen.h>
 #include <c10/core/StorageImpl.h>
 #include <torch/csrc/autograd/variable.h>
@@ -38,8 +40,35 @@ struct FSDPAccumulateGrad : torch::autograd::Node {
   size_t index_;
 };
 
+// [Note: memory accounting] Process-wide counts behind fsdp_memory_stats(); units run on
+// one thread at a time (forward, then autograd's thread for this device), atomics anyway.
+std::atomic<int64_t> g_unsharded{0};
+std::atomic<int64_t> g_comm{0};
+std::atomic<int64_t> g_peak{0};
+
+void note_peak() {
+  const int64_t now = g_unsharded.load() + g_comm.load();
+  int64_t peak = g_peak.load();
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
+  }
+}
+
+// A communication buffer counted while it lives.
+struct CommBuffer {
+  explicit CommBuffer(at::Tensor t) : tensor(std::move(t)), bytes(tensor.numel() * tensor.element_size()) {
+    g_comm += bytes;
+    note_peak();
+  }
+  ~CommBuffer() { g_comm -= bytes; }
+  CommBuffer(const CommBuffer&) = delete;
+  CommBuffer& operator=(const CommBuffer&) = delete;
+  at::Tensor tensor;
+  int64_t bytes;
+};
+
 void free_storage(const at::Tensor& t) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  g_unsharded -= static_cast<int64_t>(s->nbytes());
   s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
   s->set_nbytes(0);
 }
@@ -48,8 +77,10 @@ void allocate_storage(const at::Tensor& t) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
   const size_t need = static_cast<size_t>(t.numel()) * t.element_size();
   if (s->nbytes() < need) {
+    g_unsharded += static_cast<int64_t>(need - s->nbytes());
     s->set_data_ptr_noswap(s->allocator()->allocate(need));
     s->set_nbytes(need);
+    note_peak();
   }
 }
 
@@ -162,6 +193,7 @@ void FSDPParamGroup::init_sharded(std::vector<std::pair<std::string, at::Tensor>
       torch::autograd::impl::set_grad_accumulator(fp.param, fp.grad_node);
     }
   }
+  g_unsharded += static_cast<int64_t>(unsharded_flat.storage().nbytes()); // balanced by the free
   free_storage(unsharded_flat);
 }
 
@@ -175,7 +207,8 @@ void FSDPParamGroup::unshard() {
   }
   at::NoGradGuard no_grad;
   at::Tensor input = flat_shard.to(device, param_dtype);
-  at::Tensor gathered = at::empty({shard_size * shard_numel}, input.options());
+  CommBuffer buffer(at::empty({shard_size * shard_numel}, input.options()));
+  at::Tensor& gathered = buffer.tensor;
   all_gather_into_tensor(gathered, input, shard_group);
   allocate_storage(unsharded_flat);
   for (const FSDPParam& fp : params) {
@@ -250,7 +283,8 @@ void FSDPParamGroup::end_backward() {
 void FSDPParamGroup::reduce_grads() {
   at::NoGradGuard no_grad;
   auto opts = at::TensorOptions().dtype(reduce_dtype).device(device);
-  at::Tensor input = at::zeros({shard_size * shard_numel}, opts);
+  CommBuffer buffer(at::zeros({shard_size * shard_numel}, opts));
+  at::Tensor& input = buffer.tensor;
   for (const FSDPParam& fp : params) {
     if (!fp.unsharded_grad.defined()) {
       continue; // contributes zeros: every rank issues the same collective
@@ -299,3 +333,17 @@ void FSDPParamGroup::reduce_grads() {
 }
 
 } // namespace dtensor::detail
+
+namespace dtensor {
+
+FSDPMemoryStats fsdp_memory_stats() {
+  FSDPMemoryStats s;
+  s.unsharded_bytes = detail::g_unsharded.load();
+  s.communication_bytes = detail::g_comm.load();
+  s.peak_bytes = detail::g_peak.load();
+  return s;
+}
+
+void reset_fsdp_peak_memory() { detail::g_peak = detail::g_unsharded.load() + detail::g_comm.load(); }
+
+} // namespace dtensor
