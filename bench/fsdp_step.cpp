@@ -125,8 +125,8 @@ int main() {
   at::set_num_threads(1);
   dtensor::init_process_group();
   if (dtensor::get_rank() == 0) {
-    std::printf("| ranks | Transformer | params | step (median) | all-gather bytes/rank: measured / minimum (padding) "
-                "| reduce-scatter bytes/rank: measured / minimum (padding) | fully_shard peak / bound | peak RSS |\n");
+    std::printf("| ranks | Transformer | params | step (median) | all-gather bytes/rank: measured / minimum (excess) "
+                "| reduce-scatter bytes/rank: measured / minimum (excess) | fully_shard peak / bound | peak RSS |\n");
     std::printf("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   }
   const std::vector<Size> sizes = {{64, 2, 4, 512, 64, 8}, {128, 4, 8, 1024, 64, 8}, {256, 4, 8, 2048, 64, 8}};
