@@ -108,13 +108,15 @@ void run(const Size& sz, int steps) {
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   if (dtensor::get_rank() == 0) {
-    std::printf("| %d | dim %lld, %lld layers | %.2f MB | %.1f ms | %lld / %lld (%.2f%%) | %lld / %lld (%.2f%%) | "
-                "%.2f / %.2f MB (%.0f%%) | %.0f MB |\n",
-                world, static_cast<long long>(sz.dim), static_cast<long long>(sz.layers), all_bytes / 1e6,
-                ms[ms.size() / 2], static_cast<long long>(ag_wire), static_cast<long long>(ag_min),
-                ag_min > 0 ? 100.0 * (ag_wire - ag_min) / ag_min : 0.0, static_cast<long long>(rs_wire),
-                static_cast<long long>(rs_min), rs_min > 0 ? 100.0 * (rs_wire - rs_min) / rs_min : 0.0,
-                peak / 1e6, mem_bound / 1e6, 100.0 * peak / mem_bound, usage.ru_maxrss / 1024.0);
+    std::printf(
+        "| %d | dim %lld, %lld layers | %.2f MB | %.1f ms | %lld / %lld (%.2f%%) | %lld / %lld "
+        "(%.2f%%) | "
+        "%.2f / %.2f MB (%.0f%%) | %.0f MB |\n",
+        world, static_cast<long long>(sz.dim), static_cast<long long>(sz.layers), all_bytes / 1e6,
+        ms[ms.size() / 2], static_cast<long long>(ag_wire), static_cast<long long>(ag_min),
+        ag_min > 0 ? 100.0 * (ag_wire - ag_min) / ag_min : 0.0, static_cast<long long>(rs_wire),
+        static_cast<long long>(rs_min), rs_min > 0 ? 100.0 * (rs_wire - rs_min) / rs_min : 0.0,
+        peak / 1e6, mem_bound / 1e6, 100.0 * peak / mem_bound, usage.ru_maxrss / 1024.0);
     std::fflush(stdout);
   }
 }
@@ -125,11 +127,14 @@ int main() {
   at::set_num_threads(1);
   dtensor::init_process_group();
   if (dtensor::get_rank() == 0) {
-    std::printf("| ranks | Transformer | params | step (median) | all-gather bytes/rank: measured / minimum (excess) "
-                "| reduce-scatter bytes/rank: measured / minimum (excess) | fully_shard peak / bound | peak RSS |\n");
+    std::printf("| ranks | Transformer | params | step (median) | all-gather bytes/rank: measured "
+                "/ minimum (excess) "
+                "| reduce-scatter bytes/rank: measured / minimum (excess) | fully_shard peak / "
+                "bound | peak RSS |\n");
     std::printf("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   }
-  const std::vector<Size> sizes = {{64, 2, 4, 512, 64, 8}, {128, 4, 8, 1024, 64, 8}, {256, 4, 8, 2048, 64, 8}};
+  const std::vector<Size> sizes = {
+      {64, 2, 4, 512, 64, 8}, {128, 4, 8, 1024, 64, 8}, {256, 4, 8, 2048, 64, 8}};
   for (const auto& s : sizes) {
     run(s, 10);
   }

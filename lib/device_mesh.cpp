@@ -219,6 +219,15 @@ const std::vector<int>& DeviceMesh::ranks() const {
   return state_->ranks;
 }
 
+DeviceMesh DeviceMesh::root_mesh() const {
+  DTENSOR_MESH_DEFINED("root_mesh");
+  std::vector<std::vector<int64_t>> dims;
+  for (size_t d = 0; d < state_->root->shape.size(); ++d) {
+    dims.push_back({static_cast<int64_t>(d)});
+  }
+  return DeviceMesh(make_mesh(state_->root, std::move(dims), state_->root->names));
+}
+
 DeviceMesh DeviceMesh::operator[](const std::string& name) const {
   return (*this)[std::vector<std::string>{name}];
 }

@@ -12,6 +12,7 @@
 #include "internal/fsdp.h"
 #include "internal/redistribute.h"
 #include "internal/sharding.h"
+#include "internal/tensor_parallel.h"
 
 namespace dtensor::detail {
 
@@ -200,6 +201,7 @@ void handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (fsdp_intercept(op, stack)) {
     return;
   }
+  const std::shared_ptr<const TpTag> tp_out = tp_prepare(op, stack);
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   const size_t base = stack->size() - nargs;
@@ -367,12 +369,18 @@ void handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       const at::Tensor& t = slot.toTensor();
       if (t.defined()) {
         slot = make_dtensor(t, spec_for(0, t));
+        if (tp_out) {
+          set_tp_tag(slot.toTensor(), tp_out);
+        }
       }
     } else if (slot.isTensorList()) {
       c10::List<at::Tensor> wrapped;
       size_t e = 0;
       for (const at::Tensor& t : slot.toTensorVector()) {
         wrapped.push_back(make_dtensor(t, spec_for(e++, t)));
+        if (tp_out) {
+          set_tp_tag(wrapped.get(wrapped.size() - 1), tp_out);
+        }
       }
       slot = wrapped;
     }

@@ -34,7 +34,8 @@ at::Tensor full(const at::Tensor& t) {
 
 // DDP's gradients for the reference: the average over the ranks, of every parameter that
 // `keep_local` does not exclude.
-void average_grads(torch::nn::Module& ref, const std::function<bool(const at::Tensor&)>& keep_local = nullptr) {
+void average_grads(torch::nn::Module& ref,
+                   const std::function<bool(const at::Tensor&)>& keep_local = nullptr) {
   for (auto& p : ref.parameters()) {
     if (p.grad().defined() && !(keep_local && keep_local(p))) {
       dtensor::all_reduce_(p.mutable_grad(), dtensor::ReduceOp::Avg, dtensor::world_group());
@@ -45,8 +46,10 @@ void average_grads(torch::nn::Module& ref, const std::function<bool(const at::Te
 // `loss_fn(module, step)` runs one forward and returns the loss; it must draw the same
 // random numbers for both models (reseed inside it).
 template <typename M>
-void train_in_parity(M& model, M& ref, const std::function<at::Tensor(M&, int)>& loss_fn, Counts counts,
-                     const std::function<bool(const at::Tensor&)>& keep_local = nullptr, int steps = 3) {
+void train_in_parity(M& model, M& ref, const std::function<at::Tensor(M&, int)>& loss_fn,
+                     Counts counts,
+                     const std::function<bool(const at::Tensor&)>& keep_local = nullptr,
+                     int steps = 3) {
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.02).momentum(0.9));
   torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.02).momentum(0.9));
   for (int step = 0; step < steps; ++step) {
@@ -138,7 +141,8 @@ TEST_CASE("fsdp models: TransformerWithSharedParams, encoder and decoder layers 
   train_in_parity<TransformerWithSharedParams>(model, ref, loss_fn, {5, 4, 5});
 }
 
-TEST_CASE("fsdp models: NestedWrappedModule with nested units", "[fsdp_models][world1][world2][world4]") {
+TEST_CASE("fsdp models: NestedWrappedModule with nested units",
+          "[fsdp_models][world1][world2][world4]") {
   auto dp = init_device_mesh(device_type(), {world()}, {"dp"});
   using dtensor::testing::NestedWrappedModule;
   NestedWrappedModule ref(rank(), /*deterministic=*/true);
@@ -158,7 +162,8 @@ TEST_CASE("fsdp models: NestedWrappedModule with nested units", "[fsdp_models][w
   train_in_parity<NestedWrappedModule>(model, ref, loss_fn, {4, 3, 4});
 }
 
-TEST_CASE("fsdp models: NonUniformReqGradNWM (frozen parameters)", "[fsdp_models][world1][world2][world4]") {
+TEST_CASE("fsdp models: NonUniformReqGradNWM (frozen parameters)",
+          "[fsdp_models][world1][world2][world4]") {
   auto dp = init_device_mesh(device_type(), {world()}, {"dp"});
   auto ref = dtensor::testing::nonuniform_req_grad_nwm(rank(), /*deterministic=*/true);
   auto model = dtensor::testing::nonuniform_req_grad_nwm(rank(), true);
@@ -178,7 +183,8 @@ TEST_CASE("fsdp models: NonUniformReqGradNWM (frozen parameters)", "[fsdp_models
   train_in_parity<dtensor::testing::NonUniformReqGradNWM>(model, ref, loss_fn, {3, 0, 1});
 }
 
-TEST_CASE("fsdp models: MixtureOfExperts, experts on a group of one", "[fsdp_models][world1][world2][world4]") {
+TEST_CASE("fsdp models: MixtureOfExperts, experts on a group of one",
+          "[fsdp_models][world1][world2][world4]") {
   auto mesh = init_device_mesh(device_type(), {world(), 1}, {"dp", "expert"});
   using dtensor::testing::MixtureOfExperts;
   MixtureOfExperts ref(rank(), /*deterministic=*/true);

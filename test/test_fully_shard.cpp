@@ -71,7 +71,8 @@ at::Tensor full(const at::Tensor& t) {
   return dtensor::is_dtensor(t) ? DTensor(t).full_tensor() : t;
 }
 
-void require_same_params(torch::nn::Module& a, torch::nn::Module& b, double rtol = 1e-5, double atol = 1e-6) {
+void require_same_params(torch::nn::Module& a, torch::nn::Module& b, double rtol = 1e-5,
+                         double atol = 1e-6) {
   auto p = a.parameters();
   auto q = b.parameters();
   REQUIRE(p.size() == q.size());
@@ -81,7 +82,9 @@ void require_same_params(torch::nn::Module& a, torch::nn::Module& b, double rtol
   }
 }
 
-at::Tensor loss_of(torch::nn::Sequential& m, const at::Tensor& x) { return m->forward(x).pow(2).sum(); }
+at::Tensor loss_of(torch::nn::Sequential& m, const at::Tensor& x) {
+  return m->forward(x).pow(2).sum();
+}
 
 } // namespace
 
@@ -289,7 +292,8 @@ TEST_CASE("fully_shard: mixed precision (bf16 parameters, fp32 reduction) matche
     for (size_t i = 0; i < p.size(); ++i) {
       INFO("grad " << i);
       REQUIRE(p[i].scalar_type() == at::kFloat);
-      REQUIRE(p[i].grad().scalar_type() == at::kFloat); // reduced in fp32, stored in the param dtype
+      REQUIRE(p[i].grad().scalar_type() ==
+              at::kFloat); // reduced in fp32, stored in the param dtype
       REQUIRE(close(full(p[i].grad()), mp_params[i].grad(), 1e-4, 1e-5));
     }
     opt.step();
@@ -297,7 +301,8 @@ TEST_CASE("fully_shard: mixed precision (bf16 parameters, fp32 reduction) matche
     require_same_params(*s.model, *master, 1e-4, 1e-5);
   }
   // Floating inputs in another dtype are refused with both dtypes named.
-  REQUIRE_THROWS_WITH(s.model->forward(batch(rank(), 0)), contains("mp_policy.param_dtype BFloat16"));
+  REQUIRE_THROWS_WITH(s.model->forward(batch(rank(), 0)),
+                      contains("mp_policy.param_dtype BFloat16"));
 }
 
 TEST_CASE("fully_shard: sharded and full state dicts restore training exactly",
@@ -335,7 +340,8 @@ TEST_CASE("fully_shard: sharded and full state dicts restore training exactly",
     require_same_params(*s.model, **ref);
   }
   // Full state dict on rank 0 only, broadcast on load.
-  auto r0 = dtensor::get_model_state_dict(*s.model, dtensor::StateDictOptions().full_state_dict(true).cpu_offload(true));
+  auto r0 = dtensor::get_model_state_dict(
+      *s.model, dtensor::StateDictOptions().full_state_dict(true).cpu_offload(true));
   REQUIRE(r0.size() == (rank() == 0 ? s.model->parameters().size() : 0));
   dtensor::StateDict saved;
   for (const auto& item : r0) {
@@ -345,11 +351,13 @@ TEST_CASE("fully_shard: sharded and full state dicts restore training exactly",
     torch::NoGradGuard no_grad;
     p.zero_();
   }
-  dtensor::set_model_state_dict(*s.model, saved, dtensor::StateDictOptions().broadcast_from_rank0(true));
+  dtensor::set_model_state_dict(*s.model, saved,
+                                dtensor::StateDictOptions().broadcast_from_rank0(true));
   require_same_params(*s.model, **ref);
   dtensor::StateDict bad;
   bad.insert("no.such.weight", at::zeros({1}));
-  REQUIRE_THROWS_WITH(dtensor::set_model_state_dict(*s.model, bad), contains("'no.such.weight' is not a parameter"));
+  REQUIRE_THROWS_WITH(dtensor::set_model_state_dict(*s.model, bad),
+                      contains("'no.such.weight' is not a parameter"));
 }
 
 TEST_CASE("fully_shard: errors", "[fully_shard][world1][world2][world4]") {
@@ -369,24 +377,28 @@ TEST_CASE("fully_shard: errors", "[fully_shard][world1][world2][world4]") {
     outer->register_module("0", inner);
     outer->register_module("1", a.ptr());
     dtensor::fully_shard(*inner, opts);
-    REQUIRE_THROWS_WITH(dtensor::fully_shard(*outer, opts), contains("'1.weight' is shared with '0.0.weight'"));
+    REQUIRE_THROWS_WITH(dtensor::fully_shard(*outer, opts),
+                        contains("'1.weight' is shared with '0.0.weight'"));
   }
   if (world() > 1) {
     auto fn = [](const at::Tensor& p) -> std::optional<dtensor::Placement> {
       return p.dim() == 2 ? std::optional<dtensor::Placement>(dtensor::Shard(1)) : std::nullopt;
     };
     torch::nn::Linear odd(3, 4); // weight [4, 3]: 3 columns over 2 or 4 ranks
-    REQUIRE_THROWS_WITH(dtensor::fully_shard(*odd, FullyShardOptions().mesh(dp).shard_placement_fn(fn)),
-                        contains("sharded unevenly on dim 1"));
+    REQUIRE_THROWS_WITH(
+        dtensor::fully_shard(*odd, FullyShardOptions().mesh(dp).shard_placement_fn(fn)),
+        contains("sharded unevenly on dim 1"));
   }
   {
     auto m = std::make_shared<torch::nn::Module>();
     m->register_parameter("w", at::empty({4, 4}, at::kMeta));
-    REQUIRE_THROWS_WITH(dtensor::fully_shard(*m, opts), contains("parameter 'w' is on meta but the mesh"));
+    REQUIRE_THROWS_WITH(dtensor::fully_shard(*m, opts),
+                        contains("parameter 'w' is on meta but the mesh"));
   }
 }
 
-TEST_CASE("fully_shard: prefetch lists keep the counts and gather ahead", "[fully_shard][world1][world2][world4]") {
+TEST_CASE("fully_shard: prefetch lists keep the counts and gather ahead",
+          "[fully_shard][world1][world2][world4]") {
   auto dp = init_device_mesh(device_type(), {world()}, {"dp"});
   auto s = sharded_mlp_stack(FullyShardOptions().mesh(dp));
   s.blocks[0].set_modules_to_forward_prefetch({s.blocks[1], s.blocks[2]});
@@ -423,12 +435,14 @@ TEST_CASE("fully_shard: gradient divide factor, offload policy and ignored param
     s.root.set_gradient_divide_factor(1.0);
     loss_of(s.model, batch(rank(), 0)).backward();
     for (size_t i = 0; i < s.model->parameters().size(); ++i) {
-      REQUIRE(close(full(s.model->parameters()[i].grad()), full(base.model->parameters()[i].grad()) * world()));
+      REQUIRE(close(full(s.model->parameters()[i].grad()),
+                    full(base.model->parameters()[i].grad()) * world()));
     }
   }
   {
     // Offloading to the CPU: accepted, same training, everything sharded stays on the CPU.
-    auto s = sharded_mlp_stack(FullyShardOptions().mesh(dp).offload_policy(dtensor::OffloadPolicy().offload_to_cpu(true)));
+    auto s = sharded_mlp_stack(
+        FullyShardOptions().mesh(dp).offload_policy(dtensor::OffloadPolicy().offload_to_cpu(true)));
     loss_of(s.model, batch(rank(), 0)).backward();
     for (size_t i = 0; i < s.model->parameters().size(); ++i) {
       auto g = s.model->parameters()[i].grad();

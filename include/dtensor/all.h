@@ -12,3 +12,4 @@
 #include <dtensor/replicate.h>
 #include <dtensor/fully_shard.h>
 #include <dtensor/state_dict.h>
+#include <dtensor/tensor_parallel.h>

@@ -65,6 +65,9 @@ class DeviceMesh {
   // names joined by '_'). The root mesh remembers it, so root[name] returns it afterwards.
   // Collective: every rank of the root mesh must call it.
   DeviceMesh flatten(const std::string& name = "") const;
+  // The mesh init_device_mesh made, of which this one is a slice (itself when it is one):
+  // combines sibling slices, e.g. mesh["dp"].root_mesh()[{"tp", "dp"}].
+  DeviceMesh root_mesh() const;
 
   bool operator==(const DeviceMesh& other) const;
   bool operator!=(const DeviceMesh& other) const { return !(*this == other); }

@@ -82,8 +82,8 @@ class FSDPModule {
   void set_gradient_divide_factor(double factor);
 
   const DeviceMesh& mesh() const;
-  bool is_root() const;       // no enclosing fully_shard unit
-  bool is_unsharded() const;  // the unsharded parameters are allocated and filled
+  bool is_root() const;      // no enclosing fully_shard unit
+  bool is_unsharded() const; // the unsharded parameters are allocated and filled
   // Bytes held by the storage of the unsharded parameters (0 when resharded).
   int64_t unsharded_storage_bytes() const;
   // The parameters this unit manages (DTensors), in registration order.

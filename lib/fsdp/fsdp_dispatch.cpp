@@ -41,15 +41,17 @@ std::string op_name(const c10::OperatorHandle& op) {
 
 bool is_like_factory(const std::string& base) {
   static const std::set<std::string> names = {
-      "aten::empty_like", "aten::zeros_like", "aten::ones_like", "aten::full_like",
-      "aten::rand_like", "aten::randn_like", "aten::randint_like", "aten::detach",
-      "aten::alias"};
+      "aten::empty_like",   "aten::zeros_like", "aten::ones_like",
+      "aten::full_like",    "aten::rand_like",  "aten::randn_like",
+      "aten::randint_like", "aten::detach",     "aten::alias"};
   return names.count(base) != 0;
 }
 
 // Out of line: inlined into fsdp_intercept, GCC 12 reports a false stringop-overflow in
 // IValue's refcounting.
-[[gnu::noinline]] void assign(c10::IValue& slot, c10::IValue value) { slot = std::move(value); }
+[[gnu::noinline]] void assign(c10::IValue& slot, c10::IValue value) {
+  slot = std::move(value);
+}
 
 struct Touch {
   size_t arg;
@@ -121,7 +123,8 @@ bool fsdp_intercept(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       return;
     }
     auto g = m->fsdp->group.lock();
-    DTENSOR_CHECK(g != nullptr, "{}: argument {} belongs to a fully_shard unit that no longer exists",
+    DTENSOR_CHECK(g != nullptr,
+                  "{}: argument {} belongs to a fully_shard unit that no longer exists",
                   op_name(op), arg);
     touches.push_back({arg, element, std::move(g), m});
   };
@@ -150,15 +153,18 @@ bool fsdp_intercept(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   bool sharded = written || is_like_factory(schema.name());
   for (const DTensorMeta* o : others) {
     for (const Touch& t : touches) {
-      sharded = sharded || o->spec.mesh == t.meta->spec.mesh;
+      // Gradients and optimizer state share the parameter's own mesh (activations of
+      // tensor parallelism live on the tp mesh, views on the unsharded values' mesh).
+      sharded = sharded || (!t.meta->fsdp->view && o->spec.mesh == t.meta->spec.mesh);
     }
   }
   if (sharded) {
     for (const Touch& t : touches) {
-      DTENSOR_CHECK(!t.meta->fsdp->view,
-                    "{}: argument {} '{}' is a view of an unsharded fully_shard parameter (unit '{}'); "
-                    "it cannot be written in place or mixed with sharded DTensors",
-                    name, t.arg, schema.arguments()[t.arg].name(), t.group->name);
+      DTENSOR_CHECK(
+          !t.meta->fsdp->view,
+          "{}: argument {} '{}' is a view of an unsharded fully_shard parameter (unit '{}'); "
+          "it cannot be written in place or mixed with sharded DTensors",
+          name, t.arg, schema.arguments()[t.arg].name(), t.group->name);
       if (written) {
         t.group->reshard(); // the unsharded copy, if any, is stale now
       }
@@ -178,16 +184,38 @@ bool fsdp_intercept(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                   "between units must belong to their common ancestor",
                   name, t.group->name);
   }
-  auto unsharded_value = [](const Touch& t) {
-    return t.meta->fsdp->view ? t.meta->local : t.group->params[t.meta->fsdp->index].unsharded;
+  auto unsharded_value = [](const Touch& t) -> at::Tensor {
+    const FsdpTag& tag = *t.meta->fsdp;
+    if (!tag.view) {
+      return t.group->unsharded_value(tag.index);
+    }
+    if (!tag.dtensor_view) {
+      return t.meta->local;
+    }
+    at::Tensor dt = make_dtensor(t.meta->local, t.meta->spec); // without the fully_shard tag
+    const_cast<DTensorMeta*>(dtensor_meta(dt))->tp = t.meta->tp;
+    return dt;
+  };
+  // [Note: plain units next to tensor parallelism] A unit without tensor-parallel
+  // parameters (a norm) used with DTensor activations (of a tensor-parallel neighbour)
+  // takes part as Replicate over their mesh; its gradient comes back as a DTensor there
+  // and is reduced to Replicate before the reduce-scatter.
+  const DeviceMesh* activation_mesh = others.empty() ? nullptr : &others.front()->spec.mesh;
+  auto value_for = [&](const Touch& t) {
+    at::Tensor v = unsharded_value(t);
+    if (activation_mesh != nullptr && dtensor_meta(v) == nullptr) {
+      v = make_dtensor(v, make_spec(*activation_mesh, replicate_all(activation_mesh->ndim()),
+                                    v.sizes().vec(), v.scalar_type(), v.strides().vec()));
+    }
+    return v;
   };
   for (const Touch& t : touches) {
     c10::IValue& slot = (*stack)[base + t.arg];
     if (t.element < 0) {
-      assign(slot, unsharded_value(t));
+      assign(slot, value_for(t));
     } else {
       std::vector<at::Tensor> values = slot.toTensorVector();
-      values[static_cast<size_t>(t.element)] = unsharded_value(t);
+      values[static_cast<size_t>(t.element)] = value_for(t);
       assign(slot, c10::List<at::Tensor>(values));
     }
   }
@@ -197,11 +225,12 @@ bool fsdp_intercept(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       const c10::IValue& v = (*stack)[base + i];
       if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_floating_point() &&
           v.toTensor().dim() > 0) {
-        DTENSOR_CHECK(v.toTensor().scalar_type() == param_dtype,
-                      "{}: argument {} '{}' is {} but unit '{}' runs in mp_policy.param_dtype {}; "
-                      "cast the model's inputs to {} (C++ modules have no pre-forward hook to do it)",
-                      name, i, schema.arguments()[i].name(), c10::toString(v.toTensor().scalar_type()),
-                      touches.front().group->name, c10::toString(param_dtype), c10::toString(param_dtype));
+        DTENSOR_CHECK(
+            v.toTensor().scalar_type() == param_dtype,
+            "{}: argument {} '{}' is {} but unit '{}' runs in mp_policy.param_dtype {}; "
+            "cast the model's inputs to {} (C++ modules have no pre-forward hook to do it)",
+            name, i, schema.arguments()[i].name(), c10::toString(v.toTensor().scalar_type()),
+            touches.front().group->name, c10::toString(param_dtype), c10::toString(param_dtype));
       }
     }
   }
@@ -227,9 +256,19 @@ bool fsdp_intercept(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       continue;
     }
     auto wrap = [&](const at::Tensor& out) {
+      if (const DTensorMeta* om = dtensor_meta(out)) {
+        // Tensor parallelism: the view is a DTensor already (fresh from the handler).
+        auto tag = std::make_shared<FsdpTag>();
+        tag->group = source->group;
+        tag->view = true;
+        tag->dtensor_view = true;
+        const_cast<DTensorMeta*>(om)->fsdp = tag;
+        return out;
+      }
       DeviceMesh mesh = source->meta->spec.mesh;
-      at::Tensor dt = make_dtensor(out, make_spec(mesh, replicate_all(mesh.ndim()), out.sizes().vec(),
-                                                  out.scalar_type(), out.strides().vec()));
+      at::Tensor dt =
+          make_dtensor(out, make_spec(mesh, replicate_all(mesh.ndim()), out.sizes().vec(),
+                                      out.scalar_type(), out.strides().vec()));
       auto tag = std::make_shared<FsdpTag>();
       tag->group = source->group;
       tag->view = true;

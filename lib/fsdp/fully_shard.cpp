@@ -12,6 +12,7 @@
 
 #include "internal/check.h"
 #include "internal/fsdp.h"
+#include "internal/tensor_parallel.h"
 
 namespace dtensor {
 
@@ -26,9 +27,9 @@ std::vector<std::shared_ptr<FSDPParamGroup>> live_units() {
   FSDPRegistry& reg = fsdp_registry();
   std::vector<std::shared_ptr<FSDPParamGroup>> out;
   auto& units = reg.units;
-  units.erase(std::remove_if(units.begin(), units.end(),
-                             [](const auto& u) { return u.first.expired(); }),
-              units.end());
+  units.erase(
+      std::remove_if(units.begin(), units.end(), [](const auto& u) { return u.first.expired(); }),
+      units.end());
   for (auto& u : units) {
     out.push_back(u.second);
   }
@@ -57,17 +58,21 @@ bool is_prefix_of(const std::string& prefix, const std::string& name) {
 FSDPModule fully_shard(torch::nn::Module& module, const FullyShardOptions& options) {
   using namespace detail;
   live_units(); // drops units of destroyed modules
-  DTENSOR_CHECK(find_unit(&module) == nullptr,
-                "fully_shard: module '{}' is already fully sharded (call fully_shard once per module, "
-                "children before their parents)", module.name());
+  DTENSOR_CHECK(
+      find_unit(&module) == nullptr,
+      "fully_shard: module '{}' is already fully sharded (call fully_shard once per module, "
+      "children before their parents)",
+      module.name());
   DeviceMesh mesh = options.mesh();
   if (!mesh.defined()) {
-    const auto device = get_backend() == BackendType::Nccl ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+    const auto device =
+        get_backend() == BackendType::Nccl ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
     mesh = init_device_mesh(device, {get_world_size()});
   }
-  DTENSOR_CHECK(mesh.ndim() == 1 || mesh.ndim() == 2,
-                "fully_shard: expected a 1-D mesh (FSDP) or a 2-D mesh (HSDP: replicate, shard), got {}",
-                mesh.to_string());
+  DTENSOR_CHECK(
+      mesh.ndim() == 1 || mesh.ndim() == 2,
+      "fully_shard: expected a 1-D mesh (FSDP) or a 2-D mesh (HSDP: replicate, shard), got {}",
+      mesh.to_string());
 
   std::shared_ptr<torch::nn::Module> self = module.shared_from_this();
   std::unordered_set<const c10::TensorImpl*> ignored;
@@ -115,18 +120,26 @@ FSDPModule fully_shard(torch::nn::Module& module, const FullyShardOptions& optio
   }
   for (const auto& [fqn, p] : own) {
     auto it = in_children.find(p.unsafeGetTensorImpl());
-    DTENSOR_CHECK(it == in_children.end(),
-                  "fully_shard({}): parameter '{}' is shared with '{}', which a nested fully_shard unit "
-                  "already manages; shared parameters must belong to one unit (fully_shard their "
-                  "common ancestor only)",
-                  module.name(), fqn, it == in_children.end() ? "" : it->second);
-    DTENSOR_CHECK(fsdp_tag(p) == nullptr, "fully_shard({}): parameter '{}' is already managed by another unit",
+    DTENSOR_CHECK(
+        it == in_children.end(),
+        "fully_shard({}): parameter '{}' is shared with '{}', which a nested fully_shard unit "
+        "already manages; shared parameters must belong to one unit (fully_shard their "
+        "common ancestor only)",
+        module.name(), fqn, it == in_children.end() ? "" : it->second);
+    DTENSOR_CHECK(fsdp_tag(p) == nullptr,
+                  "fully_shard({}): parameter '{}' is already managed by another unit",
                   module.name(), fqn);
-    DTENSOR_CHECK(!is_dtensor(p), "fully_shard({}): parameter '{}' is already a DTensor; fully_shard over "
-                  "tensor-parallel parameters is not supported yet", module.name(), fqn);
+    const detail::DTensorMeta* dm = detail::dtensor_meta(p);
+    DTENSOR_CHECK(
+        dm == nullptr || (dm->tp && dm->spec.mesh.ndim() == 1 && mesh.ndim() == 1),
+        "fully_shard({}): parameter '{}' is already a DTensor ({}); fully_shard takes plain "
+        "parameters, or tensor-parallel ones (from parallelize_module, on a 1-D tp mesh) with "
+        "a 1-D data-parallel mesh",
+        module.name(), fqn, dm ? dm->spec.to_string() : "");
     DTENSOR_CHECK(p.device().type() == mesh.device_type(),
-                  "fully_shard({}): parameter '{}' is on {} but the mesh {} is a {} mesh", module.name(),
-                  fqn, p.device().str(), mesh.to_string(), c10::DeviceTypeName(mesh.device_type(), true));
+                  "fully_shard({}): parameter '{}' is on {} but the mesh {} is a {} mesh",
+                  module.name(), fqn, p.device().str(), mesh.to_string(),
+                  c10::DeviceTypeName(mesh.device_type(), true));
   }
 
   auto group = std::make_shared<FSDPParamGroup>();
@@ -160,8 +173,8 @@ FSDPModule::FSDPModule(std::shared_ptr<detail::FSDPParamGroup> group) : group_(s
 namespace {
 
 // The unit and, with recurse, every unit inside its module.
-std::vector<std::shared_ptr<detail::FSDPParamGroup>> units_under(
-    const std::shared_ptr<detail::FSDPParamGroup>& group, bool recurse) {
+std::vector<std::shared_ptr<detail::FSDPParamGroup>>
+units_under(const std::shared_ptr<detail::FSDPParamGroup>& group, bool recurse) {
   std::vector<std::shared_ptr<detail::FSDPParamGroup>> out{group};
   if (recurse) {
     for (auto& g : detail::live_units()) {
@@ -175,8 +188,12 @@ std::vector<std::shared_ptr<detail::FSDPParamGroup>> units_under(
 
 } // namespace
 
-void FSDPModule::unshard() { group_->unshard(); }
-void FSDPModule::reshard() { group_->reshard(); }
+void FSDPModule::unshard() {
+  group_->unshard();
+}
+void FSDPModule::reshard() {
+  group_->reshard();
+}
 
 void FSDPModule::set_requires_gradient_sync(bool sync, bool recurse) {
   for (auto& g : units_under(group_, recurse)) {
@@ -199,7 +216,8 @@ void FSDPModule::set_reshard_after_backward(bool reshard, bool recurse) {
 void FSDPModule::set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules) {
   group_->forward_prefetch.clear();
   for (const auto& m : modules) {
-    DTENSOR_CHECK(m.defined(), "set_modules_to_forward_prefetch: an undefined FSDPModule in the list");
+    DTENSOR_CHECK(m.defined(),
+                  "set_modules_to_forward_prefetch: an undefined FSDPModule in the list");
     group_->forward_prefetch.push_back(m.group_);
   }
 }
@@ -207,7 +225,8 @@ void FSDPModule::set_modules_to_forward_prefetch(const std::vector<FSDPModule>& 
 void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules) {
   group_->backward_prefetch.clear();
   for (const auto& m : modules) {
-    DTENSOR_CHECK(m.defined(), "set_modules_to_backward_prefetch: an undefined FSDPModule in the list");
+    DTENSOR_CHECK(m.defined(),
+                  "set_modules_to_backward_prefetch: an undefined FSDPModule in the list");
     group_->backward_prefetch.push_back(m.group_);
   }
 }
@@ -217,10 +236,18 @@ void FSDPModule::set_gradient_divide_factor(double factor) {
   group_->gradient_divide_factor = factor;
 }
 
-const DeviceMesh& FSDPModule::mesh() const { return group_->mesh; }
-bool FSDPModule::is_root() const { return group_->is_root(); }
-bool FSDPModule::is_unsharded() const { return group_->state == detail::ShardState::Unsharded; }
-int64_t FSDPModule::unsharded_storage_bytes() const { return group_->unsharded_storage_bytes(); }
+const DeviceMesh& FSDPModule::mesh() const {
+  return group_->mesh;
+}
+bool FSDPModule::is_root() const {
+  return group_->is_root();
+}
+bool FSDPModule::is_unsharded() const {
+  return group_->state == detail::ShardState::Unsharded;
+}
+int64_t FSDPModule::unsharded_storage_bytes() const {
+  return group_->unsharded_storage_bytes();
+}
 
 std::vector<at::Tensor> FSDPModule::managed_parameters() const {
   std::vector<at::Tensor> out;

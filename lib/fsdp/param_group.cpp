@@ -10,6 +10,8 @@
 
 #include "internal/check.h"
 #include "internal/fsdp.h"
+#include "internal/redistribute.h"
+#include "internal/sharding.h"
 
 namespace dtensor::detail {
 
@@ -55,7 +57,8 @@ void note_peak() {
 
 // A communication buffer counted while it lives.
 struct CommBuffer {
-  explicit CommBuffer(at::Tensor t) : tensor(std::move(t)), bytes(tensor.numel() * tensor.element_size()) {
+  explicit CommBuffer(at::Tensor t)
+      : tensor(std::move(t)), bytes(tensor.numel() * tensor.element_size()) {
     g_comm += bytes;
     note_peak();
   }
@@ -114,14 +117,28 @@ void FSDPParamGroup::init_sharded(std::vector<std::pair<std::string, at::Tensor>
   shard_size = mesh.size(hsdp ? 1 : 0);
   shard_rank = mesh.get_local_rank(hsdp ? 1 : 0);
 
+  // [Note: FSDP x TP] A tensor-parallel parameter (a DTensor with placement T on a 1-D tp
+  // mesh) is sharded by its local tensor's rows: rank (t, d) keeps chunk_d(chunk_t(W)). On
+  // the (tp, dp) mesh -- tp first -- DTensor's nested Shard semantics give exactly that
+  // piece for placements (T, Shard(0)), even when T is Shard(0) too and sizes are uneven,
+  // so full_tensor(), redistribution and state dicts need no strided-shard placement.
   int64_t offset = 0;
+  std::vector<at::Tensor> values; // what each parameter's shard is cut from
   for (auto& [fqn, p] : named_params) {
     FSDPParam fp;
     fp.param = p;
     fp.fqn = fqn;
-    fp.shape = p.sizes().vec();
-    DTENSOR_CHECK(p.dim() > 0, "fully_shard({}): parameter '{}' is a scalar (0-dim) and cannot be "
-                  "sharded; pass it in ignored_params", name, fqn);
+    const DTensorMeta* tp_meta = dtensor_meta(p);
+    values.push_back(tp_meta ? tp_meta->local : p.detach());
+    fp.shape = values.back().sizes().vec();
+    if (tp_meta) {
+      fp.tp_spec = tp_meta->spec;
+      fp.tp_tag = tp_meta->tp;
+    }
+    DTENSOR_CHECK(p.dim() > 0,
+                  "fully_shard({}): parameter '{}' is a scalar (0-dim) and cannot be "
+                  "sharded; pass it in ignored_params",
+                  name, fqn);
     std::optional<Placement> placement;
     if (options.shard_placement_fn()) {
       placement = options.shard_placement_fn()(p);
@@ -137,12 +154,13 @@ void FSDPParamGroup::init_sharded(std::vector<std::pair<std::string, at::Tensor>
                   "fully_shard({}): parameter '{}' of shape {} would be sharded unevenly on dim {} "
                   "({} rows over {} ranks); only dim 0 may be uneven",
                   name, fqn, fp.shape, fp.shard_dim, dim_size, shard_size);
-    DTENSOR_CHECK(p.scalar_type() == named_params.front().second.scalar_type(),
-                  "fully_shard({}): parameters of one unit must share a dtype: '{}' is {}, '{}' is {}",
-                  name, fqn, c10::toString(p.scalar_type()), named_params.front().first,
-                  c10::toString(named_params.front().second.scalar_type()));
+    DTENSOR_CHECK(
+        p.scalar_type() == named_params.front().second.scalar_type(),
+        "fully_shard({}): parameters of one unit must share a dtype: '{}' is {}, '{}' is {}", name,
+        fqn, c10::toString(p.scalar_type()), named_params.front().first,
+        c10::toString(named_params.front().second.scalar_type()));
     fp.chunk = chunk_size(dim_size, shard_size, 0);
-    fp.row_numel = dim_size == 0 ? 0 : p.numel() / dim_size;
+    fp.row_numel = dim_size == 0 ? 0 : values.back().numel() / dim_size;
     fp.offset = offset;
     fp.local_rows = fp.rows_on(shard_rank, shard_size);
     offset += fp.segment_numel();
@@ -150,8 +168,19 @@ void FSDPParamGroup::init_sharded(std::vector<std::pair<std::string, at::Tensor>
     if (hsdp) {
       placements.push_back(Placement::replicate());
     }
-    placements.push_back(shard);
-    fp.spec = make_spec(mesh, placements, fp.shape, p.scalar_type());
+    if (fp.tp_spec) {
+      const DeviceMesh& tp = fp.tp_spec->mesh;
+      DTENSOR_CHECK(!tp.dim_names().empty() && !mesh.dim_names().empty(),
+                    "fully_shard({}): FSDP x TP needs named meshes (slices of one "
+                    "init_device_mesh), got {} and {}",
+                    name, mesh.to_string(), tp.to_string());
+      DeviceMesh both = mesh.root_mesh()[{tp.dim_names()[0], mesh.dim_names()[0]}];
+      placements = {fp.tp_spec->placements[0], shard};
+      fp.spec = make_spec(both, placements, fp.tp_spec->shape, p.scalar_type());
+    } else {
+      placements.push_back(shard);
+      fp.spec = make_spec(mesh, placements, fp.shape, p.scalar_type());
+    }
     params.push_back(std::move(fp));
   }
   shard_numel = offset;
@@ -164,23 +193,26 @@ void FSDPParamGroup::init_sharded(std::vector<std::pair<std::string, at::Tensor>
   reduce_dtype = mp.reduce_dtype().value_or(param_dtype);
 
   at::NoGradGuard no_grad;
-  const c10::Device shard_device = options.offload_policy().offload_to_cpu() ? c10::Device(c10::kCPU) : device;
+  const c10::Device shard_device =
+      options.offload_policy().offload_to_cpu() ? c10::Device(c10::kCPU) : device;
   flat_shard = at::zeros({shard_numel}, at::TensorOptions().dtype(orig_dtype).device(shard_device));
   int64_t total = 0;
-  for (auto& fp : params) {
-    total += fp.param.numel();
+  for (auto& v : values) {
+    total += v.numel();
   }
   unsharded_flat = at::empty({total}, at::TensorOptions().dtype(param_dtype).device(device));
   int64_t unsharded_offset = 0;
   for (size_t i = 0; i < params.size(); ++i) {
     FSDPParam& fp = params[i];
-    const int64_t start = chunk_offset(fp.shape[static_cast<size_t>(fp.shard_dim)], shard_size, shard_rank);
-    at::Tensor local = flat_shard.narrow(0, fp.offset, fp.local_rows * fp.row_numel).view(fp.chunk_shape(fp.local_rows));
+    const int64_t start =
+        chunk_offset(fp.shape[static_cast<size_t>(fp.shard_dim)], shard_size, shard_rank);
+    at::Tensor local = flat_shard.narrow(0, fp.offset, fp.local_rows * fp.row_numel)
+                           .view(fp.chunk_shape(fp.local_rows));
     if (fp.local_rows > 0) {
-      local.copy_(fp.param.detach().narrow(fp.shard_dim, start, fp.local_rows));
+      local.copy_(values[i].narrow(fp.shard_dim, start, fp.local_rows));
     }
-    fp.unsharded = unsharded_flat.narrow(0, unsharded_offset, fp.param.numel()).view(fp.shape);
-    unsharded_offset += fp.param.numel();
+    fp.unsharded = unsharded_flat.narrow(0, unsharded_offset, values[i].numel()).view(fp.shape);
+    unsharded_offset += values[i].numel();
 
     at::Tensor dt = make_dtensor(local, fp.spec);
     auto tag = std::make_shared<FsdpTag>();
@@ -189,7 +221,7 @@ void FSDPParamGroup::init_sharded(std::vector<std::pair<std::string, at::Tensor>
     const_cast<DTensorMeta*>(dtensor_meta(dt))->fsdp = tag;
     fp.param.set_data(dt);
     if (fp.param.requires_grad()) {
-      fp.grad_node = std::make_shared<FSDPAccumulateGrad>(weak_from_this(), i, fp.unsharded);
+      fp.grad_node = std::make_shared<FSDPAccumulateGrad>(weak_from_this(), i, unsharded_value(i));
       torch::autograd::impl::set_grad_accumulator(fp.param, fp.grad_node);
     }
   }
@@ -217,7 +249,8 @@ void FSDPParamGroup::unshard() {
       if (rows == 0) {
         continue;
       }
-      at::Tensor src = gathered.narrow(0, r * shard_numel + fp.offset, rows * fp.row_numel).view(fp.chunk_shape(rows));
+      at::Tensor src = gathered.narrow(0, r * shard_numel + fp.offset, rows * fp.row_numel)
+                           .view(fp.chunk_shape(rows));
       fp.unsharded.narrow(fp.shard_dim, r * fp.chunk, rows).copy_(src);
     }
   }
@@ -238,10 +271,37 @@ int64_t FSDPParamGroup::unsharded_storage_bytes() const {
   return unsharded_flat.defined() ? static_cast<int64_t>(unsharded_flat.storage().nbytes()) : 0;
 }
 
-void FSDPParamGroup::on_grad(size_t index, const at::Tensor& grad) {
+at::Tensor FSDPParamGroup::unsharded_value(size_t index) const {
+  const FSDPParam& fp = params.at(index);
+  if (!fp.tp_spec) {
+    return fp.unsharded;
+  }
+  DTensorSpec spec = *fp.tp_spec;
+  spec.dtype = fp.unsharded.scalar_type();
+  at::Tensor dt = make_dtensor(fp.unsharded, spec);
+  const_cast<DTensorMeta*>(dtensor_meta(dt))->tp = fp.tp_tag;
+  return dt;
+}
+
+void FSDPParamGroup::on_grad(size_t index, const at::Tensor& dgrad) {
   fsdp_queue_final_callback();
   FSDPParam& fp = params.at(index);
   at::NoGradGuard no_grad;
+  at::Tensor grad = dgrad;
+  if (const DTensorMeta* m = dtensor_meta(dgrad)) {
+    // A tensor-parallel gradient: its local part in the parameter's tp placement (Partial
+    // ones, e.g. of Replicate norm weights under sequence parallelism, are reduced here).
+    // A parameter without tensor parallelism used with DTensor activations took part as
+    // Replicate ([Note: plain units next to tensor parallelism]).
+    const Placements want =
+        fp.tp_spec ? fp.tp_spec->placements : replicate_all(m->spec.mesh.ndim());
+    DTENSOR_CHECK(!fp.tp_spec || m->spec.mesh == fp.tp_spec->mesh,
+                  "fully_shard({}): gradient of '{}' is a DTensor on {} but the parameter is "
+                  "tensor-parallel on {}",
+                  name, fp.fqn, m->spec.mesh.to_string(),
+                  fp.tp_spec ? fp.tp_spec->mesh.to_string() : "");
+    grad = m->spec.placements == want ? m->local : redistribute_local(m->local, m->spec, want);
+  }
   if (fp.unsharded_grad.defined()) {
     fp.unsharded_grad = fp.unsharded_grad + grad; // accumulated without sync before
   } else {
@@ -304,7 +364,8 @@ void FSDPParamGroup::reduce_grads() {
   if (replicate_group) {
     all_reduce_(output, ReduceOp::Sum, *replicate_group);
   }
-  const double factor = gradient_divide_factor > 0 ? gradient_divide_factor : static_cast<double>(mesh.size());
+  const double factor =
+      gradient_divide_factor > 0 ? gradient_divide_factor : static_cast<double>(mesh.size());
   output.div_(factor);
   const bool keep_low = options.mp_policy().keep_low_precision_grads();
   if (!keep_low && output.scalar_type() != orig_dtype) {
@@ -317,7 +378,8 @@ void FSDPParamGroup::reduce_grads() {
     if (!fp.unsharded_grad.defined()) {
       continue;
     }
-    at::Tensor local = output.narrow(0, fp.offset, fp.local_rows * fp.row_numel).view(fp.chunk_shape(fp.local_rows));
+    at::Tensor local = output.narrow(0, fp.offset, fp.local_rows * fp.row_numel)
+                           .view(fp.chunk_shape(fp.local_rows));
     at::Tensor& g = fp.param.mutable_grad();
     if (g.defined()) {
       const DTensorMeta& m = checked_meta(g, "fully_shard gradient accumulation");
@@ -344,6 +406,8 @@ FSDPMemoryStats fsdp_memory_stats() {
   return s;
 }
 
-void reset_fsdp_peak_memory() { detail::g_peak = detail::g_unsharded.load() + detail::g_comm.load(); }
+void reset_fsdp_peak_memory() {
+  detail::g_peak = detail::g_unsharded.load() + detail::g_comm.load();
+}
 
 } // namespace dtensor

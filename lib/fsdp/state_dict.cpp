@@ -54,7 +54,8 @@ StateDict get_model_state_dict(torch::nn::Module& module, const StateDictOptions
     at::Tensor value;
     if (const detail::DTensorMeta* m = detail::dtensor_meta(t)) {
       if (options.full_state_dict()) {
-        value = detail::redistribute_local(m->local, m->spec, detail::replicate_all(m->spec.mesh.ndim()));
+        value = detail::redistribute_local(m->local, m->spec,
+                                           detail::replicate_all(m->spec.mesh.ndim()));
       } else {
         // A DTensor over the same shard (no fully_shard tag: it is plain sharded data).
         value = detail::make_dtensor(m->local, m->spec);
@@ -72,7 +73,8 @@ StateDict get_model_state_dict(torch::nn::Module& module, const StateDictOptions
   return out;
 }
 
-void set_model_state_dict(torch::nn::Module& module, const StateDict& state, const StateDictOptions& options) {
+void set_model_state_dict(torch::nn::Module& module, const StateDict& state,
+                          const StateDictOptions& options) {
   at::NoGradGuard no_grad;
   auto targets = entries(module);
   const bool from_rank0 = options.broadcast_from_rank0();
@@ -83,8 +85,8 @@ void set_model_state_dict(torch::nn::Module& module, const StateDict& state, con
     }
     for (const auto& item : state) {
       DTENSOR_CHECK(known.count(item.key()) != 0,
-                    "set_model_state_dict: '{}' is not a parameter or buffer of module '{}'", item.key(),
-                    module.name());
+                    "set_model_state_dict: '{}' is not a parameter or buffer of module '{}'",
+                    item.key(), module.name());
     }
   }
   for (auto& [name, t] : targets) {
@@ -102,21 +104,27 @@ void set_model_state_dict(torch::nn::Module& module, const StateDict& state, con
       }
       broadcast_(value, 0, world_group());
     } else {
-      DTENSOR_CHECK(found != nullptr, "set_model_state_dict: '{}' is missing from the state dict", name);
+      DTENSOR_CHECK(found != nullptr, "set_model_state_dict: '{}' is missing from the state dict",
+                    name);
       value = *found;
     }
-    DTENSOR_CHECK(value.sizes() == t.sizes(), "set_model_state_dict: '{}' has shape {} but the module's is {}",
-                  name, value.sizes(), t.sizes());
+    DTENSOR_CHECK(value.sizes() == t.sizes(),
+                  "set_model_state_dict: '{}' has shape {} but the module's is {}", name,
+                  value.sizes(), t.sizes());
     if (m == nullptr) {
-      DTENSOR_CHECK(!detail::dtensor_meta(value), "set_model_state_dict: '{}' is a DTensor but the module's "
-                    "tensor is plain", name);
+      DTENSOR_CHECK(!detail::dtensor_meta(value),
+                    "set_model_state_dict: '{}' is a DTensor but the module's "
+                    "tensor is plain",
+                    name);
       t.detach().copy_(value);
       continue;
     }
     at::Tensor local;
     if (const detail::DTensorMeta* vm = detail::dtensor_meta(value)) {
-      DTENSOR_CHECK(vm->spec.mesh == m->spec.mesh, "set_model_state_dict: '{}' lives on {} but the parameter "
-                    "on {}", name, vm->spec.mesh.to_string(), m->spec.mesh.to_string());
+      DTENSOR_CHECK(vm->spec.mesh == m->spec.mesh,
+                    "set_model_state_dict: '{}' lives on {} but the parameter "
+                    "on {}",
+                    name, vm->spec.mesh.to_string(), m->spec.mesh.to_string());
       local = detail::redistribute_local(vm->local, vm->spec, m->spec.placements);
     } else {
       DTensorSpec full = m->spec;

@@ -8,6 +8,7 @@
 namespace dtensor::detail {
 
 struct FsdpTag; // lib/internal/fsdp.h
+struct TpTag;   // lib/internal/tensor_parallel.h
 
 // The state of a DTensor, kept in its TensorImpl's BackendMeta so that shallow copies
 // (set_data, detach, .data(), autograd's saved variables) carry it along. See
@@ -17,6 +18,9 @@ struct DTensorMeta : c10::BackendMeta {
   DTensorSpec spec;
   // Set on parameters managed by fully_shard and on views of their unsharded values.
   std::shared_ptr<FsdpTag> fsdp;
+  // Set on parameters of tensor-parallel modules, views of them, and the activations their
+  // ops produce.
+  std::shared_ptr<const TpTag> tp;
 };
 
 // A new DTensor over `local` (which must have spec.local_shape() and spec.dtype).

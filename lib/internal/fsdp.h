@@ -30,6 +30,7 @@ struct FsdpTag {
   std::weak_ptr<FSDPParamGroup> group;
   size_t index = 0;
   bool view = false;
+  bool dtensor_view = false; // a view of a tensor-parallel unsharded value (a DTensor itself)
 };
 
 enum class ShardState { Sharded, Unsharded };
@@ -46,6 +47,11 @@ struct FSDPParam {
   int64_t offset = 0;     // start in the flat shard (elements); its segment holds chunk rows
   int64_t local_rows = 0; // rows this rank holds
   DTensorSpec spec;       // the sharded spec
+  // Tensor parallelism: the parameter was a DTensor on a 1-D tp mesh when fully_shard
+  // took it; its unsharded value is that DTensor again (tp_spec, with tp_tag), and `shape`
+  // above is its local shape. The sharded spec is 2-D over (tp, dp). See [Note: FSDP x TP].
+  std::optional<DTensorSpec> tp_spec;
+  std::shared_ptr<const TpTag> tp_tag;
   at::Tensor unsharded;   // view of the unsharded buffer (param dtype)
   at::Tensor unsharded_grad;
   bool grad_received = false; // in the current backward
@@ -101,6 +107,9 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
   // are refilled by the next unshard).
   void reshard();
   int64_t unsharded_storage_bytes() const;
+  // What the ops of forward and backward use for params[index]: its unsharded view, or
+  // for a tensor-parallel parameter a DTensor over it.
+  at::Tensor unsharded_value(size_t index) const;
   // A gradient for params[index] from autograd, unsharded.
   void on_grad(size_t index, const at::Tensor& grad);
   bool has_pending_grads() const; // unsharded gradients not reduced yet

@@ -1,0 +1,107 @@
+#pragma once
+
+// Tensor parallelism on unmodified torch::nn modules: parallel styles and
+// parallelize_module, after torch.distributed.tensor.parallel. Mechanism, layouts and the
+// plan syntax: docs/tensor_parallel.md.
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/arg.h>
+
+#include <dtensor/device_mesh.h>
+#include <dtensor/placement.h>
+
+namespace torch::nn {
+class Module;
+} // namespace torch::nn
+
+namespace dtensor {
+
+// How a module's parameters are distributed over the 1-D tensor-parallel mesh and how its
+// inputs and outputs are laid out. Subclasses below; apply() is called by
+// parallelize_module.
+class ParallelStyle {
+ public:
+  virtual ~ParallelStyle() = default;
+  virtual std::string name() const = 0;
+  virtual void apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const = 0;
+};
+
+// Linear: weight and bias Shard(0) (output features); Embedding: weight Shard(1).
+// Input: input_layouts (default Replicate) redistributed to Replicate; output
+// output_layouts (default Shard(-1)).
+class ColwiseParallel : public ParallelStyle {
+ public:
+  TORCH_ARG(Placement, input_layouts) = Placement::replicate();
+  TORCH_ARG(Placement, output_layouts) = Placement::shard(-1);
+  // [Note: local outputs] true (PyTorch's default) asks for the output as a plain local
+  // tensor. That changes the shape autograd recorded, which only a module hook could do;
+  // outputs stay DTensors in output_layouts and are converted to plain tensors by
+  // to_local() / full_tensor() where the caller needs them. Accepted either way.
+  TORCH_ARG(bool, use_local_output) = true;
+  std::string name() const override { return "ColwiseParallel"; }
+  void apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const override;
+};
+
+// Linear: weight Shard(1) (input features), bias Replicate; Embedding: weight Shard(0).
+// Input: input_layouts (default Shard(-1)); output: output_layouts (default Replicate: one
+// all-reduce; Shard(d): one reduce-scatter).
+class RowwiseParallel : public ParallelStyle {
+ public:
+  TORCH_ARG(Placement, input_layouts) = Placement::shard(-1);
+  TORCH_ARG(Placement, output_layouts) = Placement::replicate();
+  TORCH_ARG(bool, use_local_output) = true; // see [Note: local outputs]
+  std::string name() const override { return "RowwiseParallel"; }
+  void apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const override;
+};
+
+// LayerNorm / RMSNorm-like modules (and Dropout) computing on sequence shards: parameters
+// Replicate; input redistributed to Shard(sequence_dim); output stays Shard(sequence_dim).
+class SequenceParallel : public ParallelStyle {
+ public:
+  explicit SequenceParallel(int64_t sequence_dim = 1) : sequence_dim_(sequence_dim) {}
+  TORCH_ARG(int64_t, sequence_dim) = 1;
+  TORCH_ARG(bool, use_local_output) = false;
+  std::string name() const override { return "SequenceParallel"; }
+  void apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const override;
+};
+
+// Only the input layout of a module's (first) input: DTensor inputs are redistributed from
+// input_layouts to desired_input_layouts by the first op that uses the module's parameters.
+class PrepareModuleInput : public ParallelStyle {
+ public:
+  TORCH_ARG(Placement, input_layouts) = Placement::replicate();
+  TORCH_ARG(Placement, desired_input_layouts) = Placement::replicate();
+  TORCH_ARG(bool, use_local_output) = false;
+  std::string name() const override { return "PrepareModuleInput"; }
+  void apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const override;
+};
+
+// Only the output layout: the module's outputs are redistributed from output_layouts to
+// desired_output_layouts when they leave the module.
+class PrepareModuleOutput : public ParallelStyle {
+ public:
+  TORCH_ARG(Placement, output_layouts) = Placement::replicate();
+  TORCH_ARG(Placement, desired_output_layouts) = Placement::replicate();
+  TORCH_ARG(bool, use_local_output) = true; // see [Note: local outputs]
+  std::string name() const override { return "PrepareModuleOutput"; }
+  void apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const override;
+};
+
+// Module path pattern -> style. Patterns are dotted paths whose atoms match like fnmatch
+// ("layers.*.attention.wq", "mlp.w[12]"); applied in order.
+using ParallelizePlan = std::vector<std::pair<std::string, std::shared_ptr<ParallelStyle>>>;
+
+// Applies `style` to `module` itself, or every plan entry to the submodules its pattern
+// matches. Errors: a pattern matching no submodule, a style on a module type it does not
+// support, a mesh that is not 1-D. Collective: every rank of tp_mesh calls it alike
+// (parameters are distributed from the mesh's first rank).
+void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
+                        const std::shared_ptr<ParallelStyle>& style);
+void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
+                        const ParallelizePlan& plan);
+
+} // namespace dtensor

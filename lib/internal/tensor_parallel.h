@@ -1,0 +1,38 @@
+#pragma once
+
+// The state behind tensor parallelism (include/dtensor/tensor_parallel.h). See
+// [Note: tensor parallelism without module hooks] in lib/tp/tp_dispatch.cpp.
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <dtensor/placement.h>
+
+namespace dtensor::detail {
+
+// On a parameter of a parallelized module (param == true; also on views of it) or on an
+// activation one of its ops produced (param == false).
+struct TpTag {
+  bool param = false;
+  const void* module = nullptr; // the parallelized module
+  std::string style;            // "ColwiseParallel", ...
+  std::string module_name;
+  std::optional<Placement> input_layout;         // what plain inputs are taken to be
+  std::optional<Placement> desired_input_layout; // what inputs are redistributed to
+  std::optional<Placement> output_layout;        // what outputs become when they leave
+  std::shared_ptr<const TpTag> activation;       // on parameter tags: the tag of outputs
+};
+
+// The tag of a DTensor, or nullptr.
+const TpTag* tp_tag(const at::Tensor& t);
+void set_tp_tag(const at::Tensor& dtensor, std::shared_ptr<const TpTag> tag);
+
+// Before the DTensor handler decides an op: turns plain inputs of parallelized modules into
+// DTensors, redistributes inputs to the module's layout and activations leaving their
+// module to its output layout (rewriting the stack). Returns the tag the op's DTensor
+// outputs get (nullptr: none).
+std::shared_ptr<const TpTag> tp_prepare(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+} // namespace dtensor::detail

@@ -1,0 +1,207 @@
+// Parallel styles and parallelize_module.
+#include <dtensor/tensor_parallel.h>
+
+#include <fnmatch.h>
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+
+#include <dtensor/dtensor.h>
+
+#include "internal/check.h"
+#include "internal/dtensor_impl.h"
+#include "internal/tensor_parallel.h"
+
+namespace dtensor {
+
+namespace {
+
+using detail::TpTag;
+
+struct Layouts {
+  std::optional<Placement> input, desired_input, output;
+};
+
+std::shared_ptr<TpTag> make_tag(const torch::nn::Module& module, const std::string& style,
+                                const Layouts& l) {
+  auto tag = std::make_shared<TpTag>();
+  tag->param = true;
+  tag->module = &module;
+  tag->style = style;
+  tag->module_name = module.name();
+  tag->input_layout = l.input;
+  tag->desired_input_layout = l.desired_input;
+  tag->output_layout = l.output;
+  auto activation = std::make_shared<TpTag>(*tag);
+  activation->param = false;
+  tag->activation = activation;
+  return tag;
+}
+
+void check_mesh(const DeviceMesh& mesh, const std::string& style) {
+  DTENSOR_CHECK(mesh.defined() && mesh.ndim() == 1,
+                "{}: the tensor-parallel mesh must be 1-D, got {}", style,
+                mesh.defined() ? mesh.to_string() : "an undefined mesh");
+}
+
+// Distributes `param` in place (same tensor) and tags it.
+void distribute_param(at::Tensor& param, const DeviceMesh& mesh, const Placement& placement,
+                      const std::shared_ptr<TpTag>& tag, const std::string& where) {
+  DTENSOR_CHECK(!is_dtensor(param), "{}: parameter '{}' is already a DTensor", tag->style, where);
+  at::NoGradGuard no_grad;
+  at::Tensor dt = distribute_tensor(param.detach(), mesh, {placement}, mesh.ranks().front());
+  detail::set_tp_tag(dt, tag);
+  param.set_data(dt);
+}
+
+// Every direct parameter of `module`, by its registered name.
+void distribute_all(torch::nn::Module& module, const DeviceMesh& mesh,
+                    const std::function<Placement(const std::string&)>& placement_of,
+                    const std::shared_ptr<TpTag>& tag) {
+  for (auto& item : module.named_parameters(/*recurse=*/false)) {
+    distribute_param(item.value(), mesh, placement_of(item.key()), tag,
+                     module.name() + "." + item.key());
+  }
+}
+
+[[noreturn]] void unsupported(const std::string& style, const torch::nn::Module& module) {
+  DTENSOR_FAIL("{} supports Linear and Embedding modules, got {}", style, module.name());
+}
+
+// The tags of the module's own parameters, which another style must have set.
+std::vector<const TpTag*> existing_tags(torch::nn::Module& module, const std::string& style) {
+  std::vector<const TpTag*> tags;
+  for (const auto& p : module.named_parameters(/*recurse=*/false)) {
+    if (const TpTag* t = detail::tp_tag(p.value())) {
+      tags.push_back(t);
+    }
+  }
+  DTENSOR_CHECK(
+      !tags.empty(),
+      "{} on {}: without module hooks it adjusts the layouts of a module whose own parameters "
+      "another style has parallelized; apply that style first",
+      style, module.name());
+  return tags;
+}
+
+} // namespace
+
+void ColwiseParallel::apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const {
+  check_mesh(tp_mesh, name());
+  auto tag = make_tag(module, name(), {input_layouts(), Placement::replicate(), output_layouts()});
+  if (dynamic_cast<torch::nn::LinearImpl*>(&module) != nullptr) {
+    distribute_all(
+        module, tp_mesh, [](const std::string&) { return Placement::shard(0); }, tag);
+  } else if (dynamic_cast<torch::nn::EmbeddingImpl*>(&module) != nullptr) {
+    distribute_all(
+        module, tp_mesh, [](const std::string&) { return Placement::shard(1); }, tag);
+  } else {
+    unsupported(name(), module);
+  }
+}
+
+void RowwiseParallel::apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const {
+  check_mesh(tp_mesh, name());
+  if (dynamic_cast<torch::nn::LinearImpl*>(&module) != nullptr) {
+    auto tag = make_tag(module, name(), {input_layouts(), Placement::shard(-1), output_layouts()});
+    distribute_all(
+        module, tp_mesh,
+        [](const std::string& n) {
+          return n == "weight" ? Placement::shard(1) : Placement::replicate();
+        },
+        tag);
+  } else if (dynamic_cast<torch::nn::EmbeddingImpl*>(&module) != nullptr) {
+    auto tag = make_tag(module, name(), {input_layouts(), std::nullopt, output_layouts()});
+    distribute_all(
+        module, tp_mesh, [](const std::string&) { return Placement::shard(0); }, tag);
+  } else {
+    unsupported(name(), module);
+  }
+}
+
+void SequenceParallel::apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const {
+  check_mesh(tp_mesh, name());
+  DTENSOR_CHECK(dynamic_cast<torch::nn::LinearImpl*>(&module) == nullptr &&
+                    dynamic_cast<torch::nn::EmbeddingImpl*>(&module) == nullptr,
+                "SequenceParallel is for norms and dropout (replicated parameters), got {}",
+                module.name());
+  const Placement seq = Placement::shard(sequence_dim());
+  auto tag = make_tag(module, name(), {seq, seq, seq});
+  distribute_all(
+      module, tp_mesh, [](const std::string&) { return Placement::replicate(); }, tag);
+}
+
+void PrepareModuleInput::apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const {
+  check_mesh(tp_mesh, name());
+  for (const TpTag* t : existing_tags(module, name())) {
+    auto* tag = const_cast<TpTag*>(t);
+    tag->input_layout = input_layouts();
+    tag->desired_input_layout = desired_input_layouts();
+  }
+}
+
+void PrepareModuleOutput::apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const {
+  check_mesh(tp_mesh, name());
+  for (const TpTag* t : existing_tags(module, name())) {
+    auto* activation = const_cast<TpTag*>(t->activation.get());
+    activation->output_layout = desired_output_layouts();
+  }
+}
+
+void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
+                        const std::shared_ptr<ParallelStyle>& style) {
+  DTENSOR_CHECK(style != nullptr, "parallelize_module({}): null style", module.name());
+  style->apply(module, tp_mesh);
+}
+
+namespace {
+
+// Dotted atoms matched one by one, like PyTorch's fnmatch per atom.
+bool path_matches(const std::string& pattern, const std::string& path) {
+  auto split = [](const std::string& s) {
+    std::vector<std::string> out;
+    size_t start = 0;
+    for (size_t i = 0; i <= s.size(); ++i) {
+      if (i == s.size() || s[i] == '.') {
+        out.push_back(s.substr(start, i - start));
+        start = i + 1;
+      }
+    }
+    return out;
+  };
+  auto p = split(pattern);
+  auto q = split(path);
+  if (p.size() != q.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (fnmatch(p[i].c_str(), q[i].c_str(), 0) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+} // namespace
+
+void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
+                        const ParallelizePlan& plan) {
+  auto named = module.shared_from_this()->named_modules();
+  for (const auto& [pattern, style] : plan) {
+    DTENSOR_CHECK(style != nullptr, "parallelize_module({}): null style for '{}'", module.name(),
+                  pattern);
+    int matched = 0;
+    for (const auto& item : named) {
+      if (!item.key().empty() && path_matches(pattern, item.key())) {
+        style->apply(*item.value(), tp_mesh);
+        ++matched;
+      }
+    }
+    DTENSOR_CHECK(matched > 0, "parallelize_module({}): plan entry '{}' ({}) matches no submodule",
+                  module.name(), pattern, style->name());
+  }
+}
+
+} // namespace dtensor

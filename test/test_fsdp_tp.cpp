@@ -1,0 +1,146 @@
+// FSDP x TP on a (dp, tp) mesh: seed 004's MLPStack.parallelize (tensor parallelism on
+// each MLP, sequence parallelism on the final LayerNorm, fully_shard over dp) and a small
+// Transformer, trained in parity with a data-parallel reference over dp.
+#include <torch/optim/sgd.h>
+
+#include "support/catch.h"
+#include "support/dist.h"
+#include "support/fsdp_models.h"
+#include "support/models.h"
+
+using dtensor::CollectiveKind;
+using dtensor::CommDebugMode;
+using dtensor::DeviceMesh;
+using dtensor::DTensor;
+using dtensor::FullyShardOptions;
+using dtensor::init_device_mesh;
+using dtensor::testing::close;
+using dtensor::testing::device_type;
+using dtensor::testing::options;
+using dtensor::testing::world;
+
+namespace {
+
+// (dp, tp): 2x2 on 4 ranks, 1x2 on 2 (tensor parallelism only), 1x1 on 1.
+DeviceMesh mesh_2d() {
+  const int64_t tp = world() >= 2 ? 2 : 1;
+  return init_device_mesh(device_type(), {world() / tp, tp}, {"dp", "tp"});
+}
+
+template <typename T>
+std::shared_ptr<dtensor::ParallelStyle> style(T s) {
+  return std::make_shared<T>(std::move(s));
+}
+
+// The C++ port of MLPStack.parallelize(tp_mesh, dp_mesh, use_activation_checkpointing=False,
+// reshard_after_forward=...) from common_fsdp.py.
+std::vector<dtensor::FSDPModule> parallelize_mlp_stack(torch::nn::Sequential& s,
+                                                       const DeviceMesh& tp, const DeviceMesh& dp,
+                                                       bool reshard_after_forward) {
+  using dtensor::ColwiseParallel;
+  using dtensor::RowwiseParallel;
+  dtensor::ParallelizePlan plan = {
+      {"0.in_proj", style(ColwiseParallel().use_local_output(false))},
+      {"0.out_proj", style(RowwiseParallel().use_local_output(false))},
+      {"1.in_proj", style(ColwiseParallel().use_local_output(false))},
+      {"1.out_proj", style(RowwiseParallel().use_local_output(false))},
+      {"2.in_proj", style(ColwiseParallel().use_local_output(false))},
+      {"2.out_proj", style(RowwiseParallel().output_layouts(dtensor::Shard(1)))},
+      {"3", style(dtensor::SequenceParallel(1))},
+  };
+  dtensor::parallelize_module(*s, tp, plan);
+  std::vector<dtensor::FSDPModule> units;
+  auto opts = FullyShardOptions().mesh(dp).reshard_after_forward(reshard_after_forward);
+  for (size_t i = 0; i < 3; ++i) { // not the LayerNorm
+    units.push_back(dtensor::fully_shard(*s[i], opts));
+  }
+  units.push_back(dtensor::fully_shard(*s, FullyShardOptions().mesh(dp)));
+  return units;
+}
+
+// Tensor parallelism sums in another order: absolute error up to 1e-4 of the largest value.
+bool near(const at::Tensor& a, const at::Tensor& b) {
+  const double scale = std::max(1.0, b.abs().max().item<double>());
+  return close(a, b, 1e-4, 1e-4 * scale);
+}
+
+at::Tensor full(const at::Tensor& t) {
+  torch::NoGradGuard no_grad;
+  return dtensor::is_dtensor(t) ? DTensor(t).full_tensor() : t;
+}
+
+} // namespace
+
+TEST_CASE("FSDP x TP: MLPStack(16, with_seq_parallel) matches replicate over dp",
+          "[fsdp_tp][world1][world2][world4]") {
+  auto mesh = mesh_2d();
+  auto dp = mesh["dp"];
+  auto tp = mesh["tp"];
+  for (bool reshard_after_forward : {true, false}) {
+    INFO("reshard_after_forward " << reshard_after_forward);
+    torch::manual_seed(0);
+    auto ref = dtensor::testing::mlp_stack(16, true);
+    ref->to(options().device());
+    auto ref_handle = dtensor::replicate(*ref, dp);
+    torch::manual_seed(0);
+    auto model = dtensor::testing::mlp_stack(16, true);
+    model->to(options().device());
+    auto units = parallelize_mlp_stack(model, tp, dp, reshard_after_forward);
+    // Colwise weights: Shard(0) on tp and, inside each tp shard, Shard(0) on dp.
+    auto w = DTensor(model[0]->as<dtensor::testing::MLPImpl>()->in_proj->weight);
+    REQUIRE(w.device_mesh().dim_names() == std::vector<std::string>{"tp", "dp"});
+    REQUIRE(w.placements() == dtensor::Placements{dtensor::Shard(0), dtensor::Shard(0)});
+    auto w_out = DTensor(model[0]->as<dtensor::testing::MLPImpl>()->out_proj->weight);
+    REQUIRE(w_out.placements() == dtensor::Placements{dtensor::Shard(1), dtensor::Shard(0)});
+    // The 2-D layout holds the right global values, uneven sizes (x3) included.
+    auto q = ref->named_parameters();
+    auto p = model->named_parameters();
+    for (size_t i = 0; i < p.size(); ++i) {
+      INFO("initial " << p[i].key());
+      REQUIRE(close(full(p[i].value()), q[i].value()));
+    }
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    for (int step = 0; step < 3; ++step) {
+      INFO("step " << step);
+      at::manual_seed(1000 + 10 * step + dp.get_local_rank(0)); // same input within a dp group
+      auto x = at::randn({2, 8, 16}, options());
+      opt.zero_grad();
+      ref_opt.zero_grad();
+      CommDebugMode mode;
+      auto out = model->forward(x);
+      REQUIRE(DTensor(out).placements() == dtensor::Placements{dtensor::Shard(1)});
+      // (A plain sum of LayerNorm outputs is ~0 with flat gradients; squares are not.)
+      auto loss = DTensor(out.pow(2).sum()).full_tensor();
+      // Forward: 4 all-gathers over dp (3 MLPs + the root's LayerNorm); over tp, one
+      // all-reduce per rowwise MLP output (2), one reduce-scatter (the last MLP, into
+      // sequence shards), one all-reduce for the loss.
+      REQUIRE(mode.count("dp", CollectiveKind::AllGather) == 4);
+      REQUIRE(mode.count("tp", CollectiveKind::AllReduce) == 3);
+      REQUIRE(mode.count("tp", CollectiveKind::ReduceScatter) == 1);
+      loss.backward();
+      REQUIRE(mode.count("dp", CollectiveKind::ReduceScatter) == 4);
+      auto ref_loss = ref->forward(x).pow(2).sum();
+      ref_loss.backward();
+      REQUIRE(near(loss, ref_loss));
+      for (size_t i = 0; i < p.size(); ++i) {
+        INFO("grad " << p[i].key());
+        auto g = DTensor(p[i].value().grad());
+        REQUIRE(g.placements() == DTensor(p[i].value()).placements());
+        REQUIRE(near(full(g), q[i].value().grad()));
+      }
+      opt.step();
+      ref_opt.step();
+      for (size_t i = 0; i < p.size(); ++i) {
+        INFO("param " << p[i].key());
+        REQUIRE(near(full(p[i].value()), q[i].value()));
+      }
+    }
+    // Full state dict: the right global values; load it back into a fresh copy.
+    auto sd =
+        dtensor::get_model_state_dict(*model, dtensor::StateDictOptions().full_state_dict(true));
+    for (size_t i = 0; i < p.size(); ++i) {
+      REQUIRE(near(*sd.find(p[i].key()), q[i].value()));
+    }
+  }
+}
