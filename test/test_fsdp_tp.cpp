@@ -1,6 +1,7 @@
 // FSDP x TP on a (dp, tp) mesh: seed 004's MLPStack.parallelize (tensor parallelism on
 // each MLP, sequence parallelism on the final LayerNorm, fully_shard over dp) and a small
 // Transformer, trained in parity with a data-parallel reference over dp.
+#include <torch/nn/functional/loss.h>
 #include <torch/optim/sgd.h>
 
 #include "support/catch.h"
@@ -141,6 +142,74 @@ TEST_CASE("FSDP x TP: MLPStack(16, with_seq_parallel) matches replicate over dp"
         dtensor::get_model_state_dict(*model, dtensor::StateDictOptions().full_state_dict(true));
     for (size_t i = 0; i < p.size(); ++i) {
       REQUIRE(near(*sd.find(p[i].key()), q[i].value()));
+    }
+  }
+}
+
+TEST_CASE("FSDP x TP: Transformer with tensor-parallel attention and MLP, each block fully sharded",
+          "[fsdp_tp][world1][world2][world4]") {
+  auto mesh = mesh_2d();
+  auto dp = mesh["dp"];
+  auto tp = mesh["tp"];
+  using dtensor::ColwiseParallel;
+  using dtensor::RowwiseParallel;
+  using dtensor::testing::Transformer;
+  auto args = dtensor::testing::ModelArgs().dropout_p(0.0);
+  torch::manual_seed(0);
+  Transformer ref(args);
+  ref->to(options().device());
+  auto ref_handle = dtensor::replicate(*ref, dp);
+  torch::manual_seed(0);
+  Transformer model(args);
+  model->to(options().device());
+  dtensor::parallelize_module(
+      *model, tp,
+      dtensor::ParallelizePlan{
+          {"layers.*.attention.w[qkv]", style(ColwiseParallel().use_local_output(false))},
+          {"layers.*.attention.wo", style(RowwiseParallel().use_local_output(false))},
+          {"layers.*.feed_forward.w1", style(ColwiseParallel().use_local_output(false))},
+          {"layers.*.feed_forward.w2", style(RowwiseParallel().use_local_output(false))},
+      });
+  for (auto& layer : *model->layers) {
+    dtensor::fully_shard(*layer, FullyShardOptions().mesh(dp));
+  }
+  dtensor::fully_shard(*model, FullyShardOptions().mesh(dp));
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  auto p = model->named_parameters();
+  auto q = ref->named_parameters();
+  REQUIRE(p.size() == q.size());
+  for (int step = 0; step < 3; ++step) {
+    INFO("step " << step);
+    at::manual_seed(500 + 10 * step + dp.get_local_rank(0)); // same tokens within a dp group
+    auto tokens = at::randint(8, {2, 12}, options(at::kLong));
+    auto targets = at::randint(8, {2, 12}, options(at::kLong));
+    opt.zero_grad();
+    ref_opt.zero_grad();
+    CommDebugMode mode;
+    auto logits = model->forward(tokens);
+    // Two blocks: forward gathers the root and both blocks over dp; over tp, one all-reduce
+    // per row-wise projection (attention output and MLP output of each block).
+    REQUIRE(mode.count("dp", CollectiveKind::AllGather) == 3);
+    REQUIRE(mode.count("tp", CollectiveKind::AllReduce) == 4);
+    auto full_logits = DTensor(logits).full_tensor(); // Replicate already: no collective
+    REQUIRE(mode.count("tp", CollectiveKind::AllReduce) == 4);
+    auto loss = torch::nn::functional::cross_entropy(full_logits.view({-1, 8}), targets.view(-1));
+    loss.backward();
+    REQUIRE(mode.count("dp", CollectiveKind::ReduceScatter) == 3);
+    auto ref_loss =
+        torch::nn::functional::cross_entropy(ref->forward(tokens).view({-1, 8}), targets.view(-1));
+    ref_loss.backward();
+    REQUIRE(near(loss, ref_loss));
+    for (size_t i = 0; i < p.size(); ++i) {
+      INFO("grad " << p[i].key());
+      REQUIRE(near(full(p[i].value().grad()), q[i].value().grad()));
+    }
+    opt.step();
+    ref_opt.step();
+    for (size_t i = 0; i < p.size(); ++i) {
+      INFO("param " << p[i].key());
+      REQUIRE(near(full(p[i].value()), q[i].value()));
     }
   }
 }

@@ -23,6 +23,11 @@ struct TpTag {
   std::optional<Placement> desired_input_layout; // what inputs are redistributed to
   std::optional<Placement> output_layout;        // what outputs become when they leave
   std::shared_ptr<const TpTag> activation;       // on parameter tags: the tag of outputs
+  // Activations reshaped after the op that made them (linear's own reshape, or the
+  // caller's view): their layout may no longer be the output layout's dims, so leaving the
+  // module only reduces Partial placements ([Note: tensor parallelism without module hooks]).
+  bool viewed = false;
+  std::shared_ptr<const TpTag> viewed_variant; // on activation tags
 };
 
 // The tag of a DTensor, or nullptr.

@@ -36,6 +36,9 @@ std::shared_ptr<TpTag> make_tag(const torch::nn::Module& module, const std::stri
   tag->output_layout = l.output;
   auto activation = std::make_shared<TpTag>(*tag);
   activation->param = false;
+  auto viewed = std::make_shared<TpTag>(*activation);
+  viewed->viewed = true;
+  activation->viewed_variant = viewed;
   tag->activation = activation;
   return tag;
 }
@@ -147,6 +150,7 @@ void PrepareModuleOutput::apply(torch::nn::Module& module, const DeviceMesh& tp_
   for (const TpTag* t : existing_tags(module, name())) {
     auto* activation = const_cast<TpTag*>(t->activation.get());
     activation->output_layout = desired_output_layouts();
+    const_cast<TpTag*>(activation->viewed_variant.get())->output_layout = desired_output_layouts();
   }
 }
 

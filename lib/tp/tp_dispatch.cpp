@@ -108,6 +108,23 @@ int64_t aliased_input(const c10::FunctionSchema& schema, size_t ret) {
   return -1;
 }
 
+// Whether an activation leaving its module is redistributed to the output layout: always
+// as the module made it; after a reshape only when Partial (the dims may have moved).
+bool leaves_to_output_layout(const DTensorMeta& m) {
+  if (!m.tp->output_layout) {
+    return false;
+  }
+  if (!m.tp->viewed) {
+    return true;
+  }
+  for (const auto& p : m.spec.placements) {
+    if (p.is_partial()) {
+      return true;
+    }
+  }
+  return false;
+}
+
 } // namespace
 
 const TpTag* tp_tag(const at::Tensor& t) {
@@ -192,12 +209,12 @@ std::shared_ptr<const TpTag> tp_prepare(const c10::OperatorHandle& op, torch::ji
       int64_t src = aliased_input(schema, r);
       for (const Arg& a : activations) {
         if (static_cast<int64_t>(a.index) == src) {
-          return a.meta->tp;
+          return a.meta->tp->viewed ? a.meta->tp : a.meta->tp->viewed_variant;
         }
       }
     }
     for (const Arg& a : activations) {
-      if (!written(a) && a.meta->tp->output_layout) {
+      if (!written(a) && leaves_to_output_layout(*a.meta)) {
         put(stack, base + a.index, a,
             to_layout(a.tensor, *a.meta, *a.meta->tp->output_layout, nullptr));
       }
@@ -224,7 +241,7 @@ std::shared_ptr<const TpTag> tp_prepare(const c10::OperatorHandle& op, torch::ji
     if (a.meta->tp->module == tag.module || written(a)) {
       continue; // the module's own intermediate result
     }
-    at::Tensor t = a.meta->tp->output_layout
+    at::Tensor t = leaves_to_output_layout(*a.meta)
                        ? to_layout(a.tensor, *a.meta, *a.meta->tp->output_layout, nullptr)
                        : make_dtensor(a.meta->local, a.meta->spec);
     if (tag.desired_input_layout) {
