@@ -13,3 +13,4 @@
 #include <dtensor/fully_shard.h>
 #include <dtensor/state_dict.h>
 #include <dtensor/tensor_parallel.h>
+#include <dtensor/clip_grad.h>

@@ -80,6 +80,9 @@ class FSDPModule {
   void set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules);
   // Reduced gradients are divided by this (default: the data-parallel size).
   void set_gradient_divide_factor(double factor);
+  // dtensor::clip_grad_norm_ over every parameter of the module (root units only: a
+  // nested unit would clip a part of the model with a partial norm).
+  at::Tensor clip_grad_norm_(double max_norm, double norm_type = 2.0, bool error_if_nonfinite = false);
 
   const DeviceMesh& mesh() const;
   bool is_root() const;      // no enclosing fully_shard unit

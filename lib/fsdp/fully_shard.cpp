@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <dtensor/clip_grad.h>
 #include <dtensor/dtensor.h>
 #include <dtensor/process_group.h>
 
@@ -234,6 +235,15 @@ void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule>&
 void FSDPModule::set_gradient_divide_factor(double factor) {
   DTENSOR_CHECK(factor > 0, "set_gradient_divide_factor: factor must be positive, got {}", factor);
   group_->gradient_divide_factor = factor;
+}
+
+at::Tensor FSDPModule::clip_grad_norm_(double max_norm, double norm_type, bool error_if_nonfinite) {
+  DTENSOR_CHECK(group_->is_root(),
+                "clip_grad_norm_ should only be called on the root FSDP instance; unit '{}' is nested in another",
+                group_->name);
+  auto module = group_->module.lock();
+  DTENSOR_CHECK(module != nullptr, "clip_grad_norm_: the module of unit '{}' no longer exists", group_->name);
+  return dtensor::clip_grad_norm_(module->parameters(), max_norm, norm_type, error_if_nonfinite);
 }
 
 const DeviceMesh& FSDPModule::mesh() const {

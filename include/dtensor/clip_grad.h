@@ -1,0 +1,30 @@
+#pragma once
+
+// Gradient clipping over DTensor gradients: one all-reduce per mesh dimension, whatever the
+// number of gradients. See docs/clip_grad_norm.md.
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace dtensor {
+
+// The norm of order `norm_type` (any p > 0, inf, -inf, or 0 for the count of non-zeros) of
+// all `tensors` together, as if every one were unsharded. DTensor inputs give a DTensor
+// Replicate over the mesh spanning every mesh dimension they live on (one all-reduce per
+// dimension: the local partial norms of all tensors are combined first); plain inputs
+// only (no DTensor) give a plain tensor and no communication. The result has the inputs'
+// dtype; the reduction runs in fp32. error_if_nonfinite: throw (host sync) on nan / inf.
+at::Tensor get_total_norm(const std::vector<at::Tensor>& tensors, double norm_type = 2.0,
+                          bool error_if_nonfinite = false);
+
+// Scales every gradient of `parameters` by clamp(max_norm / (total_norm + 1e-6), max=1),
+// on the device, without a host sync and without communication.
+void clip_grads_with_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
+                           const at::Tensor& total_norm);
+
+// get_total_norm of the parameters' gradients, then clip_grads_with_norm_; returns the
+// total norm (torch.nn.utils.clip_grad_norm_ semantics on DTensor gradients).
+at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
+                           double norm_type = 2.0, bool error_if_nonfinite = false);
+
+} // namespace dtensor

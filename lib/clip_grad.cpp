@@ -1,0 +1,287 @@
+// get_total_norm / clip_grads_with_norm_ / clip_grad_norm_ over DTensor gradients.
+#include <dtensor/clip_grad.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <dtensor/collectives.h>
+#include <dtensor/dtensor.h>
+#include <dtensor/process_group.h>
+
+#include "internal/check.h"
+#include "internal/dtensor_impl.h"
+#include "internal/redistribute.h"
+#include "internal/sharding.h"
+
+namespace dtensor {
+
+namespace detail {
+
+// [Note: one all-reduce per mesh dimension]
+// Every gradient contributes a local partial norm: sum |x|^p of its local tensor (finite p),
+// max / min |x| (inf / -inf), or its count of non-zeros (p = 0). The contributions of all
+// gradients are combined locally into one fp32 scalar, which is then all-reduced once over
+// each mesh dimension (sum, or max / min). A gradient that is not sharded over some mesh
+// dimension (Replicate there) holds the same values on every rank of that dimension, so
+// its sum-type contribution is divided by that dimension's size first: the all-reduce adds
+// it back exactly once. Max and min need no scaling. Gradients on different meshes (slices
+// of one init_device_mesh, e.g. (dp) and (tp, dp)) are placed on the root mesh's dimensions
+// by name, and the reduction runs over the union of those dimensions: still one all-reduce
+// per distinct dimension. Plain gradients next to DTensor ones count as replicated
+// everywhere. Partial gradients are first reduced to Replicate (their norm is not a
+// function of the partial values): one extra all-reduce each, documented.
+// Work is linear in the number of gradients: one small local reduction each, one stack.
+
+namespace {
+
+enum class Combine { Sum, Max, Min };
+
+Combine combine_of(double p) {
+  if (std::isinf(p)) {
+    return p > 0 ? Combine::Max : Combine::Min;
+  }
+  return Combine::Sum;
+}
+
+at::Tensor local_part(const at::Tensor& x, double p) {
+  const Combine c = combine_of(p);
+  if (x.numel() == 0) {
+    return at::full({}, c == Combine::Min ? INFINITY : 0.0, x.options().dtype(at::kFloat));
+  }
+  at::Tensor a = x.detach().to(at::kFloat).abs();
+  if (c == Combine::Max) {
+    return a.max();
+  }
+  if (c == Combine::Min) {
+    return a.min();
+  }
+  if (p == 0) {
+    return (a != 0).sum().to(at::kFloat);
+  }
+  if (p == 1) {
+    return a.sum();
+  }
+  if (p == 2) {
+    return a.square().sum();
+  }
+  return a.pow(p).sum();
+}
+
+struct Reduction {
+  DeviceMesh mesh; // undefined: no DTensor anywhere
+  // For each mesh the tensors live on: its dim -> index into `mesh`'s dims.
+  std::vector<std::pair<DeviceMesh, std::vector<int64_t>>> maps;
+
+  const std::vector<int64_t>& map_of(const DeviceMesh& m) const {
+    for (const auto& e : maps) {
+      if (e.first == m) {
+        return e.second;
+      }
+    }
+    DTENSOR_FAIL("get_total_norm: internal error: no map for {}", m.to_string());
+  }
+};
+
+Reduction plan_reduction(const std::vector<DeviceMesh>& meshes) {
+  Reduction r;
+  std::vector<DeviceMesh> distinct;
+  for (const auto& m : meshes) {
+    if (std::find(distinct.begin(), distinct.end(), m) == distinct.end()) {
+      distinct.push_back(m);
+    }
+  }
+  if (distinct.empty()) {
+    return r;
+  }
+  if (distinct.size() == 1) {
+    r.mesh = distinct.front();
+    std::vector<int64_t> identity;
+    for (int64_t d = 0; d < r.mesh.ndim(); ++d) {
+      identity.push_back(d);
+    }
+    r.maps.emplace_back(r.mesh, identity);
+    return r;
+  }
+  // Several meshes: their dimensions by name on the root mesh.
+  DeviceMesh root = distinct.front().root_mesh();
+  const auto& root_names = root.dim_names();
+  std::set<int64_t> used;
+  std::vector<std::vector<int64_t>> root_dims;
+  for (const auto& m : distinct) {
+    DTENSOR_CHECK(!m.dim_names().empty(),
+                  "get_total_norm: gradients live on several meshes, and {} has no "
+                  "dimension names to place it on the root mesh {}",
+                  m.to_string(), root.to_string());
+    DTENSOR_CHECK(m.root_mesh() == root,
+                  "get_total_norm: gradients live on meshes of different roots: {} and {}",
+                  m.root_mesh().to_string(), root.to_string());
+    std::vector<int64_t> dims;
+    for (const auto& name : m.dim_names()) {
+      auto it = std::find(root_names.begin(), root_names.end(), name);
+      DTENSOR_CHECK(it != root_names.end(),
+                    "get_total_norm: dimension '{}' of {} is not a dimension of the root "
+                    "mesh {} (flattened dimensions are not supported across meshes)",
+                    name, m.to_string(), root.to_string());
+      dims.push_back(it - root_names.begin());
+      used.insert(dims.back());
+    }
+    root_dims.push_back(dims);
+  }
+  std::vector<std::string> names;
+  std::vector<int64_t> order(used.begin(), used.end()); // root order
+  for (int64_t d : order) {
+    names.push_back(root_names[static_cast<size_t>(d)]);
+  }
+  r.mesh = root[names];
+  for (size_t i = 0; i < distinct.size(); ++i) {
+    std::vector<int64_t> map;
+    for (int64_t d : root_dims[i]) {
+      map.push_back(std::find(order.begin(), order.end(), d) - order.begin());
+    }
+    r.maps.emplace_back(distinct[i], map);
+  }
+  return r;
+}
+
+at::Tensor total_norm(const std::vector<at::Tensor>& tensors,
+                      const std::vector<DeviceMesh>& extra_meshes, double p,
+                      bool error_if_nonfinite, c10::ScalarType dtype) {
+  DTENSOR_CHECK(p >= 0 || std::isinf(p),
+                "get_total_norm: norm_type must be > 0, 0, inf or -inf, got {}", p);
+  std::vector<DeviceMesh> meshes = extra_meshes;
+  for (const auto& t : tensors) {
+    if (const DTensorMeta* m = dtensor_meta(t)) {
+      meshes.push_back(m->spec.mesh);
+    }
+  }
+  const Reduction red = plan_reduction(meshes);
+  const Combine c = combine_of(p);
+  std::vector<at::Tensor> parts;
+  parts.reserve(tensors.size());
+  at::Device device = tensors.empty() ? at::Device(at::kCPU) : tensors.front().device();
+  for (const auto& t : tensors) {
+    at::Tensor local = t;
+    std::vector<bool> sharded;
+    if (const DTensorMeta* m = dtensor_meta(t)) {
+      local = m->local;
+      Placements placements = m->spec.placements;
+      const Placements plain = without_partial(placements);
+      if (plain != placements) {
+        local = redistribute_local(local, m->spec, plain);
+        placements = plain;
+      }
+      std::vector<bool> by_dim(static_cast<size_t>(red.mesh.ndim()), false);
+      const auto& map = red.map_of(m->spec.mesh);
+      for (size_t d = 0; d < placements.size(); ++d) {
+        by_dim[static_cast<size_t>(map[d])] = placements[d].is_shard();
+      }
+      sharded = by_dim;
+    } else if (red.mesh.defined()) {
+      sharded.assign(static_cast<size_t>(red.mesh.ndim()), false);
+    }
+    at::Tensor part = local_part(local, p);
+    if (c == Combine::Sum && red.mesh.defined()) {
+      double replicas = 1;
+      for (int64_t d = 0; d < red.mesh.ndim(); ++d) {
+        if (!sharded[static_cast<size_t>(d)]) {
+          replicas *= static_cast<double>(red.mesh.size(d));
+        }
+      }
+      if (replicas != 1) {
+        part = part / replicas;
+      }
+    }
+    parts.push_back(part.to(device));
+  }
+  at::Tensor acc;
+  if (parts.empty()) {
+    acc = at::full({}, c == Combine::Min ? INFINITY : 0.0,
+                   at::TensorOptions().dtype(at::kFloat).device(device));
+  } else {
+    at::Tensor all = at::stack(parts);
+    acc = c == Combine::Max ? all.max() : c == Combine::Min ? all.min() : all.sum();
+  }
+  if (red.mesh.defined()) {
+    const ReduceOp op = c == Combine::Max   ? ReduceOp::Max
+                        : c == Combine::Min ? ReduceOp::Min
+                                            : ReduceOp::Sum;
+    acc = acc.contiguous();
+    for (int64_t d = 0; d < red.mesh.ndim(); ++d) {
+      all_reduce_(acc, op, red.mesh.get_group(d));
+    }
+  }
+  at::Tensor total = (c == Combine::Sum && p != 0) ? (p == 1 ? acc : acc.pow(1.0 / p)) : acc;
+  if (error_if_nonfinite) {
+    DTENSOR_CHECK(total.isfinite().item<bool>(),
+                  "get_total_norm: the total norm of order {} of {} gradients is non-finite ({}); "
+                  "set error_if_nonfinite=false to go on",
+                  p, tensors.size(), total.item<double>());
+  }
+  total = total.to(dtype);
+  if (!red.mesh.defined()) {
+    return total;
+  }
+  return DTensor::from_local(total, red.mesh, replicate_all(red.mesh.ndim()));
+}
+
+} // namespace
+
+} // namespace detail
+
+at::Tensor get_total_norm(const std::vector<at::Tensor>& tensors, double norm_type,
+                          bool error_if_nonfinite) {
+  at::NoGradGuard no_grad;
+  c10::ScalarType dtype = tensors.empty() ? at::kFloat : tensors.front().scalar_type();
+  return detail::total_norm(tensors, {}, norm_type, error_if_nonfinite, dtype);
+}
+
+void clip_grads_with_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
+                           const at::Tensor& total_norm) {
+  at::NoGradGuard no_grad;
+  const detail::DTensorMeta* m = detail::dtensor_meta(total_norm);
+  at::Tensor total = m != nullptr ? m->local : total_norm;
+  at::Tensor coef = (max_norm / (total.to(at::kFloat) + 1e-6)).clamp_max(1.0);
+  for (const auto& p : parameters) {
+    const at::Tensor& g = p.grad();
+    if (!g.defined()) {
+      continue;
+    }
+    if (const detail::DTensorMeta* gm = detail::dtensor_meta(g)) {
+      gm->local.mul_(coef.to(gm->local.device()));
+    } else {
+      g.mul_(coef.to(g.device()));
+    }
+  }
+}
+
+at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
+                           double norm_type, bool error_if_nonfinite) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;
+  std::vector<DeviceMesh> meshes; // every DTensor parameter's, so ranks without a gradient
+                                  // still take part in the same all-reduces
+  for (const auto& p : parameters) {
+    if (p.grad().defined()) {
+      grads.push_back(p.grad());
+    }
+    if (const detail::DTensorMeta* m = detail::dtensor_meta(p)) {
+      meshes.push_back(m->spec.mesh);
+    }
+  }
+  c10::ScalarType dtype = at::kFloat;
+  if (grads.empty()) {
+    TORCH_WARN("Called clip_grad_norm_() on rank ", get_rank(),
+               " with no gradients -- returning the total norm in the default dtype torch.float32");
+  } else {
+    dtype = grads.front().scalar_type();
+  }
+  at::Tensor total = detail::total_norm(grads, meshes, norm_type, error_if_nonfinite, dtype);
+  clip_grads_with_norm_(parameters, max_norm, total);
+  return total;
+}
+
+} // namespace dtensor

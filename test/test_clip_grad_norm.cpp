@@ -1,0 +1,260 @@
+// clip_grad_norm_ over DTensor gradients (seeds 001 and 000): the total norm equals the
+// unsharded model's, costs exactly one all-reduce per mesh dimension, and clips the same.
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/sgd.h>
+
+#include <c10/util/Exception.h>
+
+#include <limits>
+
+#include "support/catch.h"
+#include "support/dist.h"
+#include "support/fsdp_models.h"
+#include "support/models.h"
+
+using dtensor::CollectiveKind;
+using dtensor::CommDebugMode;
+using dtensor::DeviceMesh;
+using dtensor::DTensor;
+using dtensor::FullyShardOptions;
+using dtensor::init_device_mesh;
+using dtensor::testing::close;
+using dtensor::testing::contains;
+using dtensor::testing::device_type;
+using dtensor::testing::options;
+using dtensor::testing::rank;
+using dtensor::testing::world;
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+at::Tensor full(const at::Tensor& t) {
+  torch::NoGradGuard no_grad;
+  return dtensor::is_dtensor(t) ? DTensor(t).full_tensor() : t;
+}
+
+bool near(const at::Tensor& a, const at::Tensor& b) {
+  const double scale = std::max(1.0, b.abs().max().item<double>());
+  return close(a, b, 1e-4, 1e-4 * scale);
+}
+
+double vector_norm(const at::Tensor& t, double p) {
+  return at::linalg_vector_norm(t.to(at::kDouble), p).item<double>();
+}
+
+// One training step of `model` and `ref` with clipping, checking everything seed 001 checks.
+template <typename M, typename R>
+void clip_step(M& model, R& ref, torch::optim::Optimizer& opt, torch::optim::Optimizer& ref_opt,
+               const std::function<at::Tensor(M&)>& loss_of,
+               const std::function<at::Tensor(R&)>& ref_loss_of, double max_norm, double norm_type,
+               int64_t expected_all_reduces) {
+  opt.zero_grad();
+  ref_opt.zero_grad();
+  loss_of(model).backward();
+  ref_loss_of(ref).backward();
+  auto p = model->named_parameters();
+  auto q = ref->named_parameters();
+  std::vector<at::Tensor> before;
+  bool some_above = false;
+  for (size_t i = 0; i < p.size(); ++i) {
+    INFO("grad " << p[i].key());
+    REQUIRE(near(full(p[i].value().grad()), q[i].value().grad()));
+    before.push_back(full(p[i].value().grad()).clone());
+    some_above = some_above || vector_norm(q[i].value().grad(), norm_type) > max_norm;
+  }
+  REQUIRE(some_above); // the clip is not vacuous
+  const double ref_total =
+      torch::nn::utils::clip_grad_norm_(ref->parameters(), max_norm, norm_type);
+  at::Tensor total;
+  {
+    CommDebugMode mode;
+    total = dtensor::clip_grad_norm_(model->parameters(), max_norm, norm_type);
+    REQUIRE(dtensor::is_dtensor(total));
+    REQUIRE(static_cast<int64_t>(DTensor(total).placements().size()) == expected_all_reduces);
+    REQUIRE(mode.count(CollectiveKind::AllReduce) == expected_all_reduces);
+    REQUIRE(mode.total_count() == expected_all_reduces);
+  }
+  REQUIRE(std::abs(DTensor(total).full_tensor().item<double>() - ref_total) <=
+          1e-4 * std::max(1.0, ref_total));
+  for (size_t i = 0; i < p.size(); ++i) {
+    INFO("clipped " << p[i].key());
+    at::Tensor g = full(p[i].value().grad());
+    REQUIRE(vector_norm(g, norm_type) <= max_norm * (1 + 1e-5));
+    REQUIRE(near(g, q[i].value().grad()));
+    if (before[i].count_nonzero().item<int64_t>() > 0) {
+      REQUIRE_FALSE(at::equal(g, before[i]));
+    }
+  }
+  opt.step();
+  ref_opt.step();
+}
+
+template <typename T>
+std::shared_ptr<dtensor::ParallelStyle> style(T s) {
+  return std::make_shared<T>(std::move(s));
+}
+
+} // namespace
+
+TEST_CASE("clip_grad_norm_: 1-D fully_shard Transformer against replicate (seed 001)",
+          "[clip_grad_norm][world1][world2][world4]") {
+  auto dp = init_device_mesh(device_type(), {world()}, {"dp"});
+  using dtensor::testing::Transformer;
+  auto args = dtensor::testing::ModelArgs().dropout_p(0.0);
+  for (double norm_type : {2.0, 1.0, kInf}) {
+    INFO("norm_type " << norm_type);
+    torch::manual_seed(0);
+    Transformer ref(args);
+    ref->to(options().device());
+    auto handle = dtensor::replicate(*ref, dp);
+    torch::manual_seed(0);
+    Transformer model(args);
+    model->to(options().device());
+    for (auto& layer : *model->layers) {
+      dtensor::fully_shard(*layer, FullyShardOptions().mesh(dp));
+    }
+    auto root = dtensor::fully_shard(*model, FullyShardOptions().mesh(dp));
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01));
+    torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.01));
+    for (int iter = 0; iter < 10; ++iter) {
+      INFO("iteration " << iter);
+      at::manual_seed(42 + iter + 100 * rank());
+      auto tokens = at::randint(8, {3, 16}, options(at::kLong));
+      std::function<at::Tensor(Transformer&)> loss = [&](Transformer& m) {
+        return m->forward(tokens).sum();
+      };
+      clip_step<Transformer, Transformer>(model, ref, opt, ref_opt, loss, loss, 1.0, norm_type, 1);
+    }
+    // The FSDPModule member: the same on the root, refused on a block.
+    REQUIRE_THROWS_WITH(dtensor::fsdp_module(*model->layers[0])->clip_grad_norm_(1.0),
+                        contains("should only be called on the root FSDP instance"));
+    REQUIRE(root.clip_grad_norm_(1.0, norm_type).defined());
+  }
+}
+
+TEST_CASE("clip_grad_norm_: 2-D FSDP x TP MLPStack against replicate (seed 001)",
+          "[clip_grad_norm][world1][world2][world4]") {
+  const int64_t tp_size = world() >= 2 ? 2 : 1;
+  auto mesh = init_device_mesh(device_type(), {world() / tp_size, tp_size}, {"dp", "tp"});
+  auto dp = mesh["dp"];
+  auto tp = mesh["tp"];
+  using dtensor::ColwiseParallel;
+  using dtensor::RowwiseParallel;
+  for (double norm_type : {2.0, 1.0, 3.0, kInf}) {
+    INFO("norm_type " << norm_type);
+    torch::manual_seed(0);
+    auto ref = dtensor::testing::mlp_stack(16, true);
+    ref->to(options().device());
+    auto handle = dtensor::replicate(*ref, dp);
+    torch::manual_seed(0);
+    auto model = dtensor::testing::mlp_stack(16, true);
+    model->to(options().device());
+    dtensor::parallelize_module(
+        *model, tp,
+        dtensor::ParallelizePlan{
+            {"*.in_proj", style(ColwiseParallel().use_local_output(false))},
+            {"[01].out_proj", style(RowwiseParallel().use_local_output(false))},
+            {"2.out_proj", style(RowwiseParallel().output_layouts(dtensor::Shard(1)))},
+            {"3", style(dtensor::SequenceParallel(1))},
+        });
+    for (size_t i = 0; i < 3; ++i) {
+      dtensor::fully_shard(*model[i], FullyShardOptions().mesh(dp));
+    }
+    dtensor::fully_shard(*model, FullyShardOptions().mesh(dp));
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01));
+    torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.01));
+    for (int iter = 0; iter < 5; ++iter) {
+      INFO("iteration " << iter);
+      at::manual_seed(7 + iter + 100 * dp.get_local_rank(0)); // same input within a dp group
+      auto x = at::randn({2, 8, 16}, options());
+      // Squares: a plain sum of LayerNorm outputs has nearly flat gradients.
+      std::function<at::Tensor(torch::nn::Sequential&)> loss = [&](torch::nn::Sequential& m) {
+        at::Tensor out = m->forward(x).pow(2).sum();
+        return dtensor::is_dtensor(out) ? DTensor(out).full_tensor() : out;
+      };
+      clip_step<torch::nn::Sequential, torch::nn::Sequential>(model, ref, opt, ref_opt, loss, loss,
+                                                              0.5, norm_type, 2);
+    }
+  }
+}
+
+TEST_CASE("clip_grad_norm_: gradients on different meshes, one all-reduce per dimension",
+          "[clip_grad_norm][world1][world2][world4]") {
+  const int64_t tp_size = world() >= 2 ? 2 : 1;
+  auto mesh = init_device_mesh(device_type(), {world() / tp_size, tp_size}, {"dp", "tp"});
+  auto dp = mesh["dp"];
+  torch::manual_seed(0);
+  auto ref = dtensor::testing::mlp_stack(16, true);
+  ref->to(options().device());
+  auto handle = dtensor::replicate(*ref, dp);
+  torch::manual_seed(0);
+  auto model = dtensor::testing::mlp_stack(16, true);
+  model->to(options().device());
+  // Only the first MLP is tensor-parallel (its gradients on (tp, dp)); the others and the
+  // LayerNorm are fully sharded over dp only.
+  dtensor::parallelize_module(*model, mesh["tp"],
+                              dtensor::ParallelizePlan{
+                                  {"0.in_proj", style(dtensor::ColwiseParallel())},
+                                  {"0.out_proj", style(dtensor::RowwiseParallel())},
+                              });
+  for (size_t i = 0; i < 3; ++i) {
+    dtensor::fully_shard(*model[i], FullyShardOptions().mesh(dp));
+  }
+  dtensor::fully_shard(*model, FullyShardOptions().mesh(dp));
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01));
+  torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.01));
+  for (double norm_type : {2.0, kInf}) {
+    at::manual_seed(11 + 100 * dp.get_local_rank(0));
+    auto x = at::randn({2, 8, 16}, options());
+    std::function<at::Tensor(torch::nn::Sequential&)> loss = [&](torch::nn::Sequential& m) {
+      at::Tensor out = m->forward(x).pow(2).sum();
+      return dtensor::is_dtensor(out) ? DTensor(out).full_tensor() : out;
+    };
+    clip_step<torch::nn::Sequential, torch::nn::Sequential>(model, ref, opt, ref_opt, loss, loss,
+                                                            0.5, norm_type, 2);
+  }
+}
+
+TEST_CASE("clip_grad_norm_: low-precision gradients, no gradients (seed 000)",
+          "[clip_grad_norm][world1][world2][world4]") {
+  auto dp = init_device_mesh(device_type(), {world()}, {"dp"});
+  {
+    // fp16 gradients give an fp16 total norm (reduced in fp32).
+    torch::nn::Linear lin(24, 24);
+    lin->to(options().device());
+    auto mp = dtensor::MixedPrecisionPolicy().param_dtype(at::kHalf).keep_low_precision_grads(true);
+    auto unit = dtensor::fully_shard(*lin, FullyShardOptions().mesh(dp).mp_policy(mp));
+    lin->forward(at::randn({32, 24}, options(at::kHalf))).sum().backward();
+    REQUIRE(lin->weight.grad().scalar_type() == at::kHalf);
+    auto total = unit.clip_grad_norm_(1.0);
+    REQUIRE(total.scalar_type() == at::kHalf);
+    auto expected =
+        at::linalg_vector_norm(at::cat({full(lin->weight.grad()).reshape(-1).to(at::kFloat),
+                                        full(lin->bias.grad()).to(at::kFloat)}),
+                               2);
+    REQUIRE(expected.item<double>() <= 1.0 + 1e-3); // clipped
+  }
+  {
+    // No gradients: a zero fp32 norm and a warning naming the rank.
+    torch::nn::Linear lin(24, 24);
+    lin->to(options().device());
+    auto unit = dtensor::fully_shard(*lin, FullyShardOptions().mesh(dp));
+    struct Capture : c10::WarningHandler {
+      std::string text;
+      void process(const c10::Warning& w) override { text += w.msg(); }
+    } capture;
+    at::Tensor total;
+    {
+      c10::WarningUtils::WarningHandlerGuard guard(&capture);
+      total = unit.clip_grad_norm_(1.0);
+    }
+    REQUIRE_THAT(capture.text,
+                 contains("on rank " + std::to_string(rank()) +
+                          " with no gradients -- returning the total norm in the default dtype "
+                          "torch.float32"));
+    REQUIRE(total.scalar_type() == at::kFloat);
+    REQUIRE(DTensor(total).full_tensor().item<double>() == 0.0);
+  }
+}
