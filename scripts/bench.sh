@@ -4,7 +4,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 "$root/scripts/setup.sh" >/dev/null
 configure "$root/build" -Dcuda=disabled -Dbuildtype=debugoptimized
-ninja -C "$root/build" bench/bench_dispatch_overhead bench/bench_fsdp_step
+ninja -C "$root/build" bench/bench_dispatch_overhead bench/bench_fsdp_step bench/bench_clip_grad_norm
 export TORCH_CPP_LOG_LEVEL=${TORCH_CPP_LOG_LEVEL:-WARNING}
 echo "## dispatch overhead, 1 rank"
 "$root/build/bench/bench_dispatch_overhead"
@@ -15,3 +15,6 @@ echo
 echo "## fully_shard step, Transformer, 2 and 4 ranks"
 torchrun --standalone --nproc-per-node 2 --no-python "$root/build/bench/bench_fsdp_step"
 torchrun --standalone --nproc-per-node 4 --no-python "$root/build/bench/bench_fsdp_step" | grep -v '^| ranks\|^| ---'
+echo
+echo "## clip_grad_norm_ against the number of gradients, 2 ranks"
+torchrun --standalone --nproc-per-node 2 --no-python "$root/build/bench/bench_clip_grad_norm"
