@@ -5,11 +5,10 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/graph_task.h>
 
-#include <set>
-
 #include "internal/check.h"
 #include "internal/fsdp.h"
 #include "internal/sharding.h"
+#include "internal/tensor_parallel.h"
 
 namespace dtensor::detail {
 
@@ -37,14 +36,6 @@ namespace {
 std::string op_name(const c10::OperatorHandle& op) {
   const auto& n = op.operator_name();
   return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
-}
-
-bool is_like_factory(const std::string& base) {
-  static const std::set<std::string> names = {
-      "aten::empty_like",   "aten::zeros_like", "aten::ones_like",
-      "aten::full_like",    "aten::rand_like",  "aten::randn_like",
-      "aten::randint_like", "aten::detach",     "aten::alias"};
-  return names.count(base) != 0;
 }
 
 // Out of line: inlined into fsdp_intercept, GCC 12 reports a false stringop-overflow in
@@ -150,7 +141,7 @@ bool fsdp_intercept(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const auto* alias = schema.arguments()[t.arg].alias_info();
     written = written || (alias != nullptr && alias->isWrite());
   }
-  bool sharded = written || is_like_factory(schema.name());
+  bool sharded = written || keeps_parameters_as_dtensors(schema);
   for (const DTensorMeta* o : others) {
     for (const Touch& t : touches) {
       // Gradients and optimizer state share the parameter's own mesh (activations of

@@ -34,6 +34,11 @@ struct TpTag {
 const TpTag* tp_tag(const at::Tensor& t);
 void set_tp_tag(const at::Tensor& dtensor, std::shared_ptr<const TpTag> tag);
 
+// Ops that see managed parameters (fully_shard, tensor parallelism) as the DTensors they
+// are, never unsharded or with module layouts: *_like factories (optimizer state), detach,
+// alias.
+bool keeps_parameters_as_dtensors(const c10::FunctionSchema& schema);
+
 // Before the DTensor handler decides an op: turns plain inputs of parallelized modules into
 // DTensors, redistributes inputs to the module's layout and activations leaving their
 // module to its output layout (rewriting the stack). Returns the tag the op's DTensor

@@ -34,14 +34,6 @@ namespace dtensor::detail {
 
 namespace {
 
-bool skip_op(const c10::FunctionSchema& schema) {
-  static const std::set<std::string> names = {
-      "aten::empty_like",   "aten::zeros_like", "aten::ones_like",
-      "aten::full_like",    "aten::rand_like",  "aten::randn_like",
-      "aten::randint_like", "aten::detach",     "aten::alias"};
-  return names.count(schema.name()) != 0;
-}
-
 struct Arg {
   size_t index;
   int64_t element; // -1: the argument itself
@@ -127,6 +119,14 @@ bool leaves_to_output_layout(const DTensorMeta& m) {
 
 } // namespace
 
+bool keeps_parameters_as_dtensors(const c10::FunctionSchema& schema) {
+  static const std::set<std::string> names = {
+      "aten::empty_like",   "aten::zeros_like", "aten::ones_like",
+      "aten::full_like",    "aten::rand_like",  "aten::randn_like",
+      "aten::randint_like", "aten::detach",     "aten::alias"};
+  return names.count(schema.name()) != 0;
+}
+
 const TpTag* tp_tag(const at::Tensor& t) {
   const DTensorMeta* m = dtensor_meta(t);
   return m != nullptr ? m->tp.get() : nullptr;
@@ -190,7 +190,7 @@ std::shared_ptr<const TpTag> tp_prepare(const c10::OperatorHandle& op, torch::ji
     }
     return nullptr;
   }
-  if ((params.empty() && activations.empty()) || skip_op(schema)) {
+  if ((params.empty() && activations.empty()) || keeps_parameters_as_dtensors(schema)) {
     return nullptr;
   }
   auto written = [&](const Arg& a) {
