@@ -6,7 +6,9 @@
 //   torchrun --standalone --nproc-per-node 4 --no-python build/examples/train --dp 2 --tp 2
 //
 // Flags: --dp N --tp N (default: tp = min(2, world), dp = world / tp), --steps N, --dim N,
-// --layers N, --heads N, --seq N, --batch N, --lr X, --max-norm X, --norm-type X (inf ok).
+// --layers N, --heads N, --seq N, --batch N, --lr X, --max-norm X, --norm-type X (inf ok),
+// --log-every N (print every N-th step; a long run also reports resident memory and cache
+// sizes, see the soak figures in docs/reliability.md).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -22,6 +24,7 @@
 #include <torch/optim/adamw.h>
 
 #include <dtensor/all.h>
+#include <dtensor/diagnostics.h>
 
 #include "support/fsdp_models.h" // common_dtensor's Transformer (also used by the tests)
 
@@ -38,8 +41,22 @@ const char* kCorpus =
 
 struct Flags {
   int64_t dp = 0, tp = 0, steps = 40, dim = 64, layers = 2, heads = 4, seq = 32, batch = 8;
+  int64_t log_every = 1;
   double lr = 3e-3, max_norm = 1.0, norm_type = 2.0;
 };
+
+// Resident set size of this process in MiB (Linux /proc).
+double resident_mib() {
+  long pages = 0;
+  long resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) {
+      resident = 0;
+    }
+    std::fclose(f);
+  }
+  return static_cast<double>(resident) * 4096.0 / (1024.0 * 1024.0);
+}
 
 Flags parse(int argc, char** argv) {
   Flags f;
@@ -53,6 +70,8 @@ Flags parse(int argc, char** argv) {
       f.tp = num();
     else if (k == "--steps")
       f.steps = num();
+    else if (k == "--log-every")
+      f.log_every = num();
     else if (k == "--dim")
       f.dim = num();
     else if (k == "--layers")
@@ -192,11 +211,28 @@ int main(int argc, char** argv) {
     if (step == 0)
       first = l;
     last = l;
-    if (rank == 0) {
+    const bool log = step % f.log_every == 0 || step + 1 == f.steps;
+    if (rank == 0 && log) {
       const double norm = dtensor::DTensor(total).to_local().item<double>();
       std::printf("%5lld %8.4f %10.0f %10.4f  %s\n", static_cast<long long>(step), l,
                   static_cast<double>(f.batch * f.seq * f.dp) / secs, norm, counts.c_str());
       std::fflush(stdout);
+    }
+    if (f.log_every > 1 && log) {
+      // Every rank's resident memory, on rank 0 (for soak runs).
+      at::Tensor rss = at::full({1}, resident_mib(), at::kDouble).to(device);
+      at::Tensor all = dtensor::all_gather_tensor(rss, 0, dtensor::world_group()).cpu();
+      const auto caches = dtensor::cache_sizes();
+      if (rank == 0) {
+        std::string per_rank;
+        for (int64_t r = 0; r < all.size(0); ++r) {
+          per_rank += " " + std::to_string(static_cast<int>(all[r].item<double>()));
+        }
+        std::printf("      resident MiB per rank:%s; caches: %zu/%zu decisions, %zu/%zu plans\n",
+                    per_rank.c_str(), caches.decisions, caches.decisions_max, caches.plans,
+                    caches.plans_max);
+        std::fflush(stdout);
+      }
     }
   }
   if (rank == 0) {

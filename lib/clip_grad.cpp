@@ -197,13 +197,23 @@ at::Tensor total_norm(const std::vector<at::Tensor>& tensors,
     }
     parts.push_back(part.to(device));
   }
+  // [Note: the 0-"norm"]
+  // PyTorch's total 0-norm is the 0-norm of the per-gradient norms: the number of
+  // gradients with a non-zero element anywhere, not the number of non-zero elements. The
+  // per-gradient counts are reduced as one vector (still one all-reduce per mesh dim);
+  // every rank must then hold the same gradients, as the vector's length is theirs.
+  const bool count_tensors = p == 0;
   at::Tensor acc;
   if (parts.empty()) {
-    acc = at::full({}, c == Combine::Min ? INFINITY : 0.0,
-                   at::TensorOptions().dtype(at::kFloat).device(device));
+    acc = count_tensors ? at::zeros({0}, at::TensorOptions().dtype(at::kFloat).device(device))
+                        : at::full({}, c == Combine::Min ? INFINITY : 0.0,
+                                   at::TensorOptions().dtype(at::kFloat).device(device));
   } else {
     at::Tensor all = at::stack(parts);
-    acc = c == Combine::Max ? all.max() : c == Combine::Min ? all.min() : all.sum();
+    acc = count_tensors     ? all
+          : c == Combine::Max ? all.max()
+          : c == Combine::Min ? all.min()
+                              : all.sum();
   }
   if (red.mesh.defined()) {
     const ReduceOp op = c == Combine::Max   ? ReduceOp::Max
@@ -214,7 +224,9 @@ at::Tensor total_norm(const std::vector<at::Tensor>& tensors,
       all_reduce_(acc, op, red.mesh.get_group(d));
     }
   }
-  at::Tensor total = (c == Combine::Sum && p != 0) ? (p == 1 ? acc : acc.pow(1.0 / p)) : acc;
+  at::Tensor total = count_tensors ? (acc != 0).sum().to(at::kFloat)
+                     : (c == Combine::Sum) ? (p == 1 ? acc : acc.pow(1.0 / p))
+                                           : acc;
   if (error_if_nonfinite) {
     DTENSOR_CHECK(total.isfinite().item<bool>(),
                   "get_total_norm: the total norm of order {} of {} gradients is non-finite ({}); "

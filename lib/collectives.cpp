@@ -33,6 +33,18 @@ void check_tensor(const char* what, const char* name, const at::Tensor& t, const
                 name, describe(t));
 }
 
+// [Note: complex tensors on the wire]
+// Gloo has no complex types, so a complex tensor travels as its real view (a trailing dim
+// of 2: real and imaginary parts), which sums, averages, gathers, scatters and broadcasts
+// exactly like the complex numbers. Max / min / product have no meaning on it: refused.
+at::Tensor wire(const at::Tensor& t) { return t.is_complex() ? at::view_as_real(t) : t; }
+
+void check_complex_op(const char* what, ReduceOp op, const at::Tensor& t) {
+  DTENSOR_CHECK(!t.is_complex() || op == ReduceOp::Sum || op == ReduceOp::Avg,
+                "{}: ReduceOp {} is not defined for the complex tensor {}", what, to_string(op),
+                describe(t));
+}
+
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
   case ReduceOp::Sum:
@@ -212,7 +224,8 @@ Work all_reduce_(at::Tensor& tensor, ReduceOp op, const Group& group,
   if (emulate_avg(op, group)) {
     finish = [tensor, n = group.size()]() mutable { tensor.div_(n); };
   }
-  std::vector<at::Tensor> tensors{tensor};
+  check_complex_op(what, op, tensor);
+  std::vector<at::Tensor> tensors{wire(tensor)};
   return run(
       fmt::format("all_reduce({}, {})", to_string(op), describe(tensor)), group, options,
       [&](c10d::Backend& b) { return b.allreduce(tensors, opts); }, std::move(finish));
@@ -240,9 +253,10 @@ Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const G
                 group.size(), input.dim() > 0 ? input.size(0) : 0);
   report(CollectiveKind::AllGather, group, ReduceOp::Sum, input,
          static_cast<int64_t>(output.nbytes()), options.async_op());
-  at::Tensor in = input;
+  at::Tensor in = wire(input);
+  at::Tensor out = wire(output);
   return run(fmt::format("all_gather_into_tensor({})", describe(input)), group, options,
-             [&](c10d::Backend& b) { return b._allgather_base(output, in, c10d::AllgatherOptions()); });
+             [&](c10d::Backend& b) { return b._allgather_base(out, in, c10d::AllgatherOptions()); });
 }
 
 at::Tensor all_gather_tensor(const at::Tensor& input, int64_t gather_dim, const Group& group) {
@@ -282,10 +296,12 @@ Work reduce_scatter_tensor_into(at::Tensor& output, const at::Tensor& input, Red
   if (emulate_avg(op, group)) {
     finish = [output, n = group.size()]() mutable { output.div_(n); };
   }
-  at::Tensor in = input;
+  check_complex_op(what, op, input);
+  at::Tensor in = wire(input);
+  at::Tensor out = wire(output);
   return run(
       fmt::format("reduce_scatter_tensor({}, {})", to_string(op), describe(input)), group,
-      options, [&](c10d::Backend& b) { return b._reduce_scatter_base(output, in, opts); },
+      options, [&](c10d::Backend& b) { return b._reduce_scatter_base(out, in, opts); },
       std::move(finish));
 }
 
@@ -352,8 +368,10 @@ at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>
          false);
   std::vector<int64_t> os = out_splits;
   std::vector<int64_t> is = in_splits;
+  at::Tensor win = wire(in);
+  at::Tensor wout = wire(out);
   run(fmt::format("all_to_all_single({})", describe(in)), group, CollectiveOptions(),
-      [&](c10d::Backend& b) { return b.alltoall_base(out, in, os, is, c10d::AllToAllOptions()); });
+      [&](c10d::Backend& b) { return b.alltoall_base(wout, win, os, is, c10d::AllToAllOptions()); });
   return out;
 }
 
@@ -369,7 +387,7 @@ Work broadcast_(at::Tensor& tensor, int src, const Group& group, const Collectiv
   opts.rootTensor = 0;
   report(CollectiveKind::Broadcast, group, ReduceOp::Sum, tensor,
          static_cast<int64_t>(tensor.nbytes()), options.async_op());
-  std::vector<at::Tensor> tensors{tensor};
+  std::vector<at::Tensor> tensors{wire(tensor)};
   return run(fmt::format("broadcast(src={}, {})", src, describe(tensor)), group, options,
              [&](c10d::Backend& b) { return b.broadcast(tensors, opts); });
 }

@@ -3,6 +3,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
@@ -35,6 +36,9 @@ struct Cached {
   bool shapes_from_local = false;
   // Per returned tensor (a list return counts once): the global shapes of the outputs.
   std::vector<std::vector<std::vector<int64_t>>> out_shapes;
+  // The same for their global strides, when the meta run gave them (empty otherwise: the
+  // strides then follow the local result's layout, see global_strides).
+  std::vector<std::vector<std::vector<int64_t>>> out_strides;
 };
 
 struct DecisionCache {
@@ -82,6 +86,8 @@ void append_spec(std::ostringstream& key, const DTensorSpec& s) {
 std::string cache_key(const OpInfo& info) {
   std::ostringstream key;
   key << info.name;
+  const bool sign_only = rule_reads_scalar_sign_only(info.name, info.op->schema().name());
+  const auto& schema_args = info.op->schema().arguments();
   for (size_t i = 0; i < info.num_args(); ++i) {
     key << '|';
     if (info.specs[i]) {
@@ -96,6 +102,10 @@ std::string cache_key(const OpInfo& info) {
       if (v.isTensor()) {
         const at::Tensor& t = v.toTensor();
         key << 't' << (t.defined() ? c10::str(t.sizes(), t.scalar_type()) : "u");
+      } else if (sign_only && v.isScalar() && !v.isComplexDouble() &&
+                 schema_args[i].type()->kind() == c10::TypeKind::NumberType) {
+        double x = v.toScalar().toDouble();
+        key << 'n' << (x > 0 ? '+' : x < 0 ? '-' : x == 0 ? '0' : '?');
       } else {
         key << v;
       }
@@ -144,16 +154,50 @@ void infer_output_shapes(const c10::OperatorHandle& op, const OpInfo& info, Cach
   }
   for (const auto& r : meta) {
     std::vector<std::vector<int64_t>> shapes;
+    std::vector<std::vector<int64_t>> strides;
     if (r.isTensor()) {
       const at::Tensor& t = r.toTensor();
       shapes.push_back(t.defined() ? t.sizes().vec() : std::vector<int64_t>{});
+      strides.push_back(t.defined() ? t.strides().vec() : std::vector<int64_t>{});
     } else if (r.isTensorList()) {
       for (const at::Tensor& t : r.toTensorVector()) {
         shapes.push_back(t.sizes().vec());
+        strides.push_back(t.strides().vec());
       }
     }
     out.out_shapes.push_back(std::move(shapes));
+    out.out_strides.push_back(std::move(strides));
   }
+}
+
+// [Note: global strides]
+// A DTensor's sizes and strides are the global tensor's, as the plain op would give them:
+// `d.transpose(1, 2).is_contiguous()` must be false so that `contiguous()` copies and the
+// attention reshape `.contiguous().view(...)` works. The meta run gives the exact strides
+// (views included). Rules that give output shapes skip the meta run (some kernels have no
+// Meta kernel in C++); their outputs are new tensors, dense in the order of the local
+// result's strides, which is what the plain op gives (TensorIterator keeps the inputs'
+// dimension order).
+std::vector<int64_t> dense_strides_like(const at::Tensor& local, const std::vector<int64_t>& shape) {
+  const auto ndim = static_cast<int64_t>(shape.size());
+  if (local.dim() != ndim || local.is_contiguous()) {
+    return contiguous_strides(shape);
+  }
+  std::vector<int64_t> order(static_cast<size_t>(ndim));
+  for (int64_t d = 0; d < ndim; ++d) {
+    order[static_cast<size_t>(d)] = d;
+  }
+  // Outermost first: larger local stride first; ties keep the logical order.
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return local.stride(a) > local.stride(b); });
+  std::vector<int64_t> stride(static_cast<size_t>(ndim), 1);
+  int64_t running = 1;
+  for (size_t k = order.size(); k-- > 0;) {
+    auto d = static_cast<size_t>(order[k]);
+    stride[d] = running;
+    running *= std::max<int64_t>(shape[d], 1);
+  }
+  return stride;
 }
 
 bool all_replicated(const OpInfo& info) {
@@ -336,7 +380,13 @@ void handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
 
-  op.callBoxed(*stack);
+  try {
+    op.callBoxed(*stack);
+  } catch (const c10::Error& e) {
+    // The local kernel refused its arguments: say so in dtensor's terms.
+    DTENSOR_FAIL("{}: the local op failed on rank {} for arguments {}: {}", info.name, get_rank(),
+                 describe_args(info), e.what_without_backtrace());
+  }
 
   // Wrap the results.
   const size_t nret = schema.returns().size();
@@ -360,8 +410,15 @@ void handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       DTensorSpec s;
       s.mesh = *mesh;
       s.placements = sharding.outputs[r];
-      s.shape = decision->shapes_from_local ? local.sizes().vec() : decision->out_shapes[r][element];
-      s.stride = contiguous_strides(s.shape);
+      if (decision->shapes_from_local) {
+        s.shape = local.sizes().vec();
+        s.stride = local.strides().vec();
+      } else {
+        s.shape = decision->out_shapes[r][element];
+        s.stride = r < decision->out_strides.size() && element < decision->out_strides[r].size()
+                       ? decision->out_strides[r][element]
+                       : dense_strides_like(local, s.shape);
+      }
       s.dtype = local.scalar_type();
       return s;
     };
@@ -387,7 +444,26 @@ void handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 }
 
+// [Note: _reshape_alias]
+// reshape() of a viewable tensor calls _reshape_alias(self, size, stride) with strides
+// computed from the global sizes and strides. The local tensor needs strides computed from
+// its own: the op runs as view(self, size), whose rule and local kernel do exactly that.
+void reshape_alias_as_view(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  static const c10::OperatorHandle view =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::view", "");
+  stack->pop_back(); // stride
+  view.callBoxed(*stack);
+}
+
 } // namespace
+
+size_t decision_cache_size() {
+  DecisionCache& cache = decision_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  return cache.entries.size();
+}
+
+size_t decision_cache_bound() { return kMaxCachedDecisions; }
 
 void ensure_dispatch_registered() {
   static std::once_flag once;
@@ -413,6 +489,7 @@ void ensure_dispatch_registered() {
       std::string op = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
       lib->impl(op.c_str(), torch::CppFunction::makeFromBoxedFunction<&handler>());
     }
+    lib->impl("_reshape_alias", torch::CppFunction::makeFromBoxedFunction<&reshape_alias_as_view>());
     register_builtin_rules();
   });
 }

@@ -16,7 +16,7 @@ Placement Placement::replicate() { return Placement(Kind::Replicate, 0, ReduceOp
 Placement Placement::partial(ReduceOp op) { return Placement(Kind::Partial, 0, op, false, 0); }
 
 Placement Placement::partial_norm(double p) {
-  DTENSOR_CHECK(!std::isnan(p), "Partial::norm: p must not be NaN");
+  DTENSOR_CHECK(p >= 0 || std::isinf(p), "Partial::norm: p must be > 0, 0, inf or -inf, got {}", p);
   ReduceOp op = std::isinf(p) ? (p > 0 ? ReduceOp::Max : ReduceOp::Min) : ReduceOp::Sum;
   return Placement(Kind::Partial, 0, op, true, p);
 }

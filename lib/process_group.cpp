@@ -96,6 +96,9 @@ std::shared_ptr<const detail::GroupState> make_group(const c10::intrusive_ptr<c1
     state->backend = type == BackendType::Nccl
                          ? detail::make_nccl_backend(store, group_rank, size, timeout)
                          : detail::make_gloo_backend(store, group_rank, size, timeout);
+    if (detail::debug_detail()) {
+      state->backend = detail::wrap_for_debug(state->backend, store, group_rank, size, timeout);
+    }
   } catch (const c10::Error& e) {
     DTENSOR_FAIL("creating the {} group over ranks {} (group rank {}) failed: {}",
                  to_string(type), ranks, group_rank, e.what_without_backtrace());
@@ -117,6 +120,14 @@ World& initialized_world(const char* what) {
 }
 
 } // namespace
+
+bool detail::debug_detail() {
+  static const bool detail = [] {
+    const char* v = std::getenv("TORCH_DISTRIBUTED_DEBUG");
+    return v != nullptr && std::string(v) == "DETAIL";
+  }();
+  return detail;
+}
 
 std::string to_string(BackendType backend) {
   switch (backend) {

@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # The whole test suite: set up (idempotent), build, run the world1/world2/world4 suites,
-# then build the CUDA/NCCL variant of the library and demo (compile and link only: no GPU
-# is needed, nothing of it runs here). Extra arguments go to `meson test`.
+# then the AddressSanitizer + UndefinedBehaviorSanitizer subset (scripts/sanitize.sh), then
+# build the CUDA/NCCL variant of the library and demo (compile and link only: no GPU is
+# needed, nothing of it runs here). Extra arguments go to `meson test`.
+#   scripts/test.sh --sanitize   only the sanitizer build, on the whole world1 + world2 suites
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+if [[ ${1:-} == --sanitize ]]; then
+  shift
+  exec "$root/scripts/sanitize.sh" --all "$@"
+fi
 "$root/scripts/setup.sh"
 
 start=$SECONDS
@@ -27,6 +33,12 @@ for line in open(sys.argv[1]):
 print(f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else ""))
 PY
 )
+
+if [[ ${DTENSOR_SKIP_SANITIZE:-0} != 1 ]]; then
+  start=$SECONDS
+  "$root/scripts/sanitize.sh" || status=1
+  echo "[test] sanitizer subset: $((SECONDS - start)) s"
+fi
 
 if [[ ${DTENSOR_SKIP_CUDA_BUILD:-0} != 1 ]]; then
   if ls "$venv"/lib/python3*/site-packages/torch/lib/libtorch_cuda.so >/dev/null 2>&1; then

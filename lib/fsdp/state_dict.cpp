@@ -9,6 +9,7 @@
 #include <dtensor/collectives.h>
 #include <dtensor/dtensor.h>
 
+#include "internal/agree.h"
 #include "internal/check.h"
 #include "internal/fsdp.h"
 #include "internal/redistribute.h"
@@ -73,22 +74,73 @@ StateDict get_model_state_dict(torch::nn::Module& module, const StateDictOptions
   return out;
 }
 
+namespace {
+
+std::string shape_str(at::IntArrayRef s) { return fmt::format("{}", s); }
+
+// What is wrong with `state` as a state dict for `targets` ("" when nothing), found before
+// any value is touched. `where` says whose dict it is (" on rank 0" for broadcast loads).
+std::string validate(const std::vector<std::pair<std::string, at::Tensor>>& targets,
+                     const StateDict& state, const std::string& module_name, bool full_only,
+                     const std::string& where) {
+  std::unordered_set<std::string> known;
+  for (const auto& e : targets) {
+    known.insert(e.first);
+  }
+  for (const auto& item : state) {
+    if (known.count(item.key()) == 0) {
+      return fmt::format("'{}'{} is not a parameter or buffer of module '{}'", item.key(), where,
+                         module_name);
+    }
+  }
+  for (const auto& [name, t] : targets) {
+    const at::Tensor* found = state.find(name);
+    if (found == nullptr) {
+      return fmt::format("'{}' is missing{}", name, where.empty() ? " from the state dict" : where);
+    }
+    if (!found->defined()) {
+      return fmt::format("'{}'{} is an undefined tensor", name, where);
+    }
+    const detail::DTensorMeta* vm = detail::dtensor_meta(*found);
+    const detail::DTensorMeta* tm = detail::dtensor_meta(t);
+    if (vm != nullptr && full_only) {
+      return fmt::format("'{}'{} is a DTensor; broadcast_from_rank0 loads full tensors", name, where);
+    }
+    if (found->sizes() != t.sizes()) {
+      return fmt::format("'{}' has shape {}{} but the module's is {}", name,
+                         shape_str(found->sizes()), where, shape_str(t.sizes()));
+    }
+    if (vm != nullptr && tm == nullptr) {
+      return fmt::format("'{}'{} is a DTensor but the module's tensor is plain", name, where);
+    }
+    if (vm != nullptr && !(vm->spec.mesh == tm->spec.mesh)) {
+      return fmt::format("'{}'{} lives on {} but the parameter on {}", name, where,
+                         vm->spec.mesh.to_string(), tm->spec.mesh.to_string());
+    }
+  }
+  return "";
+}
+
+} // namespace
+
+// [Note: loading state dicts safely]
+// Every rank validates what it was given (names, shapes, meshes) before any value moves or
+// is written, and the ranks agree on the outcome (agree_on_errors: one small all-gather),
+// so a bad dict on one rank fails every rank with the same error instead of leaving the
+// others in a broadcast, and the module is left untouched. With broadcast_from_rank0 only
+// rank 0's dict is validated (the others may pass anything, as in PyTorch).
 void set_model_state_dict(torch::nn::Module& module, const StateDict& state,
                           const StateDictOptions& options) {
   at::NoGradGuard no_grad;
   auto targets = entries(module);
   const bool from_rank0 = options.broadcast_from_rank0();
-  if (!from_rank0 || get_rank() == 0) {
-    std::unordered_set<std::string> known;
-    for (const auto& e : targets) {
-      known.insert(e.first);
-    }
-    for (const auto& item : state) {
-      DTENSOR_CHECK(known.count(item.key()) != 0,
-                    "set_model_state_dict: '{}' is not a parameter or buffer of module '{}'",
-                    item.key(), module.name());
-    }
+  std::string error;
+  if (!from_rank0) {
+    error = validate(targets, state, module.name(), false, "");
+  } else if (get_rank() == 0) {
+    error = validate(targets, state, module.name(), true, " on rank 0");
   }
+  detail::agree_on_errors("set_model_state_dict", error, world_group());
   for (auto& [name, t] : targets) {
     const at::Tensor* found = state.find(name);
     at::Tensor value;
@@ -96,35 +148,20 @@ void set_model_state_dict(torch::nn::Module& module, const StateDict& state,
     if (from_rank0) {
       // Rank 0's value, or a buffer of the right shape elsewhere, broadcast over the world.
       if (get_rank() == 0) {
-        DTENSOR_CHECK(found != nullptr, "set_model_state_dict: '{}' is missing on rank 0", name);
-        value = detail::dtensor_meta(*found) ? DTensor(*found).full_tensor() : found->detach();
-        value = value.to(t.device(), t.scalar_type()).contiguous();
+        value = found->detach().to(t.device(), t.scalar_type()).contiguous();
       } else {
         value = at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()).device(t.device()));
       }
       broadcast_(value, 0, world_group());
     } else {
-      DTENSOR_CHECK(found != nullptr, "set_model_state_dict: '{}' is missing from the state dict",
-                    name);
       value = *found;
     }
-    DTENSOR_CHECK(value.sizes() == t.sizes(),
-                  "set_model_state_dict: '{}' has shape {} but the module's is {}", name,
-                  value.sizes(), t.sizes());
     if (m == nullptr) {
-      DTENSOR_CHECK(!detail::dtensor_meta(value),
-                    "set_model_state_dict: '{}' is a DTensor but the module's "
-                    "tensor is plain",
-                    name);
       t.detach().copy_(value);
       continue;
     }
     at::Tensor local;
     if (const detail::DTensorMeta* vm = detail::dtensor_meta(value)) {
-      DTENSOR_CHECK(vm->spec.mesh == m->spec.mesh,
-                    "set_model_state_dict: '{}' lives on {} but the parameter "
-                    "on {}",
-                    name, vm->spec.mesh.to_string(), m->spec.mesh.to_string());
       local = detail::redistribute_local(vm->local, vm->spec, m->spec.placements);
     } else {
       DTensorSpec full = m->spec;

@@ -30,6 +30,14 @@ c10::intrusive_ptr<c10d::Backend> make_gloo_backend(const c10::intrusive_ptr<c10
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store,
                                                     int rank, int size,
                                                     std::chrono::milliseconds timeout);
+// `backend` wrapped in c10d::ProcessGroupWrapper for TORCH_DISTRIBUTED_DEBUG=DETAIL (see
+// [Note: TORCH_DISTRIBUTED_DEBUG=DETAIL] in lib/backend_gloo.cpp).
+c10::intrusive_ptr<c10d::Backend> wrap_for_debug(const c10::intrusive_ptr<c10d::Backend>& backend,
+                                                 const c10::intrusive_ptr<c10d::Store>& store,
+                                                 int rank, int size,
+                                                 std::chrono::milliseconds timeout);
+// TORCH_DISTRIBUTED_DEBUG is DETAIL (read once).
+bool debug_detail();
 bool nccl_available();   // built with NCCL
 int cuda_device_count(); // 0 without CUDA
 

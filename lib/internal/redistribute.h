@@ -46,5 +46,6 @@ at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src, c
 
 // Number of plans in the cache (for tests and benchmarks).
 size_t redistribute_plan_cache_size();
+size_t redistribute_plan_cache_bound();
 
 } // namespace dtensor::detail

@@ -57,7 +57,11 @@ std::vector<int64_t> local_shape_of(const DeviceMesh& mesh, const Placements& pl
 using ShardingRule = OpSharding (*)(const OpInfo& info);
 
 // The registry. Lookup tries "ns::name.overload", then "ns::name".
-void register_rule(const std::string& name, ShardingRule rule);
+// `scalar_sign_only`: the rule reads no Scalar argument beyond its sign, so decisions are
+// cached by the signs of Scalar arguments, not their values (optimizer steps pass
+// step-dependent scalars to the same pointwise ops on every step).
+void register_rule(const std::string& name, ShardingRule rule, bool scalar_sign_only = false);
+bool rule_reads_scalar_sign_only(const std::string& full_name, const std::string& base_name);
 ShardingRule find_rule(const std::string& full_name, const std::string& base_name);
 void register_builtin_rules(); // calls the register_* of every op family once
 
@@ -77,6 +81,10 @@ Placements without_partial(const Placements& p);
 // The error for an op the rule cannot shard as given.
 [[noreturn]] void fail_unsupported(const OpInfo& info, const std::string& why);
 std::string describe_args(const OpInfo& info); // "(Shard(0), Replicate()) Float[8, 4], 2.0, ..."
+
+// Size and bound of the handler's decision cache (dtensor::cache_sizes).
+size_t decision_cache_size();
+size_t decision_cache_bound();
 
 // Ensures the op dispatcher routes DTensors to dtensor (once per process).
 void ensure_dispatch_registered();

@@ -6,13 +6,22 @@ namespace dtensor::detail {
 
 namespace {
 
-// How a Partial(sum) input may pass through an op.
+// [Note: Partial placements through pointwise ops]
+// A Partial input passes through an op (no communication) only when the op commutes with
+// the partial's reduction; otherwise it is reduced (Replicate) first:
+// - sum / avg: linear ops. neg, mul / div by constants, add / sub of partial sums. A
+//   Replicate operand of add / sub joins a partial sum by partition (each rank adds y / k),
+//   a partial average as it is (avg(x_r + y) = avg(x_r) + y).
+// - max / min: monotone ops. Non-decreasing unary functions keep the op (max f(x_r) =
+//   f(max x_r)), neg swaps max and min, adding a constant keeps it, multiplying by a scalar
+//   keeps it (> 0) or swaps it (< 0).
+// - norm partials and product: nothing passes.
 enum class Linearity {
   None,     // any Partial input is reduced first
-  Unary,    // f(sum x) = sum f(x) for the first tensor argument (neg, mul/div by scalars)
-  Additive, // add / sub: linear when every tensor argument is Partial(sum)
-  Product,  // mul: linear in one Partial(sum) factor when the others are Replicate
-  Quotient, // div: linear in a Partial(sum) numerator over a Replicate denominator
+  Unary,    // linear in its only tensor argument (neg)
+  Additive, // add / sub
+  Product,  // mul: linear in one partial factor when the others are Replicate or constants
+  Quotient, // div: linear in a partial numerator over a Replicate or constant denominator
 };
 
 Linearity linearity(const std::string& base) {
@@ -31,50 +40,129 @@ Linearity linearity(const std::string& base) {
   return Linearity::None;
 }
 
+// Unary ops that are non-decreasing on every real input (no NaN from a finite input), so
+// max / min partials pass through them.
+bool monotone_unary(const std::string& base) {
+  static const char* const names[] = {
+      "exp",   "exp2", "expm1", "sigmoid", "tanh",  "relu",      "atan",      "asinh",
+      "sinh",  "erf",  "floor", "ceil",    "trunc", "round",     "clamp",     "clamp_min",
+      "clamp_max", "hardtanh", "nan_to_num",
+  };
+  for (const char* n : names) {
+    std::string full = std::string("aten::") + n;
+    if (base == full || base == full + "_") {
+      return true;
+    }
+  }
+  return false;
+}
+
 struct TensorArg {
   size_t index;
   const DTensorSpec* spec;
 };
 
-bool is_sum_partial(const Placement& p) {
-  return p.is_partial() && !p.is_norm_partial() && p.reduce_op() == ReduceOp::Sum;
+bool plain_partial(const Placement& p, ReduceOp op) {
+  return p.is_partial() && !p.is_norm_partial() && p.reduce_op() == op;
 }
 
-// Does every other argument allow `p`'s Partial(sum) to pass at mesh dim i?
-bool partial_passes(const OpInfo& info, const std::vector<TensorArg>& args, size_t i, Linearity lin) {
-  size_t partial_count = 0;
-  bool plain_tensor = false;
-  for (size_t a = 0; a < info.num_args(); ++a) {
-    const c10::IValue& v = info.arg(a);
-    if (v.isTensor() && v.toTensor().defined() && !info.specs[a]) {
-      plain_tensor = true; // a 0-dim plain tensor acts like a scalar constant
-    }
+ReduceOp swapped(ReduceOp op) { return op == ReduceOp::Max ? ReduceOp::Min : ReduceOp::Max; }
+
+// The sign of the op's Scalar argument (mul.Scalar, div.Scalar), 0 when it has none.
+int scalar_sign(const OpInfo& info) {
+  if (info.num_args() > 1 && info.arg(1).isScalar() && !info.arg(1).isComplexDouble()) {
+    double v = info.arg(1).toScalar().toDouble();
+    return v > 0 ? 1 : (v < 0 ? -1 : 0);
   }
-  bool sum_partial_or_replicate = true; // every DTensor operand, on mesh dim i
+  return 0;
+}
+
+// The placement of the output on mesh dim i when the Partial inputs there can pass through
+// the op without communication (see the note), nullopt when they must be reduced first.
+std::optional<Placement> partial_result(const OpInfo& info, const std::vector<TensorArg>& args,
+                                        size_t i, const std::string& base) {
+  const Placement* partial = nullptr;
+  size_t partial_count = 0;
   for (const auto& t : args) {
     const Placement& p = t.spec->placements[i];
-    partial_count += is_sum_partial(p) ? 1 : 0;
-    sum_partial_or_replicate = sum_partial_or_replicate && (is_sum_partial(p) || p.is_replicate());
+    if (!p.is_partial()) {
+      continue;
+    }
+    if (p.is_norm_partial() || (partial != nullptr && !(*partial == p))) {
+      return std::nullopt; // norm partials, or different partials on one mesh dim
+    }
+    partial = &p;
+    ++partial_count;
   }
-  switch (lin) {
-  case Linearity::Unary:
-    return args.size() == 1;
-  case Linearity::Additive: {
-    // x + y stays a partial sum when both are partial sums; a Replicate operand joins as a
-    // partial sum by partition (each rank adds y / k: no communication), as PyTorch does.
-    // A constant (Scalar or plain 0-dim tensor) cannot be partitioned here.
-    bool scalar_other = info.num_args() > 1 && info.arg(1).isScalar();
-    return !plain_tensor && !scalar_other && partial_count > 0 && sum_partial_or_replicate;
+  if (partial == nullptr) {
+    return std::nullopt;
   }
-  case Linearity::Product:
-    return partial_count == 1 && sum_partial_or_replicate;
-  case Linearity::Quotient:
-    return partial_count == 1 && is_sum_partial(args[0].spec->placements[i]) &&
-           (args.size() == 1 || args[1].spec->placements[i].is_replicate());
-  case Linearity::None:
-    return false;
+  bool others_replicate = true; // every non-partial DTensor operand is Replicate on dim i
+  for (const auto& t : args) {
+    const Placement& p = t.spec->placements[i];
+    others_replicate = others_replicate && (p.is_partial() || p.is_replicate());
   }
-  return false;
+  bool plain_tensor = false; // a plain 0-dim tensor: a constant of unknown value
+  for (size_t a = 0; a < info.num_args(); ++a) {
+    const c10::IValue& v = info.arg(a);
+    plain_tensor = plain_tensor || (v.isTensor() && v.toTensor().defined() && !info.specs[a]);
+  }
+  const bool scalar_other = info.num_args() > 1 && info.arg(1).isScalar();
+  const bool partial_first = args[0].index == 0 && args[0].spec->placements[i].is_partial();
+  const ReduceOp op = partial->reduce_op();
+  const Linearity lin = linearity(base);
+  if (op == ReduceOp::Sum || op == ReduceOp::Avg) {
+    switch (lin) {
+    case Linearity::Unary:
+      return args.size() == 1 ? std::optional<Placement>(*partial) : std::nullopt;
+    case Linearity::Additive:
+      // A constant cannot be partitioned over a partial sum; a partial average takes it.
+      if (!others_replicate || (op == ReduceOp::Sum && (plain_tensor || scalar_other))) {
+        return std::nullopt;
+      }
+      return *partial;
+    case Linearity::Product:
+      return partial_count == 1 && others_replicate ? std::optional<Placement>(*partial)
+                                                    : std::nullopt;
+    case Linearity::Quotient:
+      return partial_count == 1 && partial_first &&
+                     (args.size() == 1 || args[1].spec->placements[i].is_replicate())
+                 ? std::optional<Placement>(*partial)
+                 : std::nullopt;
+    case Linearity::None:
+      return std::nullopt;
+    }
+    return std::nullopt;
+  }
+  if (op != ReduceOp::Max && op != ReduceOp::Min) {
+    return std::nullopt;
+  }
+  // max / min: only the first argument may be the partial, every other input a constant.
+  if (args.size() != 1 || !partial_first) {
+    if (!(lin == Linearity::Additive && partial_count == 1 && partial_first && others_replicate)) {
+      return std::nullopt;
+    }
+    return *partial; // max(x_r + y) = max(x_r) + y for y equal on every rank
+  }
+  if (monotone_unary(base)) {
+    return *partial;
+  }
+  if (lin == Linearity::Unary) {
+    return Placement::partial(swapped(op));
+  }
+  if (lin == Linearity::Additive && !plain_tensor) {
+    return *partial; // x + c, x - c (a Scalar or nothing else)
+  }
+  if ((lin == Linearity::Product || lin == Linearity::Quotient) && scalar_other) {
+    int sign = scalar_sign(info);
+    if (sign > 0 || (sign == 0 && lin == Linearity::Product)) {
+      return *partial;
+    }
+    if (sign < 0) {
+      return Placement::partial(swapped(op));
+    }
+  }
+  return std::nullopt;
 }
 
 OpSharding pointwise_rule(const OpInfo& info) {
@@ -99,8 +187,12 @@ OpSharding pointwise_rule(const OpInfo& info) {
   for (const auto& t : args) {
     int64_t off = out_ndim - t.spec->ndim();
     for (int64_t d = 0; d < t.spec->ndim(); ++d) {
-      out_shape[static_cast<size_t>(d + off)] =
-          std::max(out_shape[static_cast<size_t>(d + off)], t.spec->shape[static_cast<size_t>(d)]);
+      int64_t& o = out_shape[static_cast<size_t>(d + off)];
+      int64_t size = t.spec->shape[static_cast<size_t>(d)];
+      DTENSOR_CHECK(o == 1 || size == 1 || o == size,
+                    "{}: shapes of the DTensor arguments do not broadcast: {}", info.name,
+                    describe_args(info));
+      o = size == 1 ? o : size; // broadcasting: a 0-size dim wins over 1
     }
   }
   auto arg_dim = [&](const TensorArg& t, int64_t out_dim) -> int64_t {
@@ -113,14 +205,15 @@ OpSharding pointwise_rule(const OpInfo& info) {
 
   const size_t mesh_ndim = static_cast<size_t>(info.mesh_ndim());
   Placements out(mesh_ndim, Placement::replicate());
-  Linearity lin = linearity(base);
+  const Linearity lin = linearity(base);
   for (size_t i = 0; i < mesh_ndim; ++i) {
     if (in_place) {
       const Placement& self = args[0].spec->placements[i];
       if (self.is_shard()) {
         out[i] = Placement::shard(self.dim() + (out_ndim - args[0].spec->ndim()));
       } else if (self.is_partial()) {
-        if (!(is_sum_partial(self) && partial_passes(info, args, i, lin))) {
+        auto kept = partial_result(info, args, i, base);
+        if (!kept || !(*kept == self)) {
           fail_unsupported(info, fmt::format("the in-place op cannot keep {} of its self argument on "
                                              "mesh dim {}; redistribute self first",
                                              self.to_string(), i));
@@ -143,12 +236,8 @@ OpSharding pointwise_rule(const OpInfo& info) {
       }
     }
     if (!decided) {
-      bool any_partial = false;
-      for (const auto& t : args) {
-        any_partial = any_partial || t.spec->placements[i].is_partial();
-      }
-      if (any_partial && partial_passes(info, args, i, lin)) {
-        out[i] = Placement::partial(ReduceOp::Sum);
+      if (auto kept = partial_result(info, args, i, base)) {
+        out[i] = *kept;
       }
     }
   }
@@ -162,9 +251,10 @@ OpSharding pointwise_rule(const OpInfo& info) {
         int64_t d = arg_dim(t, out[i].dim());
         want[i] = d >= 0 ? Placement::shard(d) : Placement::replicate();
       } else if (out[i].is_partial()) {
-        // add/sub: every operand becomes a partial sum (Replicate ones by partition);
-        // mul/div: linear in the partial factor, the others stay Replicate.
-        want[i] = lin == Linearity::Additive ? Placement::partial(ReduceOp::Sum) : t.spec->placements[i];
+        // add/sub of partial sums: every operand becomes a partial sum (Replicate ones by
+        // partition); otherwise every operand stays as it is (see the note).
+        bool partition = lin == Linearity::Additive && plain_partial(out[i], ReduceOp::Sum);
+        want[i] = partition ? out[i] : t.spec->placements[i];
       }
     }
     s.inputs[t.index] = want;
@@ -202,12 +292,12 @@ void register_pointwise_ops() {
   };
   for (const char* n : names) {
     std::string base = std::string("aten::") + n;
-    register_rule(base, pointwise_rule);
-    register_rule(base + "_", pointwise_rule);
+    register_rule(base, pointwise_rule, /*scalar_sign_only=*/true);
+    register_rule(base + "_", pointwise_rule, /*scalar_sign_only=*/true);
   }
   // Elementwise overloads of names that are reductions otherwise.
-  register_rule("aten::max.other", pointwise_rule);
-  register_rule("aten::min.other", pointwise_rule);
+  register_rule("aten::max.other", pointwise_rule, true);
+  register_rule("aten::min.other", pointwise_rule, true);
 }
 
 } // namespace dtensor::detail

@@ -1,5 +1,6 @@
 // Reductions: sum, mean, amax, amin, max/min (full), linalg_vector_norm. A reduction over a
 // sharded dimension gives a Partial result; the reduction itself stays local.
+#include <algorithm>
 #include <cmath>
 
 #include "../internal/check.h"
@@ -57,14 +58,79 @@ double norm_ord(const OpInfo& info) {
   return 2.0;
 }
 
+// The smallest and largest piece of each tensor dim over every rank of the mesh.
+struct PieceRange {
+  std::vector<int64_t> min, max;
+};
+
+PieceRange piece_range(const DTensorSpec& in) {
+  const DeviceMesh& mesh = in.mesh;
+  PieceRange r{in.shape, std::vector<int64_t>(in.shape.size(), 0)};
+  std::vector<int64_t> coord(static_cast<size_t>(mesh.ndim()), 0);
+  int64_t total = 1;
+  for (int64_t i = 0; i < mesh.ndim(); ++i) {
+    total *= mesh.size(i);
+  }
+  for (int64_t linear = 0; linear < total; ++linear) {
+    int64_t rest = linear;
+    for (auto i = static_cast<size_t>(mesh.ndim()); i-- > 0;) {
+      coord[i] = rest % mesh.size(static_cast<int64_t>(i));
+      rest /= mesh.size(static_cast<int64_t>(i));
+    }
+    auto local = in.local_shape(coord);
+    for (size_t d = 0; d < local.size(); ++d) {
+      r.min[d] = std::min(r.min[d], local[d]);
+      r.max[d] = std::max(r.max[d], local[d]);
+    }
+  }
+  return r;
+}
+
+// Must the sharded reduced dims be gathered before reducing?
+// - max / min of nothing is an error, which would be raised on the ranks holding an empty
+//   piece only while the others wait in the reduction: gather when some piece of a
+//   non-empty reduced dim is empty, so every rank computes the same (and raises the same
+//   error only when the plain op would).
+// - local means average to the global mean only when every piece has the same size (with
+//   nested shards, the pieces of the last cut, not the first).
+bool gather_reduced_dims(const DTensorSpec& in, const Reduced& r, Kind kind) {
+  if (kind != Kind::Max && kind != Kind::Min && kind != Kind::Mean) {
+    return false;
+  }
+  bool sharded = false;
+  for (const auto& p : in.placements) {
+    sharded = sharded || (p.is_shard() && r.dims[static_cast<size_t>(p.dim())]);
+  }
+  if (!sharded) {
+    return false;
+  }
+  const PieceRange range = piece_range(in);
+  for (size_t d = 0; d < in.shape.size(); ++d) {
+    if (!r.dims[d]) {
+      continue;
+    }
+    if (kind == Kind::Mean ? range.min[d] != range.max[d] : (range.min[d] == 0 && in.shape[d] > 0)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 OpSharding reduce(const OpInfo& info, Kind kind) {
   const DTensorSpec& in = *info.specs[0];
   Reduced r = reduced_dims(info, in.ndim());
   const size_t mesh_ndim = static_cast<size_t>(info.mesh_ndim());
+  // Reductions that also return indices need the whole reduced dimension.
+  const bool with_indices = info.op->schema().returns().size() > 1;
+  const bool gather_reduced = with_indices || gather_reduced_dims(in, r, kind);
   Placements want = in.placements;
   Placements out(mesh_ndim, Placement::replicate());
   for (size_t i = 0; i < mesh_ndim; ++i) {
     const Placement& p = in.placements[i];
+    if (p.is_shard() && r.dims[static_cast<size_t>(p.dim())] && gather_reduced) {
+      want[i] = Placement::replicate();
+      continue;
+    }
     if (p.is_shard()) {
       auto d = static_cast<size_t>(p.dim());
       if (r.dims[d]) {
@@ -72,13 +138,8 @@ OpSharding reduce(const OpInfo& info, Kind kind) {
         case Kind::Sum:
           out[i] = Placement::partial(ReduceOp::Sum);
           break;
-        case Kind::Mean:
-          // Local means average to the global one only for equal shards.
-          if (in.shape[d] % in.mesh.size(static_cast<int64_t>(i)) == 0) {
-            out[i] = Placement::partial(ReduceOp::Avg);
-          } else {
-            want[i] = Placement::replicate();
-          }
+        case Kind::Mean: // equal pieces (gather_reduced_dims)
+          out[i] = Placement::partial(ReduceOp::Avg);
           break;
         case Kind::Max:
           out[i] = Placement::partial(ReduceOp::Max);
@@ -86,9 +147,16 @@ OpSharding reduce(const OpInfo& info, Kind kind) {
         case Kind::Min:
           out[i] = Placement::partial(ReduceOp::Min);
           break;
-        case Kind::Norm:
-          out[i] = Placement::partial_norm(norm_ord(info));
+        case Kind::Norm: {
+          // Negative finite orders do not combine from the pieces: gather first.
+          double q = norm_ord(info);
+          if (q >= 0 || std::isinf(q)) {
+            out[i] = Placement::partial_norm(q);
+          } else {
+            want[i] = Placement::replicate();
+          }
           break;
+        }
         }
       } else {
         int64_t shift = 0;
@@ -101,7 +169,7 @@ OpSharding reduce(const OpInfo& info, Kind kind) {
       }
     } else if (p.is_partial()) {
       bool linear = (kind == Kind::Sum || kind == Kind::Mean) && !p.is_norm_partial() &&
-                    p.reduce_op() == ReduceOp::Sum;
+                    (p.reduce_op() == ReduceOp::Sum || p.reduce_op() == ReduceOp::Avg);
       bool same = (kind == Kind::Max && !p.is_norm_partial() && p.reduce_op() == ReduceOp::Max) ||
                   (kind == Kind::Min && !p.is_norm_partial() && p.reduce_op() == ReduceOp::Min);
       if (linear || same) {
@@ -116,12 +184,15 @@ OpSharding reduce(const OpInfo& info, Kind kind) {
   s.inputs[0] = want;
   s.outputs.push_back(out);
   // max.dim / min.dim also return indices: only meaningful when nothing was sharded away.
-  if (info.op->schema().returns().size() > 1) {
+  if (with_indices) {
     for (size_t i = 0; i < mesh_ndim; ++i) {
       if (out[i].is_partial()) {
-        fail_unsupported(info, "indices of a reduction over a sharded dimension are not supported");
+        want[i] = Placement::replicate(); // a Partial input: reduce it first
+        out[i] = Placement::replicate();
       }
     }
+    s.inputs[0] = want;
+    s.outputs[0] = out;
     s.outputs.push_back(out);
   }
   return s;

@@ -14,9 +14,27 @@ std::unordered_map<std::string, ShardingRule>& rules() {
   return r;
 }
 
+std::unordered_map<std::string, bool>& sign_only() {
+  static std::unordered_map<std::string, bool> r;
+  return r;
+}
+
 } // namespace
 
-void register_rule(const std::string& name, ShardingRule rule) { rules()[name] = rule; }
+void register_rule(const std::string& name, ShardingRule rule, bool scalar_sign_only) {
+  rules()[name] = rule;
+  sign_only()[name] = scalar_sign_only;
+}
+
+bool rule_reads_scalar_sign_only(const std::string& full_name, const std::string& base_name) {
+  auto& r = sign_only();
+  auto it = r.find(full_name);
+  if (it != r.end()) {
+    return it->second;
+  }
+  it = r.find(base_name);
+  return it != r.end() && it->second;
+}
 
 ShardingRule find_rule(const std::string& full_name, const std::string& base_name) {
   auto& r = rules();

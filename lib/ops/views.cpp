@@ -137,7 +137,7 @@ OpSharding select_rule(const OpInfo& info) {
 }
 
 // view: group input and output dims whose products match; a shard survives on the first
-// dimension of its group when the cut stays contiguous and even.
+// dimension of its group when every nested cut of it stays contiguous and even.
 OpSharding view_rule(const OpInfo& info) {
   const DTensorSpec& in = *info.specs[0];
   std::vector<int64_t> out = info.arg(1).toIntVector();
@@ -149,59 +149,82 @@ OpSharding view_rule(const OpInfo& info) {
   int64_t infer = -1;
   for (size_t o = 0; o < out.size(); ++o) {
     if (out[o] == -1) {
+      DTENSOR_CHECK(infer < 0, "{}: only one dimension can be inferred in {}", info.name, out);
       infer = static_cast<int64_t>(o);
     } else {
+      DTENSOR_CHECK(out[o] >= 0, "{}: invalid size {} in {}", info.name, out[o], out);
       known *= out[o];
     }
   }
   if (infer >= 0) {
-    out[static_cast<size_t>(infer)] = known == 0 ? 0 : numel / known;
+    DTENSOR_CHECK(known != 0, "{}: cannot infer the -1 in {} for a tensor of shape {} (0 elements "
+                  "elsewhere)", info.name, out, in.shape);
+    out[static_cast<size_t>(infer)] = numel / known;
+    known *= out[static_cast<size_t>(infer)];
   }
+  DTENSOR_CHECK(known == numel, "{}: shape {} is invalid for a DTensor of shape {} ({} elements)",
+                info.name, info.arg(1).toIntVector(), in.shape, numel);
   const int64_t n = in.ndim();
   std::vector<int64_t> m(static_cast<size_t>(n), -1);
-  // Shard dims whose view cut is even: valid only for the first non-1 dim of a group.
-  size_t i = 0;
-  size_t o = 0;
-  while (i < in.shape.size() || o < out.size()) {
-    // Skip size-1 dims on both sides; they map to nothing.
-    if (i < in.shape.size() && in.shape[i] == 1) {
-      ++i;
-      continue;
+  if (numel == 0) {
+    // No element to keep in place: shards follow only an unchanged shape.
+    if (out == in.shape) {
+      m = identity(n);
     }
-    if (o < out.size() && out[o] == 1) {
-      ++o;
-      continue;
-    }
-    if (i >= in.shape.size() || o >= out.size()) {
-      break;
-    }
-    size_t i0 = i;
-    size_t o0 = o;
-    int64_t pi = in.shape[i++];
-    int64_t po = out[o++];
-    while (pi != po) {
-      if (pi < po) {
-        pi *= in.shape[i++];
-      } else {
-        po *= out[o++];
+  } else {
+    // Groups: input dims [i0, i) and output dims [o0, o) with equal products (size-1 dims
+    // map to nothing). The products match at the end (checked above), so neither index
+    // runs past its end.
+    size_t i = 0;
+    size_t o = 0;
+    while (i < in.shape.size() || o < out.size()) {
+      if (i < in.shape.size() && in.shape[i] == 1) {
+        ++i;
+        continue;
       }
+      if (o < out.size() && out[o] == 1) {
+        ++o;
+        continue;
+      }
+      if (i >= in.shape.size() || o >= out.size()) {
+        break;
+      }
+      size_t i0 = i;
+      size_t o0 = o;
+      int64_t pi = in.shape[i++];
+      int64_t po = out[o++];
+      while (pi != po) {
+        if (pi < po) {
+          pi *= in.shape[i++];
+        } else {
+          po *= out[o++];
+        }
+      }
+      m[i0] = static_cast<int64_t>(o0);
     }
-    // Group: input dims [i0, i), output dims [o0, o).
-    m[i0] = static_cast<int64_t>(o0);
   }
   OpSharding s = map_dims(info, m);
-  // Even cuts only: a shard of input dim d lands on output dim m[d]; the chunks of a merged
-  // or split dimension are contiguous only when every chunk has the same size.
+  // A shard of input dim d lands on output dim m[d] when its piece is the same on both
+  // sides: the group is that one dim on each side (same size: any cut, even uneven, is the
+  // same cut), or, for merged / split dims, every nested cut divides both sides evenly
+  // (checked in mesh order on the sizes the cuts before it leave).
+  std::vector<int64_t> cur_in = in.shape;
+  std::vector<int64_t> cur_out = out;
   for (size_t k = 0; k < in.placements.size(); ++k) {
     const Placement& p = in.placements[k];
     if (!p.is_shard() || m[static_cast<size_t>(p.dim())] < 0) {
       continue;
     }
+    auto d = static_cast<size_t>(p.dim());
+    auto od = static_cast<size_t>(m[d]);
+    if (in.shape[d] == out[od]) {
+      continue;
+    }
     int64_t size = info.mesh->size(static_cast<int64_t>(k));
-    int64_t od = m[static_cast<size_t>(p.dim())];
-    bool same_size = in.shape[static_cast<size_t>(p.dim())] == out[static_cast<size_t>(od)];
-    bool even = in.shape[static_cast<size_t>(p.dim())] % size == 0 && out[static_cast<size_t>(od)] % size == 0;
-    if (!same_size && !even) {
+    if (cur_in[d] % size == 0 && cur_out[od] % size == 0) {
+      cur_in[d] /= size;
+      cur_out[od] /= size;
+    } else {
       (*s.inputs[0])[k] = Placement::replicate();
       s.outputs[0][k] = Placement::replicate();
     }
@@ -210,9 +233,6 @@ OpSharding view_rule(const OpInfo& info) {
   s.local_args.resize(info.num_args());
   auto local = local_shape_of(*info.mesh, s.outputs[0], out);
   s.local_args[1] = c10::IValue(local);
-  if (info.op->schema().name() == "aten::_reshape_alias") {
-    s.local_args[2] = c10::IValue(contiguous_strides(local)); // its stride argument too
-  }
   return s;
 }
 
@@ -264,7 +284,6 @@ void register_view_ops() {
   register_rule("aten::select", select_rule);
   register_rule("aten::view", view_rule);
   register_rule("aten::_unsafe_view", view_rule);
-  register_rule("aten::_reshape_alias", view_rule);
 }
 
 } // namespace dtensor::detail

@@ -2,8 +2,11 @@
 #include <mutex>
 #include <unordered_map>
 
+#include <dtensor/diagnostics.h>
+
 #include "../internal/check.h"
 #include "../internal/redistribute.h"
+#include "../internal/sharding.h"
 #include "transitions.h"
 
 namespace dtensor::detail {
@@ -145,8 +148,23 @@ size_t redistribute_plan_cache_size() {
   return cache.plans.size();
 }
 
+size_t redistribute_plan_cache_bound() { return kMaxCachedPlans; }
+
 at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& src, const Placements& dst) {
   return execute_redistribute(local, src, plan_redistribute(src, dst));
 }
 
 } // namespace dtensor::detail
+
+namespace dtensor {
+
+CacheSizes cache_sizes() {
+  CacheSizes s;
+  s.decisions = detail::decision_cache_size();
+  s.decisions_max = detail::decision_cache_bound();
+  s.plans = detail::redistribute_plan_cache_size();
+  s.plans_max = detail::redistribute_plan_cache_bound();
+  return s;
+}
+
+} // namespace dtensor

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# AddressSanitizer + UndefinedBehaviorSanitizer: builds the library and test programs in
+# build-asan/ (-Db_sanitize=address,undefined, unity build to keep the compile short) and
+# runs them on real ranks. Any sanitizer report fails the run (halt_on_error); the only
+# suppressions are LibTorch's own, each explained in test/sanitizer/*.supp.
+#   scripts/sanitize.sh          the CI subset (see SUBSET below) on 1 and 2 ranks
+#   scripts/sanitize.sh --all    every test program of the world1 and world2 suites
+# Extra arguments go to `meson test`.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+"$root/scripts/setup.sh" >/dev/null
+
+# The programs that exercise the most library code per second of run time: dispatch,
+# every rule family, redistribution, state dicts, process-group debug wrapping.
+SUBSET=(reliability random_ops redistribute sharding_rules)
+
+all=0
+if [[ ${1:-} == --all ]]; then
+  all=1
+  shift
+fi
+
+dir="$root/build-asan"
+start=$SECONDS
+configure "$dir" -Dcuda=disabled -Db_sanitize=address,undefined -Db_lundef=false \
+  -Dunity=on -Dunity_size=6 -Dexamples=false -Dbenchmarks=false -Dbuildtype=debugoptimized
+supp="$root/test/sanitizer"
+export ASAN_OPTIONS="halt_on_error=1:abort_on_error=1:detect_leaks=0:detect_odr_violation=0:suppressions=$supp/asan.supp"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:suppressions=$supp/ubsan.supp"
+
+if [[ $all == 1 ]]; then
+  ninja -C "$dir"
+  echo "[sanitize] build: $((SECONDS - start)) s"
+  meson test -C "$dir" --no-rebuild --print-errorlogs --suite world1 --suite world2 "$@"
+else
+  targets=()
+  tests=()
+  for t in "${SUBSET[@]}"; do
+    targets+=("test/test_$t")
+    tests+=("$t-w1" "$t-w2")
+  done
+  ninja -C "$dir" "${targets[@]}"
+  echo "[sanitize] build: $((SECONDS - start)) s"
+  meson test -C "$dir" --no-rebuild --print-errorlogs "${tests[@]}" detail-w2 "$@"
+fi

@@ -1,0 +1,342 @@
+// Reliability: one test per defect of the reliability issue, each judged against the plain
+// op on the full tensor (or against the same dtensor::Error on every rank, with no rank
+// left waiting in a collective).
+#include <torch/nn/modules/linear.h>
+
+#include <cmath>
+
+#include "support/catch.h"
+#include "support/dist.h"
+
+using dtensor::CommDebugMode;
+using dtensor::DTensor;
+using dtensor::Placement;
+using dtensor::Placements;
+using dtensor::ReduceOp;
+using dtensor::distribute_tensor;
+using dtensor::init_device_mesh;
+using dtensor::testing::close;
+using dtensor::testing::contains;
+using dtensor::testing::device_type;
+using dtensor::testing::options;
+using dtensor::testing::rank;
+using dtensor::testing::same;
+using dtensor::testing::world;
+
+namespace {
+
+Placement S(int64_t d) { return Placement::shard(d); }
+Placement R() { return Placement::replicate(); }
+Placement P(ReduceOp op = ReduceOp::Sum) { return Placement::partial(op); }
+
+// A 1-D mesh over the world, and on 4 ranks a 2x2 mesh.
+std::vector<dtensor::DeviceMesh> test_meshes() {
+  std::vector<dtensor::DeviceMesh> out{init_device_mesh(device_type(), {world()}, {"x"})};
+  if (world() == 4) {
+    out.push_back(init_device_mesh(device_type(), {2, 2}, {"a", "b"}));
+  }
+  return out;
+}
+
+// Every combination of Replicate and Shard(d) (d < ndim) over the mesh's dimensions.
+std::vector<Placements> placement_grid(int64_t mesh_ndim, int64_t ndim) {
+  std::vector<Placement> one{R()};
+  for (int64_t d = 0; d < ndim; ++d) {
+    one.push_back(S(d));
+  }
+  std::vector<Placements> out{{}};
+  for (int64_t i = 0; i < mesh_ndim; ++i) {
+    std::vector<Placements> next;
+    for (const auto& prefix : out) {
+      for (const auto& p : one) {
+        auto q = prefix;
+        q.push_back(p);
+        next.push_back(q);
+      }
+    }
+    out = next;
+  }
+  return out;
+}
+
+at::Tensor full_of(const at::Tensor& t) {
+  at::NoGradGuard no_grad;
+  return DTensor(t).full_tensor();
+}
+
+} // namespace
+
+TEST_CASE("reliability 1: views and contiguous() keep the global strides of the plain op",
+          "[reliability][world1][world2][world4]") {
+  at::Tensor x = at::arange(96., options(at::kDouble)).view({2, 4, 4, 3});
+  int cases = 0;
+  for (const auto& mesh : test_meshes()) {
+    for (const auto& pl : placement_grid(mesh.ndim(), 4)) {
+      INFO(mesh.to_string() << " " << dtensor::to_string(pl));
+      DTensor d = distribute_tensor(x, mesh, pl);
+      at::Tensor dt = d.transpose(1, 2);
+      at::Tensor pt = x.transpose(1, 2);
+      REQUIRE(dt.strides() == pt.strides());
+      REQUIRE(dt.is_contiguous() == pt.is_contiguous());
+      REQUIRE(same(full_of(dt.contiguous().view({2, 4, 12})), pt.contiguous().view({2, 4, 12})));
+      REQUIRE(same(full_of(dt.reshape({2, 4, 12})), pt.reshape({2, 4, 12})));
+      REQUIRE(same(full_of(dt.flatten(2)), pt.flatten(2)));
+      REQUIRE(same(full_of(dt.contiguous()), pt.contiguous()));
+      REQUIRE(dt.contiguous().is_contiguous());
+      at::Tensor dp = d.permute({0, 3, 1, 2});
+      REQUIRE(dp.strides() == x.permute({0, 3, 1, 2}).strides());
+      REQUIRE(same(full_of(dp.reshape({2, 3, 16})), x.permute({0, 3, 1, 2}).reshape({2, 3, 16})));
+      REQUIRE(same(full_of(d.view({8, 12})), x.view({8, 12})));
+      REQUIRE(same(full_of(d.view({96})), x.view({96})));
+      REQUIRE(same(full_of(d.view({2, 2, 2, 12})), x.view({2, 2, 2, 12})));
+      REQUIRE(same(full_of(d.flatten(0, 1).view({2, 4, 4, 3})), x));
+      ++cases;
+    }
+  }
+  REQUIRE(cases == (world() == 4 ? 5 + 25 : 5));
+}
+
+TEST_CASE("reliability 2: broadcast_from_rank0 validates before any data moves, on every rank",
+          "[reliability][world1][world2][world4]") {
+  torch::manual_seed(0);
+  torch::nn::Linear lin(4, 3);
+  auto full = dtensor::get_model_state_dict(*lin);
+  auto opts = dtensor::StateDictOptions().broadcast_from_rank0(true);
+  at::Tensor before = lin->weight.detach().clone();
+
+  // A key missing on rank 0: every rank raises the same error naming it.
+  dtensor::StateDict missing;
+  if (rank() == 0) {
+    missing.insert("weight", full["weight"] * 2);
+  }
+  REQUIRE_THROWS_WITH(dtensor::set_model_state_dict(*lin, missing, opts),
+                      contains("'bias' is missing on rank 0"));
+  REQUIRE(same(lin->weight.detach(), before)); // nothing half-written
+
+  // A wrong shape on rank 0.
+  dtensor::StateDict wrong;
+  if (rank() == 0) {
+    wrong.insert("weight", full["weight"] * 2);
+    wrong.insert("bias", at::zeros({5}));
+  }
+  REQUIRE_THROWS_WITH(dtensor::set_model_state_dict(*lin, wrong, opts),
+                      contains("'bias' has shape [5] on rank 0 but the module's is [3]"));
+  REQUIRE(same(lin->weight.detach(), before));
+
+  // An unknown key on rank 0.
+  dtensor::StateDict unknown;
+  if (rank() == 0) {
+    unknown = full;
+    unknown.insert("nope", at::zeros({1}));
+  }
+  REQUIRE_THROWS_WITH(dtensor::set_model_state_dict(*lin, unknown, opts), contains("'nope'"));
+
+  // Without broadcast: a wrong shape on the last rank only still fails every rank, and no
+  // rank has written anything.
+  dtensor::StateDict mine = full;
+  if (rank() == world() - 1) {
+    mine = dtensor::StateDict();
+    mine.insert("weight", full["weight"] * 3);
+    mine.insert("bias", at::zeros({7}));
+  }
+  REQUIRE_THROWS_WITH(dtensor::set_model_state_dict(*lin, mine),
+                      contains("rank " + std::to_string(world() - 1) + ": 'bias' has shape [7]"));
+  REQUIRE(same(lin->weight.detach(), before));
+
+  // And the valid dicts still load.
+  dtensor::StateDict good;
+  if (rank() == 0) {
+    good.insert("weight", full["weight"] * 2);
+    good.insert("bias", full["bias"] * 2);
+  }
+  dtensor::set_model_state_dict(*lin, good, opts);
+  REQUIRE(same(lin->weight.detach(), before * 2));
+}
+
+TEST_CASE("reliability 3: from_local with a given shape checks this rank's local shape",
+          "[reliability][world2][world4]") {
+  auto mesh = init_device_mesh(device_type(), {world()}, {"x"});
+  at::Tensor local = at::full({rank() + 1, 4}, 1.0, options());
+  std::vector<int64_t> shape{world(), 4};
+  if (rank() == 0) {
+    REQUIRE_NOTHROW(DTensor::from_local(local, mesh, {S(0)}, shape));
+  } else {
+    REQUIRE_THROWS_WITH(DTensor::from_local(local, mesh, {S(0)}, shape),
+                        contains("local tensor of shape [" + std::to_string(rank() + 1) + ", 4] on rank " +
+                                 std::to_string(rank())));
+  }
+}
+
+TEST_CASE("reliability 4: complex DTensors gather, scatter and multiply",
+          "[reliability][world1][world2][world4]") {
+  auto mesh = init_device_mesh(device_type(), {world()}, {"x"});
+  at::Tensor re = at::arange(24., options()).view({6, 4});
+  at::Tensor x = at::complex(re, -re * 0.5);
+  DTensor d = distribute_tensor(x, mesh, {S(0)});
+  REQUIRE(same(d.full_tensor(), x));
+  REQUIRE(same(d.redistribute({R()}).to_local(), x));
+  REQUIRE(same(full_of(d.redistribute({S(1)})), x));
+  at::Tensor w = at::complex(at::ones({4, 3}, options()), at::arange(12., options()).view({4, 3}));
+  DTensor dw = distribute_tensor(w, mesh, {R()});
+  auto close_complex = [](const at::Tensor& a, const at::Tensor& b) {
+    return a.is_complex() && b.is_complex() && close(at::view_as_real(a), at::view_as_real(b));
+  };
+  REQUIRE(close_complex(full_of(at::matmul(d, dw)), at::matmul(x, w)));
+  DTensor p = distribute_tensor(x, mesh, {R()}).redistribute({P()});
+  REQUIRE(close_complex(p.full_tensor(), x));
+  REQUIRE(close_complex(full_of(p.redistribute({S(0)})), x));
+  REQUIRE_THROWS_WITH(p.redistribute({P(ReduceOp::Max)}).full_tensor(),
+                      contains("ReduceOp max is not defined for the complex tensor"));
+}
+
+TEST_CASE("reliability 5: ops on zero-element DTensors", "[reliability][world1][world2][world4]") {
+  for (const auto& mesh : test_meshes()) {
+    for (const auto& pl : placement_grid(mesh.ndim(), 2)) {
+      INFO(mesh.to_string() << " " << dtensor::to_string(pl));
+      at::Tensor z = at::zeros({0, 4}, options());
+      DTensor d = distribute_tensor(z, mesh, pl);
+      REQUIRE(same(full_of(d + d), z + z));
+      REQUIRE(same(full_of(d.transpose(0, -1).contiguous().view(-1)), z.t().contiguous().view(-1)));
+      REQUIRE(same(full_of(d.sum(0)), z.sum(0)));
+      REQUIRE(same(full_of(d * 2 + 1), z * 2 + 1));
+      at::Tensor z2 = at::zeros({0, 3}, options());
+      DTensor d2 = distribute_tensor(z2, mesh, pl);
+      REQUIRE(same(full_of(d2.t().contiguous().view({-1})), z2.t().contiguous().view({-1})));
+      REQUIRE(same(full_of(d2.reshape({3, 0})), z2.reshape({3, 0})));
+    }
+  }
+}
+
+TEST_CASE("reliability 6a: pointwise ops respect the Partial's reduce op",
+          "[reliability][world1][world2][world4]") {
+  at::Tensor x = at::linspace(-2, 2, 12, options(at::kDouble)).view({3, 4});
+  for (const auto& mesh : test_meshes()) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+      Placements pl(static_cast<size_t>(mesh.ndim()), P(op));
+      Placements rep(static_cast<size_t>(mesh.ndim()), R());
+      INFO(mesh.to_string() << " " << dtensor::to_string(pl));
+      DTensor d = distribute_tensor(x, mesh, rep).redistribute(pl);
+      REQUIRE(close(d.full_tensor(), x));
+      REQUIRE(close(full_of(d.neg().exp()), x.neg().exp()));
+      REQUIRE(close(full_of(d.neg()), x.neg()));
+      REQUIRE(close(full_of(d.exp()), x.exp()));
+      REQUIRE(close(full_of(d * 3), x * 3));
+      REQUIRE(close(full_of(d * -3), x * -3));
+      REQUIRE(close(full_of(d + 1), x + 1));
+      REQUIRE(close(full_of(d / 2), x / 2));
+      REQUIRE(close(full_of(d.relu()), x.relu()));
+      REQUIRE(close(full_of(d.abs()), x.abs()));
+      REQUIRE(close(full_of(d + d), x + x));
+      REQUIRE(close(full_of(d * d), x * x));
+      DTensor r = distribute_tensor(x, mesh, rep);
+      REQUIRE(close(full_of(d + r), x + x));
+      REQUIRE(close(full_of(d * r), x * x));
+      REQUIRE(close(full_of(d - r), x - x));
+      REQUIRE(close(full_of(at::sigmoid(d)), at::sigmoid(x)));
+      REQUIRE(close(full_of(d.sum()), x.sum()));
+      REQUIRE(close(full_of(d.amax(-1)), x.amax(-1)));
+    }
+    // neg of a Partial(max) is a Partial(min) (no communication), and back.
+    Placements pmax(static_cast<size_t>(mesh.ndim()), P(ReduceOp::Max));
+    DTensor m = distribute_tensor(x, mesh, Placements(static_cast<size_t>(mesh.ndim()), R())).redistribute(pmax);
+    CommDebugMode mode;
+    DTensor n(m.neg());
+    REQUIRE(mode.total_count() == 0);
+    REQUIRE(n.placements() == Placements(static_cast<size_t>(mesh.ndim()), P(ReduceOp::Min)));
+    DTensor e(m.exp());
+    REQUIRE(e.placements() == pmax);
+    REQUIRE(mode.total_count() == 0);
+    REQUIRE(close(n.full_tensor(), x.neg()));
+  }
+}
+
+TEST_CASE("reliability 6b: redistributions with uneven and empty shards do not deadlock",
+          "[reliability][world1][world2][world4]") {
+  auto mesh1 = init_device_mesh(device_type(), {world()}, {"x"});
+  at::Tensor a = at::arange(36., options(at::kDouble)).view({6, 6});
+  DTensor d = distribute_tensor(a, mesh1, {S(0)});
+  DTensor moved = d.redistribute({S(1)});
+  REQUIRE(same(moved.full_tensor(), a));
+  REQUIRE(same(moved.to_local(), a.chunk(world(), 1).size() > static_cast<size_t>(rank())
+                                     ? a.chunk(world(), 1)[static_cast<size_t>(rank())]
+                                     : at::zeros({6, 0}, options(at::kDouble))));
+  if (world() == 4) {
+    auto mesh = init_device_mesh(device_type(), {2, 2}, {"a", "b"});
+    at::Tensor b = at::arange(1., 4., options(at::kDouble)).view({3, 1});
+    DTensor src = distribute_tensor(b, mesh, {R(), R()}).redistribute({P(), P(ReduceOp::Max)});
+    REQUIRE(same(src.full_tensor(), b));
+    REQUIRE(same(src.redistribute({R(), S(1)}).full_tensor(), b));
+    at::Tensor c = at::arange(1., 3., options(at::kDouble)).view({2, 1});
+    DTensor src2 = distribute_tensor(c, mesh, {R(), R()}).redistribute({R(), P(ReduceOp::Avg)});
+    REQUIRE(same(src2.redistribute({R(), S(1)}).full_tensor(), c));
+  }
+}
+
+TEST_CASE("reliability 6c: reductions over empty shards give the plain result on every rank",
+          "[reliability][world1][world2][world4]") {
+  for (const auto& mesh : test_meshes()) {
+    at::Tensor x = at::arange(6., options()).view({2, 3}) - 2;
+    Placements pl(static_cast<size_t>(mesh.ndim()), S(1));
+    INFO(mesh.to_string());
+    DTensor d = distribute_tensor(x, mesh, pl);
+    REQUIRE(same(full_of(d.amax(-1)), x.amax(-1)));
+    REQUIRE(same(full_of(d.amin(-1)), x.amin(-1)));
+    REQUIRE(same(full_of(d.sum(-1)), x.sum(-1)));
+    REQUIRE(same(full_of(std::get<0>(d.max(-1))), std::get<0>(x.max(-1))));
+  }
+}
+
+TEST_CASE("reliability 7: clip_grad_norm_ norm 0, norm partial orders, error types",
+          "[reliability][world1][world2][world4]") {
+  auto mesh = init_device_mesh(device_type(), {world()}, {"x"});
+  // Three gradients: one all zero, one with a single non-zero on the last rank's shard,
+  // one replicated with non-zeros. PyTorch: the number of gradients with a non-zero.
+  std::vector<at::Tensor> params;
+  at::Tensor g0 = at::zeros({8}, options());
+  at::Tensor g1 = at::zeros({8}, options());
+  g1[7] = 5;
+  at::Tensor g2 = at::arange(4., options());
+  for (auto [g, pl] : std::vector<std::pair<at::Tensor, Placements>>{
+           {g0, {S(0)}}, {g1, {S(0)}}, {g2, {R()}}}) {
+    at::Tensor p = distribute_tensor(at::zeros_like(g), mesh, pl);
+    p.mutable_grad() = distribute_tensor(g, mesh, pl);
+    params.push_back(p);
+  }
+  at::Tensor total = dtensor::clip_grad_norm_(params, 1.0, 0.0);
+  at::Tensor expected =
+      at::linalg_vector_norm(at::stack({at::linalg_vector_norm(g0, 0), at::linalg_vector_norm(g1, 0),
+                                        at::linalg_vector_norm(g2, 0)}),
+                             0);
+  REQUIRE(same(full_of(total), expected));
+
+  REQUIRE_THROWS_WITH(Placement::partial_norm(-1), contains("p must be > 0, 0, inf or -inf"));
+  REQUIRE_NOTHROW(Placement::partial_norm(0));
+  REQUIRE_NOTHROW(Placement::partial_norm(-INFINITY));
+  // Errors from the local kernel come out as dtensor::Error naming the op.
+  DTensor a = distribute_tensor(at::ones({4, 3}, options()), mesh, {R()});
+  DTensor b = distribute_tensor(at::ones({4, 3}, options()), mesh, {R()});
+  REQUIRE_THROWS_AS(at::mm(a, b), dtensor::Error);
+  REQUIRE_THROWS_WITH(at::mm(a, b), contains("aten::mm"));
+  REQUIRE_THROWS_AS(a.view({5, 5}), dtensor::Error);
+}
+
+// Run by the detail-w2 / detail-w4 tests with TORCH_DISTRIBUTED_DEBUG=DETAIL (not by the
+// [worldN] runs): shapes that differ between ranks are a clear error on every rank.
+TEST_CASE("reliability 3 (TORCH_DISTRIBUTED_DEBUG=DETAIL): mismatched collectives fail on every rank",
+          "[detail]") {
+  const char* level = std::getenv("TORCH_DISTRIBUTED_DEBUG");
+  REQUIRE(level != nullptr);
+  REQUIRE(std::string(level) == "DETAIL");
+  REQUIRE(world() > 1);
+  auto mesh = init_device_mesh(device_type(), {world()}, {"x"});
+  // Every rank wraps a different local shape: full_tensor's all-gather would mix them.
+  DTensor d = DTensor::from_local(at::full({rank() + 1, 4}, 1.0, options()), mesh, {S(0)});
+  REQUIRE_THROWS_AS(d.full_tensor(), dtensor::Error);
+  REQUIRE_THROWS_WITH(d.full_tensor(), contains("all_gather"));
+  // distribute_tensor with a different shape per rank.
+  REQUIRE_THROWS_WITH(distribute_tensor(at::ones({2 + rank(), 3}, options()), mesh, {R()}),
+                      contains("broadcast"));
+  // The groups are still usable afterwards.
+  DTensor ok = distribute_tensor(at::arange(8., options()), mesh, {S(0)});
+  REQUIRE(same(ok.full_tensor(), at::arange(8., options())));
+}
