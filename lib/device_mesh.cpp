@@ -58,7 +58,7 @@ std::string nested_ranks(const std::vector<int>& ranks, const std::vector<int64_
   return fmt::format("[{}]", fmt::join(parts, ", "));
 }
 
-std::string describe(const std::vector<int64_t>& shape, const std::vector<int>& ranks,
+std::string describe_mesh(const std::vector<int64_t>& shape, const std::vector<int>& ranks,
                      const std::vector<std::string>& names, c10::DeviceType device) {
   std::string s = fmt::format("DeviceMesh({}, {}", c10::DeviceTypeName(device, true),
                               nested_ranks(ranks, shape, 0, 0));
@@ -290,7 +290,7 @@ DeviceMesh DeviceMesh::flatten(const std::string& name) const {
     std::lock_guard<std::mutex> lock(root.mutex);
     DTENSOR_CHECK(std::find(root.names.begin(), root.names.end(), flat_name) == root.names.end(),
                   "DeviceMesh::flatten: name '{}' is already a dimension of the root mesh {}",
-                  flat_name, describe(root.shape, root.ranks, root.names, root.device));
+                  flat_name, describe_mesh(root.shape, root.ranks, root.names, root.device));
     auto it = root.flattened.find(flat_name);
     DTENSOR_CHECK(it == root.flattened.end() || it->second == root_dims,
                   "DeviceMesh::flatten: name '{}' already names a flattening of other "
@@ -334,7 +334,7 @@ std::string DeviceMesh::to_string() const {
   if (!state_) {
     return "DeviceMesh(undefined)";
   }
-  return describe(state_->shape, state_->ranks, state_->names, state_->root->device);
+  return describe_mesh(state_->shape, state_->ranks, state_->names, state_->root->device);
 }
 
 DeviceMesh init_device_mesh(c10::DeviceType device_type, const std::vector<int64_t>& shape,

@@ -75,6 +75,8 @@ void register_nn_ops();       // softmax, layer norm, embedding, nll_loss (+ bac
 void register_list_ops();     // cat, stack, split, unbind
 
 // Helpers shared by rules.
+// A dim argument made non-negative for a tensor of `ndim` dims.
+inline int64_t wrap_dim(int64_t d, int64_t ndim) { return d < 0 ? d + ndim : d; }
 Placements replicate_all(int64_t mesh_ndim);
 // `p` with Partial placements replaced by Replicate.
 Placements without_partial(const Placements& p);

@@ -6,8 +6,6 @@ namespace dtensor::detail {
 
 namespace {
 
-int64_t wrap(int64_t d, int64_t ndim) { return d < 0 ? d + ndim : d; }
-
 // cat(tensors, dim): every input takes the first input's placements, with the cat dim
 // (and Partial) replicated. Inputs of rank 1 and size 0 are legacy no-ops of cat.
 OpSharding cat_rule(const OpInfo& info) {
@@ -16,7 +14,7 @@ OpSharding cat_rule(const OpInfo& info) {
     fail_unsupported(info, "cat of an empty list");
   }
   int64_t ndim = specs[0].ndim();
-  int64_t dim = wrap(info.num_args() > 1 ? info.arg(1).toInt() : 0, ndim);
+  int64_t dim = wrap_dim(info.num_args() > 1 ? info.arg(1).toInt() : 0, ndim);
   Placements p;
   for (const auto& x : specs[0].placements) {
     p.push_back(x.is_partial() || x.is_shard(dim) ? Placement::replicate() : x);
@@ -35,7 +33,7 @@ OpSharding stack_rule(const OpInfo& info) {
   if (specs.empty()) {
     fail_unsupported(info, "stack of an empty list");
   }
-  int64_t dim = wrap(info.num_args() > 1 ? info.arg(1).toInt() : 0, specs[0].ndim() + 1);
+  int64_t dim = wrap_dim(info.num_args() > 1 ? info.arg(1).toInt() : 0, specs[0].ndim() + 1);
   Placements in;
   Placements out;
   for (const auto& x : specs[0].placements) {
@@ -55,7 +53,7 @@ OpSharding stack_rule(const OpInfo& info) {
 // must be whole; every piece keeps the other placements.
 OpSharding split_rule(const OpInfo& info) {
   const DTensorSpec& in = *info.specs[0];
-  int64_t dim = wrap(info.num_args() > 2 ? info.arg(2).toInt() : 0, in.ndim());
+  int64_t dim = wrap_dim(info.num_args() > 2 ? info.arg(2).toInt() : 0, in.ndim());
   Placements p;
   for (const auto& x : in.placements) {
     p.push_back(x.is_shard(dim) ? Placement::replicate() : x);
@@ -70,7 +68,7 @@ OpSharding split_rule(const OpInfo& info) {
 // unbind(self, dim): the dim disappears; shards after it move down by one.
 OpSharding unbind_rule(const OpInfo& info) {
   const DTensorSpec& in = *info.specs[0];
-  int64_t dim = wrap(info.num_args() > 1 ? info.arg(1).toInt() : 0, in.ndim());
+  int64_t dim = wrap_dim(info.num_args() > 1 ? info.arg(1).toInt() : 0, in.ndim());
   Placements want;
   Placements out;
   for (const auto& x : in.placements) {

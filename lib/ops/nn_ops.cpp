@@ -7,10 +7,6 @@ namespace dtensor::detail {
 
 namespace {
 
-int64_t wrap(int64_t d, int64_t ndim) {
-  return d < 0 ? d + ndim : d;
-}
-
 // `p` with shards of any dim in [from, ndim) and Partial placements replaced by Replicate.
 Placements replicate_dims_from(const Placements& p, int64_t from) {
   Placements out;
@@ -33,7 +29,7 @@ Placements replicate_dim(const Placements& p, int64_t dim) {
 // _softmax(self, dim, half_to_float) / _log_softmax: the softmax dim must be whole.
 OpSharding softmax_rule(const OpInfo& info) {
   const DTensorSpec& in = *info.specs[0];
-  Placements p = replicate_dim(in.placements, wrap(info.arg(1).toInt(), in.ndim()));
+  Placements p = replicate_dim(in.placements, wrap_dim(info.arg(1).toInt(), in.ndim()));
   OpSharding s;
   s.inputs.resize(info.num_args());
   s.inputs[0] = p;
@@ -45,7 +41,7 @@ OpSharding softmax_rule(const OpInfo& info) {
 // _softmax_backward_data(grad_output, output, dim, input_dtype)
 OpSharding softmax_backward_rule(const OpInfo& info) {
   const DTensorSpec& g = *info.specs[0];
-  Placements p = replicate_dim(g.placements, wrap(info.arg(2).toInt(), g.ndim()));
+  Placements p = replicate_dim(g.placements, wrap_dim(info.arg(2).toInt(), g.ndim()));
   OpSharding s;
   s.inputs.resize(info.num_args());
   s.inputs[0] = p;

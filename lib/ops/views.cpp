@@ -8,7 +8,6 @@ namespace dtensor::detail {
 
 namespace {
 
-int64_t wrap_dim(int64_t d, int64_t ndim) { return d < 0 ? d + ndim : d; }
 
 // Rebuild placements through a map from input dims to output dims (-1: cannot follow).
 OpSharding map_dims(const OpInfo& info, const std::vector<int64_t>& to_out) {
