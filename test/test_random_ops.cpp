@@ -12,6 +12,7 @@
 #include "internal/redistribute.h"
 #include "support/catch.h"
 #include "support/dist.h"
+#include "support/pieces.h"
 
 using dtensor::CommDebugMode;
 using dtensor::DTensor;
@@ -62,21 +63,7 @@ Placement random_placement(std::mt19937& rng, int64_t ndim) {
 // Partial dims the ranks hold the neutral split (sum: coordinate 0 only; others: all the
 // same), so the order of reduction does not matter.
 at::Tensor make_local(const at::Tensor& full, const dtensor::DeviceMesh& mesh, const Placements& src) {
-  dtensor::DTensorSpec spec;
-  spec.mesh = mesh;
-  for (const auto& p : src) {
-    spec.placements.push_back(p.normalized(full.dim()));
-  }
-  spec.shape = full.sizes().vec();
-  spec.stride = dtensor::contiguous_strides(spec.shape);
-  spec.dtype = full.scalar_type();
-  auto offset = spec.local_offset();
-  auto shape = spec.local_shape();
-  at::Tensor local = full;
-  for (int64_t d = 0; d < full.dim(); ++d) {
-    local = local.narrow(d, offset[static_cast<size_t>(d)], shape[static_cast<size_t>(d)]);
-  }
-  local = local.contiguous().clone();
+  at::Tensor local = dtensor::testing::local_piece(full, mesh, src);
   auto coord = *mesh.get_coordinate();
   bool first = true;
   for (size_t i = 0; i < src.size(); ++i) {

@@ -6,6 +6,7 @@
 #include "internal/redistribute.h"
 #include "support/catch.h"
 #include "support/dist.h"
+#include "support/pieces.h"
 
 using dtensor::CommDebugMode;
 using dtensor::DTensor;
@@ -57,21 +58,7 @@ Placement random_placement(std::mt19937& rng, int64_t ndim, bool allow_partial) 
 // Partial(sum) mesh dims only coordinate 0 holds the value (others zero), for Partial(max)
 // every rank holds it.
 DTensor make_source(const at::Tensor& full, const dtensor::DeviceMesh& mesh, const Placements& src) {
-  dtensor::DTensorSpec spec;
-  spec.mesh = mesh;
-  for (const auto& p : src) {
-    spec.placements.push_back(p.normalized(full.dim()));
-  }
-  spec.shape = full.sizes().vec();
-  spec.stride = dtensor::contiguous_strides(spec.shape);
-  spec.dtype = full.scalar_type();
-  auto offset = spec.local_offset();
-  auto shape = spec.local_shape();
-  at::Tensor local = full;
-  for (int64_t d = 0; d < full.dim(); ++d) {
-    local = local.narrow(d, offset[static_cast<size_t>(d)], shape[static_cast<size_t>(d)]);
-  }
-  local = local.contiguous();
+  at::Tensor local = dtensor::testing::local_piece(full, mesh, src);
   auto coord = *mesh.get_coordinate();
   for (size_t i = 0; i < src.size(); ++i) {
     if (src[i].is_partial() && src[i].reduce_op() == dtensor::ReduceOp::Sum && coord[i] != 0) {

@@ -7,6 +7,7 @@
 
 #include "support/catch.h"
 #include "support/dist.h"
+#include "support/pieces.h"
 
 using dtensor::CommDebugMode;
 using dtensor::DTensor;
@@ -18,6 +19,7 @@ using dtensor::init_device_mesh;
 using dtensor::testing::close;
 using dtensor::testing::contains;
 using dtensor::testing::device_type;
+using dtensor::testing::full_value;
 using dtensor::testing::options;
 using dtensor::testing::rank;
 using dtensor::testing::same;
@@ -59,11 +61,6 @@ std::vector<Placements> placement_grid(int64_t mesh_ndim, int64_t ndim) {
   return out;
 }
 
-at::Tensor full_of(const at::Tensor& t) {
-  at::NoGradGuard no_grad;
-  return DTensor(t).full_tensor();
-}
-
 } // namespace
 
 TEST_CASE("reliability 1: views and contiguous() keep the global strides of the plain op",
@@ -78,18 +75,18 @@ TEST_CASE("reliability 1: views and contiguous() keep the global strides of the 
       at::Tensor pt = x.transpose(1, 2);
       REQUIRE(dt.strides() == pt.strides());
       REQUIRE(dt.is_contiguous() == pt.is_contiguous());
-      REQUIRE(same(full_of(dt.contiguous().view({2, 4, 12})), pt.contiguous().view({2, 4, 12})));
-      REQUIRE(same(full_of(dt.reshape({2, 4, 12})), pt.reshape({2, 4, 12})));
-      REQUIRE(same(full_of(dt.flatten(2)), pt.flatten(2)));
-      REQUIRE(same(full_of(dt.contiguous()), pt.contiguous()));
+      REQUIRE(same(full_value(dt.contiguous().view({2, 4, 12})), pt.contiguous().view({2, 4, 12})));
+      REQUIRE(same(full_value(dt.reshape({2, 4, 12})), pt.reshape({2, 4, 12})));
+      REQUIRE(same(full_value(dt.flatten(2)), pt.flatten(2)));
+      REQUIRE(same(full_value(dt.contiguous()), pt.contiguous()));
       REQUIRE(dt.contiguous().is_contiguous());
       at::Tensor dp = d.permute({0, 3, 1, 2});
       REQUIRE(dp.strides() == x.permute({0, 3, 1, 2}).strides());
-      REQUIRE(same(full_of(dp.reshape({2, 3, 16})), x.permute({0, 3, 1, 2}).reshape({2, 3, 16})));
-      REQUIRE(same(full_of(d.view({8, 12})), x.view({8, 12})));
-      REQUIRE(same(full_of(d.view({96})), x.view({96})));
-      REQUIRE(same(full_of(d.view({2, 2, 2, 12})), x.view({2, 2, 2, 12})));
-      REQUIRE(same(full_of(d.flatten(0, 1).view({2, 4, 4, 3})), x));
+      REQUIRE(same(full_value(dp.reshape({2, 3, 16})), x.permute({0, 3, 1, 2}).reshape({2, 3, 16})));
+      REQUIRE(same(full_value(d.view({8, 12})), x.view({8, 12})));
+      REQUIRE(same(full_value(d.view({96})), x.view({96})));
+      REQUIRE(same(full_value(d.view({2, 2, 2, 12})), x.view({2, 2, 2, 12})));
+      REQUIRE(same(full_value(d.flatten(0, 1).view({2, 4, 4, 3})), x));
       ++cases;
     }
   }
@@ -175,16 +172,16 @@ TEST_CASE("reliability 4: complex DTensors gather, scatter and multiply",
   DTensor d = distribute_tensor(x, mesh, {S(0)});
   REQUIRE(same(d.full_tensor(), x));
   REQUIRE(same(d.redistribute({R()}).to_local(), x));
-  REQUIRE(same(full_of(d.redistribute({S(1)})), x));
+  REQUIRE(same(full_value(d.redistribute({S(1)})), x));
   at::Tensor w = at::complex(at::ones({4, 3}, options()), at::arange(12., options()).view({4, 3}));
   DTensor dw = distribute_tensor(w, mesh, {R()});
   auto close_complex = [](const at::Tensor& a, const at::Tensor& b) {
     return a.is_complex() && b.is_complex() && close(at::view_as_real(a), at::view_as_real(b));
   };
-  REQUIRE(close_complex(full_of(at::matmul(d, dw)), at::matmul(x, w)));
+  REQUIRE(close_complex(full_value(at::matmul(d, dw)), at::matmul(x, w)));
   DTensor p = distribute_tensor(x, mesh, {R()}).redistribute({P()});
   REQUIRE(close_complex(p.full_tensor(), x));
-  REQUIRE(close_complex(full_of(p.redistribute({S(0)})), x));
+  REQUIRE(close_complex(full_value(p.redistribute({S(0)})), x));
   REQUIRE_THROWS_WITH(p.redistribute({P(ReduceOp::Max)}).full_tensor(),
                       contains("ReduceOp max is not defined for the complex tensor"));
 }
@@ -195,14 +192,14 @@ TEST_CASE("reliability 5: ops on zero-element DTensors", "[reliability][world1][
       INFO(mesh.to_string() << " " << dtensor::to_string(pl));
       at::Tensor z = at::zeros({0, 4}, options());
       DTensor d = distribute_tensor(z, mesh, pl);
-      REQUIRE(same(full_of(d + d), z + z));
-      REQUIRE(same(full_of(d.transpose(0, -1).contiguous().view(-1)), z.t().contiguous().view(-1)));
-      REQUIRE(same(full_of(d.sum(0)), z.sum(0)));
-      REQUIRE(same(full_of(d * 2 + 1), z * 2 + 1));
+      REQUIRE(same(full_value(d + d), z + z));
+      REQUIRE(same(full_value(d.transpose(0, -1).contiguous().view(-1)), z.t().contiguous().view(-1)));
+      REQUIRE(same(full_value(d.sum(0)), z.sum(0)));
+      REQUIRE(same(full_value(d * 2 + 1), z * 2 + 1));
       at::Tensor z2 = at::zeros({0, 3}, options());
       DTensor d2 = distribute_tensor(z2, mesh, pl);
-      REQUIRE(same(full_of(d2.t().contiguous().view({-1})), z2.t().contiguous().view({-1})));
-      REQUIRE(same(full_of(d2.reshape({3, 0})), z2.reshape({3, 0})));
+      REQUIRE(same(full_value(d2.t().contiguous().view({-1})), z2.t().contiguous().view({-1})));
+      REQUIRE(same(full_value(d2.reshape({3, 0})), z2.reshape({3, 0})));
     }
   }
 }
@@ -217,24 +214,24 @@ TEST_CASE("reliability 6a: pointwise ops respect the Partial's reduce op",
       INFO(mesh.to_string() << " " << dtensor::to_string(pl));
       DTensor d = distribute_tensor(x, mesh, rep).redistribute(pl);
       REQUIRE(close(d.full_tensor(), x));
-      REQUIRE(close(full_of(d.neg().exp()), x.neg().exp()));
-      REQUIRE(close(full_of(d.neg()), x.neg()));
-      REQUIRE(close(full_of(d.exp()), x.exp()));
-      REQUIRE(close(full_of(d * 3), x * 3));
-      REQUIRE(close(full_of(d * -3), x * -3));
-      REQUIRE(close(full_of(d + 1), x + 1));
-      REQUIRE(close(full_of(d / 2), x / 2));
-      REQUIRE(close(full_of(d.relu()), x.relu()));
-      REQUIRE(close(full_of(d.abs()), x.abs()));
-      REQUIRE(close(full_of(d + d), x + x));
-      REQUIRE(close(full_of(d * d), x * x));
+      REQUIRE(close(full_value(d.neg().exp()), x.neg().exp()));
+      REQUIRE(close(full_value(d.neg()), x.neg()));
+      REQUIRE(close(full_value(d.exp()), x.exp()));
+      REQUIRE(close(full_value(d * 3), x * 3));
+      REQUIRE(close(full_value(d * -3), x * -3));
+      REQUIRE(close(full_value(d + 1), x + 1));
+      REQUIRE(close(full_value(d / 2), x / 2));
+      REQUIRE(close(full_value(d.relu()), x.relu()));
+      REQUIRE(close(full_value(d.abs()), x.abs()));
+      REQUIRE(close(full_value(d + d), x + x));
+      REQUIRE(close(full_value(d * d), x * x));
       DTensor r = distribute_tensor(x, mesh, rep);
-      REQUIRE(close(full_of(d + r), x + x));
-      REQUIRE(close(full_of(d * r), x * x));
-      REQUIRE(close(full_of(d - r), x - x));
-      REQUIRE(close(full_of(at::sigmoid(d)), at::sigmoid(x)));
-      REQUIRE(close(full_of(d.sum()), x.sum()));
-      REQUIRE(close(full_of(d.amax(-1)), x.amax(-1)));
+      REQUIRE(close(full_value(d + r), x + x));
+      REQUIRE(close(full_value(d * r), x * x));
+      REQUIRE(close(full_value(d - r), x - x));
+      REQUIRE(close(full_value(at::sigmoid(d)), at::sigmoid(x)));
+      REQUIRE(close(full_value(d.sum()), x.sum()));
+      REQUIRE(close(full_value(d.amax(-1)), x.amax(-1)));
     }
     // neg of a Partial(max) is a Partial(min) (no communication), and back.
     Placements pmax(static_cast<size_t>(mesh.ndim()), P(ReduceOp::Max));
@@ -279,10 +276,10 @@ TEST_CASE("reliability 6c: reductions over empty shards give the plain result on
     Placements pl(static_cast<size_t>(mesh.ndim()), S(1));
     INFO(mesh.to_string());
     DTensor d = distribute_tensor(x, mesh, pl);
-    REQUIRE(same(full_of(d.amax(-1)), x.amax(-1)));
-    REQUIRE(same(full_of(d.amin(-1)), x.amin(-1)));
-    REQUIRE(same(full_of(d.sum(-1)), x.sum(-1)));
-    REQUIRE(same(full_of(std::get<0>(d.max(-1))), std::get<0>(x.max(-1))));
+    REQUIRE(same(full_value(d.amax(-1)), x.amax(-1)));
+    REQUIRE(same(full_value(d.amin(-1)), x.amin(-1)));
+    REQUIRE(same(full_value(d.sum(-1)), x.sum(-1)));
+    REQUIRE(same(full_value(std::get<0>(d.max(-1))), std::get<0>(x.max(-1))));
   }
 }
 
@@ -307,7 +304,7 @@ TEST_CASE("reliability 7: clip_grad_norm_ norm 0, norm partial orders, error typ
       at::linalg_vector_norm(at::stack({at::linalg_vector_norm(g0, 0), at::linalg_vector_norm(g1, 0),
                                         at::linalg_vector_norm(g2, 0)}),
                              0);
-  REQUIRE(same(full_of(total), expected));
+  REQUIRE(same(full_value(total), expected));
 
   REQUIRE_THROWS_WITH(Placement::partial_norm(-1), contains("p must be > 0, 0, inf or -inf"));
   REQUIRE_NOTHROW(Placement::partial_norm(0));

@@ -1,0 +1,41 @@
+#pragma once
+
+// DTensor helpers shared by the tests that judge dtensor against the plain op on the full
+// tensor: the full value of a tensor, and this rank's piece of a full tensor built without
+// dtensor's own redistribution.
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <dtensor/all.h>
+
+namespace dtensor::testing {
+
+// The full (global) value of a DTensor; a plain tensor as it is. No autograd recording.
+inline at::Tensor full_value(const at::Tensor& t) {
+  c10::NoGradGuard no_grad;
+  return dtensor::is_dtensor(t) ? dtensor::DTensor(t).full_tensor() : t;
+}
+
+// This rank's piece of `full` laid out as `placements` on `mesh` (Shard placements slice;
+// Partial placements keep the whole value, for the caller to split), computed from the
+// chunk arithmetic alone, so that it can judge dtensor's redistribution.
+inline at::Tensor local_piece(const at::Tensor& full, const dtensor::DeviceMesh& mesh,
+                              const dtensor::Placements& placements) {
+  dtensor::DTensorSpec spec;
+  spec.mesh = mesh;
+  for (const auto& p : placements) {
+    spec.placements.push_back(p.normalized(full.dim()));
+  }
+  spec.shape = full.sizes().vec();
+  spec.stride = dtensor::contiguous_strides(spec.shape);
+  spec.dtype = full.scalar_type();
+  auto offset = spec.local_offset();
+  auto shape = spec.local_shape();
+  at::Tensor local = full;
+  for (int64_t d = 0; d < full.dim(); ++d) {
+    local = local.narrow(d, offset[static_cast<size_t>(d)], shape[static_cast<size_t>(d)]);
+  }
+  return local.contiguous().clone();
+}
+
+} // namespace dtensor::testing
