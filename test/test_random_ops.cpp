@@ -27,20 +27,7 @@ using dtensor::testing::world;
 
 namespace {
 
-std::vector<dtensor::DeviceMesh> meshes() {
-  std::vector<dtensor::DeviceMesh> out{init_device_mesh(device_type(), {world()}, {"x"})};
-  if (world() == 4) {
-    out.push_back(init_device_mesh(device_type(), {2, 2}, {"a", "b"}));
-    out.push_back(init_device_mesh(device_type(), {2, 1, 2}, {"p", "q", "r"}));
-    out.push_back(init_device_mesh(device_type(), {1, 2, 2}, {"u", "v", "w"}));
-  } else if (world() == 2) {
-    out.push_back(init_device_mesh(device_type(), {1, 2}, {"a", "b"}));
-    out.push_back(init_device_mesh(device_type(), {2, 1}, {"c", "d"}));
-  } else {
-    out.push_back(init_device_mesh(device_type(), {1, 1}, {"a", "b"}));
-  }
-  return out;
-}
+std::vector<dtensor::DeviceMesh> meshes() { return dtensor::testing::property_meshes(); }
 
 const ReduceOp kPartialOps[] = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min};
 

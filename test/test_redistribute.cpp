@@ -21,18 +21,7 @@ using dtensor::testing::world;
 
 namespace {
 
-std::vector<dtensor::DeviceMesh> meshes() {
-  std::vector<dtensor::DeviceMesh> out{init_device_mesh(device_type(), {world()}, {"x"})};
-  if (world() == 4) {
-    out.push_back(init_device_mesh(device_type(), {2, 2}, {"a", "b"}));
-  } else if (world() == 2) {
-    out.push_back(init_device_mesh(device_type(), {1, 2}, {"a", "b"}));
-    out.push_back(init_device_mesh(device_type(), {2, 1}, {"a", "b"}));
-  } else {
-    out.push_back(init_device_mesh(device_type(), {1, 1}, {"a", "b"}));
-  }
-  return out;
-}
+std::vector<dtensor::DeviceMesh> meshes() { return dtensor::testing::property_meshes(); }
 
 Placement random_placement(std::mt19937& rng, int64_t ndim, bool allow_partial) {
   int kinds = allow_partial ? 5 : 3;

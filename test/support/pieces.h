@@ -3,6 +3,8 @@
 // DTensor helpers shared by the tests that judge dtensor against the plain op on the full
 // tensor: the full value of a tensor, and this rank's piece of a full tensor built without
 // dtensor's own redistribution.
+#include <vector>
+
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
@@ -14,6 +16,26 @@ namespace dtensor::testing {
 inline at::Tensor full_value(const at::Tensor& t) {
   c10::NoGradGuard no_grad;
   return dtensor::is_dtensor(t) ? dtensor::DTensor(t).full_tensor() : t;
+}
+
+// The meshes of the randomized tests: 1-D over the world, and every 2-D factorisation of
+// it (on 4 ranks 2x2 and the 3-D 2x1x2 and 1x2x2 too; on 1 rank a 1x1).
+inline std::vector<dtensor::DeviceMesh> property_meshes() {
+  const int w = dtensor::get_world_size();
+  const auto type = dtensor::get_backend() == dtensor::BackendType::Nccl ? c10::DeviceType::CUDA
+                                                                          : c10::DeviceType::CPU;
+  std::vector<dtensor::DeviceMesh> out{dtensor::init_device_mesh(type, {w}, {"x"})};
+  if (w == 4) {
+    out.push_back(dtensor::init_device_mesh(type, {2, 2}, {"a", "b"}));
+    out.push_back(dtensor::init_device_mesh(type, {2, 1, 2}, {"p", "q", "r"}));
+    out.push_back(dtensor::init_device_mesh(type, {1, 2, 2}, {"u", "v", "w"}));
+  } else if (w == 2) {
+    out.push_back(dtensor::init_device_mesh(type, {1, 2}, {"a", "b"}));
+    out.push_back(dtensor::init_device_mesh(type, {2, 1}, {"c", "d"}));
+  } else {
+    out.push_back(dtensor::init_device_mesh(type, {1, 1}, {"a", "b"}));
+  }
+  return out;
 }
 
 // This rank's piece of `full` laid out as `placements` on `mesh` (Shard placements slice;
