@@ -14,6 +14,7 @@
 
 #include "internal/check.h"
 #include "internal/dtensor_impl.h"
+#include "internal/mesh_union.h"
 #include "internal/redistribute.h"
 #include "internal/sharding.h"
 
@@ -71,82 +72,6 @@ at::Tensor local_part(const at::Tensor& x, double p) {
   return a.pow(p).sum();
 }
 
-struct Reduction {
-  DeviceMesh mesh; // undefined: no DTensor anywhere
-  // For each mesh the tensors live on: its dim -> index into `mesh`'s dims.
-  std::vector<std::pair<DeviceMesh, std::vector<int64_t>>> maps;
-
-  const std::vector<int64_t>& map_of(const DeviceMesh& m) const {
-    for (const auto& e : maps) {
-      if (e.first == m) {
-        return e.second;
-      }
-    }
-    DTENSOR_FAIL("get_total_norm: internal error: no map for {}", m.to_string());
-  }
-};
-
-Reduction plan_reduction(const std::vector<DeviceMesh>& meshes) {
-  Reduction r;
-  std::vector<DeviceMesh> distinct;
-  for (const auto& m : meshes) {
-    if (std::find(distinct.begin(), distinct.end(), m) == distinct.end()) {
-      distinct.push_back(m);
-    }
-  }
-  if (distinct.empty()) {
-    return r;
-  }
-  if (distinct.size() == 1) {
-    r.mesh = distinct.front();
-    std::vector<int64_t> identity;
-    for (int64_t d = 0; d < r.mesh.ndim(); ++d) {
-      identity.push_back(d);
-    }
-    r.maps.emplace_back(r.mesh, identity);
-    return r;
-  }
-  // Several meshes: their dimensions by name on the root mesh.
-  DeviceMesh root = distinct.front().root_mesh();
-  const auto& root_names = root.dim_names();
-  std::set<int64_t> used;
-  std::vector<std::vector<int64_t>> root_dims;
-  for (const auto& m : distinct) {
-    DTENSOR_CHECK(!m.dim_names().empty(),
-                  "get_total_norm: gradients live on several meshes, and {} has no "
-                  "dimension names to place it on the root mesh {}",
-                  m.to_string(), root.to_string());
-    DTENSOR_CHECK(m.root_mesh() == root,
-                  "get_total_norm: gradients live on meshes of different roots: {} and {}",
-                  m.root_mesh().to_string(), root.to_string());
-    std::vector<int64_t> dims;
-    for (const auto& name : m.dim_names()) {
-      auto it = std::find(root_names.begin(), root_names.end(), name);
-      DTENSOR_CHECK(it != root_names.end(),
-                    "get_total_norm: dimension '{}' of {} is not a dimension of the root "
-                    "mesh {} (flattened dimensions are not supported across meshes)",
-                    name, m.to_string(), root.to_string());
-      dims.push_back(it - root_names.begin());
-      used.insert(dims.back());
-    }
-    root_dims.push_back(dims);
-  }
-  std::vector<std::string> names;
-  std::vector<int64_t> order(used.begin(), used.end()); // root order
-  for (int64_t d : order) {
-    names.push_back(root_names[static_cast<size_t>(d)]);
-  }
-  r.mesh = root[names];
-  for (size_t i = 0; i < distinct.size(); ++i) {
-    std::vector<int64_t> map;
-    for (int64_t d : root_dims[i]) {
-      map.push_back(std::find(order.begin(), order.end(), d) - order.begin());
-    }
-    r.maps.emplace_back(distinct[i], map);
-  }
-  return r;
-}
-
 at::Tensor total_norm(const std::vector<at::Tensor>& tensors,
                       const std::vector<DeviceMesh>& extra_meshes, double p,
                       bool error_if_nonfinite, c10::ScalarType dtype) {
@@ -158,7 +83,7 @@ at::Tensor total_norm(const std::vector<at::Tensor>& tensors,
       meshes.push_back(m->spec.mesh);
     }
   }
-  const Reduction red = plan_reduction(meshes);
+  const MeshUnion red = mesh_union(meshes, "get_total_norm");
   const Combine c = combine_of(p);
   std::vector<at::Tensor> parts;
   parts.reserve(tensors.size());

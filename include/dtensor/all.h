@@ -14,3 +14,4 @@
 #include <dtensor/state_dict.h>
 #include <dtensor/tensor_parallel.h>
 #include <dtensor/clip_grad.h>
+#include <dtensor/grad_scaler.h>

@@ -3,6 +3,7 @@
 // DTensor helpers shared by the tests that judge dtensor against the plain op on the full
 // tensor: the full value of a tensor, and this rank's piece of a full tensor built without
 // dtensor's own redistribution.
+#include <memory>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -58,6 +59,12 @@ inline at::Tensor local_piece(const at::Tensor& full, const dtensor::DeviceMesh&
     local = local.narrow(d, offset[static_cast<size_t>(d)], shape[static_cast<size_t>(d)]);
   }
   return local.contiguous().clone();
+}
+
+// A parallel style as the shared pointer ParallelizePlan takes.
+template <typename T>
+std::shared_ptr<dtensor::ParallelStyle> style(T s) {
+  return std::make_shared<T>(std::move(s));
 }
 
 } // namespace dtensor::testing
