@@ -80,6 +80,13 @@ class FSDPModule {
   void set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules);
   // Reduced gradients are divided by this (default: the data-parallel size).
   void set_gradient_divide_factor(double factor);
+  // FSDP2's all-reduce hook, for this unit: called with the unit's reduced gradient shard
+  // (flat, in the reduce dtype) after the reduce-scatter and division, and with HSDP after
+  // the built-in all-reduce too; it may modify it in place. On a 1-D unit it stands where
+  // HSDP's all-reduce would (a "custom HSDP": all-reduce over your own replica group in
+  // it). Collectives it issues through dtensor's collectives are counted. An empty
+  // function removes it.
+  void set_all_reduce_hook(std::function<void(at::Tensor&)> hook);
   // dtensor::clip_grad_norm_ over every parameter of the module (root units only: a
   // nested unit would clip a part of the model with a partial norm).
   at::Tensor clip_grad_norm_(double max_norm, double norm_type = 2.0, bool error_if_nonfinite = false);

@@ -237,6 +237,10 @@ void FSDPModule::set_gradient_divide_factor(double factor) {
   group_->gradient_divide_factor = factor;
 }
 
+void FSDPModule::set_all_reduce_hook(std::function<void(at::Tensor&)> hook) {
+  group_->all_reduce_hook = std::move(hook);
+}
+
 at::Tensor FSDPModule::clip_grad_norm_(double max_norm, double norm_type, bool error_if_nonfinite) {
   DTENSOR_CHECK(group_->is_root(),
                 "clip_grad_norm_ should only be called on the root FSDP instance; unit '{}' is nested in another",

@@ -367,6 +367,17 @@ void FSDPParamGroup::reduce_grads() {
   const double factor =
       gradient_divide_factor > 0 ? gradient_divide_factor : static_cast<double>(mesh.size());
   output.div_(factor);
+  if (all_reduce_hook) {
+    // [Note: all-reduce hook] FSDP2's place: after the reduce-scatter (and HSDP's
+    // all-reduce) and the division, before the cast back and the copy into the gradients.
+    const auto numel = output.numel();
+    const auto dtype = output.scalar_type();
+    all_reduce_hook(output);
+    DTENSOR_CHECK(output.defined() && output.numel() == numel && output.scalar_type() == dtype,
+                  "fully_shard unit '{}': the all-reduce hook must leave the reduced gradient "
+                  "a {} tensor of {} elements",
+                  name, c10::toString(dtype), numel);
+  }
   const bool keep_low = options.mp_policy().keep_low_precision_grads();
   if (!keep_low && output.scalar_type() != orig_dtype) {
     output = output.to(orig_dtype);

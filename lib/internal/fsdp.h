@@ -92,6 +92,7 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
   bool reshard_after_backward = true;
   bool requires_gradient_sync = true;
   double gradient_divide_factor = 0; // 0: the data-parallel size
+  std::function<void(at::Tensor&)> all_reduce_hook; // FSDPModule::set_all_reduce_hook
 
   bool is_root() const { return parent.expired(); }
   bool is_ancestor_of(const FSDPParamGroup& other) const;
