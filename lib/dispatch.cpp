@@ -37,7 +37,7 @@ struct Cached {
   // Per returned tensor (a list return counts once): the global shapes of the outputs.
   std::vector<std::vector<std::vector<int64_t>>> out_shapes;
   // The same for their global strides, when the meta run gave them (empty otherwise: the
-  // strides then follow the local result's layout, see global_strides).
+  // strides then follow the local result's layout: [Note: global strides]).
   std::vector<std::vector<std::vector<int64_t>>> out_strides;
 };
 
