@@ -9,41 +9,41 @@ namespace dtensor::detail {
 
 namespace {
 
-std::unordered_map<std::string, ShardingRule>& rules() {
-  static std::unordered_map<std::string, ShardingRule> r;
+// A registered rule and how it reads Scalars.
+struct Entry {
+  ShardingRule rule = nullptr;
+  bool scalar_sign_only = false;
+};
+
+std::unordered_map<std::string, Entry>& rules() {
+  static std::unordered_map<std::string, Entry> r;
   return r;
 }
 
-std::unordered_map<std::string, bool>& sign_only() {
-  static std::unordered_map<std::string, bool> r;
-  return r;
+// The entry for "ns::name.overload", else for "ns::name", else none.
+const Entry* lookup(const std::string& full_name, const std::string& base_name) {
+  auto& r = rules();
+  auto it = r.find(full_name);
+  if (it == r.end()) {
+    it = r.find(base_name);
+  }
+  return it == r.end() ? nullptr : &it->second;
 }
 
 } // namespace
 
 void register_rule(const std::string& name, ShardingRule rule, bool scalar_sign_only) {
-  rules()[name] = rule;
-  sign_only()[name] = scalar_sign_only;
+  rules()[name] = Entry{rule, scalar_sign_only};
 }
 
 bool rule_reads_scalar_sign_only(const std::string& full_name, const std::string& base_name) {
-  auto& r = sign_only();
-  auto it = r.find(full_name);
-  if (it != r.end()) {
-    return it->second;
-  }
-  it = r.find(base_name);
-  return it != r.end() && it->second;
+  const Entry* e = lookup(full_name, base_name);
+  return e != nullptr && e->scalar_sign_only;
 }
 
 ShardingRule find_rule(const std::string& full_name, const std::string& base_name) {
-  auto& r = rules();
-  auto it = r.find(full_name);
-  if (it != r.end()) {
-    return it->second;
-  }
-  it = r.find(base_name);
-  return it == r.end() ? nullptr : it->second;
+  const Entry* e = lookup(full_name, base_name);
+  return e == nullptr ? nullptr : e->rule;
 }
 
 void register_builtin_rules() {
