@@ -217,6 +217,7 @@ Work all_reduce_(at::Tensor& tensor, ReduceOp op, const Group& group,
   check_group(what, group);
   check_tensor(what, "tensor", tensor, group);
   c10d::AllreduceOptions opts;
+  check_complex_op(what, op, tensor);
   opts.reduceOp = backend_op(what, op, tensor, group);
   report(CollectiveKind::AllReduce, group, op, tensor, static_cast<int64_t>(tensor.nbytes()),
          options.async_op());
@@ -224,7 +225,6 @@ Work all_reduce_(at::Tensor& tensor, ReduceOp op, const Group& group,
   if (emulate_avg(op, group)) {
     finish = [tensor, n = group.size()]() mutable { tensor.div_(n); };
   }
-  check_complex_op(what, op, tensor);
   std::vector<at::Tensor> tensors{wire(tensor)};
   return run(
       fmt::format("all_reduce({}, {})", to_string(op), describe(tensor)), group, options,
@@ -289,6 +289,7 @@ Work reduce_scatter_tensor_into(at::Tensor& output, const at::Tensor& input, Red
                 what, describe(input), describe(output), group.size(), group.to_string(),
                 group.size());
   c10d::ReduceScatterOptions opts;
+  check_complex_op(what, op, input);
   opts.reduceOp = backend_op(what, op, input, group);
   report(CollectiveKind::ReduceScatter, group, op, input, static_cast<int64_t>(output.nbytes()),
          options.async_op());
@@ -296,7 +297,6 @@ Work reduce_scatter_tensor_into(at::Tensor& output, const at::Tensor& input, Red
   if (emulate_avg(op, group)) {
     finish = [output, n = group.size()]() mutable { output.div_(n); };
   }
-  check_complex_op(what, op, input);
   at::Tensor in = wire(input);
   at::Tensor out = wire(output);
   return run(

@@ -128,17 +128,38 @@ TEST_CASE("reliability 2: broadcast_from_rank0 validates before any data moves, 
   }
   REQUIRE_THROWS_WITH(dtensor::set_model_state_dict(*lin, unknown, opts), contains("'nope'"));
 
-  // Without broadcast: a wrong shape on the last rank only still fails every rank, and no
-  // rank has written anything.
-  dtensor::StateDict mine = full;
-  if (rank() == world() - 1) {
-    mine = dtensor::StateDict();
-    mine.insert("weight", full["weight"] * 3);
-    mine.insert("bias", at::zeros({7}));
+  // Without broadcast, on a fully sharded module (its load redistributes): a wrong shape on
+  // the last rank only still fails every rank, and no rank has written anything.
+  {
+    auto mesh = init_device_mesh(device_type(), {world()}, {"dp"});
+    torch::manual_seed(0);
+    torch::nn::Linear sharded(4, 3);
+    sharded->to(options().device());
+    dtensor::fully_shard(*sharded, dtensor::FullyShardOptions().mesh(mesh));
+    auto sd = dtensor::get_model_state_dict(*sharded,
+                                            dtensor::StateDictOptions().full_state_dict(true));
+    at::Tensor w = full_value(sharded->weight).clone();
+    dtensor::StateDict mine = sd;
+    if (rank() == world() - 1) {
+      mine = dtensor::StateDict();
+      mine.insert("weight", sd["weight"] * 3);
+      mine.insert("bias", at::zeros({7}, options()));
+    }
+    REQUIRE_THROWS_WITH(dtensor::set_model_state_dict(*sharded, mine),
+                        contains("rank " + std::to_string(world() - 1) + ": 'bias' has shape [7]"));
+    REQUIRE(same(full_value(sharded->weight), w));
+    // A plain module loads without communication: the error is raised where it is found.
+    dtensor::StateDict bad_plain = full;
+    if (rank() == world() - 1) {
+      bad_plain = dtensor::StateDict();
+      bad_plain.insert("weight", full["weight"]);
+    }
+    if (rank() == world() - 1) {
+      REQUIRE_THROWS_WITH(dtensor::set_model_state_dict(*lin, bad_plain), contains("'bias' is missing"));
+    } else {
+      REQUIRE_NOTHROW(dtensor::set_model_state_dict(*lin, bad_plain));
+    }
   }
-  REQUIRE_THROWS_WITH(dtensor::set_model_state_dict(*lin, mine),
-                      contains("rank " + std::to_string(world() - 1) + ": 'bias' has shape [7]"));
-  REQUIRE(same(lin->weight.detach(), before));
 
   // And the valid dicts still load.
   dtensor::StateDict good;

@@ -125,7 +125,8 @@ std::string validate(const std::vector<std::pair<std::string, at::Tensor>>& targ
 
 // [Note: loading state dicts safely]
 // Every rank validates what it was given (names, shapes, meshes) before any value moves or
-// is written, and the ranks agree on the outcome (agree_on_errors: one small all-gather),
+// is written, and, when collectives follow (broadcast_from_rank0, or DTensor parameters),
+// the ranks agree on the outcome (agree_on_errors: one small all-gather over the world),
 // so a bad dict on one rank fails every rank with the same error instead of leaving the
 // others in a broadcast, and the module is left untouched. With broadcast_from_rank0 only
 // rank 0's dict is validated (the others may pass anything, as in PyTorch).
@@ -140,7 +141,17 @@ void set_model_state_dict(torch::nn::Module& module, const StateDict& state,
   } else if (get_rank() == 0) {
     error = validate(targets, state, module.name(), true, " on rank 0");
   }
-  detail::agree_on_errors("set_model_state_dict", error, world_group());
+  // Agreement is needed only where collectives follow: the broadcasts, or redistributing
+  // DTensor values. A plain module loads without communication, so its error stays local.
+  bool collective = from_rank0;
+  for (const auto& e : targets) {
+    collective = collective || detail::dtensor_meta(e.second) != nullptr;
+  }
+  if (collective) {
+    detail::agree_on_errors("set_model_state_dict", error, world_group());
+  } else {
+    DTENSOR_CHECK(error.empty(), "set_model_state_dict: {}", error);
+  }
   for (auto& [name, t] : targets) {
     const at::Tensor* found = state.find(name);
     at::Tensor value;
