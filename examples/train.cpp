@@ -8,7 +8,10 @@
 // Flags: --dp N --tp N (default: tp = min(2, world), dp = world / tp), --steps N, --dim N,
 // --layers N, --heads N, --seq N, --batch N, --lr X, --max-norm X, --norm-type X (inf ok),
 // --log-every N (print every N-th step; a long run also reports resident memory and cache
-// sizes, see the soak figures in docs/reliability.md).
+// sizes, see the soak figures in docs/reliability.md), --fp16 (fp16 compute: fully_shard
+// mixed precision with fp16 parameters and reductions, dtensor::GradScaler; prints the scale
+// and the skipped steps), --compress bf16|fp16 (gradients reduced through the compression
+// communication hook, docs/comm_hooks.md).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -43,6 +46,8 @@ struct Flags {
   int64_t dp = 0, tp = 0, steps = 40, dim = 64, layers = 2, heads = 4, seq = 32, batch = 8;
   int64_t log_every = 1;
   double lr = 3e-3, max_norm = 1.0, norm_type = 2.0;
+  bool fp16 = false;
+  std::string compress; // "", "bf16" or "fp16"
 };
 
 // Resident set size of this process in MiB (Linux /proc).
@@ -60,8 +65,17 @@ double resident_mib() {
 
 Flags parse(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; i += 2) {
     std::string k = argv[i];
+    if (k == "--fp16") {
+      f.fp16 = true;
+      --i; // takes no value
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "train: flag %s needs a value\n", k.c_str());
+      std::exit(2);
+    }
     const char* v = argv[i + 1];
     auto num = [&] { return std::strtoll(v, nullptr, 10); };
     if (k == "--dp")
@@ -88,6 +102,8 @@ Flags parse(int argc, char** argv) {
       f.max_norm = std::strtod(v, nullptr);
     else if (k == "--norm-type")
       f.norm_type = std::string(v) == "inf" ? INFINITY : std::strtod(v, nullptr);
+    else if (k == "--compress" && (std::string(v) == "bf16" || std::string(v) == "fp16"))
+      f.compress = v;
     else {
       std::fprintf(stderr, "train: unknown flag %s\n", k.c_str());
       std::exit(2);
@@ -158,21 +174,33 @@ int main(int argc, char** argv) {
                                   {"layers.*.feed_forward.w1", style(dtensor::ColwiseParallel())},
                                   {"layers.*.feed_forward.w2", style(dtensor::RowwiseParallel())},
                               });
-  for (auto& layer : *model->layers) {
-    dtensor::fully_shard(*layer, dtensor::FullyShardOptions().mesh(dp));
+  auto fsdp = dtensor::FullyShardOptions().mesh(dp);
+  if (f.fp16) {
+    fsdp.mp_policy(dtensor::MixedPrecisionPolicy().param_dtype(at::kHalf).reduce_dtype(at::kHalf));
   }
-  auto root = dtensor::fully_shard(*model, dtensor::FullyShardOptions().mesh(dp));
+  for (auto& layer : *model->layers) {
+    dtensor::fully_shard(*layer, fsdp);
+  }
+  auto root = dtensor::fully_shard(*model, fsdp);
+  if (!f.compress.empty()) {
+    root.register_comm_hook({}, f.compress == "bf16" ? dtensor::bf16_compress_hook()
+                                                     : dtensor::fp16_compress_hook());
+  }
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(f.lr).weight_decay(0.0));
+  dtensor::GradScaler scaler(dtensor::GradScalerOptions().enabled(f.fp16));
+  int64_t skipped = 0;
 
   if (rank == 0) {
     std::printf(
         "dtensor train: %d ranks as (dp=%lld, tp=%lld) on %s; vocab %lld, dim %lld, %lld layers, "
-        "batch %lld x %lld per dp rank, AdamW lr %g, clip max_norm %g norm_type %g\n",
+        "batch %lld x %lld per dp rank, AdamW lr %g, clip max_norm %g norm_type %g%s%s%s\n",
         world, static_cast<long long>(f.dp), static_cast<long long>(f.tp), cuda ? "cuda" : "cpu",
         static_cast<long long>(vocab), static_cast<long long>(f.dim),
         static_cast<long long>(f.layers), static_cast<long long>(f.batch),
-        static_cast<long long>(f.seq), f.lr, f.max_norm, f.norm_type);
-    std::printf("%5s %8s %10s %10s  %s\n", "step", "loss", "tokens/s", "grad norm",
+        static_cast<long long>(f.seq), f.lr, f.max_norm, f.norm_type,
+        f.fp16 ? ", fp16 + GradScaler" : "", f.compress.empty() ? "" : ", compress ",
+        f.compress.c_str());
+    std::printf("%5s %8s %10s %10s %9s  %s\n", "step", "loss", "tokens/s", "grad norm", "scale",
                 "collectives (count by kind)");
   }
   double first = 0, last = 0;
@@ -194,11 +222,16 @@ int main(int argc, char** argv) {
     at::Tensor logits = model->forward(x);
     at::Tensor full_logits =
         dtensor::is_dtensor(logits) ? dtensor::DTensor(logits).full_tensor() : logits;
-    at::Tensor loss =
-        torch::nn::functional::cross_entropy(full_logits.view({-1, vocab}), y.view(-1));
-    loss.backward();
+    // The loss in fp32 (fp16 logits are upcast first, as usual with mixed precision).
+    at::Tensor loss = torch::nn::functional::cross_entropy(
+        full_logits.to(at::kFloat).view({-1, vocab}), y.view(-1));
+    scaler.scale(loss).backward();
+    scaler.unscale_(opt); // clip the true gradients (a no-op when fp16 is off)
     at::Tensor total = root.clip_grad_norm_(f.max_norm, f.norm_type);
-    opt.step();
+    const double scale = scaler.get_scale();
+    const bool stepped = scaler.step(opt);
+    scaler.update();
+    skipped += stepped ? 0 : 1;
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::string counts;
     for (const auto& [kind, n] : mode.comm_counts()) {
@@ -214,8 +247,9 @@ int main(int argc, char** argv) {
     const bool log = step % f.log_every == 0 || step + 1 == f.steps;
     if (rank == 0 && log) {
       const double norm = dtensor::DTensor(total).to_local().item<double>();
-      std::printf("%5lld %8.4f %10.0f %10.4f  %s\n", static_cast<long long>(step), l,
-                  static_cast<double>(f.batch * f.seq * f.dp) / secs, norm, counts.c_str());
+      std::printf("%5lld %8.4f %10.0f %10.4f %9g  %s%s\n", static_cast<long long>(step), l,
+                  static_cast<double>(f.batch * f.seq * f.dp) / secs, norm, scale,
+                  counts.c_str(), stepped ? "" : " (step skipped: inf/NaN gradients)");
       std::fflush(stdout);
     }
     if (f.log_every > 1 && log) {
@@ -236,7 +270,9 @@ int main(int argc, char** argv) {
     }
   }
   if (rank == 0) {
-    std::printf("loss %.4f -> %.4f (%s)\n", first, last, last < first ? "falling" : "NOT falling");
+    std::printf("loss %.4f -> %.4f (%s); %lld skipped steps; final scale %g\n", first, last,
+                last < first ? "falling" : "NOT falling", static_cast<long long>(skipped),
+                scaler.get_scale());
   }
   return last < first ? 0 : 1;
 }

@@ -14,6 +14,7 @@
 #include <dtensor/collectives.h>
 
 #include "internal/check.h"
+#include "internal/grad_reduce.h"
 
 namespace dtensor {
 
@@ -28,6 +29,8 @@ struct Bucket {
 struct ReplicateState : std::enable_shared_from_this<ReplicateState> {
   DeviceMesh mesh;
   Group group;
+  std::optional<c10::ScalarType> reduce_dtype;
+  std::optional<std::pair<CommHookState, CommHook>> comm_hook;
   std::vector<Bucket> buckets;
   std::unordered_map<const c10::TensorImpl*, size_t> bucket_of;
   bool sync = true;
@@ -36,6 +39,7 @@ struct ReplicateState : std::enable_shared_from_this<ReplicateState> {
 
   void on_grad_ready(const at::Tensor& param);
   void reduce(Bucket& bucket);
+  void reduce_flat(at::Tensor& flat);
   void finish_backward();
 };
 
@@ -49,7 +53,7 @@ void ReplicateState::reduce(Bucket& bucket) {
     grads.push_back(p.grad().reshape({-1}));
   }
   at::Tensor flat = at::cat(grads);
-  all_reduce_(flat, ReduceOp::Avg, group);
+  reduce_flat(flat);
   int64_t offset = 0;
   for (auto& p : bucket.params) {
     int64_t n = p.numel();
@@ -57,6 +61,29 @@ void ReplicateState::reduce(Bucket& bucket) {
     offset += n;
   }
   bucket.reduced = true;
+}
+
+void ReplicateState::reduce_flat(at::Tensor& flat) {
+  const int64_t numel = flat.numel();
+  if (comm_hook) {
+    const auto& [registered, hook] = *comm_hook;
+    hook.all_reduce(resolved_hook_state(registered, group), flat);
+    DTENSOR_CHECK(flat.defined() && flat.numel() == numel,
+                  "replicate: communication hook '{}' must leave a bucket of {} elements, got {}",
+                  hook.name, numel, flat.defined() ? flat.numel() : 0);
+    return;
+  }
+  if (reduce_dtype) {
+    flat = flat.to(*reduce_dtype);
+  }
+  const DivideFactors f = gradient_divide_factors(group.size(), flat.scalar_type(), 0, false);
+  if (f.pre != 1) {
+    flat.div_(f.pre);
+  }
+  all_reduce_(flat, f.all_reduce_op, group);
+  if (f.post != 1) {
+    flat.div_(f.post);
+  }
 }
 
 void ReplicateState::finish_backward() {
@@ -136,6 +163,23 @@ int64_t ReplicateHandle::num_buckets() const {
   return static_cast<int64_t>(state_->buckets.size());
 }
 
+void ReplicateHandle::register_comm_hook(CommHookState state, CommHook hook) {
+  DTENSOR_CHECK(state_ != nullptr, "ReplicateHandle: empty handle");
+  DTENSOR_CHECK(static_cast<bool>(hook.all_reduce),
+                "replicate register_comm_hook: hook '{}' has no all_reduce, which replicate calls",
+                hook.name);
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  DTENSOR_CHECK(!state_->comm_hook,
+                "A communication hook is already registered (replicate on {} has '{}')",
+                state_->mesh.to_string(), state_->comm_hook ? state_->comm_hook->second.name : "");
+  state_->comm_hook.emplace(std::move(state), std::move(hook));
+}
+
+bool ReplicateHandle::has_comm_hook() const {
+  DTENSOR_CHECK(state_ != nullptr, "ReplicateHandle: empty handle");
+  return state_->comm_hook.has_value();
+}
+
 const DeviceMesh& ReplicateHandle::mesh() const {
   DTENSOR_CHECK(state_ != nullptr, "ReplicateHandle: empty handle");
   return state_->mesh;
@@ -156,6 +200,7 @@ ReplicateHandle replicate(torch::nn::Module& module, const DeviceMesh& mesh,
   auto state = std::make_shared<detail::ReplicateState>();
   state->mesh = mesh;
   state->group = mesh.get_group();
+  state->reduce_dtype = options.reduce_dtype();
   auto params = module.parameters();
   for (const auto& p : params) {
     DTENSOR_CHECK(!p.unsafeGetTensorImpl()->key_set().has_backend(c10::BackendComponent::PrivateUse1Bit),

@@ -9,6 +9,7 @@
 #include <dtensor/error.h>
 #include <dtensor/placement.h>
 #include <dtensor/process_group.h>
+#include <dtensor/comm_hooks.h>
 #include <dtensor/replicate.h>
 #include <dtensor/fully_shard.h>
 #include <dtensor/state_dict.h>

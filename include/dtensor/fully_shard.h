@@ -12,6 +12,7 @@
 #include <c10/core/ScalarType.h>
 #include <torch/arg.h>
 
+#include <dtensor/comm_hooks.h>
 #include <dtensor/device_mesh.h>
 #include <dtensor/placement.h>
 
@@ -87,6 +88,21 @@ class FSDPModule {
   // it). Collectives it issues through dtensor's collectives are counted. An empty
   // function removes it.
   void set_all_reduce_hook(std::function<void(at::Tensor&)> hook);
+  // Reductions use only SUM collectives, with separate divisions before / after (FSDP2's
+  // force_sum_reduction_for_comms). Default false: fp32 / bf16 reductions average in the
+  // collective ([Note: gradient division] in lib/internal/grad_reduce.h).
+  void set_force_sum_reduction_for_comms(bool enable);
+  // FSDP2's custom collectives for this unit's all-gather / reduce-scatter (comm_hooks.h).
+  // An empty `call` restores the default.
+  void set_custom_all_gather(CustomAllGather comm);
+  void set_custom_reduce_scatter(CustomReduceScatter comm);
+  // Seed 003's communication hook: on the root, for the root and every unit below it. The
+  // hook's reduce_scatter replaces each unit's reduce-scatter and division (it then also
+  // takes the place of a custom reduce-scatter). Errors: called on a nested unit, on a model
+  // with an HSDP (2-D) unit, with a hook without a reduce_scatter, or when any of the units
+  // already has a hook.
+  void register_comm_hook(CommHookState state, CommHook hook);
+  bool has_comm_hook() const; // this unit's
   // dtensor::clip_grad_norm_ over every parameter of the module (root units only: a
   // nested unit would clip a part of the model with a partial norm).
   at::Tensor clip_grad_norm_(double max_norm, double norm_type = 2.0, bool error_if_nonfinite = false);

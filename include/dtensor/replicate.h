@@ -2,9 +2,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+
+#include <c10/core/ScalarType.h>
 
 #include <torch/arg.h>
 
+#include <dtensor/comm_hooks.h>
 #include <dtensor/device_mesh.h>
 
 namespace torch::nn {
@@ -23,6 +27,10 @@ struct ReplicateOptions {
   TORCH_ARG(double, bucket_cap_mb) = 25.0;
   // Broadcast parameters and buffers from the mesh's first rank when replicating.
   TORCH_ARG(bool, broadcast_from_rank0) = true;
+  // Reduce the buckets in this dtype (then cast back), like fully_shard's
+  // mp_policy.reduce_dtype; fp16 reductions divide before and after the SUM
+  // ([Note: gradient division] in lib/internal/grad_reduce.h).
+  TORCH_ARG(std::optional<c10::ScalarType>, reduce_dtype) = std::nullopt;
 };
 
 // Controls a replicated module. Keep it alive while training: the gradient hooks hold only
@@ -35,6 +43,11 @@ class ReplicateHandle {
   // next backward with sync on all-reduces the accumulated gradients.
   void set_requires_gradient_sync(bool sync);
   int64_t num_buckets() const;
+  // Seed 003's communication hook for the no-shard case: hook.all_reduce replaces each
+  // bucket's all-reduce and division. Once only ("A communication hook is already
+  // registered"); call it before the first backward.
+  void register_comm_hook(CommHookState state, CommHook hook);
+  bool has_comm_hook() const;
   const DeviceMesh& mesh() const;
 
  private:

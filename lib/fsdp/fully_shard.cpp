@@ -241,6 +241,46 @@ void FSDPModule::set_all_reduce_hook(std::function<void(at::Tensor&)> hook) {
   group_->all_reduce_hook = std::move(hook);
 }
 
+void FSDPModule::set_force_sum_reduction_for_comms(bool enable) {
+  group_->force_sum_reduction = enable;
+}
+
+void FSDPModule::set_custom_all_gather(CustomAllGather comm) {
+  group_->custom_all_gather = std::move(comm);
+}
+
+void FSDPModule::set_custom_reduce_scatter(CustomReduceScatter comm) {
+  group_->custom_reduce_scatter = std::move(comm);
+}
+
+void FSDPModule::register_comm_hook(CommHookState state, CommHook hook) {
+  const auto& root = *group_;
+  DTENSOR_CHECK(root.is_root(),
+                "register_comm_hook can only be called on a root instance: unit '{}' is nested "
+                "in unit '{}'",
+                root.name, root.parent.lock() ? root.parent.lock()->name : "");
+  DTENSOR_CHECK(static_cast<bool>(hook.reduce_scatter),
+                "register_comm_hook on unit '{}': hook '{}' has no reduce_scatter, which "
+                "fully_shard units call",
+                root.name, hook.name);
+  const auto units = units_under(group_, /*recurse=*/true);
+  for (const auto& g : units) {
+    DTENSOR_CHECK(!g->replicate_group,
+                  "register_comm_hook on unit '{}': Communication hook is not supported for "
+                  "hybrid strategies (unit '{}' is HSDP on {}); use set_all_reduce_hook",
+                  root.name, g->name, g->mesh.to_string());
+    DTENSOR_CHECK(!g->comm_hook, "A communication hook is already registered (unit '{}' has '{}')",
+                  g->name, g->comm_hook ? g->comm_hook->second.name : "");
+  }
+  for (const auto& g : units) {
+    g->comm_hook.emplace(state, hook);
+  }
+}
+
+bool FSDPModule::has_comm_hook() const {
+  return group_->comm_hook.has_value();
+}
+
 at::Tensor FSDPModule::clip_grad_norm_(double max_norm, double norm_type, bool error_if_nonfinite) {
   DTENSOR_CHECK(group_->is_root(),
                 "clip_grad_norm_ should only be called on the root FSDP instance; unit '{}' is nested in another",

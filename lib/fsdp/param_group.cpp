@@ -10,6 +10,7 @@
 
 #include "internal/check.h"
 #include "internal/fsdp.h"
+#include "internal/grad_reduce.h"
 #include "internal/redistribute.h"
 #include "internal/sharding.h"
 
@@ -229,6 +230,20 @@ void FSDPParamGroup::init_sharded(std::vector<std::pair<std::string, at::Tensor>
   free_storage(unsharded_flat);
 }
 
+at::Tensor FSDPParamGroup::allocate_for_gather(int64_t numel) const {
+  const auto opts = at::TensorOptions().dtype(param_dtype).device(device);
+  if (!custom_all_gather.allocate) {
+    return at::empty({numel}, opts);
+  }
+  at::Tensor t = custom_all_gather.allocate({numel}, param_dtype, device);
+  DTENSOR_CHECK(t.defined() && t.numel() == numel && t.scalar_type() == param_dtype &&
+                    t.device() == device,
+                "fully_shard unit '{}': the custom all-gather's allocate must give a {} tensor "
+                "of {} elements on {}",
+                name, c10::toString(param_dtype), numel, device.str());
+  return t.view({numel});
+}
+
 void FSDPParamGroup::unshard() {
   if (state == ShardState::Unsharded) {
     return;
@@ -239,9 +254,13 @@ void FSDPParamGroup::unshard() {
   }
   at::NoGradGuard no_grad;
   at::Tensor input = flat_shard.to(device, param_dtype);
-  CommBuffer buffer(at::empty({shard_size * shard_numel}, input.options()));
+  CommBuffer buffer(allocate_for_gather(shard_size * shard_numel));
   at::Tensor& gathered = buffer.tensor;
-  all_gather_into_tensor(gathered, input, shard_group);
+  if (custom_all_gather.call) {
+    custom_all_gather.call(gathered, input, shard_group);
+  } else {
+    all_gather_into_tensor(gathered, input, shard_group);
+  }
   allocate_storage(unsharded_flat);
   for (const FSDPParam& fp : params) {
     for (int64_t r = 0; r < shard_size; ++r) {
@@ -340,14 +359,25 @@ void FSDPParamGroup::end_backward() {
   }
 }
 
-void FSDPParamGroup::reduce_grads() {
-  at::NoGradGuard no_grad;
-  auto opts = at::TensorOptions().dtype(reduce_dtype).device(device);
-  CommBuffer buffer(at::zeros({shard_size * shard_numel}, opts));
-  at::Tensor& input = buffer.tensor;
+at::Tensor FSDPParamGroup::allocate_for_reduce(int64_t numel,
+                                               const CommAllocator& allocate) const {
+  if (!allocate) {
+    return at::empty({numel}, at::TensorOptions().dtype(reduce_dtype).device(device));
+  }
+  at::Tensor t = allocate({numel}, reduce_dtype, device);
+  DTENSOR_CHECK(t.defined() && t.numel() == numel && t.scalar_type() == reduce_dtype &&
+                    t.device() == device,
+                "fully_shard unit '{}': the custom reduce-scatter's allocate must give a {} "
+                "tensor of {} elements on {}",
+                name, c10::toString(reduce_dtype), numel, device.str());
+  return t.view({numel});
+}
+
+void FSDPParamGroup::copy_in_grads(at::Tensor& input) const {
+  input.zero_(); // gradients not received contribute zeros: every rank issues the same collective
   for (const FSDPParam& fp : params) {
     if (!fp.unsharded_grad.defined()) {
-      continue; // contributes zeros: every rank issues the same collective
+      continue;
     }
     for (int64_t r = 0; r < shard_size; ++r) {
       const int64_t rows = fp.rows_on(r, shard_size);
@@ -359,25 +389,66 @@ void FSDPParamGroup::reduce_grads() {
           .copy_(fp.unsharded_grad.narrow(fp.shard_dim, r * fp.chunk, rows));
     }
   }
-  at::Tensor output = at::empty({shard_numel}, opts);
-  reduce_scatter_tensor_into(output, input, ReduceOp::Sum, shard_group);
+}
+
+void FSDPParamGroup::run_all_reduce_hook(at::Tensor& output) const {
+  if (!all_reduce_hook) {
+    return;
+  }
+  // [Note: all-reduce hook] FSDP2's place: after the reduce-scatter (and HSDP's
+  // all-reduce), before the post-division, the cast back and the copy into the gradients.
+  const auto numel = output.numel();
+  const auto dtype = output.scalar_type();
+  all_reduce_hook(output);
+  DTENSOR_CHECK(output.defined() && output.numel() == numel && output.scalar_type() == dtype,
+                "fully_shard unit '{}': the all-reduce hook must leave the reduced gradient "
+                "a {} tensor of {} elements",
+                name, c10::toString(dtype), numel);
+}
+
+at::Tensor FSDPParamGroup::reduce_with_hook(at::Tensor& input) {
+  const auto& [registered, hook] = *comm_hook;
+  const CommHookState hook_state = resolved_hook_state(registered, shard_group);
+  at::Tensor output = at::empty({shard_numel}, input.options());
+  hook.reduce_scatter(hook_state, input, output);
+  DTENSOR_CHECK(output.defined() && output.numel() == shard_numel,
+                "fully_shard unit '{}': communication hook '{}' must leave a reduced shard of {} "
+                "elements in `output`, got {}",
+                name, hook.name, shard_numel, output.defined() ? output.numel() : 0);
+  output = output.reshape({shard_numel});
+  run_all_reduce_hook(output);
+  return output;
+}
+
+at::Tensor FSDPParamGroup::reduce_flat(at::Tensor& input) {
+  if (comm_hook) {
+    return reduce_with_hook(input);
+  }
+  const DivideFactors f = gradient_divide_factors(mesh.size(), reduce_dtype,
+                                                  gradient_divide_factor, force_sum_reduction);
+  if (f.premul != 1) {
+    input.mul_(f.premul); // NCCL's PreMulSum, emulated: multiply, then SUM
+  }
+  if (f.pre != 1) {
+    input.div_(f.pre);
+  }
+  at::Tensor output = allocate_for_reduce(shard_numel, custom_reduce_scatter.allocate);
+  if (custom_reduce_scatter.call) {
+    custom_reduce_scatter.call(output, input, shard_group, f.reduce_scatter_op);
+  } else {
+    reduce_scatter_tensor_into(output, input, f.reduce_scatter_op, shard_group);
+  }
   if (replicate_group) {
-    all_reduce_(output, ReduceOp::Sum, *replicate_group);
+    all_reduce_(output, f.all_reduce_op, *replicate_group);
   }
-  const double factor =
-      gradient_divide_factor > 0 ? gradient_divide_factor : static_cast<double>(mesh.size());
-  output.div_(factor);
-  if (all_reduce_hook) {
-    // [Note: all-reduce hook] FSDP2's place: after the reduce-scatter (and HSDP's
-    // all-reduce) and the division, before the cast back and the copy into the gradients.
-    const auto numel = output.numel();
-    const auto dtype = output.scalar_type();
-    all_reduce_hook(output);
-    DTENSOR_CHECK(output.defined() && output.numel() == numel && output.scalar_type() == dtype,
-                  "fully_shard unit '{}': the all-reduce hook must leave the reduced gradient "
-                  "a {} tensor of {} elements",
-                  name, c10::toString(dtype), numel);
+  run_all_reduce_hook(output);
+  if (f.post != 1) {
+    output.div_(f.post);
   }
+  return output;
+}
+
+void FSDPParamGroup::accumulate_shard_grads(at::Tensor output) {
   const bool keep_low = options.mp_policy().keep_low_precision_grads();
   if (!keep_low && output.scalar_type() != orig_dtype) {
     output = output.to(orig_dtype);
@@ -403,6 +474,14 @@ void FSDPParamGroup::reduce_grads() {
     fp.unsharded_grad = at::Tensor();
     fp.grad_received = false;
   }
+}
+
+void FSDPParamGroup::reduce_grads() {
+  at::NoGradGuard no_grad;
+  const CommAllocator& allocate = comm_hook ? CommAllocator() : custom_reduce_scatter.allocate;
+  CommBuffer buffer(allocate_for_reduce(shard_size * shard_numel, allocate));
+  copy_in_grads(buffer.tensor);
+  accumulate_shard_grads(reduce_flat(buffer.tensor));
 }
 
 } // namespace dtensor::detail

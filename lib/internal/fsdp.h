@@ -93,6 +93,10 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
   bool requires_gradient_sync = true;
   double gradient_divide_factor = 0; // 0: the data-parallel size
   std::function<void(at::Tensor&)> all_reduce_hook; // FSDPModule::set_all_reduce_hook
+  bool force_sum_reduction = false;
+  CustomAllGather custom_all_gather;
+  CustomReduceScatter custom_reduce_scatter;
+  std::optional<std::pair<CommHookState, CommHook>> comm_hook; // register_comm_hook
 
   bool is_root() const { return parent.expired(); }
   bool is_ancestor_of(const FSDPParamGroup& other) const;
@@ -120,6 +124,15 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
   // One reduce-scatter of every received gradient (+ one all-reduce for HSDP); the
   // results accumulate into the parameters' Shard gradients.
   void reduce_grads();
+
+ private:
+  at::Tensor allocate_for_gather(int64_t numel) const;
+  at::Tensor allocate_for_reduce(int64_t numel, const CommAllocator& allocate) const;
+  void copy_in_grads(at::Tensor& input) const;
+  at::Tensor reduce_flat(at::Tensor& input);      // the reduced shard, reduce dtype
+  at::Tensor reduce_with_hook(at::Tensor& input); // register_comm_hook's path
+  void run_all_reduce_hook(at::Tensor& output) const;
+  void accumulate_shard_grads(at::Tensor output);
 };
 
 // All live units, in creation order, and the per-backward bookkeeping.

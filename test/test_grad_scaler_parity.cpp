@@ -1,0 +1,156 @@
+// Seed 002's parity test in per-parameter terms: fully_shard + GradScaler trains exactly as
+// replicate + GradScaler (the DDP reference) on seed 004's NestedWrappedModule, over
+// CPU offload x {reshard after forward, keep unsharded} x {fp16 mixed precision, none}, for
+// several steps including one whose gradients overflow (injected on one rank's shard only).
+#include <ATen/autocast_mode.h>
+#include <torch/optim/sgd.h>
+
+#include <cmath>
+
+#include "support/catch.h"
+#include "support/dist.h"
+#include "support/fsdp_models.h"
+#include "support/pieces.h"
+
+using dtensor::DTensor;
+using dtensor::FullyShardOptions;
+using dtensor::GradScaler;
+using dtensor::GradScalerOptions;
+using dtensor::init_device_mesh;
+using dtensor::testing::close;
+using dtensor::testing::device_type;
+using dtensor::testing::full_value;
+using dtensor::testing::NestedWrappedModule;
+using dtensor::testing::options;
+using dtensor::testing::rank;
+using dtensor::testing::world;
+
+namespace {
+
+// [Note: the fp16 reference] fully_shard with param_dtype = reduce_dtype = fp16 computes
+// forward and backward in fp16 from fp32 master weights and reduces in fp16. The reference
+// does the same with CPU autocast (fp16 linears over fp32 weights) and replicate's fp16
+// reduction, as PyTorch's parity test runs DDP under autocast. The two differ only in
+// rounding, so fp16 runs are compared with fp16 tolerances.
+struct Autocast {
+  explicit Autocast(bool on) : on_(on) {
+    if (on_) {
+      at::autocast::set_autocast_dtype(c10::kCPU, c10::kHalf);
+      at::autocast::set_autocast_enabled(c10::kCPU, true);
+    }
+  }
+  ~Autocast() {
+    if (on_) {
+      at::autocast::set_autocast_enabled(c10::kCPU, false);
+      at::autocast::clear_cache();
+    }
+  }
+  bool on_;
+};
+
+// Writes inf into element 0 of p's gradient: its local shard on rank `on_rank` only for a
+// DTensor gradient, every rank's copy for a replicated plain gradient (all equal after the
+// all-reduce, so every rank sees the overflow, as a real one would be).
+void poison(const at::Tensor& p, int on_rank) {
+  at::Tensor g = p.grad();
+  const bool sharded = dtensor::is_dtensor(g);
+  if (sharded && rank() != on_rank) {
+    return;
+  }
+  at::Tensor local = sharded ? DTensor(g).to_local() : g;
+  if (local.numel() > 0) {
+    c10::NoGradGuard no_grad;
+    local.view(-1)[0].fill_(INFINITY);
+  }
+}
+
+struct Run {
+  std::vector<double> losses;
+  std::vector<bool> stepped;
+  std::vector<double> scales;
+};
+
+constexpr int kSteps = 4;
+constexpr int kInfStep = 2;
+
+// Trains `model` for kSteps with GradScaler and SGD with momentum (Adam would hide the scale).
+Run train(NestedWrappedModule& model, bool fp16_input, bool autocast) {
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  GradScaler scaler(GradScalerOptions().init_scale(2048.0));
+  Run run;
+  for (int step = 0; step < kSteps; ++step) {
+    opt.zero_grad();
+    auto input = model->get_input(options().device());
+    if (fp16_input) {
+      input[0] = input[0].to(c10::kHalf);
+    }
+    at::Tensor loss;
+    {
+      Autocast ac(autocast);
+      loss = model->get_loss(input, model->forward(input[0]));
+    }
+    run.losses.push_back(loss.item<double>());
+    scaler.scale(loss).backward();
+    if (step == kInfStep) {
+      poison(model->parameters().front(), world() - 1);
+    }
+    run.stepped.push_back(scaler.step(opt));
+    scaler.update();
+    run.scales.push_back(scaler.get_scale());
+  }
+  return run;
+}
+
+} // namespace
+
+TEST_CASE("GradScaler: fully_shard trains as replicate, offload x reshard x fp16 (seed 002)",
+          "[grad_scaler_parity][world1][world2][world4]") {
+  auto mesh = init_device_mesh(device_type(), {world()}, {"dp"});
+  for (bool offload : {false, true}) {
+    for (bool reshard : {true, false}) {
+      for (bool fp16 : {false, true}) {
+        INFO("offload " << offload << " reshard " << reshard << " fp16 " << fp16);
+        NestedWrappedModule ref(rank(), /*deterministic=*/true);
+        NestedWrappedModule model(rank(), true);
+        ref->to(options().device());
+        model->to(options().device());
+        dtensor::ReplicateOptions ropts;
+        if (fp16) {
+          ropts.reduce_dtype(c10::kHalf);
+        }
+        auto ddp = dtensor::replicate(*ref, mesh, ropts); // keep the handle alive while training
+        auto opts = FullyShardOptions().mesh(mesh).reshard_after_forward(reshard);
+        opts.offload_policy(dtensor::OffloadPolicy().offload_to_cpu(offload));
+        if (fp16) {
+          opts.mp_policy(dtensor::MixedPrecisionPolicy().param_dtype(c10::kHalf).reduce_dtype(c10::kHalf));
+        }
+        // Seed 004's recursive wrapping: module.1.0 inside module.1, module.2, the root.
+        dtensor::fully_shard(*model->module->ptr(1)->as<torch::nn::SequentialImpl>()->ptr(0), opts);
+        dtensor::fully_shard(*model->module->ptr(1), opts);
+        dtensor::fully_shard(*model->module->ptr(2), opts);
+        dtensor::fully_shard(*model, opts);
+
+        const Run want = train(ref, false, fp16);
+        const Run got = train(model, fp16, false);
+        const double tol = fp16 ? 1e-2 : 1e-5;
+        for (int s = 0; s < kSteps; ++s) {
+          INFO("step " << s);
+          REQUIRE(got.stepped[s] == want.stepped[s]);
+          REQUIRE(got.stepped[s] == (s != kInfStep)); // only the injected overflow skips
+          REQUIRE(got.scales[s] == want.scales[s]);
+          REQUIRE(std::abs(got.losses[s] - want.losses[s]) <= tol * (1 + std::abs(want.losses[s])));
+        }
+        REQUIRE_FALSE(got.stepped[kInfStep]); // the injected overflow skipped the step
+        auto a = model->parameters();
+        auto b = ref->parameters();
+        REQUIRE(a.size() == b.size());
+        for (size_t k = 0; k < a.size(); ++k) {
+          INFO("parameter " << k);
+          REQUIRE(a[k].scalar_type() == c10::kFloat); // fp32 master weights
+          REQUIRE(a[k].device() == options().device());
+          REQUIRE(close(full_value(a[k]), b[k], tol, tol));
+        }
+      }
+    }
+  }
+}
