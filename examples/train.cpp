@@ -117,9 +117,7 @@ std::shared_ptr<dtensor::ParallelStyle> style(T s) {
   return std::make_shared<T>(std::move(s));
 }
 
-} // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   at::set_num_threads(1);
   Flags f = parse(argc, argv);
   dtensor::init_process_group();
@@ -275,4 +273,16 @@ int main(int argc, char** argv) {
                 scaler.get_scale());
   }
   return last < first ? 0 : 1;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train: error on rank %d: %s\n", dtensor::is_initialized() ? dtensor::get_rank() : -1,
+                 e.what());
+    return 1;
+  }
 }

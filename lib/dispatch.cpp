@@ -133,6 +133,8 @@ void infer_output_shapes(const c10::OperatorHandle& op, const OpInfo& info, Cach
       meta.emplace_back(l);
     } else if (v.isTensor() && v.toTensor().defined()) {
       meta.emplace_back(v.toTensor().to(at::kMeta));
+    } else if (v.isDevice()) {
+      meta.emplace_back(c10::Device(at::kMeta)); // _to_copy(..., device=cpu) and factories
     } else {
       meta.push_back(v);
     }

@@ -215,6 +215,25 @@ TEST_CASE("dropout on DTensors", "[dtensor][rules][world1][world2][world4]") {
   }
 }
 
+TEST_CASE("dtype casts that name the mesh's device (as autograd's do)",
+          "[dtensor][rules][world1][world2][world4]") {
+  // Autograd casts a gradient back to its input's dtype with the full TensorOptions, device
+  // included ([Note: _to_copy with a device]); mixed-precision backward depends on it.
+  auto mesh = init_device_mesh(device_type(), {world()}, {"x"});
+  at::Tensor full = at::rand({8, 6}, options());
+  DTensor x = dtensor::distribute_tensor(full, mesh, {S(0)});
+  at::Tensor y = x.to(options(at::kHalf)); // dtype and this device
+  REQUIRE(y.scalar_type() == at::kHalf);
+  REQUIRE(DTensor(y).placements() == Placements{S(0)});
+  REQUIRE(at::equal(DTensor(y).full_tensor(), full.to(at::kHalf)));
+  // A gradient in fp32 flows back through a cast to fp16.
+  at::Tensor leaf = dtensor::distribute_tensor(full, mesh, {S(0)}).detach().requires_grad_(true);
+  at::Tensor half = leaf.to(at::kHalf);
+  (DTensor(half).full_tensor().to(at::kFloat) * 2).sum().backward();
+  REQUIRE(leaf.grad().scalar_type() == at::kFloat);
+  REQUIRE(at::equal(DTensor(leaf.grad()).full_tensor(), at::full({8, 6}, 2.0, options())));
+}
+
 TEST_CASE("sharding rules on a 2-D mesh", "[dtensor][rules][world4]") {
   auto mesh = init_device_mesh(device_type(), {2, 2}, {"dp", "tp"});
   at::manual_seed(12);

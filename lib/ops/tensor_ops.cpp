@@ -41,10 +41,14 @@ OpSharding fill_rule(const OpInfo& info) {
   return same_as_self(info);
 }
 
+// [Note: _to_copy with a device] A dtype cast often names the device it stays on (autograd
+// casting a gradient back to its input's dtype passes the full TensorOptions): a device of
+// the mesh's type is that one. Another device type would move the local shard off the mesh.
 OpSharding to_copy_rule(const OpInfo& info) {
+  const c10::DeviceType mesh_type = info.specs[0]->mesh.device_type();
   for (size_t i = 1; i < info.num_args(); ++i) {
     const c10::IValue& v = info.arg(i);
-    if (v.isDevice()) {
+    if (v.isDevice() && v.toDevice().type() != mesh_type) {
       fail_unsupported(info, "moving a DTensor to another device is not supported; the mesh fixes it");
     }
   }
