@@ -15,7 +15,7 @@
 
 #include <dtensor/all.h>
 
-#include "support/fsdp_models.h"
+#include <models/fsdp_models.h>
 
 namespace {
 
@@ -36,7 +36,7 @@ int64_t bytes_of(const std::vector<at::Tensor>& params) {
 void run(const Size& sz, int steps) {
   const int world = dtensor::get_world_size();
   auto mesh = dtensor::init_device_mesh(c10::kCPU, {world}, {"dp"});
-  auto args = dtensor::testing::ModelArgs()
+  auto args = dtensor::models::ModelArgs()
                   .dim(sz.dim)
                   .n_layers(sz.layers)
                   .n_heads(sz.heads)
@@ -44,7 +44,7 @@ void run(const Size& sz, int steps) {
                   .max_seq_len(sz.seq)
                   .dropout_p(0.0);
   torch::manual_seed(0);
-  dtensor::testing::Transformer model(args);
+  dtensor::models::Transformer model(args);
   std::vector<dtensor::FSDPModule> blocks;
   for (auto& layer : *model->layers) {
     blocks.push_back(dtensor::fully_shard(*layer, dtensor::FullyShardOptions().mesh(mesh)));

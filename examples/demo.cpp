@@ -1,6 +1,8 @@
 // The demo: a (dp=2, tp=2) mesh on 4 ranks, a DTensor product and its redistributions,
-// collectives on each dimension, and CommDebugMode's tables. Run it with scripts/demo.sh
-// (torchrun --nproc-per-node 4).
+// collectives on each dimension, and CommDebugMode's tables: a first look at the API (the
+// main job, scripts/demo.sh, runs examples/train). Run it on 4 ranks:
+//   torchrun --standalone --nproc-per-node 4 --no-python build/examples/demo
+// `scripts/test.sh` runs it too (test `demo-w4`).
 #include <iostream>
 
 #include <ATen/ATen.h>

@@ -12,12 +12,17 @@
 // mixed precision with fp16 parameters and reductions, dtensor::GradScaler; prints the scale
 // and the skipped steps), --compress bf16|fp16 (gradients reduced through the compression
 // communication hook, docs/comm_hooks.md).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -29,7 +34,7 @@
 #include <dtensor/all.h>
 #include <dtensor/diagnostics.h>
 
-#include "support/fsdp_models.h" // common_dtensor's Transformer (also used by the tests)
+#include <models/fsdp_models.h> // common_dtensor's Transformer (also used by the tests)
 
 namespace {
 
@@ -112,6 +117,79 @@ Flags parse(int argc, char** argv) {
   return f;
 }
 
+// Gloo prints a "[Gloo] Rank N is connected to ..." line on stdout for every group it
+// connects; the example keeps its own output clean by muting stdout while groups are made.
+class MutedStdout {
+ public:
+  MutedStdout() : saved_(dup(STDOUT_FILENO)) {
+    std::fflush(stdout);
+    const int null = open("/dev/null", O_WRONLY);
+    if (null >= 0) {
+      dup2(null, STDOUT_FILENO);
+      close(null);
+    }
+  }
+  ~MutedStdout() {
+    std::fflush(stdout);
+    if (saved_ >= 0) {
+      dup2(saved_, STDOUT_FILENO);
+      close(saved_);
+    }
+  }
+  MutedStdout(const MutedStdout&) = delete;
+  MutedStdout& operator=(const MutedStdout&) = delete;
+
+ private:
+  int saved_;
+};
+
+// GPT-2-style initialisation: weights N(0, 0.02), the projections back into the residual
+// stream (attention.wo, feed_forward.w2) N(0, 0.02 / sqrt(2 * layers)), biases 0, norms 1.
+// The logits start near 0, so the loss starts near ln(vocab).
+void gpt_init(torch::nn::Module& model, int64_t layers) {
+  c10::NoGradGuard no_grad;
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(layers));
+  for (auto& item : model.named_parameters()) {
+    const std::string& name = item.key();
+    at::Tensor& p = item.value();
+    const bool norm = name.find("norm") != std::string::npos;
+    if (p.dim() < 2) {
+      p.fill_(norm && name.size() >= 6 && name.compare(name.size() - 6, 6, "weight") == 0 ? 1.0
+                                                                                          : 0.0);
+    } else {
+      const bool residual = name.find("attention.wo") != std::string::npos ||
+                            name.find("feed_forward.w2") != std::string::npos;
+      p.normal_(0.0, residual ? residual_std : 0.02);
+    }
+  }
+}
+
+// Greedy continuation of `prompt` (every rank runs the same forward passes).
+std::string sample(dtensor::models::Transformer& model, const std::string& prompt, int64_t n,
+                   int64_t seq, const std::map<char, int64_t>& index, const at::Device& device) {
+  c10::NoGradGuard no_grad;
+  std::vector<char> symbol(index.size());
+  for (const auto& [c, i] : index) {
+    symbol[static_cast<size_t>(i)] = c;
+  }
+  std::vector<int64_t> ids;
+  for (char c : prompt) {
+    ids.push_back(index.at(c));
+  }
+  std::string out = prompt;
+  for (int64_t k = 0; k < n; ++k) {
+    const auto len = std::min<int64_t>(static_cast<int64_t>(ids.size()), seq);
+    std::vector<int64_t> window(ids.end() - len, ids.end());
+    at::Tensor x = at::tensor(window, at::kLong).view({1, len}).to(device);
+    at::Tensor logits = model->forward(x);
+    at::Tensor full = dtensor::is_dtensor(logits) ? dtensor::DTensor(logits).full_tensor() : logits;
+    const int64_t next = full[0][len - 1].argmax().item<int64_t>();
+    ids.push_back(next);
+    out += symbol[static_cast<size_t>(next)];
+  }
+  return out;
+}
+
 template <typename T>
 std::shared_ptr<dtensor::ParallelStyle> style(T s) {
   return std::make_shared<T>(std::move(s));
@@ -120,6 +198,8 @@ std::shared_ptr<dtensor::ParallelStyle> style(T s) {
 int run(int argc, char** argv) {
   at::set_num_threads(1);
   Flags f = parse(argc, argv);
+  std::optional<MutedStdout> muted;
+  muted.emplace();
   dtensor::init_process_group();
   const int world = dtensor::get_world_size();
   const int rank = dtensor::get_rank();
@@ -140,6 +220,10 @@ int run(int argc, char** argv) {
   auto mesh = dtensor::init_device_mesh(device_type, {f.dp, f.tp}, {"dp", "tp"});
   auto dp = mesh["dp"];
   auto tp = mesh["tp"];
+  dp.get_group(); // make every group now, while Gloo's connection lines are muted
+  tp.get_group();
+  dtensor::barrier(dtensor::world_group());
+  muted.reset();
 
   // Character vocabulary.
   const std::string text = kCorpus;
@@ -155,7 +239,7 @@ int run(int argc, char** argv) {
   at::Tensor data = at::tensor(ids, at::kLong);
   const int64_t vocab = static_cast<int64_t>(index.size());
 
-  auto args = dtensor::testing::ModelArgs()
+  auto args = dtensor::models::ModelArgs()
                   .vocab_size(vocab)
                   .max_seq_len(f.seq)
                   .dim(f.dim)
@@ -163,7 +247,8 @@ int run(int argc, char** argv) {
                   .n_heads(f.heads)
                   .dropout_p(0.0);
   torch::manual_seed(0); // same initial weights everywhere
-  dtensor::testing::Transformer model(args);
+  dtensor::models::Transformer model(args);
+  gpt_init(*model, f.layers);
   model->to(device);
   dtensor::parallelize_module(*model, tp,
                               dtensor::ParallelizePlan{
@@ -246,8 +331,8 @@ int run(int argc, char** argv) {
     if (rank == 0 && log) {
       const double norm = dtensor::DTensor(total).to_local().item<double>();
       std::printf("%5lld %8.4f %10.0f %10.4f %9g  %s%s\n", static_cast<long long>(step), l,
-                  static_cast<double>(f.batch * f.seq * f.dp) / secs, norm, scale,
-                  counts.c_str(), stepped ? "" : " (step skipped: inf/NaN gradients)");
+                  static_cast<double>(f.batch * f.seq * f.dp) / secs, norm, scale, counts.c_str(),
+                  stepped ? "" : " (step skipped: inf/NaN gradients)");
       std::fflush(stdout);
     }
     if (f.log_every > 1 && log) {
@@ -267,7 +352,9 @@ int run(int argc, char** argv) {
       }
     }
   }
+  const std::string text_sample = sample(model, "It was the ", 60, f.seq, index, device);
   if (rank == 0) {
+    std::printf("sample: \"%s\"\n", text_sample.c_str());
     std::printf("loss %.4f -> %.4f (%s); %lld skipped steps; final scale %g\n", first, last,
                 last < first ? "falling" : "NOT falling", static_cast<long long>(skipped),
                 scaler.get_scale());
@@ -281,8 +368,8 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "train: error on rank %d: %s\n", dtensor::is_initialized() ? dtensor::get_rank() : -1,
-                 e.what());
+    std::fprintf(stderr, "train: error on rank %d: %s\n",
+                 dtensor::is_initialized() ? dtensor::get_rank() : -1, e.what());
     return 1;
   }
 }

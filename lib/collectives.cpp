@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "internal/check.h"
+#include "internal/comm_debug.h"
 #include "internal/process_group_state.h"
 
 namespace dtensor {
@@ -78,7 +79,7 @@ c10d::ReduceOp backend_op(const char* what, ReduceOp op, const at::Tensor& t, co
 
 void report(CollectiveKind kind, const Group& group, ReduceOp op, const at::Tensor& in,
             int64_t bytes_out, bool async) {
-  if (!CommDebugMode::any_active()) {
+  if (!detail::comm_debug_active()) {
     return;
   }
   CollectiveRecord rec;
@@ -93,7 +94,7 @@ void report(CollectiveKind kind, const Group& group, ReduceOp op, const at::Tens
   }
   rec.bytes_out = bytes_out;
   rec.async = async;
-  CommDebugMode::record(rec);
+  detail::record_collective(rec);
 }
 
 template <typename Issue>

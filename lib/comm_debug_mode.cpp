@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "internal/check.h"
+#include "internal/comm_debug.h"
 
 namespace dtensor {
 
@@ -58,13 +59,17 @@ CommDebugMode::~CommDebugMode() {
   }
 }
 
-bool CommDebugMode::any_active() { return !active_modes.empty(); }
+namespace detail {
 
-void CommDebugMode::record(const CollectiveRecord& rec) {
+bool comm_debug_active() { return !active_modes.empty(); }
+
+void record_collective(const CollectiveRecord& rec) {
   for (CommDebugMode* mode : active_modes) {
     mode->records_.push_back(rec);
   }
 }
+
+} // namespace detail
 
 std::map<CollectiveKind, int64_t> CommDebugMode::comm_counts() const {
   std::map<CollectiveKind, int64_t> counts;

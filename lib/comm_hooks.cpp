@@ -20,8 +20,8 @@ double predivide_factor(double size) {
   return factor;
 }
 
-DivideFactors gradient_divide_factors(int64_t dp_size, c10::ScalarType reduce_dtype,
-                                      double factor, bool force_sum) {
+DivideFactors gradient_divide_factors(int64_t dp_size, c10::ScalarType reduce_dtype, double factor,
+                                      bool force_sum) {
   const bool overflow_risk = reduce_dtype != c10::kFloat && reduce_dtype != c10::kBFloat16;
   const auto size = static_cast<double>(dp_size);
   if (factor <= 0) {

@@ -10,10 +10,10 @@
 
 #include "internal/check.h"
 #include "internal/dtensor_impl.h"
-#include "internal/fsdp.h"
+#include "internal/interceptors.h"
+#include "internal/op_args.h"
 #include "internal/redistribute.h"
 #include "internal/sharding.h"
-#include "internal/tensor_parallel.h"
 
 namespace dtensor::detail {
 
@@ -51,11 +51,6 @@ DecisionCache& decision_cache() {
   return cache;
 }
 constexpr size_t kMaxCachedDecisions = 8192;
-
-std::string op_full_name(const c10::OperatorHandle& op) {
-  const auto& n = op.operator_name();
-  return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
-}
 
 // The key spells every spec out in full (placements, shape, stride, dtype; the mesh by its
 // hash, which covers its ranks, shape and names): equal keys mean equal decisions.
@@ -145,9 +140,10 @@ void infer_output_shapes(const c10::OperatorHandle& op, const OpInfo& info, Cach
     for (const auto& placements : out.sharding.outputs) {
       for (const auto& p : placements) {
         if (p.is_shard()) {
-          fail_unsupported(info, fmt::format("its output shape could not be inferred on meta tensors "
-                                             "and its rule gives none ({})",
-                                             e.what_without_backtrace()));
+          fail_unsupported(info,
+                           fmt::format("its output shape could not be inferred on meta tensors "
+                                       "and its rule gives none ({})",
+                                       e.what_without_backtrace()));
         }
       }
     }
@@ -180,7 +176,8 @@ void infer_output_shapes(const c10::OperatorHandle& op, const OpInfo& info, Cach
 // Meta kernel in C++); their outputs are new tensors, dense in the order of the local
 // result's strides, which is what the plain op gives (TensorIterator keeps the inputs'
 // dimension order).
-std::vector<int64_t> dense_strides_like(const at::Tensor& local, const std::vector<int64_t>& shape) {
+std::vector<int64_t> dense_strides_like(const at::Tensor& local,
+                                        const std::vector<int64_t>& shape) {
   const auto ndim = static_cast<int64_t>(shape.size());
   if (local.dim() != ndim || local.is_contiguous()) {
     return contiguous_strides(shape);
@@ -243,131 +240,116 @@ bool returns_tensors(const c10::FunctionSchema& schema) {
   return false;
 }
 
-void handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  if (fsdp_intercept(op, stack)) {
-    return;
-  }
-  const std::shared_ptr<const TpTag> tp_out = tp_prepare(op, stack);
-  const auto& schema = op.schema();
-  const size_t nargs = schema.arguments().size();
-  const size_t base = stack->size() - nargs;
-  torch::jit::Stack args(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
-
-  OpInfo info;
-  info.op = &op;
-  info.name = op_full_name(op);
-  info.args = &args;
-  info.specs.resize(nargs);
-  info.list_specs.resize(nargs);
-  const DeviceMesh* mesh = nullptr;
-  auto see_mesh = [&](const DTensorSpec& s) {
-    if (mesh == nullptr) {
-      mesh = &s.mesh;
-    } else {
-      DTENSOR_CHECK(*mesh == s.mesh, "{}: DTensor arguments live on different meshes: {} and {}",
-                    info.name, mesh->to_string(), s.mesh.to_string());
-    }
-  };
+// Unwrap, step 1: the specs of the DTensor arguments, which must share one mesh; plain
+// tensors mix in only as scalars (0-dim).
+void collect_specs(OpInfo& info, const OpArgs& a) {
+  info.specs.resize(a.count);
+  info.list_specs.resize(a.count);
+  info.mesh = nullptr;
   std::vector<std::string> plain_args;
-  for (size_t i = 0; i < nargs; ++i) {
-    const c10::IValue& v = args[i];
-    if (v.isTensor()) {
-      const at::Tensor& t = v.toTensor();
-      if (const DTensorMeta* m = dtensor_meta(t)) {
-        DTENSOR_CHECK(m->fsdp == nullptr || !m->fsdp->view,
-                      "{}: argument {} '{}' is a view of an unsharded fully_shard parameter and "
-                      "cannot be used with sharded DTensors",
-                      info.name, i, schema.arguments()[i].name());
-        info.specs[i] = m->spec;
-        see_mesh(m->spec);
+  a.for_each_tensor([&](size_t i, int64_t element, const at::Tensor& t) {
+    const DTensorMeta* m = dtensor_meta(t);
+    if (m == nullptr) {
+      if (element >= 0) {
+        plain_args.push_back(fmt::format("an element of argument {} '{}'", i, a.name_of(i)));
       } else if (t.defined() && t.dim() > 0) {
-        plain_args.push_back(fmt::format("argument {} '{}' ({}{})", i, schema.arguments()[i].name(),
+        plain_args.push_back(fmt::format("argument {} '{}' ({}{})", i, a.name_of(i),
                                          c10::toString(t.scalar_type()), t.sizes()));
       }
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorVector()) {
-        if (const DTensorMeta* m = dtensor_meta(t)) {
-          info.list_specs[i].push_back(m->spec);
-          see_mesh(m->spec);
-        } else {
-          plain_args.push_back(fmt::format("an element of argument {} '{}'", i,
-                                           schema.arguments()[i].name()));
-        }
-      }
+      return;
     }
-  }
-  DTENSOR_CHECK(mesh != nullptr, "{}: reached the DTensor handler without DTensor arguments", info.name);
-  info.mesh = mesh;
+    if (element < 0) {
+      info.specs[i] = m->spec;
+    } else {
+      info.list_specs[i].push_back(m->spec);
+    }
+    if (info.mesh == nullptr) {
+      info.mesh = &m->spec.mesh;
+    } else {
+      DTENSOR_CHECK(*info.mesh == m->spec.mesh,
+                    "{}: DTensor arguments live on different meshes: {} and {}", info.name,
+                    info.mesh->to_string(), m->spec.mesh.to_string());
+    }
+  });
+  DTENSOR_CHECK(info.mesh != nullptr, "{}: reached the DTensor handler without DTensor arguments",
+                info.name);
   DTENSOR_CHECK(plain_args.empty(),
                 "{}: mixes DTensors with plain tensors ({}); only scalars and 0-dim tensors mix "
                 "implicitly: convert the others with distribute_tensor or DTensor::from_local",
                 info.name, fmt::join(plain_args, ", "));
+}
 
-  // Decide (cached by op, input specs and the other arguments).
-  std::string key = cache_key(info);
-  std::shared_ptr<const Cached> decision;
+// Decide, uncached: the rule's shardings (or [Note: the replicated fallback]) and the
+// outputs' global shapes.
+std::shared_ptr<const Cached> make_decision(const c10::OperatorHandle& op, const OpInfo& info) {
+  const auto& schema = op.schema();
+  ShardingRule rule = find_rule(info.name, schema.name());
+  if (rule == nullptr) {
+    // [Note: the replicated fallback]
+    // An op without a rule still runs when every DTensor argument is Replicate on every
+    // mesh dimension: each rank computes the same result from the same inputs, so the
+    // outputs are Replicate, with no communication. Anything else needs a rule.
+    if (!all_replicated(info)) {
+      fail_unsupported(info, "no sharding rule is registered for it (ops without a rule "
+                             "only run on DTensors that are Replicate everywhere)");
+    }
+    rule = replicated_fallback;
+  }
+  auto made = std::make_shared<Cached>();
+  made->sharding = rule(info);
+  made->sharding.inputs.resize(info.num_args());
+  made->sharding.list_inputs.resize(info.num_args());
+  made->sharding.local_args.resize(info.num_args());
+  if (!made->sharding.output_shapes.empty()) {
+    for (const auto& shape : made->sharding.output_shapes) {
+      made->out_shapes.push_back({shape});
+    }
+  } else if (returns_tensors(schema)) {
+    infer_output_shapes(op, info, *made);
+  }
+  return made;
+}
+
+// Decide: cached by op, input specs and the other arguments (cache_key).
+std::shared_ptr<const Cached> decide(const c10::OperatorHandle& op, const OpInfo& info) {
+  const std::string key = cache_key(info);
+  DecisionCache& cache = decision_cache();
   {
-    DecisionCache& cache = decision_cache();
     std::lock_guard<std::mutex> lock(cache.mutex);
     auto it = cache.entries.find(key);
     if (it != cache.entries.end()) {
-      decision = it->second;
+      return it->second;
     }
   }
-  if (!decision) {
-    ShardingRule rule = find_rule(info.name, schema.name());
-    if (rule == nullptr) {
-      // [Note: the replicated fallback]
-      // An op without a rule still runs when every DTensor argument is Replicate on every
-      // mesh dimension: each rank computes the same result from the same inputs, so the
-      // outputs are Replicate, with no communication. Anything else needs a rule.
-      if (!all_replicated(info)) {
-        fail_unsupported(info, "no sharding rule is registered for it (ops without a rule "
-                               "only run on DTensors that are Replicate everywhere)");
-      }
-      rule = replicated_fallback;
-    }
-    auto made = std::make_shared<Cached>();
-    made->sharding = rule(info);
-    made->sharding.inputs.resize(nargs);
-    made->sharding.list_inputs.resize(nargs);
-    made->sharding.local_args.resize(nargs);
-    if (!made->sharding.output_shapes.empty()) {
-      for (const auto& shape : made->sharding.output_shapes) {
-        made->out_shapes.push_back({shape});
-      }
-    } else if (returns_tensors(schema)) {
-      infer_output_shapes(op, info, *made);
-    }
-    decision = made;
-    DecisionCache& cache = decision_cache();
-    std::lock_guard<std::mutex> lock(cache.mutex);
-    if (cache.entries.size() >= kMaxCachedDecisions) {
-      cache.entries.clear();
-    }
-    cache.entries.emplace(key, decision);
+  std::shared_ptr<const Cached> decision = make_decision(op, info);
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  if (cache.entries.size() >= kMaxCachedDecisions) {
+    cache.entries.clear();
   }
-  const OpSharding& sharding = decision->sharding;
+  cache.entries.emplace(key, decision);
+  return decision;
+}
 
-  // Unwrap, redistributing where the rule asks.
-  for (size_t i = 0; i < nargs; ++i) {
-    c10::IValue& slot = (*stack)[base + i];
+// Unwrap, step 2: every DTensor argument becomes its local tensor, redistributed where the
+// rule asks; arguments the rule rewrites for the local op get their local values.
+void unwrap_args(const OpInfo& info, const OpSharding& sharding, const OpArgs& a) {
+  for (size_t i = 0; i < a.count; ++i) {
+    c10::IValue& slot = a[i];
     if (info.specs[i]) {
-      const DTensorMeta* m = dtensor_meta(args[i].toTensor());
+      const DTensorMeta* m = dtensor_meta(info.arg(i).toTensor());
       at::Tensor local = m->local;
       if (sharding.inputs[i] && *sharding.inputs[i] != m->spec.placements) {
-        const auto* alias = schema.arguments()[i].alias_info();
-        DTENSOR_CHECK(alias == nullptr || !alias->isWrite(),
+        DTENSOR_CHECK(!a.writes(i),
                       "{}: argument '{}' is written in place but would have to be redistributed "
                       "from {} to {}; redistribute it explicitly first",
-                      info.name, schema.arguments()[i].name(), to_string(m->spec.placements),
+                      info.name, a.name_of(i), to_string(m->spec.placements),
                       to_string(*sharding.inputs[i]));
         local = redistribute_local(local, m->spec, *sharding.inputs[i]);
       }
       slot = local;
     } else if (!info.list_specs[i].empty()) {
       c10::List<at::Tensor> locals;
-      for (const at::Tensor& t : args[i].toTensorVector()) {
+      for (const at::Tensor& t : info.arg(i).toTensorVector()) {
         const DTensorMeta* m = dtensor_meta(t);
         at::Tensor local = m->local;
         if (sharding.list_inputs[i] && *sharding.list_inputs[i] != m->spec.placements) {
@@ -381,7 +363,9 @@ void handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       slot = *sharding.local_args[i];
     }
   }
+}
 
+void run_local(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack) {
   try {
     op.callBoxed(*stack);
   } catch (const c10::Error& e) {
@@ -389,61 +373,93 @@ void handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     DTENSOR_FAIL("{}: the local op failed on rank {} for arguments {}: {}", info.name, get_rank(),
                  describe_args(info), e.what_without_backtrace());
   }
+}
 
-  // Wrap the results.
+// The spec of output `r` (element `element` of a list output) over local result `local`.
+DTensorSpec output_spec(const OpInfo& info, const Cached& decision, size_t r, size_t element,
+                        const at::Tensor& local) {
+  DTENSOR_CHECK(r < decision.sharding.outputs.size(),
+                "{}: its sharding rule gave no placements for output {}", info.name, r);
+  DTensorSpec s;
+  s.mesh = *info.mesh;
+  s.placements = decision.sharding.outputs[r];
+  if (decision.shapes_from_local) {
+    s.shape = local.sizes().vec();
+    s.stride = local.strides().vec();
+  } else {
+    s.shape = decision.out_shapes[r][element];
+    s.stride = r < decision.out_strides.size() && element < decision.out_strides[r].size()
+                   ? decision.out_strides[r][element]
+                   : dense_strides_like(local, s.shape);
+  }
+  s.dtype = local.scalar_type();
+  return s;
+}
+
+// Wrap: local results become DTensors (in-place and out= returns are their DTensor
+// arguments again), each finished by the interceptors that asked to.
+void wrap_outputs(const c10::OperatorHandle& op, const OpInfo& info, const Cached& decision,
+                  torch::jit::Stack* stack, const std::vector<OutputFinisher>& finishers) {
+  const auto& schema = op.schema();
   const size_t nret = schema.returns().size();
   const size_t rbase = stack->size() - nret;
+  auto wrap = [&](size_t r, size_t element, const at::Tensor& local) {
+    at::Tensor out = make_dtensor(local, output_spec(info, decision, r, element, local));
+    for (const auto& finish : finishers) {
+      finish(out);
+    }
+    return out;
+  };
   for (size_t r = 0; r < nret; ++r) {
     c10::IValue& slot = (*stack)[rbase + r];
     const auto* alias = schema.returns()[r].alias_info();
     if (alias != nullptr && alias->isWrite()) {
-      for (size_t a = 0; a < nargs; ++a) {
+      for (size_t a = 0; a < info.num_args(); ++a) {
         const auto* ai = schema.arguments()[a].alias_info();
         if (ai != nullptr && ai->beforeSets() == alias->beforeSets()) {
-          slot = args[a];
+          slot = info.arg(a);
           break;
         }
       }
-      continue;
-    }
-    auto spec_for = [&](size_t element, const at::Tensor& local) {
-      DTENSOR_CHECK(r < sharding.outputs.size(), "{}: its sharding rule gave no placements for output {}",
-                    info.name, r);
-      DTensorSpec s;
-      s.mesh = *mesh;
-      s.placements = sharding.outputs[r];
-      if (decision->shapes_from_local) {
-        s.shape = local.sizes().vec();
-        s.stride = local.strides().vec();
-      } else {
-        s.shape = decision->out_shapes[r][element];
-        s.stride = r < decision->out_strides.size() && element < decision->out_strides[r].size()
-                       ? decision->out_strides[r][element]
-                       : dense_strides_like(local, s.shape);
-      }
-      s.dtype = local.scalar_type();
-      return s;
-    };
-    if (slot.isTensor()) {
-      const at::Tensor& t = slot.toTensor();
-      if (t.defined()) {
-        slot = make_dtensor(t, spec_for(0, t));
-        if (tp_out) {
-          set_tp_tag(slot.toTensor(), tp_out);
-        }
-      }
+    } else if (slot.isTensor() && slot.toTensor().defined()) {
+      slot = wrap(r, 0, slot.toTensor());
     } else if (slot.isTensorList()) {
       c10::List<at::Tensor> wrapped;
       size_t e = 0;
       for (const at::Tensor& t : slot.toTensorVector()) {
-        wrapped.push_back(make_dtensor(t, spec_for(e++, t)));
-        if (tp_out) {
-          set_tp_tag(wrapped.get(wrapped.size() - 1), tp_out);
-        }
+        wrapped.push_back(wrap(r, e++, t));
       }
       slot = wrapped;
     }
   }
+}
+
+// [Note: the handler's steps] As PyTorch's OpDispatcher: interceptors, then unwrap (specs)
+// -> decide (rule, cached) -> redistribute the arguments -> run the local op -> wrap.
+void handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  std::vector<OutputFinisher> finishers;
+  for (const OpInterceptor& i : interceptors()) {
+    if (i.run != nullptr && i.run(op, stack)) {
+      return;
+    }
+    if (i.prepare != nullptr) {
+      if (OutputFinisher f = i.prepare(op, stack)) {
+        finishers.push_back(std::move(f));
+      }
+    }
+  }
+  const OpArgs a(op, stack);
+  // The arguments as they came (the stack's slots are rewritten with local tensors below).
+  torch::jit::Stack args(stack->begin() + static_cast<std::ptrdiff_t>(a.base), stack->end());
+  OpInfo info;
+  info.op = &op;
+  info.name = op_full_name(op);
+  info.args = &args;
+  collect_specs(info, a);
+  const std::shared_ptr<const Cached> decision = decide(op, info);
+  unwrap_args(info, decision->sharding, a);
+  run_local(op, info, stack);
+  wrap_outputs(op, info, *decision, stack, finishers);
 }
 
 // [Note: _reshape_alias]
@@ -465,7 +481,9 @@ size_t decision_cache_size() {
   return cache.entries.size();
 }
 
-size_t decision_cache_bound() { return kMaxCachedDecisions; }
+size_t decision_cache_bound() {
+  return kMaxCachedDecisions;
+}
 
 void ensure_dispatch_registered() {
   static std::once_flag once;
@@ -484,14 +502,17 @@ void ensure_dispatch_registered() {
       bool explicit_composite =
           h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
           h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
-      if (!explicit_composite || h->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
+      if (!explicit_composite ||
+          h->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
           h->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
         continue;
       }
-      std::string op = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+      std::string op =
+          name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
       lib->impl(op.c_str(), torch::CppFunction::makeFromBoxedFunction<&handler>());
     }
-    lib->impl("_reshape_alias", torch::CppFunction::makeFromBoxedFunction<&reshape_alias_as_view>());
+    lib->impl("_reshape_alias",
+              torch::CppFunction::makeFromBoxedFunction<&reshape_alias_as_view>());
     register_builtin_rules();
   });
 }

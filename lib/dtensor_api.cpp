@@ -1,5 +1,6 @@
 // The DTensor API: from_local, to_local, redistribute (all differentiable), full_tensor,
 // distribute_tensor.
+#include <dtensor/collectives.h>
 #include <dtensor/dtensor.h>
 
 #include <ATen/ATen.h>

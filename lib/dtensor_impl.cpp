@@ -61,7 +61,7 @@ at::Tensor make_dtensor(const at::Tensor& local, DTensorSpec spec) {
   return t;
 }
 
-const DTensorMeta* dtensor_meta(const at::Tensor& t) {
+DTensorMeta* mutable_dtensor_meta(const at::Tensor& t) {
   if (!t.defined()) {
     return nullptr;
   }
@@ -69,7 +69,11 @@ const DTensorMeta* dtensor_meta(const at::Tensor& t) {
   if (!impl->key_set().has_backend(c10::BackendComponent::PrivateUse1Bit)) {
     return nullptr;
   }
-  return dynamic_cast<const DTensorMeta*>(impl->get_backend_meta());
+  return dynamic_cast<DTensorMeta*>(impl->get_backend_meta());
+}
+
+const DTensorMeta* dtensor_meta(const at::Tensor& t) {
+  return mutable_dtensor_meta(t);
 }
 
 const DTensorMeta& checked_meta(const at::Tensor& t, const char* what) {

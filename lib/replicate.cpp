@@ -187,8 +187,8 @@ const DeviceMesh& ReplicateHandle::mesh() const {
 
 ReplicateHandle replicate(torch::nn::Module& module, const DeviceMesh& mesh,
                           const ReplicateOptions& options) {
-  DTENSOR_CHECK(mesh.defined() && mesh.ndim() == 1,
-                "replicate({}): needs a 1-D mesh, got {}", module.name(), mesh.to_string());
+  DTENSOR_CHECK(mesh.defined() && mesh.ndim() == 1, "replicate({}): needs a 1-D mesh, got {}",
+                module.name(), mesh.to_string());
   DTENSOR_CHECK(options.bucket_cap_mb() > 0, "replicate({}): bucket_cap_mb {} must be positive",
                 module.name(), options.bucket_cap_mb());
   {
@@ -203,9 +203,10 @@ ReplicateHandle replicate(torch::nn::Module& module, const DeviceMesh& mesh,
   state->reduce_dtype = options.reduce_dtype();
   auto params = module.parameters();
   for (const auto& p : params) {
-    DTENSOR_CHECK(!p.unsafeGetTensorImpl()->key_set().has_backend(c10::BackendComponent::PrivateUse1Bit),
-                  "replicate({}): parameter of shape {} is a DTensor; replicate takes plain parameters",
-                  module.name(), p.sizes());
+    DTENSOR_CHECK(
+        !p.unsafeGetTensorImpl()->key_set().has_backend(c10::BackendComponent::PrivateUse1Bit),
+        "replicate({}): parameter of shape {} is a DTensor; replicate takes plain parameters",
+        module.name(), p.sizes());
     DTENSOR_CHECK(p.device().type() == mesh.device_type(),
                   "replicate({}): a parameter is on {} but the mesh is {}", module.name(),
                   p.device().str(), mesh.to_string());

@@ -7,4 +7,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 configure "$root/build" -Dcuda=disabled
 ninja -C "$root/build" examples/train
 export TORCH_CPP_LOG_LEVEL=${TORCH_CPP_LOG_LEVEL:-WARNING}
+# torchrun imports torch, which warns that NumPy is missing (dtensor never needs it).
+export PYTHONWARNINGS=${PYTHONWARNINGS:-ignore::UserWarning}
 exec torchrun --standalone --nproc-per-node "${NPROC:-4}" --no-python "$root/build/examples/train" "$@"

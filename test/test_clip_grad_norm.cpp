@@ -10,8 +10,9 @@
 
 #include "support/catch.h"
 #include "support/dist.h"
-#include "support/fsdp_models.h"
-#include "support/models.h"
+#include "support/pieces.h"
+#include <models/fsdp_models.h>
+#include <models/mlp_models.h>
 
 using dtensor::CollectiveKind;
 using dtensor::CommDebugMode;
@@ -26,19 +27,13 @@ using dtensor::testing::options;
 using dtensor::testing::rank;
 using dtensor::testing::world;
 
+using dtensor::testing::full_value;
+using dtensor::testing::near;
+using dtensor::testing::style;
+
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-at::Tensor full(const at::Tensor& t) {
-  torch::NoGradGuard no_grad;
-  return dtensor::is_dtensor(t) ? DTensor(t).full_tensor() : t;
-}
-
-bool near(const at::Tensor& a, const at::Tensor& b) {
-  const double scale = std::max(1.0, b.abs().max().item<double>());
-  return close(a, b, 1e-4, 1e-4 * scale);
-}
 
 double vector_norm(const at::Tensor& t, double p) {
   return at::linalg_vector_norm(t.to(at::kDouble), p).item<double>();
@@ -60,8 +55,8 @@ void clip_step(M& model, R& ref, torch::optim::Optimizer& opt, torch::optim::Opt
   bool some_above = false;
   for (size_t i = 0; i < p.size(); ++i) {
     INFO("grad " << p[i].key());
-    REQUIRE(near(full(p[i].value().grad()), q[i].value().grad()));
-    before.push_back(full(p[i].value().grad()).clone());
+    REQUIRE(near(full_value(p[i].value().grad()), q[i].value().grad()));
+    before.push_back(full_value(p[i].value().grad()).clone());
     some_above = some_above || vector_norm(q[i].value().grad(), norm_type) > max_norm;
   }
   REQUIRE(some_above); // the clip is not vacuous
@@ -80,7 +75,7 @@ void clip_step(M& model, R& ref, torch::optim::Optimizer& opt, torch::optim::Opt
           1e-4 * std::max(1.0, ref_total));
   for (size_t i = 0; i < p.size(); ++i) {
     INFO("clipped " << p[i].key());
-    at::Tensor g = full(p[i].value().grad());
+    at::Tensor g = full_value(p[i].value().grad());
     REQUIRE(vector_norm(g, norm_type) <= max_norm * (1 + 1e-5));
     REQUIRE(near(g, q[i].value().grad()));
     if (before[i].count_nonzero().item<int64_t>() > 0) {
@@ -91,18 +86,13 @@ void clip_step(M& model, R& ref, torch::optim::Optimizer& opt, torch::optim::Opt
   ref_opt.step();
 }
 
-template <typename T>
-std::shared_ptr<dtensor::ParallelStyle> style(T s) {
-  return std::make_shared<T>(std::move(s));
-}
-
 } // namespace
 
 TEST_CASE("clip_grad_norm_: 1-D fully_shard Transformer against replicate (seed 001)",
           "[clip_grad_norm][world1][world2][world4]") {
   auto dp = init_device_mesh(device_type(), {world()}, {"dp"});
-  using dtensor::testing::Transformer;
-  auto args = dtensor::testing::ModelArgs().dropout_p(0.0);
+  using dtensor::models::Transformer;
+  auto args = dtensor::models::ModelArgs().dropout_p(0.0);
   for (double norm_type : {2.0, 1.0, kInf}) {
     INFO("norm_type " << norm_type);
     torch::manual_seed(0);
@@ -140,29 +130,17 @@ TEST_CASE("clip_grad_norm_: 2-D FSDP x TP MLPStack against replicate (seed 001)"
   auto mesh = init_device_mesh(device_type(), {world() / tp_size, tp_size}, {"dp", "tp"});
   auto dp = mesh["dp"];
   auto tp = mesh["tp"];
-  using dtensor::ColwiseParallel;
-  using dtensor::RowwiseParallel;
   for (double norm_type : {2.0, 1.0, 3.0, kInf}) {
     INFO("norm_type " << norm_type);
     torch::manual_seed(0);
-    auto ref = dtensor::testing::mlp_stack(16, true);
+    auto ref = dtensor::models::mlp_stack(16, true);
     ref->to(options().device());
     auto handle = dtensor::replicate(*ref, dp);
     torch::manual_seed(0);
-    auto model = dtensor::testing::mlp_stack(16, true);
+    auto model = dtensor::models::mlp_stack(16, true);
     model->to(options().device());
-    dtensor::parallelize_module(
-        *model, tp,
-        dtensor::ParallelizePlan{
-            {"*.in_proj", style(ColwiseParallel().use_local_output(false))},
-            {"[01].out_proj", style(RowwiseParallel().use_local_output(false))},
-            {"2.out_proj", style(RowwiseParallel().output_layouts(dtensor::Shard(1)))},
-            {"3", style(dtensor::SequenceParallel(1))},
-        });
-    for (size_t i = 0; i < 3; ++i) {
-      dtensor::fully_shard(*model[i], FullyShardOptions().mesh(dp));
-    }
-    dtensor::fully_shard(*model, FullyShardOptions().mesh(dp));
+    // Non-root units keep the default (reshard after forward).
+    dtensor::testing::parallelize_mlp_stack(model, tp, dp, /*reshard_after_forward=*/true);
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01));
     torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.01));
     for (int iter = 0; iter < 5; ++iter) {
@@ -186,11 +164,11 @@ TEST_CASE("clip_grad_norm_: gradients on different meshes, one all-reduce per di
   auto mesh = init_device_mesh(device_type(), {world() / tp_size, tp_size}, {"dp", "tp"});
   auto dp = mesh["dp"];
   torch::manual_seed(0);
-  auto ref = dtensor::testing::mlp_stack(16, true);
+  auto ref = dtensor::models::mlp_stack(16, true);
   ref->to(options().device());
   auto handle = dtensor::replicate(*ref, dp);
   torch::manual_seed(0);
-  auto model = dtensor::testing::mlp_stack(16, true);
+  auto model = dtensor::models::mlp_stack(16, true);
   model->to(options().device());
   // Only the first MLP is tensor-parallel (its gradients on (tp, dp)); the others and the
   // LayerNorm are fully sharded over dp only.
@@ -231,8 +209,8 @@ TEST_CASE("clip_grad_norm_: low-precision gradients, no gradients (seed 000)",
     auto total = unit.clip_grad_norm_(1.0);
     REQUIRE(total.scalar_type() == at::kHalf);
     auto expected =
-        at::linalg_vector_norm(at::cat({full(lin->weight.grad()).reshape(-1).to(at::kFloat),
-                                        full(lin->bias.grad()).to(at::kFloat)}),
+        at::linalg_vector_norm(at::cat({full_value(lin->weight.grad()).reshape(-1).to(at::kFloat),
+                                        full_value(lin->bias.grad()).to(at::kFloat)}),
                                2);
     REQUIRE(expected.item<double>() <= 1.0 + 1e-3); // clipped
   }
@@ -267,7 +245,7 @@ TEST_CASE("clip_grad_norm_: low-precision gradients, no gradients (seed 000)",
 TEST_CASE("clip_grad_norm_: DDP parity grid of seed 000 on TransformerWithSharedParams",
           "[clip_grad_norm][world1][world2]") {
   auto dp = init_device_mesh(device_type(), {world()}, {"dp"});
-  using dtensor::testing::TransformerWithSharedParams;
+  using dtensor::models::TransformerWithSharedParams;
   auto layers_of = [](torch::nn::Module& m, const std::string& kind) {
     std::vector<std::shared_ptr<torch::nn::Module>> out;
     for (const auto& item : m.named_modules()) {
@@ -332,7 +310,7 @@ TEST_CASE("clip_grad_norm_: DDP parity grid of seed 000 on TransformerWithShared
           }
           std::vector<at::Tensor> before;
           for (auto& p : model->parameters()) {
-            before.push_back(p.grad().defined() ? full(p.grad()).clone() : at::Tensor());
+            before.push_back(p.grad().defined() ? full_value(p.grad()).clone() : at::Tensor());
           }
           const double ref_total =
               torch::nn::utils::clip_grad_norm_(ref->parameters(), max_norm, norm_type);
@@ -351,13 +329,13 @@ TEST_CASE("clip_grad_norm_: DDP parity grid of seed 000 on TransformerWithShared
             if (!before[i].defined()) {
               continue;
             }
-            REQUIRE_FALSE(at::equal(full(p[i].grad()), before[i]));
-            REQUIRE(near(full(p[i].grad()), q[i].grad()));
+            REQUIRE_FALSE(at::equal(full_value(p[i].grad()), before[i]));
+            REQUIRE(near(full_value(p[i].grad()), q[i].grad()));
           }
           opt.step();
           ref_opt.step();
           for (size_t i = 0; i < p.size(); ++i) {
-            REQUIRE(near(full(p[i]), q[i]));
+            REQUIRE(near(full_value(p[i]), q[i]));
           }
         }
       }

@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "support/catch.h"
+#include "internal/comm_debug.h"
 #include "support/dist.h"
 
 using dtensor::CollectiveKind;
@@ -83,7 +84,7 @@ TEST_CASE("CommDebugMode scopes nest and end", "[comm_mode][world1][world2][worl
   auto g = dtensor::world_group();
   auto t = at::ones({3}, options());
   dtensor::all_reduce_(t, ReduceOp::Sum, g); // before any scope: recorded nowhere
-  REQUIRE_FALSE(CommDebugMode::any_active());
+  REQUIRE_FALSE(dtensor::detail::comm_debug_active());
   CommDebugMode outer;
   dtensor::all_reduce_(t, ReduceOp::Sum, g);
   {

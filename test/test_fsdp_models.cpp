@@ -6,7 +6,8 @@
 
 #include "support/catch.h"
 #include "support/dist.h"
-#include "support/fsdp_models.h"
+#include "support/pieces.h"
+#include <models/fsdp_models.h>
 
 using dtensor::CollectiveKind;
 using dtensor::CommDebugMode;
@@ -19,6 +20,8 @@ using dtensor::testing::options;
 using dtensor::testing::rank;
 using dtensor::testing::world;
 
+using dtensor::testing::full_value;
+
 namespace {
 
 struct Counts {
@@ -26,11 +29,6 @@ struct Counts {
   int64_t backward_all_gathers;
   int64_t reduce_scatters;
 };
-
-at::Tensor full(const at::Tensor& t) {
-  torch::NoGradGuard no_grad;
-  return dtensor::is_dtensor(t) ? DTensor(t).full_tensor() : t;
-}
 
 // DDP's gradients for the reference: the average over the ranks, of every parameter that
 // `keep_local` does not exclude.
@@ -82,7 +80,7 @@ void train_in_parity(M& model, M& ref, const std::function<at::Tensor(M&, int)>&
     for (size_t i = 0; i < p.size(); ++i) {
       INFO("parameter " << p[i].key());
       REQUIRE(p[i].key() == q[i].key());
-      REQUIRE(close(full(p[i].value()), q[i].value(), 1e-4, 1e-5));
+      REQUIRE(close(full_value(p[i].value()), q[i].value(), 1e-4, 1e-5));
     }
   }
 }
@@ -92,7 +90,7 @@ void train_in_parity(M& model, M& ref, const std::function<at::Tensor(M&, int)>&
 TEST_CASE("fsdp models: common_dtensor Transformer, each block and the root",
           "[fsdp_models][world1][world2][world4]") {
   auto dp = init_device_mesh(device_type(), {world()}, {"dp"});
-  using dtensor::testing::Transformer;
+  using dtensor::models::Transformer;
   torch::manual_seed(0);
   Transformer ref;
   torch::manual_seed(0);
@@ -117,7 +115,7 @@ TEST_CASE("fsdp models: common_dtensor Transformer, each block and the root",
 TEST_CASE("fsdp models: TransformerWithSharedParams, encoder and decoder layers and the root",
           "[fsdp_models][world1][world2][world4]") {
   auto dp = init_device_mesh(device_type(), {world()}, {"dp"});
-  using dtensor::testing::TransformerWithSharedParams;
+  using dtensor::models::TransformerWithSharedParams;
   TransformerWithSharedParams ref(rank(), /*add_bn=*/true, /*deterministic=*/true);
   TransformerWithSharedParams model(rank(), true, true);
   ref->to(options().device());
@@ -144,7 +142,7 @@ TEST_CASE("fsdp models: TransformerWithSharedParams, encoder and decoder layers 
 TEST_CASE("fsdp models: NestedWrappedModule with nested units",
           "[fsdp_models][world1][world2][world4]") {
   auto dp = init_device_mesh(device_type(), {world()}, {"dp"});
-  using dtensor::testing::NestedWrappedModule;
+  using dtensor::models::NestedWrappedModule;
   NestedWrappedModule ref(rank(), /*deterministic=*/true);
   NestedWrappedModule model(rank(), true);
   ref->to(options().device());
@@ -165,28 +163,28 @@ TEST_CASE("fsdp models: NestedWrappedModule with nested units",
 TEST_CASE("fsdp models: NonUniformReqGradNWM (frozen parameters)",
           "[fsdp_models][world1][world2][world4]") {
   auto dp = init_device_mesh(device_type(), {world()}, {"dp"});
-  auto ref = dtensor::testing::nonuniform_req_grad_nwm(rank(), /*deterministic=*/true);
-  auto model = dtensor::testing::nonuniform_req_grad_nwm(rank(), true);
+  auto ref = dtensor::models::nonuniform_req_grad_nwm(rank(), /*deterministic=*/true);
+  auto model = dtensor::models::nonuniform_req_grad_nwm(rank(), true);
   ref->to(options().device());
   model->to(options().device());
   auto opts = FullyShardOptions().mesh(dp);
   dtensor::fully_shard(*model->module->ptr(1), opts);
   dtensor::fully_shard(*model->module->ptr(2), opts);
   dtensor::fully_shard(*model, opts);
-  auto loss_fn = [](dtensor::testing::NonUniformReqGradNWM& m, int step) {
+  auto loss_fn = [](dtensor::models::NonUniformReqGradNWM& m, int step) {
     auto input = m->get_input(options().device());
     return m->get_loss(input, m->forward(input[0]));
   };
   // Only module.2.1 trains: one reduce-scatter. Backward needs no parameter of a resharded
   // unit (module.1's gradients are not wanted), so no all-gather either; PyTorch's module
   // hooks would gather module.2 again.
-  train_in_parity<dtensor::testing::NonUniformReqGradNWM>(model, ref, loss_fn, {3, 0, 1});
+  train_in_parity<dtensor::models::NonUniformReqGradNWM>(model, ref, loss_fn, {3, 0, 1});
 }
 
 TEST_CASE("fsdp models: MixtureOfExperts, experts on a group of one",
           "[fsdp_models][world1][world2][world4]") {
   auto mesh = init_device_mesh(device_type(), {world(), 1}, {"dp", "expert"});
-  using dtensor::testing::MixtureOfExperts;
+  using dtensor::models::MixtureOfExperts;
   MixtureOfExperts ref(rank(), /*deterministic=*/true);
   MixtureOfExperts model(rank(), true);
   ref->to(options().device());

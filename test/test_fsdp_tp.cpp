@@ -6,8 +6,9 @@
 
 #include "support/catch.h"
 #include "support/dist.h"
-#include "support/fsdp_models.h"
-#include "support/models.h"
+#include "support/pieces.h"
+#include <models/fsdp_models.h>
+#include <models/mlp_models.h>
 
 using dtensor::CollectiveKind;
 using dtensor::CommDebugMode;
@@ -20,54 +21,17 @@ using dtensor::testing::device_type;
 using dtensor::testing::options;
 using dtensor::testing::world;
 
+using dtensor::testing::full_value;
+using dtensor::testing::near;
+using dtensor::testing::parallelize_mlp_stack;
+using dtensor::testing::style;
+
 namespace {
 
 // (dp, tp): 2x2 on 4 ranks, 1x2 on 2 (tensor parallelism only), 1x1 on 1.
 DeviceMesh mesh_2d() {
   const int64_t tp = world() >= 2 ? 2 : 1;
   return init_device_mesh(device_type(), {world() / tp, tp}, {"dp", "tp"});
-}
-
-template <typename T>
-std::shared_ptr<dtensor::ParallelStyle> style(T s) {
-  return std::make_shared<T>(std::move(s));
-}
-
-// The C++ port of MLPStack.parallelize(tp_mesh, dp_mesh, use_activation_checkpointing=False,
-// reshard_after_forward=...) from common_fsdp.py.
-std::vector<dtensor::FSDPModule> parallelize_mlp_stack(torch::nn::Sequential& s,
-                                                       const DeviceMesh& tp, const DeviceMesh& dp,
-                                                       bool reshard_after_forward) {
-  using dtensor::ColwiseParallel;
-  using dtensor::RowwiseParallel;
-  dtensor::ParallelizePlan plan = {
-      {"0.in_proj", style(ColwiseParallel().use_local_output(false))},
-      {"0.out_proj", style(RowwiseParallel().use_local_output(false))},
-      {"1.in_proj", style(ColwiseParallel().use_local_output(false))},
-      {"1.out_proj", style(RowwiseParallel().use_local_output(false))},
-      {"2.in_proj", style(ColwiseParallel().use_local_output(false))},
-      {"2.out_proj", style(RowwiseParallel().output_layouts(dtensor::Shard(1)))},
-      {"3", style(dtensor::SequenceParallel(1))},
-  };
-  dtensor::parallelize_module(*s, tp, plan);
-  std::vector<dtensor::FSDPModule> units;
-  auto opts = FullyShardOptions().mesh(dp).reshard_after_forward(reshard_after_forward);
-  for (size_t i = 0; i < 3; ++i) { // not the LayerNorm
-    units.push_back(dtensor::fully_shard(*s[i], opts));
-  }
-  units.push_back(dtensor::fully_shard(*s, FullyShardOptions().mesh(dp)));
-  return units;
-}
-
-// Tensor parallelism sums in another order: absolute error up to 1e-4 of the largest value.
-bool near(const at::Tensor& a, const at::Tensor& b) {
-  const double scale = std::max(1.0, b.abs().max().item<double>());
-  return close(a, b, 1e-4, 1e-4 * scale);
-}
-
-at::Tensor full(const at::Tensor& t) {
-  torch::NoGradGuard no_grad;
-  return dtensor::is_dtensor(t) ? DTensor(t).full_tensor() : t;
 }
 
 } // namespace
@@ -80,25 +44,25 @@ TEST_CASE("FSDP x TP: MLPStack(16, with_seq_parallel) matches replicate over dp"
   for (bool reshard_after_forward : {true, false}) {
     INFO("reshard_after_forward " << reshard_after_forward);
     torch::manual_seed(0);
-    auto ref = dtensor::testing::mlp_stack(16, true);
+    auto ref = dtensor::models::mlp_stack(16, true);
     ref->to(options().device());
     auto ref_handle = dtensor::replicate(*ref, dp);
     torch::manual_seed(0);
-    auto model = dtensor::testing::mlp_stack(16, true);
+    auto model = dtensor::models::mlp_stack(16, true);
     model->to(options().device());
     auto units = parallelize_mlp_stack(model, tp, dp, reshard_after_forward);
     // Colwise weights: Shard(0) on tp and, inside each tp shard, Shard(0) on dp.
-    auto w = DTensor(model[0]->as<dtensor::testing::MLPImpl>()->in_proj->weight);
+    auto w = DTensor(model[0]->as<dtensor::models::MLPImpl>()->in_proj->weight);
     REQUIRE(w.device_mesh().dim_names() == std::vector<std::string>{"tp", "dp"});
     REQUIRE(w.placements() == dtensor::Placements{dtensor::Shard(0), dtensor::Shard(0)});
-    auto w_out = DTensor(model[0]->as<dtensor::testing::MLPImpl>()->out_proj->weight);
+    auto w_out = DTensor(model[0]->as<dtensor::models::MLPImpl>()->out_proj->weight);
     REQUIRE(w_out.placements() == dtensor::Placements{dtensor::Shard(1), dtensor::Shard(0)});
     // The 2-D layout holds the right global values, uneven sizes (x3) included.
     auto q = ref->named_parameters();
     auto p = model->named_parameters();
     for (size_t i = 0; i < p.size(); ++i) {
       INFO("initial " << p[i].key());
-      REQUIRE(close(full(p[i].value()), q[i].value()));
+      REQUIRE(close(full_value(p[i].value()), q[i].value()));
     }
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
     torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
@@ -128,13 +92,13 @@ TEST_CASE("FSDP x TP: MLPStack(16, with_seq_parallel) matches replicate over dp"
         INFO("grad " << p[i].key());
         auto g = DTensor(p[i].value().grad());
         REQUIRE(g.placements() == DTensor(p[i].value()).placements());
-        REQUIRE(near(full(g), q[i].value().grad()));
+        REQUIRE(near(full_value(g), q[i].value().grad()));
       }
       opt.step();
       ref_opt.step();
       for (size_t i = 0; i < p.size(); ++i) {
         INFO("param " << p[i].key());
-        REQUIRE(near(full(p[i].value()), q[i].value()));
+        REQUIRE(near(full_value(p[i].value()), q[i].value()));
       }
     }
     // Full state dict: the right global values; load it back into a fresh copy.
@@ -153,8 +117,8 @@ TEST_CASE("FSDP x TP: Transformer with tensor-parallel attention and MLP, each b
   auto tp = mesh["tp"];
   using dtensor::ColwiseParallel;
   using dtensor::RowwiseParallel;
-  using dtensor::testing::Transformer;
-  auto args = dtensor::testing::ModelArgs().dropout_p(0.0);
+  using dtensor::models::Transformer;
+  auto args = dtensor::models::ModelArgs().dropout_p(0.0);
   torch::manual_seed(0);
   Transformer ref(args);
   ref->to(options().device());
@@ -203,13 +167,13 @@ TEST_CASE("FSDP x TP: Transformer with tensor-parallel attention and MLP, each b
     REQUIRE(near(loss, ref_loss));
     for (size_t i = 0; i < p.size(); ++i) {
       INFO("grad " << p[i].key());
-      REQUIRE(near(full(p[i].value().grad()), q[i].value().grad()));
+      REQUIRE(near(full_value(p[i].value().grad()), q[i].value().grad()));
     }
     opt.step();
     ref_opt.step();
     for (size_t i = 0; i < p.size(); ++i) {
       INFO("param " << p[i].key());
-      REQUIRE(near(full(p[i].value()), q[i].value()));
+      REQUIRE(near(full_value(p[i].value()), q[i].value()));
     }
   }
 }

@@ -7,7 +7,8 @@
 
 #include "support/catch.h"
 #include "support/dist.h"
-#include "support/models.h"
+#include "support/pieces.h"
+#include <models/mlp_models.h>
 
 using dtensor::CollectiveKind;
 using dtensor::CommDebugMode;
@@ -22,6 +23,8 @@ using dtensor::testing::device_type;
 using dtensor::testing::options;
 using dtensor::testing::rank;
 using dtensor::testing::world;
+
+using dtensor::testing::full_value;
 
 namespace {
 
@@ -41,7 +44,7 @@ struct Sharded {
 
 Sharded sharded_mlp_stack(const FullyShardOptions& opts) {
   torch::manual_seed(0);
-  Sharded s{dtensor::testing::mlp_stack(kDim, /*with_seq_parallel=*/true), {}, {}};
+  Sharded s{dtensor::models::mlp_stack(kDim, /*with_seq_parallel=*/true), {}, {}};
   s.model->to(options().device());
   for (size_t i = 0; i < 3; ++i) {
     s.blocks.push_back(dtensor::fully_shard(*s.model[i], opts));
@@ -60,15 +63,10 @@ struct Replicated {
 
 Replicated replicated_mlp_stack(const DeviceMesh& dp) {
   torch::manual_seed(0);
-  Replicated r{dtensor::testing::mlp_stack(kDim, true), {}};
+  Replicated r{dtensor::models::mlp_stack(kDim, true), {}};
   r.model->to(options().device());
   r.handle = dtensor::replicate(*r.model, dp);
   return r;
-}
-
-at::Tensor full(const at::Tensor& t) {
-  torch::NoGradGuard no_grad;
-  return dtensor::is_dtensor(t) ? DTensor(t).full_tensor() : t;
 }
 
 void require_same_params(torch::nn::Module& a, torch::nn::Module& b, double rtol = 1e-5,
@@ -78,7 +76,7 @@ void require_same_params(torch::nn::Module& a, torch::nn::Module& b, double rtol
   REQUIRE(p.size() == q.size());
   for (size_t i = 0; i < p.size(); ++i) {
     INFO("parameter " << i);
-    REQUIRE(close(full(p[i]), q[i], rtol, atol));
+    REQUIRE(close(full_value(p[i]), q[i], rtol, atol));
   }
 }
 
@@ -96,7 +94,7 @@ TEST_CASE("fully_shard: MLPStack matches replicate, with PyTorch's collective co
     auto ref = replicated_mlp_stack(dp);
     // An optimizer made before fully_shard keeps working: parameters convert in place.
     torch::manual_seed(0);
-    auto model = dtensor::testing::mlp_stack(kDim, true);
+    auto model = dtensor::models::mlp_stack(kDim, true);
     model->to(options().device());
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
     std::vector<FSDPModule> blocks;
@@ -144,7 +142,7 @@ TEST_CASE("fully_shard: MLPStack matches replicate, with PyTorch's collective co
       for (size_t i = 0; i < p.size(); ++i) {
         INFO("grad " << i);
         REQUIRE(DTensor(p[i].grad()).placements() == dtensor::Placements{dtensor::Shard(0)});
-        REQUIRE(close(full(p[i].grad()), q[i].grad()));
+        REQUIRE(close(full_value(p[i].grad()), q[i].grad()));
       }
       opt.step();
       ref_opt.step();
@@ -211,7 +209,7 @@ TEST_CASE("fully_shard: gradient accumulation without sync, and keeping paramete
   auto p = s.model->parameters();
   auto q = ref->parameters();
   for (size_t i = 0; i < p.size(); ++i) {
-    REQUIRE(close(full(p[i].grad()), q[i].grad()));
+    REQUIRE(close(full_value(p[i].grad()), q[i].grad()));
   }
 }
 
@@ -244,9 +242,9 @@ TEST_CASE("fully_shard: mixed precision (bf16 parameters, fp32 reduction) matche
   // The reference, in one process: fp32 master weights; each step a bf16 copy computes every
   // rank's gradients, which are summed in fp32 and averaged.
   torch::manual_seed(0);
-  auto master = dtensor::testing::mlp_stack(kDim, true);
+  auto master = dtensor::models::mlp_stack(kDim, true);
   master->to(options().device());
-  auto low = dtensor::testing::mlp_stack(kDim, true);
+  auto low = dtensor::models::mlp_stack(kDim, true);
   low->to(options().device());
   low->to(at::kBFloat16);
   auto loss_fn = [](torch::nn::Sequential& m, const at::Tensor& x) {
@@ -294,7 +292,7 @@ TEST_CASE("fully_shard: mixed precision (bf16 parameters, fp32 reduction) matche
       REQUIRE(p[i].scalar_type() == at::kFloat);
       REQUIRE(p[i].grad().scalar_type() ==
               at::kFloat); // reduced in fp32, stored in the param dtype
-      REQUIRE(close(full(p[i].grad()), mp_params[i].grad(), 1e-4, 1e-5));
+      REQUIRE(close(full_value(p[i].grad()), mp_params[i].grad(), 1e-4, 1e-5));
     }
     opt.step();
     ref_opt.step();
@@ -333,7 +331,7 @@ TEST_CASE("fully_shard: sharded and full state dicts restore training exactly",
       torch::NoGradGuard no_grad;
       p.zero_();
     }
-    REQUIRE_FALSE(close(full(s.model->parameters()[0]), ref->parameters()[0]));
+    REQUIRE_FALSE(close(full_value(s.model->parameters()[0]), ref->parameters()[0]));
     dtensor::set_model_state_dict(*s.model, saved, sd_opts);
     require_same_params(*s.model, **ref);
     train(1 + (full_sd ? 1 : 0));
@@ -407,7 +405,7 @@ TEST_CASE("fully_shard: prefetch lists keep the counts and gather ahead",
   {
     torch::NoGradGuard no_grad;
     // The first op on block 0 gathers it and, right after, blocks 1 and 2.
-    s.model[0]->as<dtensor::testing::MLPImpl>()->in_proj->forward(batch(rank(), 0));
+    s.model[0]->as<dtensor::models::MLPImpl>()->in_proj->forward(batch(rank(), 0));
     REQUIRE(mode.count(CollectiveKind::AllGather) == 3);
     REQUIRE(s.blocks[1].is_unsharded());
     REQUIRE(s.blocks[2].is_unsharded());
@@ -435,8 +433,8 @@ TEST_CASE("fully_shard: gradient divide factor, offload policy and ignored param
     s.root.set_gradient_divide_factor(1.0);
     loss_of(s.model, batch(rank(), 0)).backward();
     for (size_t i = 0; i < s.model->parameters().size(); ++i) {
-      REQUIRE(close(full(s.model->parameters()[i].grad()),
-                    full(base.model->parameters()[i].grad()) * world()));
+      REQUIRE(close(full_value(s.model->parameters()[i].grad()),
+                    full_value(base.model->parameters()[i].grad()) * world()));
     }
   }
   {
@@ -447,20 +445,20 @@ TEST_CASE("fully_shard: gradient divide factor, offload policy and ignored param
     for (size_t i = 0; i < s.model->parameters().size(); ++i) {
       auto g = s.model->parameters()[i].grad();
       REQUIRE(DTensor(g).to_local().is_cpu());
-      REQUIRE(close(full(g), full(base.model->parameters()[i].grad())));
+      REQUIRE(close(full_value(g), full_value(base.model->parameters()[i].grad())));
     }
   }
   {
     // An ignored parameter stays a plain tensor with this rank's own gradient.
     torch::manual_seed(0);
-    auto model = dtensor::testing::mlp_stack(kDim, true);
+    auto model = dtensor::models::mlp_stack(kDim, true);
     model->to(options().device());
     auto ln_weight = model[3]->as<torch::nn::LayerNormImpl>()->weight;
     dtensor::fully_shard(*model, FullyShardOptions().mesh(dp).ignored_params({ln_weight}));
     REQUIRE_FALSE(dtensor::is_dtensor(ln_weight));
     REQUIRE(dtensor::is_dtensor(model[3]->as<torch::nn::LayerNormImpl>()->bias));
     torch::manual_seed(0);
-    auto local = dtensor::testing::mlp_stack(kDim, true);
+    auto local = dtensor::models::mlp_stack(kDim, true);
     local->to(options().device());
     loss_of(model, batch(rank(), 0)).backward();
     loss_of(local, batch(rank(), 0)).backward();

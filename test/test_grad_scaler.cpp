@@ -9,7 +9,7 @@
 
 #include "support/catch.h"
 #include "support/dist.h"
-#include "support/models.h"
+#include <models/mlp_models.h>
 #include "support/pieces.h"
 
 using dtensor::CollectiveKind;

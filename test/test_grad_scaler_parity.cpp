@@ -10,7 +10,7 @@
 
 #include "support/catch.h"
 #include "support/dist.h"
-#include "support/fsdp_models.h"
+#include <models/fsdp_models.h>
 #include "support/pieces.h"
 
 using dtensor::DTensor;
@@ -21,9 +21,9 @@ using dtensor::init_device_mesh;
 using dtensor::testing::close;
 using dtensor::testing::device_type;
 using dtensor::testing::full_value;
-using dtensor::testing::NestedWrappedModule;
-using dtensor::testing::NonUniformReqGradNWM;
-using dtensor::testing::TransformerWithSharedParams;
+using dtensor::models::NestedWrappedModule;
+using dtensor::models::NonUniformReqGradNWM;
+using dtensor::models::TransformerWithSharedParams;
 using dtensor::testing::options;
 using dtensor::testing::rank;
 using dtensor::testing::world;
@@ -216,7 +216,7 @@ TEST_CASE("GradScaler: fully_shard trains as replicate, offload x reshard x fp16
 
 TEST_CASE("GradScaler: parity with frozen parameters (NonUniformReqGradNWM, seed 002)",
           "[grad_scaler_parity][world1][world2][world4]") {
-  using dtensor::testing::nonuniform_req_grad_nwm;
+  using dtensor::models::nonuniform_req_grad_nwm;
   for (bool offload : {false, true}) {
     for (bool fp16 : {false, true}) {
       check_parity(nonuniform_req_grad_nwm(rank(), true), nonuniform_req_grad_nwm(rank(), true),

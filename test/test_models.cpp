@@ -5,7 +5,7 @@
 
 #include "support/catch.h"
 #include "support/dist.h"
-#include "support/models.h"
+#include <models/mlp_models.h>
 
 using dtensor::CollectiveKind;
 using dtensor::CommDebugMode;
@@ -27,7 +27,7 @@ void set(at::Tensor& p, const dtensor::DeviceMesh& mesh, Placement placement) {
 // Column-wise in_proj (weight and bias Shard(0)), row-wise out_proj (weight Shard(1), bias
 // Replicate): the hidden activation stays sharded, out_proj leaves a Partial sum that the
 // following relu reduces with one all-reduce.
-void tensor_parallel(dtensor::testing::MLPImpl& mlp, const dtensor::DeviceMesh& mesh) {
+void tensor_parallel(dtensor::models::MLPImpl& mlp, const dtensor::DeviceMesh& mesh) {
   set(mlp.in_proj->weight, mesh, Placement::shard(0));
   set(mlp.in_proj->bias, mesh, Placement::shard(0));
   set(mlp.out_proj->weight, mesh, Placement::shard(1));
@@ -40,11 +40,11 @@ TEST_CASE("MLPStack with column/row-wise DTensor parameters matches the plain mo
           "[models][dtensor][world1][world2][world4]") {
   auto mesh = init_device_mesh(device_type(), {world()}, {"tp"});
   torch::manual_seed(1);
-  auto ref = dtensor::testing::mlp_stack(16);
+  auto ref = dtensor::models::mlp_stack(16);
   torch::manual_seed(1);
-  auto model = dtensor::testing::mlp_stack(16);
+  auto model = dtensor::models::mlp_stack(16);
   for (size_t i = 0; i < 3; ++i) {
-    auto* mlp = model[i]->as<dtensor::testing::MLPImpl>();
+    auto* mlp = model[i]->as<dtensor::models::MLPImpl>();
     tensor_parallel(*mlp, mesh);
     REQUIRE(DTensor(mlp->in_proj->weight).placements()[0] == Placement::shard(0));
   }
@@ -84,9 +84,9 @@ TEST_CASE("DoubleLinear with replicated DTensor parameters, second output unused
           "[models][dtensor][world1][world2][world4]") {
   auto mesh = init_device_mesh(device_type(), {world()}, {"dp"});
   torch::manual_seed(2);
-  dtensor::testing::DoubleLinear ref(8, true);
+  dtensor::models::DoubleLinear ref(8, true);
   torch::manual_seed(2);
-  dtensor::testing::DoubleLinear model(8, true);
+  dtensor::models::DoubleLinear model(8, true);
   for (auto& p : model->parameters()) {
     set(p, mesh, Placement::replicate());
   }

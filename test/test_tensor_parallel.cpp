@@ -8,7 +8,8 @@
 
 #include "support/catch.h"
 #include "support/dist.h"
-#include "support/models.h"
+#include "support/pieces.h"
+#include <models/mlp_models.h>
 
 using dtensor::CollectiveKind;
 using dtensor::CommDebugMode;
@@ -24,12 +25,9 @@ using dtensor::testing::device_type;
 using dtensor::testing::options;
 using dtensor::testing::world;
 
-namespace {
+using dtensor::testing::full_value;
 
-at::Tensor full(const at::Tensor& t) {
-  torch::NoGradGuard no_grad;
-  return dtensor::is_dtensor(t) ? DTensor(t).full_tensor() : t.detach();
-}
+namespace {
 
 // The same values on every rank.
 at::Tensor input(at::IntArrayRef shape, uint64_t seed) {
@@ -65,7 +63,7 @@ void require_same_grads(torch::nn::Module& tp_module, torch::nn::Module& plain) 
     INFO("gradient of " << item.key());
     const at::Tensor& g = p[item.key()].grad();
     REQUIRE(dtensor::is_dtensor(g));
-    REQUIRE(close(full(g), item.value().grad(), 1e-4, 1e-5));
+    REQUIRE(close(full_value(g), item.value().grad(), 1e-4, 1e-5));
   }
 }
 
@@ -76,7 +74,7 @@ void require_same_params(torch::nn::Module& tp_module, torch::nn::Module& plain)
   for (const auto& item : q) {
     INFO("parameter " << item.key());
     REQUIRE(dtensor::is_dtensor(p[item.key()]));
-    REQUIRE(close(full(p[item.key()]), item.value().detach(), 1e-4, 1e-5));
+    REQUIRE(close(full_value(p[item.key()]), item.value().detach(), 1e-4, 1e-5));
   }
 }
 
@@ -104,7 +102,7 @@ TEST_CASE("ColwiseParallel: Linear shards its output features, no collective in 
     // The output stays a DTensor (see [Note: local outputs]), sharded on its last dim.
     REQUIRE(dtensor::is_dtensor(out));
     REQUIRE(DTensor(out).placements()[0].normalized(out.dim()) == Shard(1));
-    REQUIRE(close(full(out), ref_out.detach(), 1e-4, 1e-5));
+    REQUIRE(close(full_value(out), ref_out.detach(), 1e-4, 1e-5));
     out.sum().backward(); // a DTensor scalar
     ref_out.sum().backward();
     require_same_grads(*m, *ref);
@@ -136,7 +134,7 @@ TEST_CASE("RowwiseParallel: a Shard(-1) input, one all-reduce when the output is
   at::Tensor ref_y = ref->forward(x);
   at::Tensor ref_s = ref_y.sum();
   REQUIRE(close(DTensor(y).full_tensor().detach(), ref_y.detach(), 1e-4, 1e-5));
-  REQUIRE(close(full(s), ref_s.detach(), 1e-4, 1e-5));
+  REQUIRE(close(full_value(s), ref_s.detach(), 1e-4, 1e-5));
   s.backward();
   ref_s.backward();
   require_same_grads(*m, *ref);
@@ -161,7 +159,7 @@ TEST_CASE("RowwiseParallel: output_layouts Shard(1) gives one reduce-scatter",
   }
   REQUIRE(DTensor(z).placements() == Placements{Shard(1)});
   at::Tensor ref_z = torch::relu(ref->forward(x));
-  REQUIRE(close(full(z), ref_z.detach(), 1e-4, 1e-5));
+  REQUIRE(close(full_value(z), ref_z.detach(), 1e-4, 1e-5));
   z.sum().backward();
   ref_z.sum().backward();
   require_same_grads(*m, *ref);
@@ -188,7 +186,7 @@ TEST_CASE("SequenceParallel: LayerNorm on sequence shards, no collective in forw
     }
     REQUIRE(DTensor(y).placements() == Placements{Shard(1)});
     at::Tensor ref_y = ref->forward(x);
-    REQUIRE(close(full(y), ref_y.detach(), 1e-4, 1e-5));
+    REQUIRE(close(full_value(y), ref_y.detach(), 1e-4, 1e-5));
     // The weight and bias gradients come back Partial; full_tensor() reduces them.
     y.pow(2).sum().backward();
     ref_y.pow(2).sum().backward();
@@ -200,10 +198,10 @@ TEST_CASE("parallelize_module: column/row-wise MLP trains like the plain MLP",
           "[tensor_parallel][world1][world2][world4]") {
   auto tp = init_device_mesh(device_type(), {world()}, {"tp"});
   torch::manual_seed(5);
-  dtensor::testing::MLP ref(8);
+  dtensor::models::MLP ref(8);
   ref->to(options().device());
   torch::manual_seed(5);
-  dtensor::testing::MLP mlp(8);
+  dtensor::models::MLP mlp(8);
   mlp->to(options().device());
   dtensor::ParallelizePlan plan{{"in_proj", std::make_shared<dtensor::ColwiseParallel>()},
                                 {"out_proj", std::make_shared<dtensor::RowwiseParallel>()}};
@@ -229,7 +227,7 @@ TEST_CASE("parallelize_module: column/row-wise MLP trains like the plain MLP",
       REQUIRE(mode.total_count() == 1);
     }
     at::Tensor ref_loss = ref->forward(x).sum();
-    REQUIRE(close(full(loss), ref_loss.detach(), 1e-4, 1e-5));
+    REQUIRE(close(full_value(loss), ref_loss.detach(), 1e-4, 1e-5));
     loss.backward();
     ref_loss.backward();
     require_same_grads(*mlp, *ref);
@@ -243,7 +241,7 @@ TEST_CASE("parallelize_module: errors", "[tensor_parallel][world1][world2][world
   auto tp = init_device_mesh(device_type(), {world()}, {"tp"});
   auto colwise = std::make_shared<dtensor::ColwiseParallel>();
   {
-    dtensor::testing::MLP mlp(8);
+    dtensor::models::MLP mlp(8);
     mlp->to(options().device());
     dtensor::ParallelizePlan plan{{"no_such.*", colwise}};
     REQUIRE_THROWS_WITH(dtensor::parallelize_module(*mlp, tp, plan),

@@ -10,6 +10,7 @@
 #include <torch/arg.h>
 
 #include <dtensor/process_group.h>
+#include <dtensor/reduce_op.h>
 
 namespace c10d {
 class Work;
@@ -24,12 +25,6 @@ namespace dtensor {
 // Nothing else in the library may call a c10d collective, which is what lets tests assert
 // exact collective counts.
 
-enum class ReduceOp { Sum, Avg, Max, Min, Product };
-std::string to_string(ReduceOp op);
-
-enum class CollectiveKind { AllReduce, AllGather, ReduceScatter, AllToAll, Broadcast, Barrier };
-constexpr int kNumCollectiveKinds = 6;
-std::string to_string(CollectiveKind kind);
 
 struct CollectiveOptions {
   // Return at once with a pending Work instead of waiting for completion. The tensors

@@ -25,6 +25,10 @@ struct CollectiveRecord {
   bool async = false;
 };
 
+namespace detail {
+void record_collective(const CollectiveRecord& rec); // lib/internal/comm_debug.h
+} // namespace detail
+
 // [Note: CommDebugMode]
 // An RAII scope that records every collective issued through the choke point while it is
 // alive. Scopes are thread-local and nest: a collective is recorded by every scope active on
@@ -59,11 +63,9 @@ class CommDebugMode {
   std::string json() const;
   void reset() { records_.clear(); }
 
-  // Called by the choke point; not for users.
-  static void record(const CollectiveRecord& rec);
-  static bool any_active();
 
  private:
+  friend void detail::record_collective(const CollectiveRecord& rec);
   std::vector<CollectiveRecord> records_;
 };
 

@@ -57,8 +57,8 @@ CommHook bf16_compress_hook();
 // FSDP2's custom collectives (set_custom_all_gather / set_custom_reduce_scatter): `allocate`
 // (optional; default at::empty) makes the communication buffers, the call does the
 // collective. Issue it through dtensor's collectives to keep CommDebugMode's counts.
-using CommAllocator = std::function<at::Tensor(c10::IntArrayRef sizes, c10::ScalarType dtype,
-                                               c10::Device device)>;
+using CommAllocator =
+    std::function<at::Tensor(c10::IntArrayRef sizes, c10::ScalarType dtype, c10::Device device)>;
 struct CustomAllGather {
   CommAllocator allocate;
   // `output` receives every group rank's `input`, in group-rank order.
@@ -67,8 +67,7 @@ struct CustomAllGather {
 struct CustomReduceScatter {
   CommAllocator allocate;
   // `input` is reduced with `op` over `group`; group rank r keeps slice r in `output`.
-  std::function<void(at::Tensor& output, const at::Tensor& input, const Group& group,
-                     ReduceOp op)>
+  std::function<void(at::Tensor& output, const at::Tensor& input, const Group& group, ReduceOp op)>
       call;
 };
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include <dtensor/collectives.h>
+#include <dtensor/reduce_op.h>
 
 namespace dtensor {
 

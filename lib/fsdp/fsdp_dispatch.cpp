@@ -7,6 +7,8 @@
 
 #include "internal/check.h"
 #include "internal/fsdp.h"
+#include "internal/interceptors.h"
+#include "internal/op_args.h"
 #include "internal/sharding.h"
 #include "internal/tensor_parallel.h"
 
@@ -33,22 +35,13 @@ namespace dtensor::detail {
 
 namespace {
 
-std::string op_name(const c10::OperatorHandle& op) {
-  const auto& n = op.operator_name();
-  return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
-}
-
-// Out of line: inlined into fsdp_intercept, GCC 12 reports a false stringop-overflow in
-// IValue's refcounting.
-[[gnu::noinline]] void assign(c10::IValue& slot, c10::IValue value) {
-  slot = std::move(value);
-}
-
+// A managed parameter (or a view of one) among the op's arguments.
 struct Touch {
   size_t arg;
   int64_t element; // -1: the argument itself; else its index in a tensor list
   std::shared_ptr<FSDPParamGroup> group;
   const DTensorMeta* meta;
+  std::shared_ptr<const FsdpTag> tag;
 };
 
 void end_of_backward() {
@@ -98,186 +91,190 @@ void fsdp_before_use(FSDPParamGroup& group, bool in_backward) {
   }
 }
 
-bool fsdp_intercept(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const auto& schema = op.schema();
-  const size_t nargs = schema.arguments().size();
-  const size_t base = stack->size() - nargs;
+namespace {
+
+// The op's managed parameters (and views of them), and its other DTensors.
+struct Touches {
   std::vector<Touch> touches;
   std::vector<const DTensorMeta*> others;
-  auto see = [&](const at::Tensor& t, size_t arg, int64_t element) {
-    const DTensorMeta* m = dtensor_meta(t);
+};
+
+Touches find_touches(const OpArgs& args, const std::string& name) {
+  Touches t;
+  args.for_each_tensor([&](size_t i, int64_t element, const at::Tensor& tensor) {
+    const DTensorMeta* m = dtensor_meta(tensor);
     if (m == nullptr) {
       return;
     }
-    if (m->fsdp == nullptr) {
-      others.push_back(m);
+    auto tag = m->extension<FsdpTag>();
+    if (tag == nullptr) {
+      t.others.push_back(m);
       return;
     }
-    auto g = m->fsdp->group.lock();
+    auto g = tag->group.lock();
     DTENSOR_CHECK(g != nullptr,
-                  "{}: argument {} belongs to a fully_shard unit that no longer exists",
-                  op_name(op), arg);
-    touches.push_back({arg, element, std::move(g), m});
-  };
-  for (size_t i = 0; i < nargs; ++i) {
-    const c10::IValue& v = (*stack)[base + i];
-    if (v.isTensor()) {
-      see(v.toTensor(), i, -1);
-    } else if (v.isTensorList()) {
-      int64_t e = 0;
-      for (const at::Tensor& t : v.toTensorVector()) {
-        see(t, i, e++);
-      }
-    }
-  }
-  if (touches.empty()) {
-    return false;
-  }
-  const std::string name = op_name(op);
+                  "{}: argument {} belongs to a fully_shard unit that no longer exists", name, i);
+    t.touches.push_back({i, element, std::move(g), m, std::move(tag)});
+  });
+  return t;
+}
 
-  // Sharded use?
+// Whether the op sees the parameters as the sharded DTensors they are: in-place writes,
+// *_like factories / detach / alias, and ops whose other DTensors share the parameter's own
+// mesh (gradients, optimizer state; tensor-parallel activations live on the tp mesh, views
+// on the unsharded values' mesh). Views cannot be used so.
+bool sharded_use(const OpArgs& args, const Touches& t, const std::string& name) {
   bool written = false;
-  for (const Touch& t : touches) {
-    const auto* alias = schema.arguments()[t.arg].alias_info();
-    written = written || (alias != nullptr && alias->isWrite());
+  for (const Touch& touch : t.touches) {
+    written = written || args.writes(touch.arg);
   }
-  bool sharded = written || keeps_parameters_as_dtensors(schema);
-  for (const DTensorMeta* o : others) {
-    for (const Touch& t : touches) {
-      // Gradients and optimizer state share the parameter's own mesh (activations of
-      // tensor parallelism live on the tp mesh, views on the unsharded values' mesh).
-      sharded = sharded || (!t.meta->fsdp->view && o->spec.mesh == t.meta->spec.mesh);
+  bool sharded = written || keeps_parameters_as_dtensors(args.schema);
+  for (const DTensorMeta* o : t.others) {
+    for (const Touch& touch : t.touches) {
+      sharded = sharded || (!touch.tag->is_view() && o->spec.mesh == touch.meta->spec.mesh);
     }
   }
-  if (sharded) {
-    for (const Touch& t : touches) {
-      DTENSOR_CHECK(
-          !t.meta->fsdp->view,
-          "{}: argument {} '{}' is a view of an unsharded fully_shard parameter (unit '{}'); "
-          "it cannot be written in place or mixed with sharded DTensors",
-          name, t.arg, schema.arguments()[t.arg].name(), t.group->name);
-      if (written) {
-        t.group->reshard(); // the unsharded copy, if any, is stale now
-      }
-    }
+  if (!sharded) {
     return false;
   }
-
-  // Unsharded use: make sure every touched unit is unsharded, then run on plain values.
-  const bool in_backward = torch::autograd::get_current_graph_task_id() != -1;
-  for (const Touch& t : touches) {
-    fsdp_before_use(*t.group, in_backward);
+  for (const Touch& touch : t.touches) {
+    DTENSOR_CHECK(!touch.tag->is_view(),
+                  "{}: argument {} '{}' is a view of an unsharded fully_shard parameter (unit "
+                  "'{}'); it cannot be written in place or mixed with sharded DTensors",
+                  name, touch.arg, args.name_of(touch.arg), touch.group->name);
+    if (written) {
+      touch.group->reshard(); // the unsharded copy, if any, is stale now
+    }
   }
-  for (const Touch& t : touches) {
+  return true;
+}
+
+// The value an unsharded use of `t` runs on: the unit's unsharded parameter (a DTensor for
+// a tensor-parallel one), or the view's own value.
+at::Tensor unsharded_value(const Touch& t) {
+  switch (t.tag->role) {
+  case FsdpRole::Parameter:
+    return t.group->unsharded_value(t.tag->index);
+  case FsdpRole::UnshardedView:
+    return t.meta->local;
+  case FsdpRole::UnshardedDTensorView:
+    break;
+  }
+  at::Tensor dt = make_dtensor(t.meta->local, t.meta->spec); // without the fully_shard tag
+  set_tp_tag(dt, t.meta->extension<TpTag>());
+  return dt;
+}
+
+// Unsharded use: every touched unit is unsharded, and the op's arguments become their
+// unsharded values. [Note: plain units next to tensor parallelism] A unit without
+// tensor-parallel parameters (a norm) used with DTensor activations (of a tensor-parallel
+// neighbour) takes part as Replicate over their mesh; its gradient comes back as a DTensor
+// there and is reduced to Replicate before the reduce-scatter.
+void substitute_unsharded(const OpArgs& args, const Touches& t, const std::string& name) {
+  const bool backward = in_backward();
+  for (const Touch& touch : t.touches) {
+    fsdp_before_use(*touch.group, backward);
+  }
+  for (const Touch& touch : t.touches) {
     // A later touch may have resharded an earlier one's unit (two units in one op).
-    DTENSOR_CHECK(t.group->state == ShardState::Unsharded,
+    DTENSOR_CHECK(touch.group->state == ShardState::Unsharded,
                   "{}: parameters of units '{}' and others are used together; a parameter shared "
                   "between units must belong to their common ancestor",
-                  name, t.group->name);
+                  name, touch.group->name);
   }
-  auto unsharded_value = [](const Touch& t) -> at::Tensor {
-    const FsdpTag& tag = *t.meta->fsdp;
-    if (!tag.view) {
-      return t.group->unsharded_value(tag.index);
-    }
-    if (!tag.dtensor_view) {
-      return t.meta->local;
-    }
-    at::Tensor dt = make_dtensor(t.meta->local, t.meta->spec); // without the fully_shard tag
-    const_cast<DTensorMeta*>(dtensor_meta(dt))->tp = t.meta->tp;
-    return dt;
-  };
-  // [Note: plain units next to tensor parallelism] A unit without tensor-parallel
-  // parameters (a norm) used with DTensor activations (of a tensor-parallel neighbour)
-  // takes part as Replicate over their mesh; its gradient comes back as a DTensor there
-  // and is reduced to Replicate before the reduce-scatter.
-  const DeviceMesh* activation_mesh = others.empty() ? nullptr : &others.front()->spec.mesh;
-  auto value_for = [&](const Touch& t) {
-    at::Tensor v = unsharded_value(t);
+  const DeviceMesh* activation_mesh = t.others.empty() ? nullptr : &t.others.front()->spec.mesh;
+  for (const Touch& touch : t.touches) {
+    at::Tensor v = unsharded_value(touch);
     if (activation_mesh != nullptr && dtensor_meta(v) == nullptr) {
-      v = make_dtensor(v, make_spec(*activation_mesh, replicate_all(activation_mesh->ndim()),
-                                    v.sizes().vec(), v.scalar_type(), v.strides().vec()));
+      v = as_replicate(v, *activation_mesh);
     }
-    return v;
-  };
-  for (const Touch& t : touches) {
-    c10::IValue& slot = (*stack)[base + t.arg];
-    if (t.element < 0) {
-      assign(slot, value_for(t));
-    } else {
-      std::vector<at::Tensor> values = slot.toTensorVector();
-      values[static_cast<size_t>(t.element)] = value_for(t);
-      assign(slot, c10::List<at::Tensor>(values));
+    args.set(touch.arg, touch.element, v);
+  }
+}
+
+// [Note: no input casting] (fully_shard.h): with mp_policy.param_dtype, floating inputs must
+// already be in it.
+void check_input_dtypes(const OpArgs& args, const FSDPParamGroup& group, const std::string& name) {
+  if (group.param_dtype == group.orig_dtype) {
+    return;
+  }
+  for (size_t i = 0; i < args.count; ++i) {
+    const c10::IValue& v = args[i];
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_floating_point() &&
+        v.toTensor().dim() > 0) {
+      DTENSOR_CHECK(v.toTensor().scalar_type() == group.param_dtype,
+                    "{}: argument {} '{}' is {} but unit '{}' runs in mp_policy.param_dtype {}; "
+                    "cast the model's inputs to {} (C++ modules have no pre-forward hook to do it)",
+                    name, i, args.name_of(i), c10::toString(v.toTensor().scalar_type()), group.name,
+                    c10::toString(group.param_dtype), c10::toString(group.param_dtype));
     }
   }
-  const c10::ScalarType param_dtype = touches.front().group->param_dtype;
-  if (param_dtype != touches.front().group->orig_dtype) {
-    for (size_t i = 0; i < nargs; ++i) {
-      const c10::IValue& v = (*stack)[base + i];
-      if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_floating_point() &&
-          v.toTensor().dim() > 0) {
-        DTENSOR_CHECK(
-            v.toTensor().scalar_type() == param_dtype,
-            "{}: argument {} '{}' is {} but unit '{}' runs in mp_policy.param_dtype {}; "
-            "cast the model's inputs to {} (C++ modules have no pre-forward hook to do it)",
-            name, i, schema.arguments()[i].name(), c10::toString(v.toTensor().scalar_type()),
-            touches.front().group->name, c10::toString(param_dtype), c10::toString(param_dtype));
-      }
-    }
+}
+
+// A view of an unsharded value, tagged so that its later uses (autograd's too) come back.
+at::Tensor tag_view(const at::Tensor& out, const Touch& source) {
+  auto tag = std::make_shared<FsdpTag>();
+  tag->group = source.group;
+  if (dtensor_meta(out) != nullptr) {
+    // Tensor parallelism: the view is a DTensor already (fresh from the handler).
+    tag->role = FsdpRole::UnshardedDTensorView;
+    set_fsdp_tag(out, std::move(tag));
+    return out;
   }
+  tag->role = FsdpRole::UnshardedView;
+  at::Tensor dt = as_replicate(out, source.meta->spec.mesh);
+  set_fsdp_tag(dt, std::move(tag));
+  return dt;
+}
 
-  op.callBoxed(*stack);
-
-  // Views of unsharded values stay tagged, so their later uses come back here.
+// After the op: views of unsharded values stay tagged, so their later uses come back here.
+void tag_view_outputs(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Touches& t) {
+  const auto& schema = op.schema();
   const size_t nret = schema.returns().size();
   const size_t rbase = stack->size() - nret;
   for (size_t r = 0; r < nret; ++r) {
-    const auto* alias = schema.returns()[r].alias_info();
-    if (alias == nullptr || alias->isWrite()) {
-      continue;
-    }
+    const int64_t src = aliased_argument(schema, r);
     const Touch* source = nullptr;
-    for (const Touch& t : touches) {
-      const auto* ai = schema.arguments()[t.arg].alias_info();
-      if (ai != nullptr && ai->beforeSets() == alias->beforeSets()) {
-        source = &t;
+    for (const Touch& touch : t.touches) {
+      if (static_cast<int64_t>(touch.arg) == src) {
+        source = &touch;
       }
     }
     if (source == nullptr) {
       continue;
     }
-    auto wrap = [&](const at::Tensor& out) {
-      if (const DTensorMeta* om = dtensor_meta(out)) {
-        // Tensor parallelism: the view is a DTensor already (fresh from the handler).
-        auto tag = std::make_shared<FsdpTag>();
-        tag->group = source->group;
-        tag->view = true;
-        tag->dtensor_view = true;
-        const_cast<DTensorMeta*>(om)->fsdp = tag;
-        return out;
-      }
-      DeviceMesh mesh = source->meta->spec.mesh;
-      at::Tensor dt =
-          make_dtensor(out, make_spec(mesh, replicate_all(mesh.ndim()), out.sizes().vec(),
-                                      out.scalar_type(), out.strides().vec()));
-      auto tag = std::make_shared<FsdpTag>();
-      tag->group = source->group;
-      tag->view = true;
-      const_cast<DTensorMeta*>(dtensor_meta(dt))->fsdp = tag;
-      return dt;
-    };
     c10::IValue& slot = (*stack)[rbase + r];
     if (slot.isTensor() && slot.toTensor().defined()) {
-      assign(slot, wrap(slot.toTensor()));
+      assign_ivalue(slot, tag_view(slot.toTensor(), *source));
     } else if (slot.isTensorList()) {
       c10::List<at::Tensor> wrapped;
-      for (const at::Tensor& t : slot.toTensorVector()) {
-        wrapped.push_back(wrap(t));
+      for (const at::Tensor& out : slot.toTensorVector()) {
+        wrapped.push_back(tag_view(out, *source));
       }
-      assign(slot, wrapped);
+      assign_ivalue(slot, wrapped);
     }
   }
+}
+
+// The interceptor: runs model math on unsharded parameters ([Note: fully_shard without
+// module hooks]); returns false to leave sharded uses to the generic handler.
+bool fsdp_intercept(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const OpArgs args(op, stack);
+  const std::string name = op_full_name(op);
+  const Touches t = find_touches(args, name);
+  if (t.touches.empty() || sharded_use(args, t, name)) {
+    return false;
+  }
+  substitute_unsharded(args, t, name);
+  check_input_dtypes(args, *t.touches.front().group, name);
+  op.callBoxed(*stack);
+  tag_view_outputs(op, stack, t);
   return true;
 }
+
+[[maybe_unused]] const bool registered =
+    register_interceptor({"fully_shard", /*order=*/10, fsdp_intercept, nullptr});
+
+} // namespace
 
 } // namespace dtensor::detail

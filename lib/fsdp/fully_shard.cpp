@@ -132,7 +132,7 @@ FSDPModule fully_shard(torch::nn::Module& module, const FullyShardOptions& optio
                   module.name(), fqn);
     const detail::DTensorMeta* dm = detail::dtensor_meta(p);
     DTENSOR_CHECK(
-        dm == nullptr || (dm->tp && dm->spec.mesh.ndim() == 1 && mesh.ndim() == 1),
+        dm == nullptr || (detail::tp_tag(p) && dm->spec.mesh.ndim() == 1 && mesh.ndim() == 1),
         "fully_shard({}): parameter '{}' is already a DTensor ({}); fully_shard takes plain "
         "parameters, or tensor-parallel ones (from parallelize_module, on a 1-D tp mesh) with "
         "a 1-D data-parallel mesh",

@@ -13,6 +13,7 @@
 #include "internal/grad_reduce.h"
 #include "internal/redistribute.h"
 #include "internal/sharding.h"
+#include "internal/tensor_parallel.h"
 
 namespace dtensor::detail {
 
@@ -134,7 +135,7 @@ void FSDPParamGroup::init_sharded(std::vector<std::pair<std::string, at::Tensor>
     fp.shape = values.back().sizes().vec();
     if (tp_meta) {
       fp.tp_spec = tp_meta->spec;
-      fp.tp_tag = tp_meta->tp;
+      fp.tp_tag = tp_tag(p);
     }
     DTENSOR_CHECK(p.dim() > 0,
                   "fully_shard({}): parameter '{}' is a scalar (0-dim) and cannot be "
@@ -219,7 +220,7 @@ void FSDPParamGroup::init_sharded(std::vector<std::pair<std::string, at::Tensor>
     auto tag = std::make_shared<FsdpTag>();
     tag->group = weak_from_this();
     tag->index = i;
-    const_cast<DTensorMeta*>(dtensor_meta(dt))->fsdp = tag;
+    set_fsdp_tag(dt, std::move(tag));
     fp.param.set_data(dt);
     if (fp.param.requires_grad()) {
       fp.grad_node = std::make_shared<FSDPAccumulateGrad>(weak_from_this(), i, unsharded_value(i));
@@ -230,17 +231,17 @@ void FSDPParamGroup::init_sharded(std::vector<std::pair<std::string, at::Tensor>
   free_storage(unsharded_flat);
 }
 
-at::Tensor FSDPParamGroup::allocate_for_gather(int64_t numel) const {
-  const auto opts = at::TensorOptions().dtype(param_dtype).device(device);
-  if (!custom_all_gather.allocate) {
-    return at::empty({numel}, opts);
+at::Tensor FSDPParamGroup::allocate_comm(int64_t numel, c10::ScalarType dtype,
+                                         const CommAllocator& allocate, const char* what) const {
+  if (!allocate) {
+    return at::empty({numel}, at::TensorOptions().dtype(dtype).device(device));
   }
-  at::Tensor t = custom_all_gather.allocate({numel}, param_dtype, device);
-  DTENSOR_CHECK(t.defined() && t.numel() == numel && t.scalar_type() == param_dtype &&
+  at::Tensor t = allocate({numel}, dtype, device);
+  DTENSOR_CHECK(t.defined() && t.numel() == numel && t.scalar_type() == dtype &&
                     t.device() == device,
-                "fully_shard unit '{}': the custom all-gather's allocate must give a {} tensor "
-                "of {} elements on {}",
-                name, c10::toString(param_dtype), numel, device.str());
+                "fully_shard unit '{}': the custom {}'s allocate must give a {} tensor of {} "
+                "elements on {}",
+                name, what, c10::toString(dtype), numel, device.str());
   return t.view({numel});
 }
 
@@ -254,7 +255,8 @@ void FSDPParamGroup::unshard() {
   }
   at::NoGradGuard no_grad;
   at::Tensor input = flat_shard.to(device, param_dtype);
-  CommBuffer buffer(allocate_for_gather(shard_size * shard_numel));
+  CommBuffer buffer(allocate_comm(shard_size * shard_numel, param_dtype, custom_all_gather.allocate,
+                                  "all-gather"));
   at::Tensor& gathered = buffer.tensor;
   if (custom_all_gather.call) {
     custom_all_gather.call(gathered, input, shard_group);
@@ -298,7 +300,7 @@ at::Tensor FSDPParamGroup::unsharded_value(size_t index) const {
   DTensorSpec spec = *fp.tp_spec;
   spec.dtype = fp.unsharded.scalar_type();
   at::Tensor dt = make_dtensor(fp.unsharded, spec);
-  const_cast<DTensorMeta*>(dtensor_meta(dt))->tp = fp.tp_tag;
+  set_tp_tag(dt, fp.tp_tag);
   return dt;
 }
 
@@ -359,20 +361,6 @@ void FSDPParamGroup::end_backward() {
   }
 }
 
-at::Tensor FSDPParamGroup::allocate_for_reduce(int64_t numel,
-                                               const CommAllocator& allocate) const {
-  if (!allocate) {
-    return at::empty({numel}, at::TensorOptions().dtype(reduce_dtype).device(device));
-  }
-  at::Tensor t = allocate({numel}, reduce_dtype, device);
-  DTENSOR_CHECK(t.defined() && t.numel() == numel && t.scalar_type() == reduce_dtype &&
-                    t.device() == device,
-                "fully_shard unit '{}': the custom reduce-scatter's allocate must give a {} "
-                "tensor of {} elements on {}",
-                name, c10::toString(reduce_dtype), numel, device.str());
-  return t.view({numel});
-}
-
 void FSDPParamGroup::copy_in_grads(at::Tensor& input) const {
   input.zero_(); // gradients not received contribute zeros: every rank issues the same collective
   for (const FSDPParam& fp : params) {
@@ -424,15 +412,16 @@ at::Tensor FSDPParamGroup::reduce_flat(at::Tensor& input) {
   if (comm_hook) {
     return reduce_with_hook(input);
   }
-  const DivideFactors f = gradient_divide_factors(mesh.size(), reduce_dtype,
-                                                  gradient_divide_factor, force_sum_reduction);
+  const DivideFactors f = gradient_divide_factors(mesh.size(), reduce_dtype, gradient_divide_factor,
+                                                  force_sum_reduction);
   if (f.premul != 1) {
     input.mul_(f.premul); // NCCL's PreMulSum, emulated: multiply, then SUM
   }
   if (f.pre != 1) {
     input.div_(f.pre);
   }
-  at::Tensor output = allocate_for_reduce(shard_numel, custom_reduce_scatter.allocate);
+  at::Tensor output =
+      allocate_comm(shard_numel, reduce_dtype, custom_reduce_scatter.allocate, "reduce-scatter");
   if (custom_reduce_scatter.call) {
     custom_reduce_scatter.call(output, input, shard_group, f.reduce_scatter_op);
   } else {
@@ -479,7 +468,8 @@ void FSDPParamGroup::accumulate_shard_grads(at::Tensor output) {
 void FSDPParamGroup::reduce_grads() {
   at::NoGradGuard no_grad;
   const CommAllocator& allocate = comm_hook ? CommAllocator() : custom_reduce_scatter.allocate;
-  CommBuffer buffer(allocate_for_reduce(shard_size * shard_numel, allocate));
+  CommBuffer buffer(
+      allocate_comm(shard_size * shard_numel, reduce_dtype, allocate, "reduce-scatter"));
   copy_in_grads(buffer.tensor);
   accumulate_shard_grads(reduce_flat(buffer.tensor));
 }

@@ -1,5 +1,9 @@
 #pragma once
 
+#include <memory>
+#include <utility>
+#include <vector>
+
 #include <ATen/core/Tensor.h>
 #include <c10/core/TensorImpl.h>
 
@@ -7,8 +11,15 @@
 
 namespace dtensor::detail {
 
-struct FsdpTag; // lib/internal/fsdp.h
-struct TpTag;   // lib/internal/tensor_parallel.h
+// [Note: DTensor extensions]
+// Subsystems (fully_shard, tensor parallelism, and whatever plugs in later) attach their own
+// data to a DTensor, one value per type T. The core stores and copies them along with the
+// DTensor's metadata and never looks inside.
+template <class T>
+const void* extension_key() {
+  static const char key = 0;
+  return &key;
+}
 
 // The state of a DTensor, kept in its TensorImpl's BackendMeta so that shallow copies
 // (set_data, detach, .data(), autograd's saved variables) carry it along. See
@@ -16,18 +27,38 @@ struct TpTag;   // lib/internal/tensor_parallel.h
 struct DTensorMeta : c10::BackendMeta {
   at::Tensor local; // plain tensor on the local device, never requires grad
   DTensorSpec spec;
-  // Set on parameters managed by fully_shard and on views of their unsharded values.
-  std::shared_ptr<FsdpTag> fsdp;
-  // Set on parameters of tensor-parallel modules, views of them, and the activations their
-  // ops produce.
-  std::shared_ptr<const TpTag> tp;
+
+  template <class T>
+  std::shared_ptr<const T> extension() const {
+    for (const auto& [key, value] : extensions_) {
+      if (key == extension_key<T>()) {
+        return std::static_pointer_cast<const T>(value);
+      }
+    }
+    return nullptr;
+  }
+  template <class T>
+  void set_extension(std::shared_ptr<const T> value) {
+    for (auto& [key, slot] : extensions_) {
+      if (key == extension_key<T>()) {
+        slot = std::move(value);
+        return;
+      }
+    }
+    extensions_.emplace_back(extension_key<T>(), std::move(value));
+  }
+
+ private:
+  std::vector<std::pair<const void*, std::shared_ptr<const void>>> extensions_;
 };
 
 // A new DTensor over `local` (which must have spec.local_shape() and spec.dtype).
 at::Tensor make_dtensor(const at::Tensor& local, DTensorSpec spec);
 
-// The state of `t`, or nullptr when `t` is not a DTensor.
+// The state of `t`, or nullptr when `t` is not a DTensor. The mutable form is for setting
+// extensions: the state belongs to the TensorImpl, which every handle to it shares.
 const DTensorMeta* dtensor_meta(const at::Tensor& t);
+DTensorMeta* mutable_dtensor_meta(const at::Tensor& t);
 const DTensorMeta& checked_meta(const at::Tensor& t, const char* what);
 
 // The dispatch keys of a DTensor whose local tensor lives on `device`.

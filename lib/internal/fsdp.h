@@ -16,6 +16,7 @@
 #include <dtensor/fully_shard.h>
 
 #include "internal/dtensor_impl.h"
+#include "internal/tensor_parallel.h"
 
 namespace torch::nn {
 class Module;
@@ -23,14 +24,19 @@ class Module;
 
 namespace dtensor::detail {
 
-// Carried by a DTensor's metadata (DTensorMeta::fsdp) when the DTensor is a parameter
-// managed by a unit (view == false: `index` names it) or a view of a unit's unsharded
-// parameter made in forward or backward (view == true: its local tensor is that view).
+// What a DTensor is to fully_shard, carried as its FsdpTag extension ([Note: DTensor
+// extensions]).
+enum class FsdpRole {
+  Parameter,           // a managed parameter (sharded); `index` names it in its unit
+  UnshardedView,       // a view of a unit's unsharded parameter (its local tensor is the view)
+  UnshardedDTensorView // the same for a tensor-parallel parameter (the view is a DTensor)
+};
+
 struct FsdpTag {
   std::weak_ptr<FSDPParamGroup> group;
   size_t index = 0;
-  bool view = false;
-  bool dtensor_view = false; // a view of a tensor-parallel unsharded value (a DTensor itself)
+  FsdpRole role = FsdpRole::Parameter;
+  bool is_view() const { return role != FsdpRole::Parameter; }
 };
 
 enum class ShardState { Sharded, Unsharded };
@@ -52,7 +58,7 @@ struct FSDPParam {
   // above is its local shape. The sharded spec is 2-D over (tp, dp). See [Note: FSDP x TP].
   std::optional<DTensorSpec> tp_spec;
   std::shared_ptr<const TpTag> tp_tag;
-  at::Tensor unsharded;   // view of the unsharded buffer (param dtype)
+  at::Tensor unsharded; // view of the unsharded buffer (param dtype)
   at::Tensor unsharded_grad;
   bool grad_received = false; // in the current backward
   std::shared_ptr<torch::autograd::Node> grad_node;
@@ -91,7 +97,7 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
   std::optional<bool> reshard_after_forward;
   bool reshard_after_backward = true;
   bool requires_gradient_sync = true;
-  double gradient_divide_factor = 0; // 0: the data-parallel size
+  double gradient_divide_factor = 0;                // 0: the data-parallel size
   std::function<void(at::Tensor&)> all_reduce_hook; // FSDPModule::set_all_reduce_hook
   bool force_sum_reduction = false;
   CustomAllGather custom_all_gather;
@@ -126,8 +132,9 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
   void reduce_grads();
 
  private:
-  at::Tensor allocate_for_gather(int64_t numel) const;
-  at::Tensor allocate_for_reduce(int64_t numel, const CommAllocator& allocate) const;
+  // A communication buffer: at::empty, or the custom collective's allocate (checked).
+  at::Tensor allocate_comm(int64_t numel, c10::ScalarType dtype, const CommAllocator& allocate,
+                           const char* what) const;
   void copy_in_grads(at::Tensor& input) const;
   at::Tensor reduce_flat(at::Tensor& input);      // the reduced shard, reduce dtype
   at::Tensor reduce_with_hook(at::Tensor& input); // register_comm_hook's path
@@ -149,13 +156,13 @@ std::vector<std::shared_ptr<FSDPParamGroup>> live_units();
 void fsdp_before_use(FSDPParamGroup& group, bool in_backward);
 void fsdp_queue_final_callback();
 
-// The fully_shard part of the DTensor dispatch handler: returns true when it ran the op
-// (some argument was a managed parameter or a view of one, used unsharded).
-bool fsdp_intercept(const c10::OperatorHandle& op, torch::jit::Stack* stack);
-
-inline FsdpTag* fsdp_tag(const at::Tensor& t) {
+inline std::shared_ptr<const FsdpTag> fsdp_tag(const at::Tensor& t) {
   const DTensorMeta* m = dtensor_meta(t);
-  return m != nullptr ? m->fsdp.get() : nullptr;
+  return m != nullptr ? m->extension<FsdpTag>() : nullptr;
+}
+
+inline void set_fsdp_tag(const at::Tensor& dtensor, std::shared_ptr<const FsdpTag> tag) {
+  mutable_dtensor_meta(dtensor)->set_extension(std::move(tag));
 }
 
 } // namespace dtensor::detail

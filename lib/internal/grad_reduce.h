@@ -24,8 +24,8 @@ struct DivideFactors {
   ReduceOp reduce_scatter_op = ReduceOp::Sum;
   ReduceOp all_reduce_op = ReduceOp::Sum;
 };
-DivideFactors gradient_divide_factors(int64_t dp_size, c10::ScalarType reduce_dtype,
-                                      double factor, bool force_sum);
+DivideFactors gradient_divide_factors(int64_t dp_size, c10::ScalarType reduce_dtype, double factor,
+                                      bool force_sum);
 
 // FSDP1's pre-division factor for `size` ranks: powers of two while they divide the size
 // and stay below its square root.

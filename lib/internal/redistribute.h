@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <dtensor/collectives.h>
 #include <dtensor/dtensor_spec.h>
 
 namespace dtensor::detail {

@@ -6,43 +6,46 @@
 #include <optional>
 #include <string>
 
-#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/Tensor.h>
 
 #include <dtensor/placement.h>
 
 namespace dtensor::detail {
 
-// On a parameter of a parallelized module (param == true; also on views of it) or on an
-// activation one of its ops produced (param == false).
+// What a DTensor is to tensor parallelism, carried as its TpTag extension ([Note: DTensor
+// extensions] in lib/internal/dtensor_impl.h).
+enum class TpRole {
+  Parameter,       // a parameter of a parallelized module (also views of it)
+  Activation,      // a result of one of the module's ops
+  ViewedActivation // an activation reshaped after the op that made them ([Note: tensor
+                   // parallelism without module hooks]): leaving the module only reduces
+                   // Partial placements, as its dims may have moved
+};
+
+// A parallelized module's layouts, shared by the tags of its parameters and activations;
+// PrepareModuleInput / PrepareModuleOutput edit them in place.
+struct TpLayouts {
+  std::optional<Placement> input;         // what plain inputs are taken to be
+  std::optional<Placement> desired_input; // what inputs are redistributed to
+  std::optional<Placement> output;        // what outputs become when they leave
+};
+
 struct TpTag {
-  bool param = false;
+  TpRole role = TpRole::Parameter;
   const void* module = nullptr; // the parallelized module
   std::string style;            // "ColwiseParallel", ...
   std::string module_name;
-  std::optional<Placement> input_layout;         // what plain inputs are taken to be
-  std::optional<Placement> desired_input_layout; // what inputs are redistributed to
-  std::optional<Placement> output_layout;        // what outputs become when they leave
-  std::shared_ptr<const TpTag> activation;       // on parameter tags: the tag of outputs
-  // Activations reshaped after the op that made them (linear's own reshape, or the
-  // caller's view): their layout may no longer be the output layout's dims, so leaving the
-  // module only reduces Partial placements ([Note: tensor parallelism without module hooks]).
-  bool viewed = false;
+  std::shared_ptr<TpLayouts> layouts;
+  std::shared_ptr<const TpTag> activation;     // on parameter tags: the tag of outputs
   std::shared_ptr<const TpTag> viewed_variant; // on activation tags
 };
 
+// A module's three tags (parameter, activation, viewed activation) over new layouts.
+std::shared_ptr<const TpTag> make_tp_tags(const void* module, std::string style,
+                                          std::string module_name, TpLayouts layouts);
+
 // The tag of a DTensor, or nullptr.
-const TpTag* tp_tag(const at::Tensor& t);
+std::shared_ptr<const TpTag> tp_tag(const at::Tensor& t);
 void set_tp_tag(const at::Tensor& dtensor, std::shared_ptr<const TpTag> tag);
-
-// Ops that see managed parameters (fully_shard, tensor parallelism) as the DTensors they
-// are, never unsharded or with module layouts: *_like factories (optimizer state), detach,
-// alias.
-bool keeps_parameters_as_dtensors(const c10::FunctionSchema& schema);
-
-// Before the DTensor handler decides an op: turns plain inputs of parallelized modules into
-// DTensors, redistributes inputs to the module's layout and activations leaving their
-// module to its output layout (rewriting the stack). Returns the tag the op's DTensor
-// outputs get (nullptr: none).
-std::shared_ptr<const TpTag> tp_prepare(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 } // namespace dtensor::detail

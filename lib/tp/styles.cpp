@@ -24,23 +24,10 @@ struct Layouts {
   std::optional<Placement> input, desired_input, output;
 };
 
-std::shared_ptr<TpTag> make_tag(const torch::nn::Module& module, const std::string& style,
-                                const Layouts& l) {
-  auto tag = std::make_shared<TpTag>();
-  tag->param = true;
-  tag->module = &module;
-  tag->style = style;
-  tag->module_name = module.name();
-  tag->input_layout = l.input;
-  tag->desired_input_layout = l.desired_input;
-  tag->output_layout = l.output;
-  auto activation = std::make_shared<TpTag>(*tag);
-  activation->param = false;
-  auto viewed = std::make_shared<TpTag>(*activation);
-  viewed->viewed = true;
-  activation->viewed_variant = viewed;
-  tag->activation = activation;
-  return tag;
+std::shared_ptr<const TpTag> make_tag(const torch::nn::Module& module, const std::string& style,
+                                      const Layouts& l) {
+  return detail::make_tp_tags(&module, style, module.name(),
+                              detail::TpLayouts{l.input, l.desired_input, l.output});
 }
 
 void check_mesh(const DeviceMesh& mesh, const std::string& style) {
@@ -51,7 +38,7 @@ void check_mesh(const DeviceMesh& mesh, const std::string& style) {
 
 // Distributes `param` in place (same tensor) and tags it.
 void distribute_param(at::Tensor& param, const DeviceMesh& mesh, const Placement& placement,
-                      const std::shared_ptr<TpTag>& tag, const std::string& where) {
+                      const std::shared_ptr<const TpTag>& tag, const std::string& where) {
   DTENSOR_CHECK(!is_dtensor(param), "{}: parameter '{}' is already a DTensor", tag->style, where);
   at::NoGradGuard no_grad;
   at::Tensor dt = distribute_tensor(param.detach(), mesh, {placement}, mesh.ranks().front());
@@ -62,7 +49,7 @@ void distribute_param(at::Tensor& param, const DeviceMesh& mesh, const Placement
 // Every direct parameter of `module`, by its registered name.
 void distribute_all(torch::nn::Module& module, const DeviceMesh& mesh,
                     const std::function<Placement(const std::string&)>& placement_of,
-                    const std::shared_ptr<TpTag>& tag) {
+                    const std::shared_ptr<const TpTag>& tag) {
   for (auto& item : module.named_parameters(/*recurse=*/false)) {
     distribute_param(item.value(), mesh, placement_of(item.key()), tag,
                      module.name() + "." + item.key());
@@ -73,20 +60,21 @@ void distribute_all(torch::nn::Module& module, const DeviceMesh& mesh,
   DTENSOR_FAIL("{} supports Linear and Embedding modules, got {}", style, module.name());
 }
 
-// The tags of the module's own parameters, which another style must have set.
-std::vector<const TpTag*> existing_tags(torch::nn::Module& module, const std::string& style) {
-  std::vector<const TpTag*> tags;
+// The layouts of the module's own parameters, which another style must have tagged.
+std::vector<std::shared_ptr<detail::TpLayouts>> existing_layouts(torch::nn::Module& module,
+                                                                 const std::string& style) {
+  std::vector<std::shared_ptr<detail::TpLayouts>> layouts;
   for (const auto& p : module.named_parameters(/*recurse=*/false)) {
-    if (const TpTag* t = detail::tp_tag(p.value())) {
-      tags.push_back(t);
+    if (auto t = detail::tp_tag(p.value())) {
+      layouts.push_back(t->layouts);
     }
   }
   DTENSOR_CHECK(
-      !tags.empty(),
+      !layouts.empty(),
       "{} on {}: without module hooks it adjusts the layouts of a module whose own parameters "
       "another style has parallelized; apply that style first",
       style, module.name());
-  return tags;
+  return layouts;
 }
 
 } // namespace
@@ -138,19 +126,16 @@ void SequenceParallel::apply(torch::nn::Module& module, const DeviceMesh& tp_mes
 
 void PrepareModuleInput::apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const {
   check_mesh(tp_mesh, name());
-  for (const TpTag* t : existing_tags(module, name())) {
-    auto* tag = const_cast<TpTag*>(t);
-    tag->input_layout = input_layouts();
-    tag->desired_input_layout = desired_input_layouts();
+  for (const auto& layouts : existing_layouts(module, name())) {
+    layouts->input = input_layouts();
+    layouts->desired_input = desired_input_layouts();
   }
 }
 
 void PrepareModuleOutput::apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const {
   check_mesh(tp_mesh, name());
-  for (const TpTag* t : existing_tags(module, name())) {
-    auto* activation = const_cast<TpTag*>(t->activation.get());
-    activation->output_layout = desired_output_layouts();
-    const_cast<TpTag*>(activation->viewed_variant.get())->output_layout = desired_output_layouts();
+  for (const auto& layouts : existing_layouts(module, name())) {
+    layouts->output = desired_output_layouts();
   }
 }
 

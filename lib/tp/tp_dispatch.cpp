@@ -1,12 +1,13 @@
 // Tensor parallelism's part of the DTensor dispatch handler: module input and output
 // layouts, applied by the ops themselves.
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/graph_task.h>
 
 #include <set>
 
 #include "internal/check.h"
 #include "internal/dtensor_impl.h"
+#include "internal/interceptors.h"
+#include "internal/op_args.h"
 #include "internal/redistribute.h"
 #include "internal/sharding.h"
 #include "internal/tensor_parallel.h"
@@ -39,39 +40,57 @@ struct Arg {
   int64_t element; // -1: the argument itself
   at::Tensor tensor;
   const DTensorMeta* meta; // nullptr for plain tensors
+  std::shared_ptr<const TpTag> tag;
 };
 
-// Out of line: GCC 12 reports a false stringop-overflow in IValue's refcounting when inlined.
-[[gnu::noinline]] void put(torch::jit::Stack* stack, size_t slot, const Arg& a,
-                           const at::Tensor& value) {
-  c10::IValue& v = (*stack)[slot];
-  if (a.element < 0) {
-    v = value;
-  } else {
-    std::vector<at::Tensor> values = v.toTensorVector();
-    values[static_cast<size_t>(a.element)] = value;
-    v = c10::List<at::Tensor>(values);
+// An op's tensor arguments by what they are to tensor parallelism.
+struct Classified {
+  std::vector<Arg> params, activations, dtensors, plains;
+  const Arg* any_dtensor() const {
+    return !params.empty()        ? &params.front()
+           : !activations.empty() ? &activations.front()
+           : !dtensors.empty()    ? &dtensors.front()
+                                  : nullptr;
   }
+};
+
+Classified classify(const OpArgs& args) {
+  Classified c;
+  args.for_each_tensor([&](size_t i, int64_t element, const at::Tensor& t) {
+    if (!t.defined()) {
+      return;
+    }
+    const DTensorMeta* m = dtensor_meta(t);
+    Arg a{i, element, t, m, m != nullptr ? m->extension<TpTag>() : nullptr};
+    if (m == nullptr) {
+      if (t.dim() > 0) {
+        c.plains.push_back(a);
+      }
+    } else if (a.tag && a.tag->role == TpRole::Parameter) {
+      c.params.push_back(a);
+    } else if (a.tag) {
+      c.activations.push_back(a);
+    } else {
+      c.dtensors.push_back(a);
+    }
+  });
+  return c;
 }
 
-// `t` (a DTensor) with placement `layout` on its 1-D mesh; the same tensor if it has it.
-at::Tensor to_layout(const at::Tensor& t, const DTensorMeta& m, const Placement& layout,
-                     std::shared_ptr<const TpTag> tag) {
+// `t` (a DTensor) with placement `layout` on its 1-D mesh, untagged; the same tensor if it
+// has that placement and no tag.
+at::Tensor to_layout(const at::Tensor& t, const DTensorMeta& m, const Placement& layout) {
   DTENSOR_CHECK(m.spec.mesh.ndim() == 1, "tensor parallelism: an input on {} is not on a 1-D mesh",
                 m.spec.mesh.to_string());
   Placements want{layout.normalized(static_cast<int64_t>(m.spec.shape.size()))};
-  if (want == m.spec.placements && tag.get() == m.tp.get()) {
+  if (want == m.spec.placements && m.extension<TpTag>() == nullptr) {
     return t;
   }
   at::Tensor local =
       want == m.spec.placements ? m.local : redistribute_local(m.local, m.spec, want);
   DTensorSpec spec = m.spec;
   spec.placements = want;
-  at::Tensor out = make_dtensor(local, spec);
-  if (tag) {
-    set_tp_tag(out, std::move(tag));
-  }
-  return out;
+  return make_dtensor(local, spec);
 }
 
 // Reshapes that are not views in the schema (matmul ends with _unsafe_view) also keep an
@@ -84,32 +103,32 @@ bool reshapes_first_argument(const c10::FunctionSchema& schema) {
 }
 
 int64_t aliased_input(const c10::FunctionSchema& schema, size_t ret) {
-  if (reshapes_first_argument(schema)) {
-    return 0;
-  }
-  const auto* alias = schema.returns()[ret].alias_info();
-  if (alias == nullptr || alias->isWrite()) {
-    return -1;
-  }
-  for (size_t a = 0; a < schema.arguments().size(); ++a) {
-    const auto* ai = schema.arguments()[a].alias_info();
-    if (ai != nullptr && ai->beforeSets() == alias->beforeSets()) {
-      return static_cast<int64_t>(a);
+  return reshapes_first_argument(schema) ? 0 : aliased_argument(schema, ret);
+}
+
+// The argument among `args` that return values of the op are views of, if any.
+const Arg* viewed_source(const c10::FunctionSchema& schema, const std::vector<Arg>& args) {
+  for (size_t r = 0; r < schema.returns().size(); ++r) {
+    const int64_t src = aliased_input(schema, r);
+    for (const Arg& a : args) {
+      if (static_cast<int64_t>(a.index) == src) {
+        return &a;
+      }
     }
   }
-  return -1;
+  return nullptr;
 }
 
 // Whether an activation leaving its module is redistributed to the output layout: always
 // as the module made it; after a reshape only when Partial (the dims may have moved).
-bool leaves_to_output_layout(const DTensorMeta& m) {
-  if (!m.tp->output_layout) {
+bool leaves_to_output_layout(const Arg& a) {
+  if (!a.tag->layouts->output) {
     return false;
   }
-  if (!m.tp->viewed) {
+  if (a.tag->role != TpRole::ViewedActivation) {
     return true;
   }
-  for (const auto& p : m.spec.placements) {
+  for (const auto& p : a.meta->spec.placements) {
     if (p.is_partial()) {
       return true;
     }
@@ -117,173 +136,151 @@ bool leaves_to_output_layout(const DTensorMeta& m) {
   return false;
 }
 
-} // namespace
-
-bool keeps_parameters_as_dtensors(const c10::FunctionSchema& schema) {
-  static const std::set<std::string> names = {
-      "aten::empty_like",   "aten::zeros_like", "aten::ones_like",
-      "aten::full_like",    "aten::rand_like",  "aten::randn_like",
-      "aten::randint_like", "aten::detach",     "aten::alias"};
-  return names.count(schema.name()) != 0;
+// An activation leaving its module: in the module's output layout, or as it is (untagged).
+at::Tensor leaving(const Arg& a) {
+  return leaves_to_output_layout(a) ? to_layout(a.tensor, *a.meta, *a.tag->layouts->output)
+                                    : make_dtensor(a.meta->local, a.meta->spec);
 }
 
-const TpTag* tp_tag(const at::Tensor& t) {
-  const DTensorMeta* m = dtensor_meta(t);
-  return m != nullptr ? m->tp.get() : nullptr;
-}
-
-void set_tp_tag(const at::Tensor& dtensor, std::shared_ptr<const TpTag> tag) {
-  const_cast<DTensorMeta*>(&checked_meta(dtensor, "set_tp_tag"))->tp = std::move(tag);
-}
-
-std::shared_ptr<const TpTag> tp_prepare(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const auto& schema = op.schema();
-  const size_t nargs = schema.arguments().size();
-  const size_t base = stack->size() - nargs;
-  std::vector<Arg> params, activations, dtensors, plains;
-  for (size_t i = 0; i < nargs; ++i) {
-    const c10::IValue& v = (*stack)[base + i];
-    auto see = [&](const at::Tensor& t, int64_t element) {
-      if (!t.defined()) {
-        return;
-      }
-      const DTensorMeta* m = dtensor_meta(t);
-      Arg a{i, element, t, m};
-      if (m == nullptr) {
-        if (t.dim() > 0) {
-          plains.push_back(a);
-        }
-      } else if (m->tp && m->tp->param) {
-        params.push_back(a);
-      } else if (m->tp) {
-        activations.push_back(a);
-      } else {
-        dtensors.push_back(a);
-      }
-    };
-    if (v.isTensor()) {
-      see(v.toTensor(), -1);
-    } else if (v.isTensorList()) {
-      int64_t e = 0;
-      for (const at::Tensor& t : v.toTensorVector()) {
-        see(t, e++);
-      }
+// Backward: no layouts to apply (gradients go wherever the forward's ops send them). A plain
+// tensor next to DTensors here was saved by autograd from a forward op that took it as
+// Replicate (a module input, or a plain activation next to a DTensor one).
+void prepare_backward(const OpArgs& args, const Classified& c) {
+  if (const Arg* any = c.any_dtensor()) {
+    for (const Arg& p : c.plains) {
+      args.set(p.index, p.element, as_replicate(p.tensor, any->meta->spec.mesh));
     }
   }
-  auto as_replicate = [&](const Arg& a, const DeviceMesh& mesh) {
-    put(stack, base + a.index, a,
-        make_dtensor(a.tensor, make_spec(mesh, replicate_all(mesh.ndim()), a.tensor.sizes().vec(),
-                                         a.tensor.scalar_type(), a.tensor.strides().vec())));
+}
+
+// Only activations: a view keeps them inside their module; anything else is outside.
+std::shared_ptr<const TpTag> prepare_activations(const OpArgs& args, const Classified& c) {
+  if (const Arg* src = viewed_source(args.schema, c.activations)) {
+    return src->tag->role == TpRole::ViewedActivation ? src->tag : src->tag->viewed_variant;
+  }
+  for (const Arg& a : c.activations) {
+    if (!args.writes(a.index) && leaves_to_output_layout(a)) {
+      args.set(a.index, a.element, to_layout(a.tensor, *a.meta, *a.tag->layouts->output));
+    }
+  }
+  // Plain tensors next to them (a residual branch, a mask) are whole tensors: Replicate.
+  for (const Arg& p : c.plains) {
+    args.set(p.index, p.element, as_replicate(p.tensor, c.activations.front().meta->spec.mesh));
+  }
+  return nullptr;
+}
+
+// A plain input of a module's op: the style's input layout, which only Replicate can be.
+at::Tensor plain_input(const OpArgs& args, const Arg& p, const TpTag& tag, const DeviceMesh& mesh) {
+  const Placement in = tag.layouts->input.value_or(Placement::replicate());
+  DTENSOR_CHECK(
+      in.is_replicate(),
+      "{}: {} on module '{}' takes its input as {}, but it got a plain tensor {}{}; a plain "
+      "tensor can only stand for a Replicate input (pass a DTensor, e.g. "
+      "DTensor::from_local(local, mesh, {{{}}}))",
+      args.schema.name(), tag.style, tag.module_name, in.to_string(),
+      c10::toString(p.tensor.scalar_type()), p.tensor.sizes(), in.to_string());
+  DTENSOR_CHECK(!args.writes(p.index),
+                "{}: argument '{}' is a plain tensor written in place with {} parameters of '{}'",
+                args.schema.name(), args.name_of(p.index), tag.style, tag.module_name);
+  return as_replicate(p.tensor, mesh);
+}
+
+// A module's op: its inputs take the module's layout; its results are its activations.
+std::shared_ptr<const TpTag> prepare_module_op(const OpArgs& args, const Classified& c) {
+  const TpTag& tag = *c.params.front().tag;
+  const DeviceMesh& mesh = c.params.front().meta->spec.mesh;
+  const auto& desired = tag.layouts->desired_input;
+  auto to_desired = [&](const at::Tensor& t) {
+    return desired ? to_layout(t, *dtensor_meta(t), *desired) : t;
   };
-  if (torch::autograd::get_current_graph_task_id() != -1) {
-    // Backward: no layouts to apply (gradients go wherever the forward's ops send them).
-    // A plain tensor next to DTensors here was saved by autograd from a forward op that
-    // took it as Replicate (a module input, or a plain activation next to a DTensor one).
-    const Arg* any = !params.empty()        ? &params.front()
-                     : !activations.empty() ? &activations.front()
-                     : !dtensors.empty()    ? &dtensors.front()
-                                            : nullptr;
-    if (any != nullptr) {
-      for (const Arg& p : plains) {
-        as_replicate(p, any->meta->spec.mesh);
-      }
-    }
-    return nullptr;
-  }
-  if ((params.empty() && activations.empty()) || keeps_parameters_as_dtensors(schema)) {
-    return nullptr;
-  }
-  auto written = [&](const Arg& a) {
-    const auto* alias = schema.arguments()[a.index].alias_info();
-    return alias != nullptr && alias->isWrite();
-  };
-  for (const Arg& p : params) {
-    if (written(p)) {
-      return nullptr; // an optimizer step or an init: the parameter as the DTensor it is
-    }
-  }
-
-  if (params.empty()) {
-    // Only activations: a view keeps them inside their module; anything else is outside.
-    for (size_t r = 0; r < schema.returns().size(); ++r) {
-      int64_t src = aliased_input(schema, r);
-      for (const Arg& a : activations) {
-        if (static_cast<int64_t>(a.index) == src) {
-          return a.meta->tp->viewed ? a.meta->tp : a.meta->tp->viewed_variant;
-        }
-      }
-    }
-    for (const Arg& a : activations) {
-      if (!written(a) && leaves_to_output_layout(*a.meta)) {
-        put(stack, base + a.index, a,
-            to_layout(a.tensor, *a.meta, *a.meta->tp->output_layout, nullptr));
-      }
-    }
-    // Plain tensors next to them (a residual branch, a mask) are whole tensors: Replicate.
-    for (const Arg& p : plains) {
-      as_replicate(p, activations.front().meta->spec.mesh);
-    }
-    return nullptr;
-  }
-
-  // A module's op: its inputs take the module's layout.
-  const TpTag& tag = *params.front().meta->tp;
-  const DeviceMesh& mesh = params.front().meta->spec.mesh;
   auto param_shaped = [&](const DTensorMeta& m) {
-    for (const Arg& p : params) {
+    for (const Arg& p : c.params) {
       if (m.spec.shape == p.meta->spec.shape && m.spec.placements == p.meta->spec.placements) {
         return true;
       }
     }
     return false;
   };
-  for (const Arg& a : activations) {
-    if (a.meta->tp->module == tag.module || written(a)) {
-      continue; // the module's own intermediate result
-    }
-    at::Tensor t = leaves_to_output_layout(*a.meta)
-                       ? to_layout(a.tensor, *a.meta, *a.meta->tp->output_layout, nullptr)
-                       : make_dtensor(a.meta->local, a.meta->spec);
-    if (tag.desired_input_layout) {
-      t = to_layout(t, *dtensor_meta(t), *tag.desired_input_layout, nullptr);
-    }
-    put(stack, base + a.index, a, t);
-  }
-  for (const Arg& d : dtensors) {
-    if (tag.desired_input_layout && !param_shaped(*d.meta) && !written(d)) {
-      put(stack, base + d.index, d,
-          to_layout(d.tensor, *d.meta, *tag.desired_input_layout, nullptr));
+  for (const Arg& a : c.activations) {
+    if (a.tag->module != tag.module && !args.writes(a.index)) { // not the module's own result
+      args.set(a.index, a.element, to_desired(leaving(a)));
     }
   }
-  for (const Arg& p : plains) {
-    const Placement in = tag.input_layout.value_or(Placement::replicate());
-    DTENSOR_CHECK(
-        in.is_replicate(),
-        "{}: {} on module '{}' takes its input as {}, but it got a plain tensor {}{}; a plain "
-        "tensor can only stand for a Replicate input (pass a DTensor, e.g. "
-        "DTensor::from_local(local, mesh, {{{}}}))",
-        schema.name(), tag.style, tag.module_name, in.to_string(),
-        c10::toString(p.tensor.scalar_type()), p.tensor.sizes(), in.to_string());
-    DTENSOR_CHECK(!written(p),
-                  "{}: argument '{}' is a plain tensor written in place with {} parameters of '{}'",
-                  schema.name(), schema.arguments()[p.index].name(), tag.style, tag.module_name);
-    at::Tensor t =
-        make_dtensor(p.tensor, make_spec(mesh, replicate_all(1), p.tensor.sizes().vec(),
-                                         p.tensor.scalar_type(), p.tensor.strides().vec()));
-    if (tag.desired_input_layout) {
-      t = to_layout(t, *dtensor_meta(t), *tag.desired_input_layout, nullptr);
+  for (const Arg& d : c.dtensors) {
+    if (desired && !param_shaped(*d.meta) && !args.writes(d.index)) {
+      args.set(d.index, d.element, to_layout(d.tensor, *d.meta, *desired));
     }
-    put(stack, base + p.index, p, t);
   }
-  for (size_t r = 0; r < schema.returns().size(); ++r) {
-    int64_t src = aliased_input(schema, r);
-    for (const Arg& p : params) {
-      if (static_cast<int64_t>(p.index) == src) {
-        return p.meta->tp; // a view of a parameter
-      }
-    }
+  for (const Arg& p : c.plains) {
+    args.set(p.index, p.element, to_desired(plain_input(args, p, tag, mesh)));
+  }
+  if (const Arg* src = viewed_source(args.schema, c.params)) {
+    return src->tag; // a view of a parameter
   }
   return tag.activation;
+}
+
+// Before the generic handler decides an op: turns plain inputs of parallelized modules into
+// DTensors, redistributes inputs to the module's layout and activations leaving their
+// module to its output layout (rewriting the stack). Returns the tag the op's DTensor
+// outputs get (nullptr: none).
+std::shared_ptr<const TpTag> tp_prepare(const OpArgs& args) {
+  const Classified c = classify(args);
+  if (in_backward()) {
+    prepare_backward(args, c);
+    return nullptr;
+  }
+  if ((c.params.empty() && c.activations.empty()) || keeps_parameters_as_dtensors(args.schema)) {
+    return nullptr;
+  }
+  for (const Arg& p : c.params) {
+    if (args.writes(p.index)) {
+      return nullptr; // an optimizer step or an init: the parameter as the DTensor it is
+    }
+  }
+  return c.params.empty() ? prepare_activations(args, c) : prepare_module_op(args, c);
+}
+
+OutputFinisher tp_interceptor(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  std::shared_ptr<const TpTag> tag = tp_prepare(OpArgs(op, stack));
+  if (!tag) {
+    return nullptr;
+  }
+  return [tag](const at::Tensor& out) { set_tp_tag(out, tag); };
+}
+
+[[maybe_unused]] const bool registered =
+    register_interceptor({"tensor parallelism", /*order=*/20, nullptr, tp_interceptor});
+
+} // namespace
+
+std::shared_ptr<const TpTag> make_tp_tags(const void* module, std::string style,
+                                          std::string module_name, TpLayouts layouts) {
+  auto shared = std::make_shared<TpLayouts>(std::move(layouts));
+  auto tag = std::make_shared<TpTag>();
+  tag->module = module;
+  tag->style = std::move(style);
+  tag->module_name = std::move(module_name);
+  tag->layouts = shared;
+  auto activation = std::make_shared<TpTag>(*tag);
+  activation->role = TpRole::Activation;
+  auto viewed = std::make_shared<TpTag>(*activation);
+  viewed->role = TpRole::ViewedActivation;
+  activation->viewed_variant = viewed;
+  tag->activation = activation;
+  return tag;
+}
+
+std::shared_ptr<const TpTag> tp_tag(const at::Tensor& t) {
+  const DTensorMeta* m = dtensor_meta(t);
+  return m != nullptr ? m->extension<TpTag>() : nullptr;
+}
+
+void set_tp_tag(const at::Tensor& dtensor, std::shared_ptr<const TpTag> tag) {
+  DTensorMeta* m = mutable_dtensor_meta(dtensor);
+  DTENSOR_CHECK(m != nullptr, "set_tp_tag: expected a DTensor");
+  m->set_extension(std::move(tag));
 }
 
 } // namespace dtensor::detail

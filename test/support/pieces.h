@@ -3,20 +3,30 @@
 // DTensor helpers shared by the tests that judge dtensor against the plain op on the full
 // tensor: the full value of a tensor, and this rank's piece of a full tensor built without
 // dtensor's own redistribution.
+#include <algorithm>
 #include <memory>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <torch/nn/modules/container/sequential.h>
 
 #include <dtensor/all.h>
 
+#include "support/dist.h"
+
 namespace dtensor::testing {
 
-// The full (global) value of a DTensor; a plain tensor as it is. No autograd recording.
+// The full (global) value of a DTensor; a plain tensor detached. No autograd recording.
 inline at::Tensor full_value(const at::Tensor& t) {
   c10::NoGradGuard no_grad;
-  return dtensor::is_dtensor(t) ? dtensor::DTensor(t).full_tensor() : t;
+  return dtensor::is_dtensor(t) ? dtensor::DTensor(t).full_tensor() : t.detach();
+}
+
+// Equal within 1e-4, relative to the reference's largest magnitude (at least 1).
+inline bool near(const at::Tensor& a, const at::Tensor& b) {
+  const double scale = std::max(1.0, b.abs().max().item<double>());
+  return close(a, b, 1e-4, 1e-4 * scale);
 }
 
 // The meshes of the randomized tests: 1-D over the world, and every 2-D factorisation of
@@ -24,7 +34,7 @@ inline at::Tensor full_value(const at::Tensor& t) {
 inline std::vector<dtensor::DeviceMesh> property_meshes() {
   const int w = dtensor::get_world_size();
   const auto type = dtensor::get_backend() == dtensor::BackendType::Nccl ? c10::DeviceType::CUDA
-                                                                          : c10::DeviceType::CPU;
+                                                                         : c10::DeviceType::CPU;
   std::vector<dtensor::DeviceMesh> out{dtensor::init_device_mesh(type, {w}, {"x"})};
   if (w == 4) {
     out.push_back(dtensor::init_device_mesh(type, {2, 2}, {"a", "b"}));
@@ -65,6 +75,33 @@ inline at::Tensor local_piece(const at::Tensor& full, const dtensor::DeviceMesh&
 template <typename T>
 std::shared_ptr<dtensor::ParallelStyle> style(T s) {
   return std::make_shared<T>(std::move(s));
+}
+
+// The C++ port of MLPStack.parallelize(tp_mesh, dp_mesh, use_activation_checkpointing=False,
+// reshard_after_forward) from common_fsdp.py (seed 004): in_proj colwise, out_proj rowwise
+// (the last one to Shard(1)), the LayerNorm sequence-parallel; fully_shard on each MLP over
+// dp, then the root. `s` is mlp_stack(dim, /*with_seq_parallel=*/true).
+inline std::vector<dtensor::FSDPModule> parallelize_mlp_stack(torch::nn::Sequential& s,
+                                                              const dtensor::DeviceMesh& tp,
+                                                              const dtensor::DeviceMesh& dp,
+                                                              bool reshard_after_forward) {
+  using dtensor::ColwiseParallel;
+  using dtensor::RowwiseParallel;
+  dtensor::parallelize_module(
+      *s, tp,
+      dtensor::ParallelizePlan{
+          {"*.in_proj", style(ColwiseParallel().use_local_output(false))},
+          {"[01].out_proj", style(RowwiseParallel().use_local_output(false))},
+          {"2.out_proj", style(RowwiseParallel().output_layouts(dtensor::Shard(1)))},
+          {"3", style(dtensor::SequenceParallel(1))},
+      });
+  std::vector<dtensor::FSDPModule> units;
+  auto opts = dtensor::FullyShardOptions().mesh(dp).reshard_after_forward(reshard_after_forward);
+  for (size_t i = 0; i < 3; ++i) { // not the LayerNorm
+    units.push_back(dtensor::fully_shard(*s[i], opts));
+  }
+  units.push_back(dtensor::fully_shard(*s, dtensor::FullyShardOptions().mesh(dp)));
+  return units;
 }
 
 } // namespace dtensor::testing

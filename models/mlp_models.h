@@ -8,7 +8,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
-namespace dtensor::testing {
+namespace dtensor::models {
 
 // in_proj (dim -> multiplier * dim), relu, out_proj (-> dim), relu, optional buffer add.
 struct MLPImpl : torch::nn::Module {
@@ -56,4 +56,4 @@ struct DoubleLinearImpl : torch::nn::Module {
 };
 TORCH_MODULE(DoubleLinear);
 
-} // namespace dtensor::testing
+} // namespace dtensor::models

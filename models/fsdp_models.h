@@ -36,7 +36,7 @@
 #include <torch/nn/modules/transformer.h>
 #include <torch/utils.h>
 
-namespace dtensor::testing {
+namespace dtensor::models {
 
 // ---------------------------------------------------------------------------------------------
 // common_dtensor.py: Transformer
@@ -477,4 +477,4 @@ struct MixtureOfExpertsImpl : NestedWrappedModuleImpl {
 };
 TORCH_MODULE(MixtureOfExperts);
 
-} // namespace dtensor::testing
+} // namespace dtensor::models

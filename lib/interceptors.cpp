@@ -1,0 +1,40 @@
+// The registry of op interceptors ([Note: op interceptors] in lib/internal/interceptors.h).
+#include "internal/interceptors.h"
+
+#include <algorithm>
+#include <set>
+#include <string>
+
+namespace dtensor::detail {
+
+namespace {
+
+std::vector<OpInterceptor>& registry() {
+  static std::vector<OpInterceptor> r;
+  return r;
+}
+
+} // namespace
+
+bool register_interceptor(const OpInterceptor& interceptor) {
+  auto& r = registry();
+  r.push_back(interceptor);
+  std::stable_sort(r.begin(), r.end(), [](const OpInterceptor& a, const OpInterceptor& b) {
+    return a.order < b.order;
+  });
+  return true;
+}
+
+const std::vector<OpInterceptor>& interceptors() {
+  return registry();
+}
+
+bool keeps_parameters_as_dtensors(const c10::FunctionSchema& schema) {
+  static const std::set<std::string> names = {
+      "aten::empty_like",   "aten::zeros_like", "aten::ones_like",
+      "aten::full_like",    "aten::rand_like",  "aten::randn_like",
+      "aten::randint_like", "aten::detach",     "aten::alias"};
+  return names.count(schema.name()) != 0;
+}
+
+} // namespace dtensor::detail

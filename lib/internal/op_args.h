@@ -1,0 +1,62 @@
+#pragma once
+
+// Walking and rewriting an op's arguments on the boxed stack: one home for what the generic
+// handler and every interceptor (lib/internal/interceptors.h) need.
+#include <cstddef>
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <dtensor/device_mesh.h>
+
+namespace dtensor::detail {
+
+// The op's arguments: the last `schema.arguments().size()` entries of the stack.
+struct OpArgs {
+  OpArgs(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+  const c10::FunctionSchema& schema;
+  torch::jit::Stack* stack;
+  size_t count; // number of arguments
+  size_t base;  // stack index of argument 0
+
+  c10::IValue& operator[](size_t i) const { return (*stack)[base + i]; }
+  // Calls f(arg, element, tensor) for every tensor argument (element -1) and every element
+  // of a tensor-list argument (element = its index).
+  template <class F>
+  void for_each_tensor(F&& f) const {
+    for (size_t i = 0; i < count; ++i) {
+      const c10::IValue& v = (*this)[i];
+      if (v.isTensor()) {
+        f(i, int64_t{-1}, v.toTensor());
+      } else if (v.isTensorList()) {
+        int64_t e = 0;
+        for (const at::Tensor& t : v.toTensorVector()) {
+          f(i, e++, t);
+        }
+      }
+    }
+  }
+  // Replaces argument `arg` (element -1) or one element of a tensor-list argument.
+  void set(size_t arg, int64_t element, const at::Tensor& value) const;
+  bool writes(size_t arg) const; // the schema marks it written (in-place / out)
+  const std::string& name_of(size_t arg) const { return schema.arguments()[arg].name(); }
+};
+
+// slot = value, out of line: inlined, GCC 12 reports a false stringop-overflow in IValue's
+// refcounting.
+void assign_ivalue(c10::IValue& slot, c10::IValue value);
+
+// The argument a non-writing return aliases (a view), or -1.
+int64_t aliased_argument(const c10::FunctionSchema& schema, size_t ret);
+
+// A plain tensor taken as Replicate on every dimension of `mesh` (same shape and strides).
+at::Tensor as_replicate(const at::Tensor& plain, const DeviceMesh& mesh);
+
+// Whether autograd's engine is running a backward pass on this thread.
+bool in_backward();
+
+// "aten::add.Tensor".
+std::string op_full_name(const c10::OperatorHandle& op);
+
+} // namespace dtensor::detail

@@ -1,0 +1,64 @@
+// Helpers for walking and rewriting an op's boxed arguments (lib/internal/op_args.h).
+#include "internal/op_args.h"
+
+#include <torch/csrc/autograd/graph_task.h>
+
+#include "internal/dtensor_impl.h"
+#include "internal/sharding.h"
+
+namespace dtensor::detail {
+
+OpArgs::OpArgs(const c10::OperatorHandle& op, torch::jit::Stack* s)
+    : schema(op.schema()), stack(s), count(op.schema().arguments().size()),
+      base(s->size() - op.schema().arguments().size()) {}
+
+// Out of line: inlined, GCC 12 reports a false stringop-overflow in IValue's refcounting.
+[[gnu::noinline]] void OpArgs::set(size_t arg, int64_t element, const at::Tensor& value) const {
+  c10::IValue& v = (*this)[arg];
+  if (element < 0) {
+    v = value;
+    return;
+  }
+  std::vector<at::Tensor> values = v.toTensorVector();
+  values[static_cast<size_t>(element)] = value;
+  v = c10::List<at::Tensor>(values);
+}
+
+void assign_ivalue(c10::IValue& slot, c10::IValue value) {
+  slot = std::move(value);
+}
+
+bool OpArgs::writes(size_t arg) const {
+  const auto* alias = schema.arguments()[arg].alias_info();
+  return alias != nullptr && alias->isWrite();
+}
+
+int64_t aliased_argument(const c10::FunctionSchema& schema, size_t ret) {
+  const auto* alias = schema.returns()[ret].alias_info();
+  if (alias == nullptr || alias->isWrite()) {
+    return -1;
+  }
+  for (size_t a = 0; a < schema.arguments().size(); ++a) {
+    const auto* ai = schema.arguments()[a].alias_info();
+    if (ai != nullptr && ai->beforeSets() == alias->beforeSets()) {
+      return static_cast<int64_t>(a);
+    }
+  }
+  return -1;
+}
+
+at::Tensor as_replicate(const at::Tensor& plain, const DeviceMesh& mesh) {
+  return make_dtensor(plain, make_spec(mesh, replicate_all(mesh.ndim()), plain.sizes().vec(),
+                                       plain.scalar_type(), plain.strides().vec()));
+}
+
+bool in_backward() {
+  return torch::autograd::get_current_graph_task_id() != -1;
+}
+
+std::string op_full_name(const c10::OperatorHandle& op) {
+  const auto& n = op.operator_name();
+  return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+}
+
+} // namespace dtensor::detail
