@@ -1,14 +1,15 @@
 // The main job: trains a small GPT-style Transformer (character level, on an embedded text)
 // with tensor parallelism on attention and MLP, fully_shard on each block and the root,
-// AdamW and clip_grad_norm_, on a (dp, tp) mesh. Prints per step: loss, tokens/s, total
-// gradient norm, and the step's collectives (CommDebugMode).
+// AdamW and clip_grad_norm_, on a (dp, tp) mesh. Prints every few steps: loss, tokens/s, total
+// gradient norm, and the step's collectives (CommDebugMode); at the end a greedy sample of
+// generated text.
 //
 //   torchrun --standalone --nproc-per-node 4 --no-python build/examples/train --dp 2 --tp 2
 //
 // Flags: --dp N --tp N (default: tp = min(2, world), dp = world / tp), --steps N, --dim N,
 // --layers N, --heads N, --seq N, --batch N, --lr X, --max-norm X, --norm-type X (inf ok),
-// --log-every N (print every N-th step; a long run also reports resident memory and cache
-// sizes, see the soak figures in docs/reliability.md), --fp16 (fp16 compute: fully_shard
+// --log-every N (print every N-th step), --memory (also every rank's resident memory and the
+// cache sizes, for soak runs: docs/reliability.md), --fp16 (fp16 compute: fully_shard
 // mixed precision with fp16 parameters and reductions, dtensor::GradScaler; prints the scale
 // and the skipped steps), --compress bf16|fp16 (gradients reduced through the compression
 // communication hook, docs/comm_hooks.md).
@@ -48,10 +49,11 @@ const char* kCorpus =
     "good or for evil, in the superlative degree of comparison only. ";
 
 struct Flags {
-  int64_t dp = 0, tp = 0, steps = 40, dim = 64, layers = 2, heads = 4, seq = 32, batch = 8;
-  int64_t log_every = 1;
-  double lr = 3e-3, max_norm = 1.0, norm_type = 2.0;
+  int64_t dp = 0, tp = 0, steps = 300, dim = 64, layers = 2, heads = 4, seq = 32, batch = 8;
+  int64_t log_every = 25;
+  double lr = 1e-2, max_norm = 1.0, norm_type = 2.0;
   bool fp16 = false;
+  bool memory = false; // --memory: resident memory and cache sizes with each log line
   std::string compress; // "", "bf16" or "fp16"
 };
 
@@ -72,8 +74,8 @@ Flags parse(int argc, char** argv) {
   Flags f;
   for (int i = 1; i < argc; i += 2) {
     std::string k = argv[i];
-    if (k == "--fp16") {
-      f.fp16 = true;
+    if (k == "--fp16" || k == "--memory") {
+      (k == "--fp16" ? f.fp16 : f.memory) = true;
       --i; // takes no value
       continue;
     }
@@ -335,7 +337,7 @@ int run(int argc, char** argv) {
                   stepped ? "" : " (step skipped: inf/NaN gradients)");
       std::fflush(stdout);
     }
-    if (f.log_every > 1 && log) {
+    if (f.memory && log) {
       // Every rank's resident memory, on rank 0 (for soak runs).
       at::Tensor rss = at::full({1}, resident_mib(), at::kDouble).to(device);
       at::Tensor all = dtensor::all_gather_tensor(rss, 0, dtensor::world_group()).cpu();
