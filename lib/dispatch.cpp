@@ -221,14 +221,6 @@ bool all_replicated(const OpInfo& info) {
   return true;
 }
 
-OpSharding replicated_fallback(const OpInfo& info) {
-  OpSharding s;
-  for (size_t r = 0; r < info.op->schema().returns().size(); ++r) {
-    s.outputs.push_back(replicate_all(info.mesh_ndim()));
-  }
-  return s;
-}
-
 bool returns_tensors(const c10::FunctionSchema& schema) {
   for (const auto& r : schema.returns()) {
     const auto& type = r.type();
@@ -293,7 +285,7 @@ std::shared_ptr<const Cached> make_decision(const c10::OperatorHandle& op, const
       fail_unsupported(info, "no sharding rule is registered for it (ops without a rule "
                              "only run on DTensors that are Replicate everywhere)");
     }
-    rule = replicated_fallback;
+    rule = all_replicate;
   }
   auto made = std::make_shared<Cached>();
   made->sharding = rule(info);
@@ -518,6 +510,12 @@ void ensure_dispatch_registered() {
 }
 
 } // namespace dtensor::detail
+
+namespace {
+// Loading the library registers the handler and the rules (LibTorch, loaded first, has
+// registered every aten op by then); nothing has to happen when a DTensor is made.
+[[maybe_unused]] const bool dispatch_registered = (dtensor::detail::ensure_dispatch_registered(), true);
+} // namespace
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&dtensor::detail::handler>());

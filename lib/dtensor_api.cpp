@@ -10,6 +10,7 @@
 #include "internal/check.h"
 #include "internal/dtensor_impl.h"
 #include "internal/redistribute.h"
+#include "internal/sharding.h"
 
 namespace dtensor {
 
@@ -94,10 +95,7 @@ struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
     save_spec(ctx, m.spec);
     at::Tensor local = detail::redistribute_local(m.local, m.spec, target);
     DTensorSpec spec = m.spec;
-    spec.placements.clear();
-    for (const auto& p : target) {
-      spec.placements.push_back(p.normalized(spec.ndim()));
-    }
+    spec.placements = detail::normalize_placements(target, spec.shape, "redistribute");
     return detail::make_dtensor(local, std::move(spec));
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {

@@ -25,13 +25,7 @@ DTensorSpec make_spec(const DeviceMesh& mesh, const Placements& placements,
                 to_string(placements), mesh.ndim(), mesh.to_string());
   DTensorSpec spec;
   spec.mesh = mesh;
-  auto ndim = static_cast<int64_t>(shape.size());
-  for (const auto& p : placements) {
-    DTENSOR_CHECK(!p.is_shard() || (p.dim() >= -ndim && p.dim() < ndim),
-                  "DTensor: placement {} in {} is out of range for a tensor of shape {}",
-                  p.to_string(), to_string(placements), shape);
-    spec.placements.push_back(p.normalized(ndim));
-  }
+  spec.placements = normalize_placements(placements, shape, "DTensor");
   spec.stride = stride ? *stride : contiguous_strides(shape);
   spec.shape = std::move(shape);
   spec.dtype = dtype;
@@ -49,7 +43,6 @@ at::Tensor make_dtensor(const at::Tensor& local, DTensorSpec spec) {
                 local.sizes(), get_rank(), spec.to_string(), expected);
   DTENSOR_CHECK(local.scalar_type() == spec.dtype, "DTensor: local tensor is {} but {} says {}",
                 c10::toString(local.scalar_type()), spec.to_string(), c10::toString(spec.dtype));
-  ensure_dispatch_registered();
   auto t = at::detail::make_tensor<c10::TensorImpl>(dtensor_key_set(local.device()), local.dtype(),
                                                     local.device());
   c10::TensorImpl* impl = t.unsafeGetTensorImpl();

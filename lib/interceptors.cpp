@@ -9,7 +9,7 @@ namespace dtensor::detail {
 
 namespace {
 
-std::vector<OpInterceptor>& registry() {
+std::vector<OpInterceptor>& interceptor_registry() {
   static std::vector<OpInterceptor> r;
   return r;
 }
@@ -17,7 +17,7 @@ std::vector<OpInterceptor>& registry() {
 } // namespace
 
 bool register_interceptor(const OpInterceptor& interceptor) {
-  auto& r = registry();
+  auto& r = interceptor_registry();
   r.push_back(interceptor);
   std::stable_sort(r.begin(), r.end(), [](const OpInterceptor& a, const OpInterceptor& b) {
     return a.order < b.order;
@@ -26,7 +26,7 @@ bool register_interceptor(const OpInterceptor& interceptor) {
 }
 
 const std::vector<OpInterceptor>& interceptors() {
-  return registry();
+  return interceptor_registry();
 }
 
 bool keeps_parameters_as_dtensors(const c10::FunctionSchema& schema) {

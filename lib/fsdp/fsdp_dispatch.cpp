@@ -272,7 +272,7 @@ bool fsdp_intercept(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   return true;
 }
 
-[[maybe_unused]] const bool registered =
+[[maybe_unused]] const bool fsdp_interceptor_registered =
     register_interceptor({"fully_shard", /*order=*/10, fsdp_intercept, nullptr});
 
 } // namespace

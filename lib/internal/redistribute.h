@@ -11,6 +11,8 @@
 namespace dtensor::detail {
 
 // One step of a redistribution: the placement of one mesh dimension changes.
+struct Transition; // lib/redistribute/transitions.h
+
 struct TransformStep {
   int64_t mesh_dim = 0;
   Placement src = Placement::replicate();
@@ -19,7 +21,7 @@ struct TransformStep {
   // the mesh dimensions before `mesh_dim` (as they are when the step runs).
   std::vector<int64_t> logical_shape;
   int64_t group_size = 1; // size of mesh dimension `mesh_dim`
-  const char* transition = ""; // name of the transition that executes it
+  const Transition* transition = nullptr; // the registered transition that executes it
   bool communicates = false;
   std::string to_string() const; // "mesh dim 0: Shard(0) -> Replicate() [all_gather]"
 };

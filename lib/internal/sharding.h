@@ -78,6 +78,13 @@ void register_list_ops();     // cat, stack, split, unbind
 // A dim argument made non-negative for a tensor of `ndim` dims.
 inline int64_t wrap_dim(int64_t d, int64_t ndim) { return d < 0 ? d + ndim : d; }
 Placements replicate_all(int64_t mesh_ndim);
+// The rule of ops computed on whole tensors: every DTensor argument Replicate, every output
+// Replicate (nll_loss, item, equal, ...; also [Note: the replicated fallback]).
+OpSharding all_replicate(const OpInfo& info);
+// `placements` for a tensor of `shape`: negative shard dims made non-negative, each checked
+// against the shape (the error names `what`, the placements and the shape).
+Placements normalize_placements(const Placements& placements, const std::vector<int64_t>& shape,
+                                const char* what);
 // `p` with Partial placements replaced by Replicate.
 Placements without_partial(const Placements& p);
 // The error for an op the rule cannot shard as given.

@@ -215,26 +215,10 @@ OpSharding embedding_backward_rule(const OpInfo& info) {
   return s;
 }
 
-// nll_loss_forward(self, target, weight?, reduction, ignore_index) -> (output, total_weight)
-// and nll_loss_backward(grad_output, self, target, weight?, reduction, ignore_index,
-// total_weight): computed on whole tensors (a mean over a sharded batch is not a single
-// partial reduction).
-OpSharding all_replicate(const OpInfo& info) {
-  OpSharding s;
-  s.inputs.resize(info.num_args());
-  for (size_t a = 0; a < info.num_args(); ++a) {
-    if (info.specs[a]) {
-      s.inputs[a] = replicate_all(info.mesh_ndim());
-    }
-  }
-  for (size_t r = 0; r < info.op->schema().returns().size(); ++r) {
-    s.outputs.push_back(replicate_all(info.mesh_ndim()));
-  }
-  return s;
-}
-
 } // namespace
 
+// nll_loss_forward / nll_loss_backward (and 2d): all_replicate, computed on whole tensors (a
+// mean over a sharded batch is not a single partial reduction).
 void register_nn_ops() {
   register_rule("aten::_softmax", softmax_rule);
   register_rule("aten::_log_softmax", softmax_rule);

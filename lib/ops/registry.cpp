@@ -60,6 +60,33 @@ Placements replicate_all(int64_t mesh_ndim) {
   return Placements(static_cast<size_t>(mesh_ndim), Placement::replicate());
 }
 
+OpSharding all_replicate(const OpInfo& info) {
+  OpSharding s;
+  s.inputs.resize(info.num_args());
+  for (size_t a = 0; a < info.num_args(); ++a) {
+    if (info.specs[a]) {
+      s.inputs[a] = replicate_all(info.mesh_ndim());
+    }
+  }
+  for (size_t r = 0; r < info.op->schema().returns().size(); ++r) {
+    s.outputs.push_back(replicate_all(info.mesh_ndim()));
+  }
+  return s;
+}
+
+Placements normalize_placements(const Placements& placements, const std::vector<int64_t>& shape,
+                                const char* what) {
+  const auto ndim = static_cast<int64_t>(shape.size());
+  Placements out;
+  for (const auto& p : placements) {
+    DTENSOR_CHECK(!p.is_shard() || (p.dim() >= -ndim && p.dim() < ndim),
+                  "{}: placement {} in {} is out of range for a tensor of shape {}", what,
+                  p.to_string(), to_string(placements), shape);
+    out.push_back(p.normalized(ndim));
+  }
+  return out;
+}
+
 Placements without_partial(const Placements& p) {
   Placements out;
   for (const auto& x : p) {

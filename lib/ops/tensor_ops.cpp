@@ -55,19 +55,6 @@ OpSharding to_copy_rule(const OpInfo& info) {
   return same_as_self(info);
 }
 
-// item(): needs the whole value on every rank.
-OpSharding replicate_inputs(const OpInfo& info) {
-  OpSharding s;
-  s.inputs.resize(info.num_args());
-  for (size_t i = 0; i < info.num_args(); ++i) {
-    if (info.specs[i]) {
-      s.inputs[i] = replicate_all(info.mesh_ndim());
-    }
-  }
-  s.outputs.push_back(replicate_all(info.mesh_ndim()));
-  return s;
-}
-
 // new_empty / new_zeros / new_ones / new_full / new_empty_strided(self, size, [stride,] ...):
 // a new tensor of the given global size. Same shape as self: self's layout (Partial ->
 // Replicate); another shape: Replicate. The size (and stride) arguments become local.
@@ -124,9 +111,9 @@ void register_tensor_ops() {
   register_rule("aten::fill", fill_rule);
   register_rule("aten::zero_", same_as_self); // zeros stay zero under any reduction
   register_rule("aten::_to_copy", to_copy_rule);
-  register_rule("aten::_local_scalar_dense", replicate_inputs);
-  register_rule("aten::equal", replicate_inputs);
-  register_rule("aten::is_nonzero", replicate_inputs);
+  register_rule("aten::_local_scalar_dense", all_replicate); // item(): the whole value
+  register_rule("aten::equal", all_replicate);
+  register_rule("aten::is_nonzero", all_replicate);
 }
 
 } // namespace dtensor::detail

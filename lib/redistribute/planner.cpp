@@ -73,9 +73,8 @@ std::vector<TransformStep> make_plan(const DTensorSpec& src, const Placements& d
       step.dst = next;
       step.logical_shape = logical_shape(src, cur, i);
       step.group_size = src.mesh.size(static_cast<int64_t>(i));
-      const Transition& t = find_transition(step);
-      step.transition = t.name;
-      step.communicates = t.communicates;
+      step.transition = &find_transition(step);
+      step.communicates = step.transition->communicates;
       steps.push_back(std::move(step));
       cur[i] = next;
     }
@@ -110,20 +109,14 @@ std::vector<TransformStep> make_plan(const DTensorSpec& src, const Placements& d
 
 std::string TransformStep::to_string() const {
   return fmt::format("mesh dim {}: {} -> {} [{}] on {}", mesh_dim, src.to_string(), dst.to_string(),
-                     transition, logical_shape);
+                     transition != nullptr ? transition->name : "?", logical_shape);
 }
 
 std::vector<TransformStep> plan_redistribute(const DTensorSpec& src, const Placements& dst) {
   DTENSOR_CHECK(dst.size() == src.placements.size(),
                 "redistribute: {} target placements {} for a mesh of {} dimensions ({})", dst.size(),
                 to_string(dst), src.placements.size(), src.to_string());
-  Placements target;
-  for (const auto& p : dst) {
-    DTENSOR_CHECK(!p.is_shard() || (p.dim() >= -src.ndim() && p.dim() < src.ndim()),
-                  "redistribute: target placement {} in {} is out of range for {}", p.to_string(),
-                  to_string(dst), src.to_string());
-    target.push_back(p.normalized(src.ndim()));
-  }
+  const Placements target = normalize_placements(dst, src.shape, "redistribute (target)");
   PlanCache& cache = plan_cache();
   Key key{src, target};
   {

@@ -148,14 +148,21 @@ const Transition kTransitions[] = {
 
 } // namespace
 
-const Transition& find_transition(const TransformStep& step) {
+const Transition* suitable_transition(const Placement& src, const Placement& dst,
+                                      const std::vector<int64_t>& shape, int64_t group_size) {
   for (const Transition& t : kTransitions) {
-    if (t.suitable(step.src, step.dst, step.logical_shape, step.group_size)) {
-      return t;
+    if (t.suitable(src, dst, shape, group_size)) {
+      return &t;
     }
   }
-  DTENSOR_FAIL("redistribute: no transition from {} to {} on mesh dim {}", step.src.to_string(),
-               step.dst.to_string(), step.mesh_dim);
+  return nullptr;
+}
+
+const Transition& find_transition(const TransformStep& step) {
+  const Transition* t = suitable_transition(step.src, step.dst, step.logical_shape, step.group_size);
+  DTENSOR_CHECK(t != nullptr, "redistribute: no transition from {} to {} on mesh dim {}",
+                step.src.to_string(), step.dst.to_string(), step.mesh_dim);
+  return *t;
 }
 
 std::vector<Placement> route_through_replicate(const Placement& src, const Placement& dst,
@@ -164,32 +171,18 @@ std::vector<Placement> route_through_replicate(const Placement& src, const Place
   if (src == dst) {
     return {};
   }
-  bool direct = false;
-  if (src.is_shard() && dst.is_shard()) {
-    direct = all_to_all_ok(src, dst, logical_shape, group_size);
-  } else if (src.is_partial() && dst.is_partial()) {
-    direct = false;
-  } else if (src.is_shard() && dst.is_partial()) {
-    direct = false;
-  } else if (src.is_norm_partial() && dst.is_shard()) {
-    direct = false;
-  } else {
-    direct = true;
-  }
-  if (direct) {
+  if (dst.is_replicate() || suitable_transition(src, dst, logical_shape, group_size) != nullptr) {
     return {dst};
   }
-  if (dst.is_replicate()) {
-    return {dst};
-  }
-  return {Placement::replicate(), dst};
+  return {Placement::replicate(), dst}; // e.g. Partial -> Partial, Shard -> Partial
 }
 
 at::Tensor execute_redistribute(const at::Tensor& local, const DTensorSpec& src,
                                 const std::vector<TransformStep>& plan) {
   at::Tensor t = local;
   for (const TransformStep& step : plan) {
-    t = find_transition(step).apply(t, step, src.mesh);
+    const Transition& via = step.transition != nullptr ? *step.transition : find_transition(step);
+    t = via.apply(t, step, src.mesh);
   }
   return t;
 }

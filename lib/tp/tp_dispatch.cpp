@@ -250,7 +250,7 @@ OutputFinisher tp_interceptor(const c10::OperatorHandle& op, torch::jit::Stack* 
   return [tag](const at::Tensor& out) { set_tp_tag(out, tag); };
 }
 
-[[maybe_unused]] const bool registered =
+[[maybe_unused]] const bool tp_interceptor_registered =
     register_interceptor({"tensor parallelism", /*order=*/20, nullptr, tp_interceptor});
 
 } // namespace
