@@ -12,7 +12,7 @@
 #include "internal/dtensor_impl.h"
 #include "internal/interceptors.h"
 #include "internal/op_args.h"
-#include "internal/redistribute.h"
+#include "redistribute/redistribute.h"
 #include "internal/sharding.h"
 
 namespace dtensor::detail {

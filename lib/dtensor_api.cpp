@@ -9,7 +9,7 @@
 
 #include "internal/check.h"
 #include "internal/dtensor_impl.h"
-#include "internal/redistribute.h"
+#include "redistribute/redistribute.h"
 #include "internal/sharding.h"
 
 namespace dtensor {

@@ -2,18 +2,9 @@
 // computed by hand.
 #include <numeric>
 
-#include "support/catch.h"
-#include "support/dist.h"
+#include "support/prelude.h"
 
-using dtensor::ReduceOp;
-using dtensor::init_device_mesh;
-using dtensor::testing::contains;
-using dtensor::testing::device_type;
-using dtensor::testing::same;
-using dtensor::testing::options;
-using dtensor::testing::rank;
 using dtensor::testing::tensor;
-using dtensor::testing::world;
 
 namespace {
 

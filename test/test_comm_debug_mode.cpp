@@ -2,18 +2,8 @@
 // thread-locality, table and JSON.
 #include <thread>
 
-#include "support/catch.h"
+#include "support/prelude.h"
 #include "internal/comm_debug.h"
-#include "support/dist.h"
-
-using dtensor::CollectiveKind;
-using dtensor::CommDebugMode;
-using dtensor::ReduceOp;
-using dtensor::init_device_mesh;
-using dtensor::testing::contains;
-using dtensor::testing::device_type;
-using dtensor::testing::options;
-using dtensor::testing::world;
 
 TEST_CASE("CommDebugMode counts each collective once, with its bytes", "[comm_mode][world1][world2][world4]") {
   auto g = init_device_mesh(device_type(), {world()}, {"dp"}).get_group();

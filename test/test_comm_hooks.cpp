@@ -9,24 +9,11 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
-#include "support/catch.h"
-#include "support/dist.h"
-#include "support/pieces.h"
+#include "support/prelude.h"
 
-using dtensor::CollectiveKind;
-using dtensor::CommDebugMode;
 using dtensor::CommHook;
 using dtensor::CommHookState;
 using dtensor::FSDPModule;
-using dtensor::FullyShardOptions;
-using dtensor::init_device_mesh;
-using dtensor::ReduceOp;
-using dtensor::testing::close;
-using dtensor::testing::device_type;
-using dtensor::testing::full_value;
-using dtensor::testing::options;
-using dtensor::testing::rank;
-using dtensor::testing::world;
 
 namespace {
 

@@ -1,15 +1,7 @@
 // DeviceMesh: coordinates, per-dimension groups, slicing, flattening, equality, errors.
 #include <unordered_set>
 
-#include "support/catch.h"
-#include "support/dist.h"
-
-using dtensor::DeviceMesh;
-using dtensor::init_device_mesh;
-using dtensor::testing::contains;
-using dtensor::testing::device_type;
-using dtensor::testing::rank;
-using dtensor::testing::world;
+#include "support/prelude.h"
 
 namespace {
 

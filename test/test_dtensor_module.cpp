@@ -5,17 +5,7 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
-#include "support/catch.h"
-#include "support/dist.h"
-
-using dtensor::DTensor;
-using dtensor::Placement;
-using dtensor::Placements;
-using dtensor::init_device_mesh;
-using dtensor::testing::device_type;
-using dtensor::testing::close;
-using dtensor::testing::options;
-using dtensor::testing::world;
+#include "support/prelude.h"
 
 namespace {
 
@@ -124,7 +114,6 @@ TEST_CASE("ops without a rule, plain tensors and other meshes give clear errors"
   auto other = init_device_mesh(device_type(), {world()}, {"tp"});
   DTensor a = dtensor::distribute_tensor(at::ones({4, 4}, options()), mesh, {Placement::shard(0)});
   DTensor b = dtensor::distribute_tensor(at::ones({4, 4}, options()), other, {Placement::shard(0)});
-  using dtensor::testing::contains;
   REQUIRE_THROWS_WITH(a + b, contains("aten::add.Tensor: DTensor arguments live on different meshes"));
   REQUIRE_THROWS_WITH(a + at::ones({4, 4}, options()),
                       contains("aten::add.Tensor: mixes DTensors with plain tensors (argument 1 'other'"));

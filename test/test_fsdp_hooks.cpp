@@ -5,21 +5,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 
-#include "support/catch.h"
-#include "support/dist.h"
-#include "support/pieces.h"
-
-using dtensor::CollectiveKind;
-using dtensor::CommDebugMode;
-using dtensor::FullyShardOptions;
-using dtensor::init_device_mesh;
-using dtensor::testing::close;
-using dtensor::testing::contains;
-using dtensor::testing::device_type;
-using dtensor::testing::full_value;
-using dtensor::testing::options;
-using dtensor::testing::rank;
-using dtensor::testing::world;
+#include "support/prelude.h"
 
 namespace {
 

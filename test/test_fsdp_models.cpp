@@ -4,23 +4,8 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/sgd.h>
 
-#include "support/catch.h"
-#include "support/dist.h"
-#include "support/pieces.h"
+#include "support/prelude.h"
 #include <models/fsdp_models.h>
-
-using dtensor::CollectiveKind;
-using dtensor::CommDebugMode;
-using dtensor::DTensor;
-using dtensor::FullyShardOptions;
-using dtensor::init_device_mesh;
-using dtensor::testing::close;
-using dtensor::testing::device_type;
-using dtensor::testing::options;
-using dtensor::testing::rank;
-using dtensor::testing::world;
-
-using dtensor::testing::full_value;
 
 namespace {
 

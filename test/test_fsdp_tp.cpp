@@ -4,24 +4,10 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/sgd.h>
 
-#include "support/catch.h"
-#include "support/dist.h"
-#include "support/pieces.h"
+#include "support/prelude.h"
 #include <models/fsdp_models.h>
 #include <models/mlp_models.h>
 
-using dtensor::CollectiveKind;
-using dtensor::CommDebugMode;
-using dtensor::DeviceMesh;
-using dtensor::DTensor;
-using dtensor::FullyShardOptions;
-using dtensor::init_device_mesh;
-using dtensor::testing::close;
-using dtensor::testing::device_type;
-using dtensor::testing::options;
-using dtensor::testing::world;
-
-using dtensor::testing::full_value;
 using dtensor::testing::near;
 using dtensor::testing::parallelize_mlp_stack;
 using dtensor::testing::style;

@@ -7,26 +7,12 @@
 
 #include <cmath>
 
-#include "support/catch.h"
-#include "support/dist.h"
+#include "support/prelude.h"
 #include <models/mlp_models.h>
-#include "support/pieces.h"
 
-using dtensor::CollectiveKind;
-using dtensor::CommDebugMode;
-using dtensor::DTensor;
-using dtensor::FullyShardOptions;
 using dtensor::GradScaler;
 using dtensor::GradScalerOptions;
-using dtensor::init_device_mesh;
-using dtensor::testing::contains;
-using dtensor::testing::device_type;
-using dtensor::testing::full_value;
-using dtensor::testing::options;
-using dtensor::testing::rank;
-using dtensor::testing::same;
 using dtensor::testing::style;
-using dtensor::testing::world;
 
 namespace {
 

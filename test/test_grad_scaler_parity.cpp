@@ -8,25 +8,14 @@
 
 #include <cmath>
 
-#include "support/catch.h"
-#include "support/dist.h"
+#include "support/prelude.h"
 #include <models/fsdp_models.h>
-#include "support/pieces.h"
 
-using dtensor::DTensor;
-using dtensor::FullyShardOptions;
 using dtensor::GradScaler;
 using dtensor::GradScalerOptions;
-using dtensor::init_device_mesh;
-using dtensor::testing::close;
-using dtensor::testing::device_type;
-using dtensor::testing::full_value;
 using dtensor::models::NestedWrappedModule;
 using dtensor::models::NonUniformReqGradNWM;
 using dtensor::models::TransformerWithSharedParams;
-using dtensor::testing::options;
-using dtensor::testing::rank;
-using dtensor::testing::world;
 
 namespace {
 

@@ -3,19 +3,8 @@
 // the plain model's, with one all-reduce per MLP in forward.
 #include <torch/optim/adamw.h>
 
-#include "support/catch.h"
-#include "support/dist.h"
+#include "support/prelude.h"
 #include <models/mlp_models.h>
-
-using dtensor::CollectiveKind;
-using dtensor::CommDebugMode;
-using dtensor::DTensor;
-using dtensor::Placement;
-using dtensor::init_device_mesh;
-using dtensor::testing::device_type;
-using dtensor::testing::close;
-using dtensor::testing::options;
-using dtensor::testing::world;
 
 namespace {
 

@@ -1,12 +1,7 @@
 // Process group: environment, world group, cached subgroups, errors.
 #include <cstdlib>
 
-#include "support/catch.h"
-#include "support/dist.h"
-
-using dtensor::testing::contains;
-using dtensor::testing::rank;
-using dtensor::testing::world;
+#include "support/prelude.h"
 
 TEST_CASE("world group matches the torchrun environment", "[pg][world1][world2][world4]") {
   const char* env_world = std::getenv("WORLD_SIZE");

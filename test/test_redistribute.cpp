@@ -3,21 +3,8 @@
 // (CommDebugMode equals the planner's communicating steps); gradients through redistribute.
 #include <random>
 
-#include "internal/redistribute.h"
-#include "support/catch.h"
-#include "support/dist.h"
-#include "support/pieces.h"
-
-using dtensor::CommDebugMode;
-using dtensor::DTensor;
-using dtensor::Placement;
-using dtensor::Placements;
-using dtensor::init_device_mesh;
-using dtensor::testing::device_type;
-using dtensor::testing::options;
-using dtensor::testing::rank;
-using dtensor::testing::same;
-using dtensor::testing::world;
+#include "redistribute/redistribute.h"
+#include "support/prelude.h"
 
 namespace {
 

@@ -5,25 +5,9 @@
 
 #include <cmath>
 
-#include "support/catch.h"
-#include "support/dist.h"
-#include "support/pieces.h"
+#include "support/prelude.h"
 
-using dtensor::CommDebugMode;
-using dtensor::DTensor;
-using dtensor::Placement;
-using dtensor::Placements;
-using dtensor::ReduceOp;
 using dtensor::distribute_tensor;
-using dtensor::init_device_mesh;
-using dtensor::testing::close;
-using dtensor::testing::contains;
-using dtensor::testing::device_type;
-using dtensor::testing::full_value;
-using dtensor::testing::options;
-using dtensor::testing::rank;
-using dtensor::testing::same;
-using dtensor::testing::world;
 
 namespace {
 

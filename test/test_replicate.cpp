@@ -6,18 +6,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
-#include "support/catch.h"
-#include "support/dist.h"
-
-using dtensor::CollectiveKind;
-using dtensor::CommDebugMode;
-using dtensor::init_device_mesh;
-using dtensor::testing::contains;
-using dtensor::testing::device_type;
-using dtensor::testing::close;
-using dtensor::testing::options;
-using dtensor::testing::rank;
-using dtensor::testing::world;
+#include "support/prelude.h"
 
 namespace {
 

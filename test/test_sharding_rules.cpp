@@ -3,17 +3,7 @@
 // and (where marked) gradients equal the plain gradients.
 #include <functional>
 
-#include "support/catch.h"
-#include "support/dist.h"
-
-using dtensor::DTensor;
-using dtensor::Placement;
-using dtensor::Placements;
-using dtensor::init_device_mesh;
-using dtensor::testing::device_type;
-using dtensor::testing::close;
-using dtensor::testing::options;
-using dtensor::testing::world;
+#include "support/prelude.h"
 
 namespace {
 

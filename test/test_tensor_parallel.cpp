@@ -6,26 +6,11 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/optim/sgd.h>
 
-#include "support/catch.h"
-#include "support/dist.h"
-#include "support/pieces.h"
+#include "support/prelude.h"
 #include <models/mlp_models.h>
 
-using dtensor::CollectiveKind;
-using dtensor::CommDebugMode;
-using dtensor::DTensor;
-using dtensor::init_device_mesh;
-using dtensor::Placement;
-using dtensor::Placements;
 using dtensor::Replicate;
 using dtensor::Shard;
-using dtensor::testing::close;
-using dtensor::testing::contains;
-using dtensor::testing::device_type;
-using dtensor::testing::options;
-using dtensor::testing::world;
-
-using dtensor::testing::full_value;
 
 namespace {
 

@@ -6,11 +6,11 @@
 #include <torch/csrc/autograd/graph_task.h>
 
 #include "internal/check.h"
-#include "internal/fsdp.h"
+#include "fsdp/fsdp.h"
 #include "internal/interceptors.h"
 #include "internal/op_args.h"
 #include "internal/sharding.h"
-#include "internal/tensor_parallel.h"
+#include "tp/tensor_parallel.h"
 
 namespace dtensor::detail {
 

@@ -12,8 +12,8 @@
 #include <dtensor/process_group.h>
 
 #include "internal/check.h"
-#include "internal/fsdp.h"
-#include "internal/tensor_parallel.h"
+#include "fsdp/fsdp.h"
+#include "tp/tensor_parallel.h"
 
 namespace dtensor {
 

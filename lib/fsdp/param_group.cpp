@@ -9,11 +9,11 @@
 #include <dtensor/collectives.h>
 
 #include "internal/check.h"
-#include "internal/fsdp.h"
+#include "fsdp/fsdp.h"
 #include "internal/grad_reduce.h"
-#include "internal/redistribute.h"
+#include "redistribute/redistribute.h"
 #include "internal/sharding.h"
-#include "internal/tensor_parallel.h"
+#include "tp/tensor_parallel.h"
 
 namespace dtensor::detail {
 

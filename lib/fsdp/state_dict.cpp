@@ -11,8 +11,8 @@
 
 #include "internal/agree.h"
 #include "internal/check.h"
-#include "internal/fsdp.h"
-#include "internal/redistribute.h"
+#include "fsdp/fsdp.h"
+#include "redistribute/redistribute.h"
 #include "internal/sharding.h"
 
 namespace dtensor {

@@ -5,7 +5,7 @@
 #include <dtensor/diagnostics.h>
 
 #include "../internal/check.h"
-#include "../internal/redistribute.h"
+#include "redistribute.h"
 #include "../internal/sharding.h"
 #include "transitions.h"
 

@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "../internal/redistribute.h"
+#include "redistribute.h"
 
 namespace dtensor::detail {
 

@@ -12,7 +12,7 @@
 
 #include "internal/check.h"
 #include "internal/dtensor_impl.h"
-#include "internal/tensor_parallel.h"
+#include "tp/tensor_parallel.h"
 
 namespace dtensor {
 

@@ -8,9 +8,9 @@
 #include "internal/dtensor_impl.h"
 #include "internal/interceptors.h"
 #include "internal/op_args.h"
-#include "internal/redistribute.h"
+#include "redistribute/redistribute.h"
 #include "internal/sharding.h"
-#include "internal/tensor_parallel.h"
+#include "tp/tensor_parallel.h"
 
 namespace dtensor::detail {
 

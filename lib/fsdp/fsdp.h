@@ -16,7 +16,7 @@
 #include <dtensor/fully_shard.h>
 
 #include "internal/dtensor_impl.h"
-#include "internal/tensor_parallel.h"
+#include "tp/tensor_parallel.h"
 
 namespace torch::nn {
 class Module;
