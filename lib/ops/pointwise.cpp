@@ -26,11 +26,11 @@ enum class Linearity {
 
 Linearity linearity(const std::string& base) {
   static const std::vector<std::pair<const char*, Linearity>> table = {
-      {"aten::neg", Linearity::Unary},      {"aten::neg_", Linearity::Unary},
-      {"aten::add", Linearity::Additive},   {"aten::add_", Linearity::Additive},
-      {"aten::sub", Linearity::Additive},   {"aten::sub_", Linearity::Additive},
-      {"aten::mul", Linearity::Product},    {"aten::mul_", Linearity::Product},
-      {"aten::div", Linearity::Quotient},   {"aten::div_", Linearity::Quotient},
+      {"aten::neg", Linearity::Unary},    {"aten::neg_", Linearity::Unary},
+      {"aten::add", Linearity::Additive}, {"aten::add_", Linearity::Additive},
+      {"aten::sub", Linearity::Additive}, {"aten::sub_", Linearity::Additive},
+      {"aten::mul", Linearity::Product},  {"aten::mul_", Linearity::Product},
+      {"aten::div", Linearity::Quotient}, {"aten::div_", Linearity::Quotient},
   };
   for (const auto& [name, lin] : table) {
     if (base == name) {
@@ -44,9 +44,9 @@ Linearity linearity(const std::string& base) {
 // max / min partials pass through them.
 bool monotone_unary(const std::string& base) {
   static const char* const names[] = {
-      "exp",   "exp2", "expm1", "sigmoid", "tanh",  "relu",      "atan",      "asinh",
-      "sinh",  "erf",  "floor", "ceil",    "trunc", "round",     "clamp",     "clamp_min",
-      "clamp_max", "hardtanh", "nan_to_num",
+      "exp",   "exp2",      "expm1",     "sigmoid",  "tanh",       "relu",  "atan",
+      "asinh", "sinh",      "erf",       "floor",    "ceil",       "trunc", "round",
+      "clamp", "clamp_min", "clamp_max", "hardtanh", "nan_to_num",
   };
   for (const char* n : names) {
     std::string full = std::string("aten::") + n;
@@ -66,7 +66,9 @@ bool plain_partial(const Placement& p, ReduceOp op) {
   return p.is_partial() && !p.is_norm_partial() && p.reduce_op() == op;
 }
 
-ReduceOp swapped(ReduceOp op) { return op == ReduceOp::Max ? ReduceOp::Min : ReduceOp::Max; }
+ReduceOp swapped(ReduceOp op) {
+  return op == ReduceOp::Max ? ReduceOp::Min : ReduceOp::Max;
+}
 
 // The sign of the op's Scalar argument (mul.Scalar, div.Scalar), 0 when it has none.
 int scalar_sign(const OpInfo& info) {
@@ -165,29 +167,33 @@ std::optional<Placement> partial_result(const OpInfo& info, const std::vector<Te
   return std::nullopt;
 }
 
-OpSharding pointwise_rule(const OpInfo& info) {
-  const std::string base = info.op->schema().name();
-  const bool in_place = !info.op->schema().arguments().empty() &&
-                        info.op->schema().arguments()[0].alias_info() != nullptr &&
-                        info.op->schema().arguments()[0].alias_info()->isWrite();
-  std::vector<TensorArg> args;
-  for (size_t a = 0; a < info.num_args(); ++a) {
-    if (info.specs[a]) {
-      args.push_back({a, &*info.specs[a]});
-    }
-  }
-  // The output has the largest rank; an argument's dim d maps to output dim d + offset.
+// The broadcast of the DTensor arguments: the output's rank and shape, and which dim of an
+// argument an output dim comes from.
+struct Broadcast {
   int64_t out_ndim = 0;
-  for (const auto& t : args) {
-    out_ndim = std::max(out_ndim, t.spec->ndim());
+  std::vector<int64_t> out_shape;
+  // The argument's dim behind output dim `out_dim`; -1 where the argument is broadcast.
+  int64_t arg_dim(const TensorArg& t, int64_t out_dim) const {
+    int64_t d = out_dim - (out_ndim - t.spec->ndim());
+    if (d < 0 || t.spec->shape[static_cast<size_t>(d)] != out_shape[static_cast<size_t>(out_dim)]) {
+      return -1;
+    }
+    return d;
   }
-  // A broadcast argument (fewer dims, or size 1 where another is larger) cannot be
-  // sharded on the broadcast dims.
-  std::vector<int64_t> out_shape(static_cast<size_t>(out_ndim), 1);
+  int64_t out_dim(const TensorArg& t, int64_t d) const { return d + (out_ndim - t.spec->ndim()); }
+};
+
+// A broadcast argument (fewer dims, or size 1 where another is larger) cannot be sharded on
+// the broadcast dims.
+Broadcast broadcast_of(const OpInfo& info, const std::vector<TensorArg>& args) {
+  Broadcast bc;
   for (const auto& t : args) {
-    int64_t off = out_ndim - t.spec->ndim();
+    bc.out_ndim = std::max(bc.out_ndim, t.spec->ndim());
+  }
+  bc.out_shape.assign(static_cast<size_t>(bc.out_ndim), 1);
+  for (const auto& t : args) {
     for (int64_t d = 0; d < t.spec->ndim(); ++d) {
-      int64_t& o = out_shape[static_cast<size_t>(d + off)];
+      int64_t& o = bc.out_shape[static_cast<size_t>(bc.out_dim(t, d))];
       int64_t size = t.spec->shape[static_cast<size_t>(d)];
       DTENSOR_CHECK(o == 1 || size == 1 || o == size,
                     "{}: shapes of the DTensor arguments do not broadcast: {}", info.name,
@@ -195,75 +201,93 @@ OpSharding pointwise_rule(const OpInfo& info) {
       o = size == 1 ? o : size; // broadcasting: a 0-size dim wins over 1
     }
   }
-  auto arg_dim = [&](const TensorArg& t, int64_t out_dim) -> int64_t {
-    int64_t d = out_dim - (out_ndim - t.spec->ndim());
-    if (d < 0 || t.spec->shape[static_cast<size_t>(d)] != out_shape[static_cast<size_t>(out_dim)]) {
-      return -1; // broadcast along this dim
-    }
-    return d;
-  };
+  return bc;
+}
 
-  const size_t mesh_ndim = static_cast<size_t>(info.mesh_ndim());
-  Placements out(mesh_ndim, Placement::replicate());
-  const Linearity lin = linearity(base);
-  for (size_t i = 0; i < mesh_ndim; ++i) {
-    if (in_place) {
-      const Placement& self = args[0].spec->placements[i];
-      if (self.is_shard()) {
-        out[i] = Placement::shard(self.dim() + (out_ndim - args[0].spec->ndim()));
-      } else if (self.is_partial()) {
-        auto kept = partial_result(info, args, i, base);
-        if (!kept || !(*kept == self)) {
-          fail_unsupported(info, fmt::format("the in-place op cannot keep {} of its self argument on "
-                                             "mesh dim {}; redistribute self first",
-                                             self.to_string(), i));
-        }
-        out[i] = self;
-      }
-      continue;
+// In place, mesh dim i: the output is self, whose placement must survive the op.
+Placement in_place_output(const OpInfo& info, const std::vector<TensorArg>& args, size_t i,
+                          const std::string& base, const Broadcast& bc) {
+  const Placement& self = args[0].spec->placements[i];
+  if (self.is_shard()) {
+    return Placement::shard(bc.out_dim(args[0], self.dim()));
+  }
+  if (self.is_partial()) {
+    auto kept = partial_result(info, args, i, base);
+    if (!kept || !(*kept == self)) {
+      fail_unsupported(info, fmt::format("the in-place op cannot keep {} of its self argument on "
+                                         "mesh dim {}; redistribute self first",
+                                         self.to_string(), i));
     }
-    // Follow the first argument sharded (along a non-broadcast dim) on this mesh dim.
-    bool decided = false;
-    for (const auto& t : args) {
-      const Placement& p = t.spec->placements[i];
-      if (p.is_shard()) {
-        int64_t od = p.dim() + (out_ndim - t.spec->ndim());
-        if (arg_dim(t, od) >= 0) {
-          out[i] = Placement::shard(od);
-          decided = true;
-          break;
-        }
-      }
-    }
-    if (!decided) {
-      if (auto kept = partial_result(info, args, i, base)) {
-        out[i] = *kept;
+  }
+  return self;
+}
+
+// Mesh dim i: follow the first argument sharded along a non-broadcast dim; else a Partial
+// the op keeps ([Note: Partial placements through pointwise ops]); else Replicate.
+Placement output_placement(const OpInfo& info, const std::vector<TensorArg>& args, size_t i,
+                           const std::string& base, const Broadcast& bc) {
+  for (const auto& t : args) {
+    const Placement& p = t.spec->placements[i];
+    if (p.is_shard()) {
+      const int64_t od = bc.out_dim(t, p.dim());
+      if (bc.arg_dim(t, od) >= 0) {
+        return Placement::shard(od);
       }
     }
   }
+  if (auto kept = partial_result(info, args, i, base)) {
+    return *kept;
+  }
+  return Placement::replicate();
+}
 
+// What argument `t` must be for output placements `out`.
+Placements input_placements(const TensorArg& t, const Placements& out, const Broadcast& bc,
+                            Linearity lin) {
+  Placements want(out.size(), Placement::replicate());
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i].is_shard()) {
+      int64_t d = bc.arg_dim(t, out[i].dim());
+      want[i] = d >= 0 ? Placement::shard(d) : Placement::replicate();
+    } else if (out[i].is_partial()) {
+      // add/sub of partial sums: every operand becomes a partial sum (Replicate ones by
+      // partition); otherwise every operand stays as it is (see the note).
+      bool partition = lin == Linearity::Additive && plain_partial(out[i], ReduceOp::Sum);
+      want[i] = partition ? out[i] : t.spec->placements[i];
+    }
+  }
+  return want;
+}
+
+OpSharding pointwise_rule(const OpInfo& info) {
+  const std::string base = info.op->schema().name();
+  const auto& schema_args = info.op->schema().arguments();
+  const bool in_place = !schema_args.empty() && schema_args[0].alias_info() != nullptr &&
+                        schema_args[0].alias_info()->isWrite();
+  std::vector<TensorArg> args;
+  for (size_t a = 0; a < info.num_args(); ++a) {
+    if (info.specs[a]) {
+      args.push_back({a, &*info.specs[a]});
+    }
+  }
+  const Broadcast bc = broadcast_of(info, args);
+  const size_t mesh_ndim = static_cast<size_t>(info.mesh_ndim());
+  Placements out(mesh_ndim, Placement::replicate());
+  for (size_t i = 0; i < mesh_ndim; ++i) {
+    out[i] = in_place ? in_place_output(info, args, i, base, bc)
+                      : output_placement(info, args, i, base, bc);
+  }
   OpSharding s;
   s.inputs.resize(info.num_args());
+  const Linearity lin = linearity(base);
   for (const auto& t : args) {
-    Placements want(mesh_ndim, Placement::replicate());
-    for (size_t i = 0; i < mesh_ndim; ++i) {
-      if (out[i].is_shard()) {
-        int64_t d = arg_dim(t, out[i].dim());
-        want[i] = d >= 0 ? Placement::shard(d) : Placement::replicate();
-      } else if (out[i].is_partial()) {
-        // add/sub of partial sums: every operand becomes a partial sum (Replicate ones by
-        // partition); otherwise every operand stays as it is (see the note).
-        bool partition = lin == Linearity::Additive && plain_partial(out[i], ReduceOp::Sum);
-        want[i] = partition ? out[i] : t.spec->placements[i];
-      }
-    }
-    s.inputs[t.index] = want;
+    s.inputs[t.index] = input_placements(t, out, bc, lin);
   }
   s.outputs.push_back(out);
   // Some pointwise kernels have no Meta kernel in C++ (relu): the broadcast shape is known.
   // Boolean/complex ops returning more than one tensor are not pointwise.
   if (info.op->schema().returns().size() == 1) {
-    s.output_shapes.push_back(out_shape);
+    s.output_shapes.push_back(bc.out_shape);
   }
   return s;
 }
@@ -273,22 +297,105 @@ OpSharding pointwise_rule(const OpInfo& info) {
 void register_pointwise_ops() {
   static const char* const names[] = {
       // unary
-      "abs", "neg", "sqrt", "rsqrt", "exp", "exp2", "log", "log2", "log1p", "expm1", "sin", "cos",
-      "tan", "tanh", "sigmoid", "relu", "gelu", "silu", "mish", "sign", "sgn", "reciprocal", "floor",
-      "ceil", "round", "trunc", "frac", "erf", "erfc", "erfinv", "bitwise_not", "logical_not", "isnan",
-      "isinf", "nan_to_num", "clamp", "clamp_min", "clamp_max", "hardtanh", "leaky_relu", "elu",
-      "softplus", "square", "pow", "signbit", "asin", "acos", "atan", "sinh", "cosh", "asinh",
-      "acosh", "atanh",
+      "abs",
+      "neg",
+      "sqrt",
+      "rsqrt",
+      "exp",
+      "exp2",
+      "log",
+      "log2",
+      "log1p",
+      "expm1",
+      "sin",
+      "cos",
+      "tan",
+      "tanh",
+      "sigmoid",
+      "relu",
+      "gelu",
+      "silu",
+      "mish",
+      "sign",
+      "sgn",
+      "reciprocal",
+      "floor",
+      "ceil",
+      "round",
+      "trunc",
+      "frac",
+      "erf",
+      "erfc",
+      "erfinv",
+      "bitwise_not",
+      "logical_not",
+      "isnan",
+      "isinf",
+      "nan_to_num",
+      "clamp",
+      "clamp_min",
+      "clamp_max",
+      "hardtanh",
+      "leaky_relu",
+      "elu",
+      "softplus",
+      "square",
+      "pow",
+      "signbit",
+      "asin",
+      "acos",
+      "atan",
+      "sinh",
+      "cosh",
+      "asinh",
+      "acosh",
+      "atanh",
       // binary
-      "add", "sub", "mul", "div", "rsub", "maximum", "minimum", "fmax", "fmin", "remainder", "fmod",
-      "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor", "bitwise_and",
-      "bitwise_or", "bitwise_xor", "atan2", "hypot", "copysign", "xlogy", "masked_fill",
+      "add",
+      "sub",
+      "mul",
+      "div",
+      "rsub",
+      "maximum",
+      "minimum",
+      "fmax",
+      "fmin",
+      "remainder",
+      "fmod",
+      "eq",
+      "ne",
+      "lt",
+      "le",
+      "gt",
+      "ge",
+      "logical_and",
+      "logical_or",
+      "logical_xor",
+      "bitwise_and",
+      "bitwise_or",
+      "bitwise_xor",
+      "atan2",
+      "hypot",
+      "copysign",
+      "xlogy",
+      "masked_fill",
       // ternary
-      "where", "lerp", "addcmul", "addcdiv",
+      "where",
+      "lerp",
+      "addcmul",
+      "addcdiv",
       // backward kernels
-      "threshold_backward", "gelu_backward", "silu_backward", "sigmoid_backward", "tanh_backward",
-      "hardtanh_backward", "leaky_relu_backward", "elu_backward", "softplus_backward",
-      "mish_backward", "native_dropout_backward",
+      "threshold_backward",
+      "gelu_backward",
+      "silu_backward",
+      "sigmoid_backward",
+      "tanh_backward",
+      "hardtanh_backward",
+      "leaky_relu_backward",
+      "elu_backward",
+      "softplus_backward",
+      "mish_backward",
+      "native_dropout_backward",
   };
   for (const char* n : names) {
     std::string base = std::string("aten::") + n;

@@ -8,7 +8,6 @@ namespace dtensor::detail {
 
 namespace {
 
-
 // Rebuild placements through a map from input dims to output dims (-1: cannot follow).
 OpSharding map_dims(const OpInfo& info, const std::vector<int64_t>& to_out) {
   const DTensorSpec& in = *info.specs[0];
@@ -137,13 +136,9 @@ OpSharding select_rule(const OpInfo& info) {
 
 // view: group input and output dims whose products match; a shard survives on the first
 // dimension of its group when every nested cut of it stays contiguous and even.
-OpSharding view_rule(const OpInfo& info) {
-  const DTensorSpec& in = *info.specs[0];
+// view's size argument with its -1 inferred, checked against the input's element count.
+std::vector<int64_t> view_size(const OpInfo& info, const DTensorSpec& in, int64_t numel) {
   std::vector<int64_t> out = info.arg(1).toIntVector();
-  int64_t numel = 1;
-  for (int64_t s : in.shape) {
-    numel *= s;
-  }
   int64_t known = 1;
   int64_t infer = -1;
   for (size_t o = 0; o < out.size(); ++o) {
@@ -156,57 +151,65 @@ OpSharding view_rule(const OpInfo& info) {
     }
   }
   if (infer >= 0) {
-    DTENSOR_CHECK(known != 0, "{}: cannot infer the -1 in {} for a tensor of shape {} (0 elements "
-                  "elsewhere)", info.name, out, in.shape);
+    DTENSOR_CHECK(known != 0,
+                  "{}: cannot infer the -1 in {} for a tensor of shape {} (0 elements "
+                  "elsewhere)",
+                  info.name, out, in.shape);
     out[static_cast<size_t>(infer)] = numel / known;
     known *= out[static_cast<size_t>(infer)];
   }
   DTENSOR_CHECK(known == numel, "{}: shape {} is invalid for a DTensor of shape {} ({} elements)",
                 info.name, info.arg(1).toIntVector(), in.shape, numel);
-  const int64_t n = in.ndim();
+  return out;
+}
+
+// For each input dim, the output dim that starts its group (-1: none). Groups: input dims
+// [i0, i) and output dims [o0, o) with equal products (size-1 dims map to nothing). The
+// products match at the end (view_size checked it), so neither index runs past its end.
+std::vector<int64_t> view_groups(const std::vector<int64_t>& in, const std::vector<int64_t>& out,
+                                 int64_t numel) {
+  const auto n = static_cast<int64_t>(in.size());
   std::vector<int64_t> m(static_cast<size_t>(n), -1);
   if (numel == 0) {
     // No element to keep in place: shards follow only an unchanged shape.
-    if (out == in.shape) {
-      m = identity(n);
-    }
-  } else {
-    // Groups: input dims [i0, i) and output dims [o0, o) with equal products (size-1 dims
-    // map to nothing). The products match at the end (checked above), so neither index
-    // runs past its end.
-    size_t i = 0;
-    size_t o = 0;
-    while (i < in.shape.size() || o < out.size()) {
-      if (i < in.shape.size() && in.shape[i] == 1) {
-        ++i;
-        continue;
-      }
-      if (o < out.size() && out[o] == 1) {
-        ++o;
-        continue;
-      }
-      if (i >= in.shape.size() || o >= out.size()) {
-        break;
-      }
-      size_t i0 = i;
-      size_t o0 = o;
-      int64_t pi = in.shape[i++];
-      int64_t po = out[o++];
-      while (pi != po) {
-        if (pi < po) {
-          pi *= in.shape[i++];
-        } else {
-          po *= out[o++];
-        }
-      }
-      m[i0] = static_cast<int64_t>(o0);
-    }
+    return out == in ? identity(n) : m;
   }
-  OpSharding s = map_dims(info, m);
-  // A shard of input dim d lands on output dim m[d] when its piece is the same on both
-  // sides: the group is that one dim on each side (same size: any cut, even uneven, is the
-  // same cut), or, for merged / split dims, every nested cut divides both sides evenly
-  // (checked in mesh order on the sizes the cuts before it leave).
+  size_t i = 0;
+  size_t o = 0;
+  while (i < in.size() || o < out.size()) {
+    if (i < in.size() && in[i] == 1) {
+      ++i;
+      continue;
+    }
+    if (o < out.size() && out[o] == 1) {
+      ++o;
+      continue;
+    }
+    if (i >= in.size() || o >= out.size()) {
+      break;
+    }
+    size_t i0 = i;
+    size_t o0 = o;
+    int64_t pi = in[i++];
+    int64_t po = out[o++];
+    while (pi != po) {
+      if (pi < po) {
+        pi *= in[i++];
+      } else {
+        po *= out[o++];
+      }
+    }
+    m[i0] = static_cast<int64_t>(o0);
+  }
+  return m;
+}
+
+// A shard of input dim d lands on output dim m[d] when its piece is the same on both sides:
+// the group is that one dim on each side (same size: any cut, even uneven, is the same cut),
+// or, for merged / split dims, every nested cut divides both sides evenly (checked in mesh
+// order on the sizes the cuts before it leave). Other shards become Replicate.
+void keep_even_cuts(const OpInfo& info, const DTensorSpec& in, const std::vector<int64_t>& out,
+                    const std::vector<int64_t>& m, OpSharding& s) {
   std::vector<int64_t> cur_in = in.shape;
   std::vector<int64_t> cur_out = out;
   for (size_t k = 0; k < in.placements.size(); ++k) {
@@ -228,6 +231,18 @@ OpSharding view_rule(const OpInfo& info) {
       s.outputs[0][k] = Placement::replicate();
     }
   }
+}
+
+OpSharding view_rule(const OpInfo& info) {
+  const DTensorSpec& in = *info.specs[0];
+  int64_t numel = 1;
+  for (int64_t d : in.shape) {
+    numel *= d;
+  }
+  const std::vector<int64_t> out = view_size(info, in, numel);
+  const std::vector<int64_t> m = view_groups(in.shape, out, numel);
+  OpSharding s = map_dims(info, m);
+  keep_even_cuts(info, in, out, m, s);
   // The size argument is global; the local view takes this rank's piece of it.
   s.local_args.resize(info.num_args());
   auto local = local_shape_of(*info.mesh, s.outputs[0], out);
