@@ -132,6 +132,10 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
   void reduce_grads();
 
  private:
+  FSDPParam plan_param(const std::string& fqn, const at::Tensor& p, const at::Tensor& value,
+                       int64_t offset, const std::pair<std::string, at::Tensor>& first) const;
+  void set_sharded_spec(FSDPParam& fp, const Placement& shard) const;
+  void materialize(const std::vector<at::Tensor>& values);
   // A communication buffer: at::empty, or the custom collective's allocate (checked).
   at::Tensor allocate_comm(int64_t numel, c10::ScalarType dtype, const CommAllocator& allocate,
                            const char* what) const;

@@ -11,8 +11,8 @@
 #include <dtensor/dtensor.h>
 #include <dtensor/process_group.h>
 
-#include "internal/check.h"
 #include "fsdp/fsdp.h"
+#include "internal/check.h"
 #include "tp/tensor_parallel.h"
 
 namespace dtensor {
@@ -56,14 +56,12 @@ bool is_prefix_of(const std::string& prefix, const std::string& name) {
 
 } // namespace detail
 
-FSDPModule fully_shard(torch::nn::Module& module, const FullyShardOptions& options) {
-  using namespace detail;
-  live_units(); // drops units of destroyed modules
-  DTENSOR_CHECK(
-      find_unit(&module) == nullptr,
-      "fully_shard: module '{}' is already fully sharded (call fully_shard once per module, "
-      "children before their parents)",
-      module.name());
+namespace {
+
+using NamedModules = torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>;
+
+// The data-parallel mesh: the option's, or 1-D over the world.
+DeviceMesh resolve_mesh(const FullyShardOptions& options) {
   DeviceMesh mesh = options.mesh();
   if (!mesh.defined()) {
     const auto device =
@@ -74,60 +72,78 @@ FSDPModule fully_shard(torch::nn::Module& module, const FullyShardOptions& optio
       mesh.ndim() == 1 || mesh.ndim() == 2,
       "fully_shard: expected a 1-D mesh (FSDP) or a 2-D mesh (HSDP: replicate, shard), got {}",
       mesh.to_string());
+  return mesh;
+}
 
-  std::shared_ptr<torch::nn::Module> self = module.shared_from_this();
+// The outermost submodules that are units already: they keep their parameters.
+struct ChildUnits {
+  std::vector<std::string> prefixes;
+  std::vector<std::shared_ptr<detail::FSDPParamGroup>> units;
+  bool contains(const std::string& name) const {
+    for (const auto& prefix : prefixes) {
+      if (detail::is_prefix_of(prefix, name)) {
+        return true;
+      }
+    }
+    return false;
+  }
+};
+
+ChildUnits find_child_units(const NamedModules& named, const torch::nn::Module& module) {
+  ChildUnits c;
+  for (const auto& item : named) {
+    if (item.value().get() == &module || c.contains(item.key())) {
+      continue;
+    }
+    if (auto unit = detail::find_unit(item.value().get())) {
+      c.prefixes.push_back(item.key());
+      c.units.push_back(unit);
+    }
+  }
+  return c;
+}
+
+// The parameters this unit takes (by name, each once, ignored ones left out), and those
+// nested units hold (to refuse sharing).
+struct OwnParams {
+  std::vector<std::pair<std::string, at::Tensor>> own;
+  std::unordered_map<const c10::TensorImpl*, std::string> in_children;
+};
+
+OwnParams collect_params(const NamedModules& named, const ChildUnits& children,
+                         const FullyShardOptions& options) {
   std::unordered_set<const c10::TensorImpl*> ignored;
   for (const auto& p : options.ignored_params()) {
     ignored.insert(p.unsafeGetTensorImpl());
   }
-
-  // Submodules that are units already (with everything under them) keep their parameters.
-  auto named = self->named_modules();
-  std::vector<std::string> child_unit_prefixes;
-  std::vector<std::shared_ptr<FSDPParamGroup>> child_units;
+  OwnParams out;
+  std::unordered_set<const c10::TensorImpl*> seen;
   for (const auto& item : named) {
-    if (item.value().get() == &module) {
-      continue;
-    }
-    bool inside = false;
-    for (const auto& prefix : child_unit_prefixes) {
-      inside = inside || is_prefix_of(prefix, item.key());
-    }
-    if (!inside) {
-      if (auto unit = find_unit(item.value().get())) {
-        child_unit_prefixes.push_back(item.key());
-        child_units.push_back(unit);
-      }
-    }
-  }
-  std::unordered_map<const c10::TensorImpl*, std::string> in_children;
-  std::vector<std::pair<std::string, at::Tensor>> own;
-  std::unordered_map<const c10::TensorImpl*, std::string> own_names;
-  for (const auto& item : named) {
-    bool inside = false;
-    for (const auto& prefix : child_unit_prefixes) {
-      inside = inside || is_prefix_of(prefix, item.key());
-    }
+    const bool inside = children.contains(item.key());
     for (const auto& p : item.value()->named_parameters(/*recurse=*/false)) {
       const std::string fqn = item.key().empty() ? p.key() : item.key() + "." + p.key();
       const c10::TensorImpl* impl = p.value().unsafeGetTensorImpl();
       if (inside) {
-        in_children.emplace(impl, fqn);
-      } else if (!ignored.count(impl) && !own_names.count(impl)) {
-        own_names.emplace(impl, fqn);
-        own.emplace_back(fqn, p.value());
+        out.in_children.emplace(impl, fqn);
+      } else if (!ignored.count(impl) && seen.insert(impl).second) {
+        out.own.emplace_back(fqn, p.value());
       }
     }
   }
-  for (const auto& [fqn, p] : own) {
-    auto it = in_children.find(p.unsafeGetTensorImpl());
+  return out;
+}
+
+void check_params(const torch::nn::Module& module, const OwnParams& params,
+                  const DeviceMesh& mesh) {
+  for (const auto& [fqn, p] : params.own) {
+    auto it = params.in_children.find(p.unsafeGetTensorImpl());
     DTENSOR_CHECK(
-        it == in_children.end(),
+        it == params.in_children.end(),
         "fully_shard({}): parameter '{}' is shared with '{}', which a nested fully_shard unit "
         "already manages; shared parameters must belong to one unit (fully_shard their "
         "common ancestor only)",
-        module.name(), fqn, it == in_children.end() ? "" : it->second);
-    DTENSOR_CHECK(fsdp_tag(p) == nullptr,
+        module.name(), fqn, it == params.in_children.end() ? "" : it->second);
+    DTENSOR_CHECK(detail::fsdp_tag(p) == nullptr,
                   "fully_shard({}): parameter '{}' is already managed by another unit",
                   module.name(), fqn);
     const detail::DTensorMeta* dm = detail::dtensor_meta(p);
@@ -142,6 +158,24 @@ FSDPModule fully_shard(torch::nn::Module& module, const FullyShardOptions& optio
                   module.name(), fqn, p.device().str(), mesh.to_string(),
                   c10::DeviceTypeName(mesh.device_type(), true));
   }
+}
+
+} // namespace
+
+FSDPModule fully_shard(torch::nn::Module& module, const FullyShardOptions& options) {
+  using namespace detail;
+  live_units(); // drops units of destroyed modules
+  DTENSOR_CHECK(
+      find_unit(&module) == nullptr,
+      "fully_shard: module '{}' is already fully sharded (call fully_shard once per module, "
+      "children before their parents)",
+      module.name());
+  const DeviceMesh mesh = resolve_mesh(options);
+  std::shared_ptr<torch::nn::Module> self = module.shared_from_this();
+  const auto named = self->named_modules();
+  const ChildUnits children = find_child_units(named, module);
+  OwnParams params = collect_params(named, children, options);
+  check_params(module, params, mesh);
 
   auto group = std::make_shared<FSDPParamGroup>();
   group->module = self;
@@ -149,11 +183,11 @@ FSDPModule fully_shard(torch::nn::Module& module, const FullyShardOptions& optio
   group->mesh = mesh;
   group->options = options;
   group->reshard_after_forward = options.reshard_after_forward();
-  if (!own.empty()) {
-    group->device = own.front().second.device();
+  if (!params.own.empty()) {
+    group->device = params.own.front().second.device();
   }
-  group->init_sharded(std::move(own));
-  for (auto& child : child_units) {
+  group->init_sharded(std::move(params.own));
+  for (auto& child : children.units) {
     if (child->parent.expired()) {
       child->parent = group;
     }
@@ -283,10 +317,12 @@ bool FSDPModule::has_comm_hook() const {
 
 at::Tensor FSDPModule::clip_grad_norm_(double max_norm, double norm_type, bool error_if_nonfinite) {
   DTENSOR_CHECK(group_->is_root(),
-                "clip_grad_norm_ should only be called on the root FSDP instance; unit '{}' is nested in another",
+                "clip_grad_norm_ should only be called on the root FSDP instance; unit '{}' is "
+                "nested in another",
                 group_->name);
   auto module = group_->module.lock();
-  DTENSOR_CHECK(module != nullptr, "clip_grad_norm_: the module of unit '{}' no longer exists", group_->name);
+  DTENSOR_CHECK(module != nullptr, "clip_grad_norm_: the module of unit '{}' no longer exists",
+                group_->name);
   return dtensor::clip_grad_norm_(module->parameters(), max_norm, norm_type, error_if_nonfinite);
 }
 

@@ -8,11 +8,11 @@
 
 #include <dtensor/collectives.h>
 
-#include "internal/check.h"
 #include "fsdp/fsdp.h"
+#include "internal/check.h"
 #include "internal/grad_reduce.h"
-#include "redistribute/redistribute.h"
 #include "internal/sharding.h"
+#include "redistribute/redistribute.h"
 #include "tp/tensor_parallel.h"
 
 namespace dtensor::detail {
@@ -110,96 +110,82 @@ bool FSDPParamGroup::is_ancestor_of(const FSDPParamGroup& other) const {
   return false;
 }
 
-void FSDPParamGroup::init_sharded(std::vector<std::pair<std::string, at::Tensor>> named_params) {
-  const bool hsdp = mesh.ndim() == 2;
-  shard_group = mesh.get_group(hsdp ? 1 : 0);
-  if (hsdp) {
-    replicate_group = mesh.get_group(0);
-  }
-  shard_size = mesh.size(hsdp ? 1 : 0);
-  shard_rank = mesh.get_local_rank(hsdp ? 1 : 0);
-
-  // [Note: FSDP x TP] A tensor-parallel parameter (a DTensor with placement T on a 1-D tp
-  // mesh) is sharded by its local tensor's rows: rank (t, d) keeps chunk_d(chunk_t(W)). On
-  // the (tp, dp) mesh -- tp first -- DTensor's nested Shard semantics give exactly that
-  // piece for placements (T, Shard(0)), even when T is Shard(0) too and sizes are uneven,
-  // so full_tensor(), redistribution and state dicts need no strided-shard placement.
-  int64_t offset = 0;
-  std::vector<at::Tensor> values; // what each parameter's shard is cut from
-  for (auto& [fqn, p] : named_params) {
-    FSDPParam fp;
-    fp.param = p;
-    fp.fqn = fqn;
-    const DTensorMeta* tp_meta = dtensor_meta(p);
-    values.push_back(tp_meta ? tp_meta->local : p.detach());
-    fp.shape = values.back().sizes().vec();
-    if (tp_meta) {
-      fp.tp_spec = tp_meta->spec;
-      fp.tp_tag = tp_tag(p);
-    }
-    DTENSOR_CHECK(p.dim() > 0,
-                  "fully_shard({}): parameter '{}' is a scalar (0-dim) and cannot be "
-                  "sharded; pass it in ignored_params",
-                  name, fqn);
-    std::optional<Placement> placement;
-    if (options.shard_placement_fn()) {
-      placement = options.shard_placement_fn()(p);
-    }
-    const Placement shard = placement.value_or(Placement::shard(0)).normalized(p.dim());
-    DTENSOR_CHECK(shard.is_shard() && shard.dim() >= 0 && shard.dim() < p.dim(),
-                  "fully_shard({}): shard_placement_fn gave {} for parameter '{}' of shape {}; "
-                  "expected Shard(d) with 0 <= d < {}",
-                  name, shard.to_string(), fqn, fp.shape, p.dim());
-    fp.shard_dim = shard.dim();
-    const int64_t dim_size = fp.shape[static_cast<size_t>(fp.shard_dim)];
-    DTENSOR_CHECK(fp.shard_dim == 0 || dim_size % shard_size == 0,
-                  "fully_shard({}): parameter '{}' of shape {} would be sharded unevenly on dim {} "
-                  "({} rows over {} ranks); only dim 0 may be uneven",
-                  name, fqn, fp.shape, fp.shard_dim, dim_size, shard_size);
-    DTENSOR_CHECK(
-        p.scalar_type() == named_params.front().second.scalar_type(),
-        "fully_shard({}): parameters of one unit must share a dtype: '{}' is {}, '{}' is {}", name,
-        fqn, c10::toString(p.scalar_type()), named_params.front().first,
-        c10::toString(named_params.front().second.scalar_type()));
-    fp.chunk = chunk_size(dim_size, shard_size, 0);
-    fp.row_numel = dim_size == 0 ? 0 : values.back().numel() / dim_size;
-    fp.offset = offset;
-    fp.local_rows = fp.rows_on(shard_rank, shard_size);
-    offset += fp.segment_numel();
-    Placements placements;
-    if (hsdp) {
-      placements.push_back(Placement::replicate());
-    }
-    if (fp.tp_spec) {
-      const DeviceMesh& tp = fp.tp_spec->mesh;
-      DTENSOR_CHECK(!tp.dim_names().empty() && !mesh.dim_names().empty(),
-                    "fully_shard({}): FSDP x TP needs named meshes (slices of one "
-                    "init_device_mesh), got {} and {}",
-                    name, mesh.to_string(), tp.to_string());
-      DeviceMesh both = mesh.root_mesh()[{tp.dim_names()[0], mesh.dim_names()[0]}];
-      placements = {fp.tp_spec->placements[0], shard};
-      fp.spec = make_spec(both, placements, fp.tp_spec->shape, p.scalar_type());
-    } else {
-      placements.push_back(shard);
-      fp.spec = make_spec(mesh, placements, fp.shape, p.scalar_type());
-    }
-    params.push_back(std::move(fp));
-  }
-  shard_numel = offset;
-  if (params.empty()) {
+// The sharded placements of a parameter: Replicate first for HSDP; for FSDP x TP the
+// parameter's tp placement, then `shard`, on the (tp, dp) mesh ([Note: FSDP x TP]).
+void FSDPParamGroup::set_sharded_spec(FSDPParam& fp, const Placement& shard) const {
+  const c10::ScalarType dtype = fp.param.scalar_type();
+  if (fp.tp_spec) {
+    const DeviceMesh& tp = fp.tp_spec->mesh;
+    DTENSOR_CHECK(!tp.dim_names().empty() && !mesh.dim_names().empty(),
+                  "fully_shard({}): FSDP x TP needs named meshes (slices of one "
+                  "init_device_mesh), got {} and {}",
+                  name, mesh.to_string(), tp.to_string());
+    DeviceMesh both = mesh.root_mesh()[{tp.dim_names()[0], mesh.dim_names()[0]}];
+    fp.spec = make_spec(both, {fp.tp_spec->placements[0], shard}, fp.tp_spec->shape, dtype);
     return;
   }
-  orig_dtype = params.front().param.scalar_type();
-  const auto& mp = options.mp_policy();
-  param_dtype = mp.param_dtype().value_or(orig_dtype);
-  reduce_dtype = mp.reduce_dtype().value_or(param_dtype);
+  Placements placements;
+  if (mesh.ndim() == 2) {
+    placements.push_back(Placement::replicate());
+  }
+  placements.push_back(shard);
+  fp.spec = make_spec(mesh, placements, fp.shape, dtype);
+}
 
+// One parameter's place in the flat shard (its segment starts at `offset`); `value` is
+// what its shard is cut from; `first` is the unit's first parameter (for the dtype check).
+FSDPParam FSDPParamGroup::plan_param(const std::string& fqn, const at::Tensor& p,
+                                     const at::Tensor& value, int64_t offset,
+                                     const std::pair<std::string, at::Tensor>& first) const {
+  FSDPParam fp;
+  fp.param = p;
+  fp.fqn = fqn;
+  fp.shape = value.sizes().vec();
+  if (const DTensorMeta* tp_meta = dtensor_meta(p)) {
+    fp.tp_spec = tp_meta->spec;
+    fp.tp_tag = tp_tag(p);
+  }
+  DTENSOR_CHECK(p.dim() > 0,
+                "fully_shard({}): parameter '{}' is a scalar (0-dim) and cannot be "
+                "sharded; pass it in ignored_params",
+                name, fqn);
+  std::optional<Placement> placement;
+  if (options.shard_placement_fn()) {
+    placement = options.shard_placement_fn()(p);
+  }
+  const Placement shard = placement.value_or(Placement::shard(0)).normalized(p.dim());
+  DTENSOR_CHECK(shard.is_shard() && shard.dim() >= 0 && shard.dim() < p.dim(),
+                "fully_shard({}): shard_placement_fn gave {} for parameter '{}' of shape {}; "
+                "expected Shard(d) with 0 <= d < {}",
+                name, shard.to_string(), fqn, fp.shape, p.dim());
+  fp.shard_dim = shard.dim();
+  const int64_t dim_size = fp.shape[static_cast<size_t>(fp.shard_dim)];
+  DTENSOR_CHECK(fp.shard_dim == 0 || dim_size % shard_size == 0,
+                "fully_shard({}): parameter '{}' of shape {} would be sharded unevenly on dim {} "
+                "({} rows over {} ranks); only dim 0 may be uneven",
+                name, fqn, fp.shape, fp.shard_dim, dim_size, shard_size);
+  DTENSOR_CHECK(
+      p.scalar_type() == first.second.scalar_type(),
+      "fully_shard({}): parameters of one unit must share a dtype: '{}' is {}, '{}' is {}", name,
+      fqn, c10::toString(p.scalar_type()), first.first, c10::toString(first.second.scalar_type()));
+  fp.chunk = chunk_size(dim_size, shard_size, 0);
+  fp.row_numel = dim_size == 0 ? 0 : value.numel() / dim_size;
+  fp.offset = offset;
+  fp.local_rows = fp.rows_on(shard_rank, shard_size);
+  set_sharded_spec(fp, shard);
+  return fp;
+}
+
+// Fills the flat shard from the parameters' full values and turns each parameter, in place,
+// into its Shard DTensor with the unit's gradient accumulator; the unsharded buffer gets its
+// views and is freed.
+void FSDPParamGroup::materialize(const std::vector<at::Tensor>& values) {
   at::NoGradGuard no_grad;
   const c10::Device shard_device =
       options.offload_policy().offload_to_cpu() ? c10::Device(c10::kCPU) : device;
   flat_shard = at::zeros({shard_numel}, at::TensorOptions().dtype(orig_dtype).device(shard_device));
   int64_t total = 0;
-  for (auto& v : values) {
+  for (const auto& v : values) {
     total += v.numel();
   }
   unsharded_flat = at::empty({total}, at::TensorOptions().dtype(param_dtype).device(device));
@@ -229,6 +215,39 @@ void FSDPParamGroup::init_sharded(std::vector<std::pair<std::string, at::Tensor>
   }
   g_unsharded += static_cast<int64_t>(unsharded_flat.storage().nbytes()); // balanced by the free
   free_storage(unsharded_flat);
+}
+
+void FSDPParamGroup::init_sharded(std::vector<std::pair<std::string, at::Tensor>> named_params) {
+  const bool hsdp = mesh.ndim() == 2;
+  shard_group = mesh.get_group(hsdp ? 1 : 0);
+  if (hsdp) {
+    replicate_group = mesh.get_group(0);
+  }
+  shard_size = mesh.size(hsdp ? 1 : 0);
+  shard_rank = mesh.get_local_rank(hsdp ? 1 : 0);
+
+  // [Note: FSDP x TP] A tensor-parallel parameter (a DTensor with placement T on a 1-D tp
+  // mesh) is sharded by its local tensor's rows: rank (t, d) keeps chunk_d(chunk_t(W)). On
+  // the (tp, dp) mesh -- tp first -- DTensor's nested Shard semantics give exactly that
+  // piece for placements (T, Shard(0)), even when T is Shard(0) too and sizes are uneven,
+  // so full_tensor(), redistribution and state dicts need no strided-shard placement.
+  int64_t offset = 0;
+  std::vector<at::Tensor> values; // what each parameter's shard is cut from
+  for (auto& [fqn, p] : named_params) {
+    const DTensorMeta* tp_meta = dtensor_meta(p);
+    values.push_back(tp_meta ? tp_meta->local : p.detach());
+    params.push_back(plan_param(fqn, p, values.back(), offset, named_params.front()));
+    offset += params.back().segment_numel();
+  }
+  shard_numel = offset;
+  if (params.empty()) {
+    return;
+  }
+  orig_dtype = params.front().param.scalar_type();
+  const auto& mp = options.mp_policy();
+  param_dtype = mp.param_dtype().value_or(orig_dtype);
+  reduce_dtype = mp.reduce_dtype().value_or(param_dtype);
+  materialize(values);
 }
 
 at::Tensor FSDPParamGroup::allocate_comm(int64_t numel, c10::ScalarType dtype,
