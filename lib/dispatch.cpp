@@ -12,8 +12,8 @@
 #include "internal/dtensor_impl.h"
 #include "internal/interceptors.h"
 #include "internal/op_args.h"
-#include "redistribute/redistribute.h"
 #include "internal/sharding.h"
+#include "redistribute/redistribute.h"
 
 namespace dtensor::detail {
 
@@ -271,6 +271,26 @@ void collect_specs(OpInfo& info, const OpArgs& a) {
                 info.name, fmt::join(plain_args, ", "));
 }
 
+// [Note: shape arguments] (lib/internal/sharding.h): the size (and stride) argument of a
+// table op becomes this rank's local shape of its output.
+void localize_shape_args(const OpInfo& info, Cached& c) {
+  const ShapeArgs* args = shape_args_of(info.op->schema().name());
+  if (args == nullptr) {
+    return;
+  }
+  DTENSOR_CHECK(!c.sharding.outputs.empty() && !c.out_shapes.empty() && !c.out_shapes[0].empty(),
+                "{}: the global shape of its output is unknown (no meta kernel), so its size "
+                "argument cannot be made local",
+                info.name);
+  const std::vector<int64_t> local =
+      local_shape_of(*info.mesh, c.sharding.outputs[0], c.out_shapes[0][0]);
+  c.sharding.local_args[static_cast<size_t>(args->shape)] = c10::IValue(local);
+  if (args->stride >= 0) {
+    c.sharding.local_args[static_cast<size_t>(args->stride)] =
+        c10::IValue(contiguous_strides(local));
+  }
+}
+
 // Decide, uncached: the rule's shardings (or [Note: the replicated fallback]) and the
 // outputs' global shapes.
 std::shared_ptr<const Cached> make_decision(const c10::OperatorHandle& op, const OpInfo& info) {
@@ -299,6 +319,7 @@ std::shared_ptr<const Cached> make_decision(const c10::OperatorHandle& op, const
   } else if (returns_tensors(schema)) {
     infer_output_shapes(op, info, *made);
   }
+  localize_shape_args(info, *made);
   return made;
 }
 
@@ -514,7 +535,8 @@ void ensure_dispatch_registered() {
 namespace {
 // Loading the library registers the handler and the rules (LibTorch, loaded first, has
 // registered every aten op by then); nothing has to happen when a DTensor is made.
-[[maybe_unused]] const bool dispatch_registered = (dtensor::detail::ensure_dispatch_registered(), true);
+[[maybe_unused]] const bool dispatch_registered =
+    (dtensor::detail::ensure_dispatch_registered(), true);
 } // namespace
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

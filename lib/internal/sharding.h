@@ -54,6 +54,17 @@ struct OpSharding {
 std::vector<int64_t> local_shape_of(const DeviceMesh& mesh, const Placements& placements,
                                     const std::vector<int64_t>& shape);
 
+// [Note: shape arguments] As PyTorch's op_to_shape_and_stride_idx: ops whose size (and
+// stride) argument describes the output's global shape take this rank's local shape (and
+// its contiguous strides) instead, computed from the output's placements and global shape.
+// Rules of these ops decide placements only.
+struct ShapeArgs {
+  int shape = -1;  // argument index of the size
+  int stride = -1; // argument index of the stride (-1: none)
+};
+// The table entry of `schema_name` ("aten::view"), or nullptr.
+const ShapeArgs* shape_args_of(const std::string& schema_name);
+
 using ShardingRule = OpSharding (*)(const OpInfo& info);
 
 // The registry. Lookup tries "ns::name.overload", then "ns::name".

@@ -60,6 +60,18 @@ Placements replicate_all(int64_t mesh_ndim) {
   return Placements(static_cast<size_t>(mesh_ndim), Placement::replicate());
 }
 
+const ShapeArgs* shape_args_of(const std::string& schema_name) {
+  static const std::unordered_map<std::string, ShapeArgs> table = {
+      {"aten::view", {1, -1}},           {"aten::_unsafe_view", {1, -1}},
+      {"aten::expand", {1, -1}},         {"aten::new_empty", {1, -1}},
+      {"aten::new_zeros", {1, -1}},      {"aten::new_ones", {1, -1}},
+      {"aten::new_full", {1, -1}},       {"aten::new_empty_strided", {1, 2}},
+      {"aten::slice_backward", {1, -1}}, {"aten::select_backward", {1, -1}},
+  };
+  auto it = table.find(schema_name);
+  return it == table.end() ? nullptr : &it->second;
+}
+
 OpSharding all_replicate(const OpInfo& info) {
   OpSharding s;
   s.inputs.resize(info.num_args());
@@ -109,11 +121,13 @@ std::string describe_args(const OpInfo& info) {
   for (size_t i = 0; i < info.num_args(); ++i) {
     if (info.specs[i]) {
       const auto& s = *info.specs[i];
-      parts.push_back(fmt::format("{}{} {}", c10::toString(s.dtype), s.shape, to_string(s.placements)));
+      parts.push_back(
+          fmt::format("{}{} {}", c10::toString(s.dtype), s.shape, to_string(s.placements)));
     } else if (!info.list_specs[i].empty()) {
       std::vector<std::string> items;
       for (const auto& s : info.list_specs[i]) {
-        items.push_back(fmt::format("{}{} {}", c10::toString(s.dtype), s.shape, to_string(s.placements)));
+        items.push_back(
+            fmt::format("{}{} {}", c10::toString(s.dtype), s.shape, to_string(s.placements)));
       }
       parts.push_back(fmt::format("[{}]", fmt::join(items, ", ")));
     } else {

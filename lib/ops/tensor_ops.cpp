@@ -49,7 +49,8 @@ OpSharding to_copy_rule(const OpInfo& info) {
   for (size_t i = 1; i < info.num_args(); ++i) {
     const c10::IValue& v = info.arg(i);
     if (v.isDevice() && v.toDevice().type() != mesh_type) {
-      fail_unsupported(info, "moving a DTensor to another device is not supported; the mesh fixes it");
+      fail_unsupported(info,
+                       "moving a DTensor to another device is not supported; the mesh fixes it");
     }
   }
   return same_as_self(info);
@@ -57,20 +58,15 @@ OpSharding to_copy_rule(const OpInfo& info) {
 
 // new_empty / new_zeros / new_ones / new_full / new_empty_strided(self, size, [stride,] ...):
 // a new tensor of the given global size. Same shape as self: self's layout (Partial ->
-// Replicate); another shape: Replicate. The size (and stride) arguments become local.
+// Replicate); another shape: Replicate.
 OpSharding new_factory(const OpInfo& info) {
   const DTensorSpec& self = *info.specs[0];
   std::vector<int64_t> size = info.arg(1).toIntVector();
-  Placements out = size == self.shape ? without_partial(self.placements) : replicate_all(info.mesh_ndim());
+  Placements out =
+      size == self.shape ? without_partial(self.placements) : replicate_all(info.mesh_ndim());
   OpSharding s;
   s.inputs.resize(info.num_args());
-  s.outputs.push_back(out);
-  s.local_args.resize(info.num_args());
-  auto local = local_shape_of(*info.mesh, out, size);
-  s.local_args[1] = c10::IValue(local);
-  if (info.op->schema().name() == "aten::new_empty_strided") {
-    s.local_args[2] = c10::IValue(contiguous_strides(local));
-  }
+  s.outputs.push_back(out); // size (and stride) become local: [Note: shape arguments]
   return s;
 }
 
@@ -100,11 +96,12 @@ void register_tensor_ops() {
                            "aten::new_empty_strided"}) {
     register_rule(name, new_factory);
   }
-  for (const char* name : {"aten::clone", "aten::detach", "aten::alias", "aten::copy_", "aten::copy",
-                           "aten::lift_fresh", "aten::_copy_from"}) {
+  for (const char* name : {"aten::clone", "aten::detach", "aten::alias", "aten::copy_",
+                           "aten::copy", "aten::lift_fresh", "aten::_copy_from"}) {
     register_rule(name, same_as_self);
   }
-  for (const char* name : {"aten::zeros_like", "aten::ones_like", "aten::empty_like", "aten::full_like"}) {
+  for (const char* name :
+       {"aten::zeros_like", "aten::ones_like", "aten::empty_like", "aten::full_like"}) {
     register_rule(name, like_factory);
   }
   register_rule("aten::fill_", fill_rule);

@@ -99,20 +99,13 @@ OpSharding squeeze_rule(const OpInfo& info) {
 
 OpSharding expand_rule(const OpInfo& info) {
   const DTensorSpec& in = *info.specs[0];
-  auto sizes = info.arg(1).toIntVector();
-  int64_t off = static_cast<int64_t>(sizes.size()) - in.ndim();
+  const int64_t off = static_cast<int64_t>(info.arg(1).toIntVector().size()) - in.ndim();
   std::vector<int64_t> m(static_cast<size_t>(in.ndim()));
   for (int64_t d = 0; d < in.ndim(); ++d) {
     // A dim of size 1 being expanded cannot be sharded (it never is: size 1).
     m[static_cast<size_t>(d)] = d + off;
-    if (sizes[static_cast<size_t>(d + off)] == -1) {
-      sizes[static_cast<size_t>(d + off)] = in.shape[static_cast<size_t>(d)];
-    }
   }
-  OpSharding s = map_dims(info, m);
-  s.local_args.resize(info.num_args());
-  s.local_args[1] = c10::IValue(local_shape_of(*info.mesh, s.outputs[0], sizes));
-  return s;
+  return map_dims(info, m); // the size becomes local: [Note: shape arguments]
 }
 
 // slice / select along a sharded dim need the whole dim; elsewhere the shard follows.
@@ -243,11 +236,7 @@ OpSharding view_rule(const OpInfo& info) {
   const std::vector<int64_t> m = view_groups(in.shape, out, numel);
   OpSharding s = map_dims(info, m);
   keep_even_cuts(info, in, out, m, s);
-  // The size argument is global; the local view takes this rank's piece of it.
-  s.local_args.resize(info.num_args());
-  auto local = local_shape_of(*info.mesh, s.outputs[0], out);
-  s.local_args[1] = c10::IValue(local);
-  return s;
+  return s; // the size becomes this rank's piece of it: [Note: shape arguments]
 }
 
 // slice_backward(grad, input_sizes, dim, start, end, step) / select_backward(grad,
@@ -277,9 +266,7 @@ OpSharding slice_select_backward(const OpInfo& info) {
   OpSharding s;
   s.inputs.resize(info.num_args());
   s.inputs[0] = want;
-  s.outputs.push_back(out);
-  s.local_args.resize(info.num_args());
-  s.local_args[1] = c10::IValue(local_shape_of(*info.mesh, out, input_sizes));
+  s.outputs.push_back(out); // input_sizes becomes local: [Note: shape arguments]
   return s;
 }
 
