@@ -109,11 +109,58 @@ bool gather_reduced_dims(const DTensorSpec& in, const Reduced& r, Kind kind) {
     if (!r.dims[d]) {
       continue;
     }
-    if (kind == Kind::Mean ? range.min[d] != range.max[d] : (range.min[d] == 0 && in.shape[d] > 0)) {
+    if (kind == Kind::Mean ? range.min[d] != range.max[d]
+                           : (range.min[d] == 0 && in.shape[d] > 0)) {
       return true;
     }
   }
   return false;
+}
+
+// The Partial a reduction of `kind` leaves where it reduces a sharded dim (nullopt: the dim
+// must be gathered first: negative finite norm orders do not combine from the pieces).
+std::optional<Placement> reduced_shard_result(const OpInfo& info, Kind kind) {
+  switch (kind) {
+  case Kind::Sum:
+    return Placement::partial(ReduceOp::Sum);
+  case Kind::Mean: // equal pieces (gather_reduced_dims)
+    return Placement::partial(ReduceOp::Avg);
+  case Kind::Max:
+    return Placement::partial(ReduceOp::Max);
+  case Kind::Min:
+    return Placement::partial(ReduceOp::Min);
+  case Kind::Norm:
+    break;
+  }
+  const double q = norm_ord(info);
+  if (q >= 0 || std::isinf(q)) {
+    return Placement::partial_norm(q);
+  }
+  return std::nullopt;
+}
+
+// Whether a Partial input passes through a reduction of `kind` unchanged (sums and means of
+// sums / averages; max of max; min of min).
+bool partial_passes(const Placement& p, Kind kind) {
+  if (p.is_norm_partial()) {
+    return false;
+  }
+  const bool linear = (kind == Kind::Sum || kind == Kind::Mean) &&
+                      (p.reduce_op() == ReduceOp::Sum || p.reduce_op() == ReduceOp::Avg);
+  const bool same = (kind == Kind::Max && p.reduce_op() == ReduceOp::Max) ||
+                    (kind == Kind::Min && p.reduce_op() == ReduceOp::Min);
+  return linear || same;
+}
+
+// The output dim of input dim d (reduced dims before it disappear without keepdim).
+int64_t kept_dim(const Reduced& r, size_t d) {
+  int64_t shift = 0;
+  if (!r.keepdim) {
+    for (size_t k = 0; k < d; ++k) {
+      shift += r.dims[k] ? 1 : 0;
+    }
+  }
+  return static_cast<int64_t>(d) - shift;
 }
 
 OpSharding reduce(const OpInfo& info, Kind kind) {
@@ -127,62 +174,25 @@ OpSharding reduce(const OpInfo& info, Kind kind) {
   Placements out(mesh_ndim, Placement::replicate());
   for (size_t i = 0; i < mesh_ndim; ++i) {
     const Placement& p = in.placements[i];
-    if (p.is_shard() && r.dims[static_cast<size_t>(p.dim())] && gather_reduced) {
-      want[i] = Placement::replicate();
-      continue;
-    }
     if (p.is_shard()) {
-      auto d = static_cast<size_t>(p.dim());
-      if (r.dims[d]) {
-        switch (kind) {
-        case Kind::Sum:
-          out[i] = Placement::partial(ReduceOp::Sum);
-          break;
-        case Kind::Mean: // equal pieces (gather_reduced_dims)
-          out[i] = Placement::partial(ReduceOp::Avg);
-          break;
-        case Kind::Max:
-          out[i] = Placement::partial(ReduceOp::Max);
-          break;
-        case Kind::Min:
-          out[i] = Placement::partial(ReduceOp::Min);
-          break;
-        case Kind::Norm: {
-          // Negative finite orders do not combine from the pieces: gather first.
-          double q = norm_ord(info);
-          if (q >= 0 || std::isinf(q)) {
-            out[i] = Placement::partial_norm(q);
-          } else {
-            want[i] = Placement::replicate();
-          }
-          break;
-        }
-        }
+      const auto d = static_cast<size_t>(p.dim());
+      const std::optional<Placement> reduced =
+          r.dims[d] && !gather_reduced ? reduced_shard_result(info, kind) : std::nullopt;
+      if (!r.dims[d]) {
+        out[i] = Placement::shard(kept_dim(r, d));
+      } else if (reduced) {
+        out[i] = *reduced;
       } else {
-        int64_t shift = 0;
-        if (!r.keepdim) {
-          for (size_t k = 0; k < d; ++k) {
-            shift += r.dims[k] ? 1 : 0;
-          }
-        }
-        out[i] = Placement::shard(static_cast<int64_t>(d) - shift);
+        want[i] = Placement::replicate();
       }
     } else if (p.is_partial()) {
-      bool linear = (kind == Kind::Sum || kind == Kind::Mean) && !p.is_norm_partial() &&
-                    (p.reduce_op() == ReduceOp::Sum || p.reduce_op() == ReduceOp::Avg);
-      bool same = (kind == Kind::Max && !p.is_norm_partial() && p.reduce_op() == ReduceOp::Max) ||
-                  (kind == Kind::Min && !p.is_norm_partial() && p.reduce_op() == ReduceOp::Min);
-      if (linear || same) {
+      if (partial_passes(p, kind)) {
         out[i] = p;
       } else {
         want[i] = Placement::replicate();
       }
     }
   }
-  OpSharding s;
-  s.inputs.resize(info.num_args());
-  s.inputs[0] = want;
-  s.outputs.push_back(out);
   // max.dim / min.dim also return indices: only meaningful when nothing was sharded away.
   if (with_indices) {
     for (size_t i = 0; i < mesh_ndim; ++i) {
@@ -191,18 +201,32 @@ OpSharding reduce(const OpInfo& info, Kind kind) {
         out[i] = Placement::replicate();
       }
     }
-    s.inputs[0] = want;
-    s.outputs[0] = out;
+  }
+  OpSharding s;
+  s.inputs.resize(info.num_args());
+  s.inputs[0] = want;
+  s.outputs.push_back(out);
+  if (with_indices) {
     s.outputs.push_back(out);
   }
   return s;
 }
 
-OpSharding sum_rule(const OpInfo& info) { return reduce(info, Kind::Sum); }
-OpSharding mean_rule(const OpInfo& info) { return reduce(info, Kind::Mean); }
-OpSharding max_rule(const OpInfo& info) { return reduce(info, Kind::Max); }
-OpSharding min_rule(const OpInfo& info) { return reduce(info, Kind::Min); }
-OpSharding norm_rule(const OpInfo& info) { return reduce(info, Kind::Norm); }
+OpSharding sum_rule(const OpInfo& info) {
+  return reduce(info, Kind::Sum);
+}
+OpSharding mean_rule(const OpInfo& info) {
+  return reduce(info, Kind::Mean);
+}
+OpSharding max_rule(const OpInfo& info) {
+  return reduce(info, Kind::Max);
+}
+OpSharding min_rule(const OpInfo& info) {
+  return reduce(info, Kind::Min);
+}
+OpSharding norm_rule(const OpInfo& info) {
+  return reduce(info, Kind::Norm);
+}
 
 } // namespace
 
