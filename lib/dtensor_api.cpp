@@ -166,32 +166,29 @@ at::Tensor DTensor::full_tensor() const {
 }
 
 DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
-                          const Placements& placements, int src_rank) {
+                          const Placements& placements, std::optional<int> src_data_rank) {
   DTENSOR_CHECK(tensor.defined(), "distribute_tensor: undefined tensor");
   DTENSOR_CHECK(!is_dtensor(tensor), "distribute_tensor: the tensor is already a DTensor");
   DTENSOR_CHECK(tensor.device().type() == mesh.device_type(),
                 "distribute_tensor: tensor on {} but the mesh is {}", tensor.device().str(),
                 mesh.to_string());
-  const auto& ranks = mesh.ranks();
-  auto it = std::find(ranks.begin(), ranks.end(), src_rank);
-  DTENSOR_CHECK(it != ranks.end(), "distribute_tensor: src_rank {} is not in {}", src_rank,
-                mesh.to_string());
+  for (int64_t i = 0; src_data_rank && i < mesh.ndim(); ++i) {
+    DTENSOR_CHECK(*src_data_rank >= 0 && *src_data_rank < mesh.size(i),
+                  "distribute_tensor: src_data_rank {} is not a group rank of mesh dimension {} "
+                  "(size {}) of {}",
+                  *src_data_rank, i, mesh.size(i), mesh.to_string());
+  }
   for (const auto& p : placements) {
     DTENSOR_CHECK(!p.is_partial(), "distribute_tensor: placement {} in {}: a full tensor cannot be "
                                    "distributed as Partial",
                   p.to_string(), to_string(placements));
   }
   DTensorSpec spec = detail::make_spec(mesh, placements, tensor.sizes().vec(), tensor.scalar_type());
-  // src_rank's coordinate on each mesh dimension: broadcast from it within each slice.
-  std::vector<int64_t> src_coord(static_cast<size_t>(mesh.ndim()));
-  int64_t rest = it - ranks.begin();
-  for (auto d = static_cast<size_t>(mesh.ndim()); d-- > 0;) {
-    src_coord[d] = rest % mesh.size(static_cast<int64_t>(d));
-    rest /= mesh.size(static_cast<int64_t>(d));
-  }
   at::Tensor local = tensor.detach().contiguous().clone();
   for (int64_t i = 0; i < mesh.ndim(); ++i) {
-    broadcast_(local, static_cast<int>(src_coord[static_cast<size_t>(i)]), mesh.get_group(i));
+    if (src_data_rank) { // from the source's coordinate on this dimension, within each slice
+      broadcast_(local, *src_data_rank, mesh.get_group(i));
+    }
     const Placement& p = spec.placements[static_cast<size_t>(i)];
     if (p.is_shard()) {
       int64_t d = p.dim();

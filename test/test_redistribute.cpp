@@ -153,6 +153,31 @@ TEST_CASE("gradients flow back through redistribute", "[dtensor][autograd][world
   }
 }
 
+TEST_CASE("distribute_tensor on a sub-mesh takes its first rank's values (src_data_rank 0)",
+          "[dtensor][world1][world2][world4]") {
+  // PyTorch's src_data_rank is a group rank on each mesh dimension: 0 is every sub-mesh's
+  // own first rank (a global rank 0 would not be in most sub-meshes).
+  const int64_t tp = world() >= 2 ? 2 : 1;
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{world() / tp, tp},
+                                            std::vector<int64_t>{world(), 1}}) {
+    auto mesh = init_device_mesh(device_type(), shape, {"dp", "tp"});
+    const DeviceMesh sub = mesh["tp"];
+    at::Tensor mine = at::full({4}, static_cast<double>(rank()), options(at::kDouble));
+    CommDebugMode mode;
+    DTensor d = dtensor::distribute_tensor(mine, sub, {Placement::replicate()});
+    REQUIRE(mode.count(CollectiveKind::Broadcast) == 1);
+    const double first = sub.ranks().front();
+    REQUIRE(same(d.to_local(), at::full({4}, first, options(at::kDouble))));
+    // nullopt: no communication, every rank keeps its own data.
+    CommDebugMode none;
+    DTensor own = dtensor::distribute_tensor(mine, sub, {Placement::replicate()}, std::nullopt);
+    REQUIRE(none.total_count() == 0);
+    REQUIRE(same(own.to_local(), mine));
+    REQUIRE_THROWS_WITH(dtensor::distribute_tensor(mine, sub, {Placement::replicate()}, 2),
+                        contains("src_data_rank 2 is not a group rank of mesh dimension 0"));
+  }
+}
+
 TEST_CASE("distribute_tensor takes src_rank's values", "[dtensor][world1][world2][world4]") {
   auto mesh = init_device_mesh(device_type(), {world()}, {"x"});
   // Every rank starts from different data; rank world-1's must win.

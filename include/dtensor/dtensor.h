@@ -49,9 +49,12 @@ class DTensor : public at::Tensor {
 
 bool is_dtensor(const at::Tensor& t);
 
-// Distributes a full tensor: each rank keeps its piece of `tensor` as held by global rank
-// `src_rank` (one broadcast per mesh dimension, then local chunks for Shard placements).
+// Distributes a full tensor: each rank keeps its piece of `tensor` as held by the source
+// rank (one broadcast per mesh dimension, then local chunks for Shard placements).
+// `src_data_rank` is PyTorch's: the source's group rank on every mesh dimension, so the
+// default 0 is the mesh's own first rank, on any sub-mesh. nullopt: no communication, each
+// rank cuts its own `tensor` (which must then be the same on every rank).
 DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
-                          const Placements& placements, int src_rank = 0);
+                          const Placements& placements, std::optional<int> src_data_rank = 0);
 
 } // namespace dtensor

@@ -41,7 +41,7 @@ void distribute_param(at::Tensor& param, const DeviceMesh& mesh, const Placement
                       const std::shared_ptr<const TpTag>& tag, const std::string& where) {
   DTENSOR_CHECK(!is_dtensor(param), "{}: parameter '{}' is already a DTensor", tag->style, where);
   at::NoGradGuard no_grad;
-  at::Tensor dt = distribute_tensor(param.detach(), mesh, {placement}, mesh.ranks().front());
+  at::Tensor dt = distribute_tensor(param.detach(), mesh, {placement});
   detail::set_tp_tag(dt, tag);
   param.set_data(dt);
 }
