@@ -81,88 +81,120 @@ int scalar_sign(const OpInfo& info) {
 
 // The placement of the output on mesh dim i when the Partial inputs there can pass through
 // the op without communication (see the note), nullopt when they must be reduced first.
-std::optional<Placement> partial_result(const OpInfo& info, const std::vector<TensorArg>& args,
-                                        size_t i, const std::string& base) {
-  const Placement* partial = nullptr;
-  size_t partial_count = 0;
+// What decides whether a pointwise op keeps a Partial on mesh dim i.
+struct PartialUse {
+  Placement partial = Placement::replicate(); // the (one) Partial among the operands
+  size_t count = 0;                           // operands with it
+  bool others_replicate = true; // every non-partial DTensor operand is Replicate on dim i
+  bool plain_tensor = false;    // a plain 0-dim tensor: a constant of unknown value
+  bool scalar_other = false;    // argument 1 is a Scalar
+  bool partial_first = false;   // argument 0 is the partial operand
+  Linearity lin = Linearity::None;
+};
+
+// nullopt: no Partial on dim i, or one the op cannot keep (norm partials, different ones).
+std::optional<PartialUse> partial_use(const OpInfo& info, const std::vector<TensorArg>& args,
+                                      size_t i, const std::string& base) {
+  PartialUse u;
   for (const auto& t : args) {
     const Placement& p = t.spec->placements[i];
     if (!p.is_partial()) {
+      u.others_replicate = u.others_replicate && p.is_replicate();
       continue;
     }
-    if (p.is_norm_partial() || (partial != nullptr && !(*partial == p))) {
-      return std::nullopt; // norm partials, or different partials on one mesh dim
+    if (p.is_norm_partial() || (u.count > 0 && !(u.partial == p))) {
+      return std::nullopt;
     }
-    partial = &p;
-    ++partial_count;
+    u.partial = p;
+    ++u.count;
   }
-  if (partial == nullptr) {
+  if (u.count == 0) {
     return std::nullopt;
   }
-  bool others_replicate = true; // every non-partial DTensor operand is Replicate on dim i
-  for (const auto& t : args) {
-    const Placement& p = t.spec->placements[i];
-    others_replicate = others_replicate && (p.is_partial() || p.is_replicate());
-  }
-  bool plain_tensor = false; // a plain 0-dim tensor: a constant of unknown value
   for (size_t a = 0; a < info.num_args(); ++a) {
     const c10::IValue& v = info.arg(a);
-    plain_tensor = plain_tensor || (v.isTensor() && v.toTensor().defined() && !info.specs[a]);
+    u.plain_tensor = u.plain_tensor || (v.isTensor() && v.toTensor().defined() && !info.specs[a]);
   }
-  const bool scalar_other = info.num_args() > 1 && info.arg(1).isScalar();
-  const bool partial_first = args[0].index == 0 && args[0].spec->placements[i].is_partial();
-  const ReduceOp op = partial->reduce_op();
-  const Linearity lin = linearity(base);
-  if (op == ReduceOp::Sum || op == ReduceOp::Avg) {
-    switch (lin) {
-    case Linearity::Unary:
-      return args.size() == 1 ? std::optional<Placement>(*partial) : std::nullopt;
-    case Linearity::Additive:
-      // A constant cannot be partitioned over a partial sum; a partial average takes it.
-      if (!others_replicate || (op == ReduceOp::Sum && (plain_tensor || scalar_other))) {
-        return std::nullopt;
-      }
-      return *partial;
-    case Linearity::Product:
-      return partial_count == 1 && others_replicate ? std::optional<Placement>(*partial)
-                                                    : std::nullopt;
-    case Linearity::Quotient:
-      return partial_count == 1 && partial_first &&
-                     (args.size() == 1 || args[1].spec->placements[i].is_replicate())
-                 ? std::optional<Placement>(*partial)
-                 : std::nullopt;
-    case Linearity::None:
+  u.scalar_other = info.num_args() > 1 && info.arg(1).isScalar();
+  u.partial_first = args[0].index == 0 && args[0].spec->placements[i].is_partial();
+  u.lin = linearity(base);
+  return u;
+}
+
+// Partial sums / averages: linear ops keep them.
+std::optional<Placement> sum_avg_result(const PartialUse& u, const std::vector<TensorArg>& args,
+                                        size_t i) {
+  const bool sum = u.partial.reduce_op() == ReduceOp::Sum;
+  switch (u.lin) {
+  case Linearity::Unary:
+    return args.size() == 1 ? std::optional<Placement>(u.partial) : std::nullopt;
+  case Linearity::Additive:
+    // A constant cannot be partitioned over a partial sum; a partial average takes it.
+    if (!u.others_replicate || (sum && (u.plain_tensor || u.scalar_other))) {
       return std::nullopt;
     }
-    return std::nullopt;
+    return u.partial;
+  case Linearity::Product:
+    return u.count == 1 && u.others_replicate ? std::optional<Placement>(u.partial) : std::nullopt;
+  case Linearity::Quotient:
+    return u.count == 1 && u.partial_first &&
+                   (args.size() == 1 || args[1].spec->placements[i].is_replicate())
+               ? std::optional<Placement>(u.partial)
+               : std::nullopt;
+  case Linearity::None:
+    break;
   }
-  if (op != ReduceOp::Max && op != ReduceOp::Min) {
-    return std::nullopt;
-  }
-  // max / min: only the first argument may be the partial, every other input a constant.
-  if (args.size() != 1 || !partial_first) {
-    if (!(lin == Linearity::Additive && partial_count == 1 && partial_first && others_replicate)) {
+  return std::nullopt;
+}
+
+// Partial max / min: monotone ops keep them (decreasing ones swap max and min).
+std::optional<Placement> max_min_result(const PartialUse& u, const OpInfo& info,
+                                        const std::vector<TensorArg>& args,
+                                        const std::string& base) {
+  const ReduceOp op = u.partial.reduce_op();
+  // Only the first argument may be the partial, every other input a constant.
+  if (args.size() != 1 || !u.partial_first) {
+    if (!(u.lin == Linearity::Additive && u.count == 1 && u.partial_first && u.others_replicate)) {
       return std::nullopt;
     }
-    return *partial; // max(x_r + y) = max(x_r) + y for y equal on every rank
+    return u.partial; // max(x_r + y) = max(x_r) + y for y equal on every rank
   }
   if (monotone_unary(base)) {
-    return *partial;
+    return u.partial;
   }
-  if (lin == Linearity::Unary) {
+  if (u.lin == Linearity::Unary) {
     return Placement::partial(swapped(op));
   }
-  if (lin == Linearity::Additive && !plain_tensor) {
-    return *partial; // x + c, x - c (a Scalar or nothing else)
+  if (u.lin == Linearity::Additive && !u.plain_tensor) {
+    return u.partial; // x + c, x - c (a Scalar or nothing else)
   }
-  if ((lin == Linearity::Product || lin == Linearity::Quotient) && scalar_other) {
-    int sign = scalar_sign(info);
-    if (sign > 0 || (sign == 0 && lin == Linearity::Product)) {
-      return *partial;
+  if ((u.lin == Linearity::Product || u.lin == Linearity::Quotient) && u.scalar_other) {
+    const int sign = scalar_sign(info);
+    if (sign > 0 || (sign == 0 && u.lin == Linearity::Product)) {
+      return u.partial;
     }
     if (sign < 0) {
       return Placement::partial(swapped(op));
     }
+  }
+  return std::nullopt;
+}
+
+std::optional<Placement> partial_result(const OpInfo& info, const std::vector<TensorArg>& args,
+                                        size_t i, const std::string& base) {
+  const std::optional<PartialUse> u = partial_use(info, args, i, base);
+  if (!u) {
+    return std::nullopt;
+  }
+  switch (u->partial.reduce_op()) {
+  case ReduceOp::Sum:
+  case ReduceOp::Avg:
+    return sum_avg_result(*u, args, i);
+  case ReduceOp::Max:
+  case ReduceOp::Min:
+    return max_min_result(*u, info, args, base);
+  case ReduceOp::Product:
+    break;
   }
   return std::nullopt;
 }
