@@ -447,6 +447,14 @@ void wrap_outputs(const c10::OperatorHandle& op, const OpInfo& info, const Cache
   }
 }
 
+bool has_dtensor(const OpArgs& a) {
+  bool any = false;
+  a.for_each_tensor([&](size_t, int64_t, const at::Tensor& t) {
+    any = any || dtensor_meta(t) != nullptr;
+  });
+  return any;
+}
+
 // [Note: the handler's steps] As PyTorch's OpDispatcher: interceptors, then unwrap (specs)
 // -> decide (rule, cached) -> redistribute the arguments -> run the local op -> wrap.
 void handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -462,6 +470,10 @@ void handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
   const OpArgs a(op, stack);
+  if (!has_dtensor(a)) {
+    op.callBoxed(*stack); // an interceptor made every argument plain ([Note: local outputs])
+    return;
+  }
   // The arguments as they came (the stack's slots are rewritten with local tensors below).
   torch::jit::Stack args(stack->begin() + static_cast<std::ptrdiff_t>(a.base), stack->end());
   OpInfo info;

@@ -9,6 +9,7 @@ venv=${DTENSOR_VENV:-$root/.venv}
 torch_version=2.9.1          # LibTorch pin; see docs/build.md before changing
 meson_version=1.9.1
 ninja_version=1.13.0
+numpy_version=2.3.5          # for the conformance suite's oracle (torch.distributed.tensor.debug)
 
 log() { printf '[setup] %s\n' "$*"; }
 
@@ -29,9 +30,11 @@ fi
 # --- Python venv with torch, meson, ninja ------------------------------------------------
 # Wheels are kept in a machine-wide wheelhouse, so a fresh clone on the same machine (CI)
 # installs without downloading; the venv itself stays project-local.
-reqs=("torch==$torch_version" "meson==$meson_version" "ninja==$ninja_version")
+# numpy: torch.distributed.tensor.debug (CommDebugMode) imports it; the conformance suite
+# (test/conformance) runs PyTorch as its oracle.
+reqs=("torch==$torch_version" "meson==$meson_version" "ninja==$ninja_version" "numpy==$numpy_version")
 wheelhouse=${DTENSOR_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/dtensor/wheels}
-tag="torch${torch_version}-meson${meson_version}-ninja${ninja_version}"
+tag="torch${torch_version}-meson${meson_version}-ninja${ninja_version}-numpy${numpy_version}"
 stamp="$venv/.dtensor-setup-$tag"
 if [[ ! -f $stamp ]]; then
   python=${PYTHON:-python3}

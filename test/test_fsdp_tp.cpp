@@ -163,3 +163,61 @@ TEST_CASE("FSDP x TP: Transformer with tensor-parallel attention and MLP, each b
     }
   }
 }
+
+TEST_CASE("FSDP x TP: parameters distributed by hand on the tp mesh",
+          "[fsdp_tp][world1][world2][world4]") {
+  // Issue 14, item 2: DTensor parameters made with distribute_tensor (not parallelize_module)
+  // are sharded over dp beside their tp placement. PyTorch shows (Shard(0), Replicate()) and
+  // (_StridedShard(0, sf=2), Shard(0)) on (dp, tp); dtensor orders the mesh (tp, dp) so
+  // that nested Shard gives the same pieces ([Note: FSDP x TP]).
+  auto mesh = mesh_2d();
+  auto dp = mesh["dp"];
+  auto tp = mesh["tp"];
+  for (const Placement& p : {Placement::replicate(), Placement::shard(0)}) {
+    INFO("tp placement " << p.to_string());
+    torch::manual_seed(3);
+    torch::nn::Linear ref(8, 6);
+    ref->to(options().device());
+    torch::nn::Linear lin(8, 6);
+    {
+      torch::NoGradGuard no_grad;
+      lin->weight.set_data(dtensor::distribute_tensor(ref->weight.detach().clone(), tp, {p}));
+      lin->bias.set_data(dtensor::distribute_tensor(ref->bias.detach().clone(), tp, {p}));
+    }
+    dtensor::fully_shard(*lin, FullyShardOptions().mesh(dp));
+    const DTensor w(lin->weight);
+    REQUIRE(w.device_mesh().dim_names() == std::vector<std::string>{"tp", "dp"});
+    REQUIRE(w.placements() == Placements{p, Placement::shard(0)});
+    REQUIRE(close(full_value(lin->weight), ref->weight.detach(), 0, 0));
+    REQUIRE(close(full_value(lin->bias), ref->bias.detach(), 0, 0));
+    torch::optim::SGD opt(lin->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1));
+    for (int step = 0; step < 2; ++step) {
+      INFO("step " << step);
+      torch::manual_seed(40 + step);
+      at::Tensor x = at::randn({4, 8}, options());
+      at::Tensor out = lin->forward(DTensor::from_local(x, tp, {Placement::replicate()}));
+      at::Tensor ref_out = ref->forward(x);
+      REQUIRE(close(full_value(out), ref_out.detach(), 1e-5, 1e-6));
+      out.pow(2).sum().backward();
+      ref_out.pow(2).sum().backward();
+      REQUIRE(close(full_value(lin->weight.grad()), ref->weight.grad(), 1e-4, 1e-5));
+      REQUIRE(close(full_value(lin->bias.grad()), ref->bias.grad(), 1e-4, 1e-5));
+      opt.step();
+      ref_opt.step();
+      opt.zero_grad();
+      ref_opt.zero_grad();
+      REQUIRE(close(full_value(lin->weight), ref->weight.detach(), 1e-5, 1e-6));
+    }
+  }
+  SECTION("a DTensor on the data-parallel mesh itself, or Partial, is refused") {
+    torch::nn::Linear a(8, 6);
+    a->weight.set_data(dtensor::distribute_tensor(a->weight.detach(), dp, {Placement::shard(0)}));
+    REQUIRE_THROWS_WITH(dtensor::fully_shard(*a, FullyShardOptions().mesh(dp)),
+                        contains("not another dimension of the data-parallel mesh"));
+    torch::nn::Linear b(8, 6);
+    b->weight.set_data(DTensor::from_local(b->weight.detach(), tp, {Placement::partial()}));
+    REQUIRE_THROWS_WITH(dtensor::fully_shard(*b, FullyShardOptions().mesh(dp)),
+                        contains("a parameter can be Shard or Replicate"));
+  }
+}

@@ -3,6 +3,8 @@
 // a plain single-process copy of the module; parameters and outputs have the documented
 // placements; forward issues exactly the collectives the layouts call for.
 #include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/optim/sgd.h>
 
@@ -113,9 +115,10 @@ TEST_CASE("RowwiseParallel: a Shard(-1) input, one all-reduce when the output is
     REQUIRE(mode.count(CollectiveKind::AllReduce) == 1);
     REQUIRE(mode.total_count() == 1);
   }
-  // y itself is the matmul's Partial result; the sum saw it as Replicate.
+  // y itself is the matmul's Partial result; the sum saw it as Replicate, and as
+  // use_local_output (the default) asks, as its plain local tensor ([Note: local outputs]).
   REQUIRE(DTensor(y).placements()[0].is_partial());
-  REQUIRE(DTensor(s).placements() == Placements{Replicate()});
+  REQUIRE_FALSE(dtensor::is_dtensor(s));
   at::Tensor ref_y = ref->forward(x);
   at::Tensor ref_s = ref_y.sum();
   REQUIRE(close(DTensor(y).full_tensor().detach(), ref_y.detach(), 1e-4, 1e-5));
@@ -219,6 +222,67 @@ TEST_CASE("parallelize_module: column/row-wise MLP trains like the plain MLP",
     opt.step();
     ref_opt.step();
     require_same_params(*mlp, *ref);
+  }
+}
+
+TEST_CASE("parallelize_module: TP on part of a model hands the plain rest plain tensors",
+          "[tensor_parallel][world1][world2][world4]") {
+  // Issue 14, item 3: RowwiseParallel's default use_local_output gives the plain Linear
+  // after it a plain tensor ([Note: local outputs]), as in PyTorch.
+  auto tp = init_device_mesh(device_type(), {world()}, {"tp"});
+  auto make = [] {
+    torch::manual_seed(7);
+    torch::nn::Sequential m(torch::nn::Linear(16, 64), torch::nn::ReLU(),
+                            torch::nn::Linear(64, 64), torch::nn::GELU(),
+                            torch::nn::Linear(64, 8));
+    m->to(options().device());
+    return m;
+  };
+  auto ref = make();
+  auto model = make();
+  dtensor::parallelize_module(*model, tp,
+                              {{"0", std::make_shared<dtensor::ColwiseParallel>()},
+                               {"2", std::make_shared<dtensor::RowwiseParallel>()}});
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1));
+  for (int step = 0; step < 3; ++step) {
+    INFO("step " << step);
+    opt.zero_grad();
+    ref_opt.zero_grad();
+    at::Tensor x = input({4, 16}, 60 + static_cast<uint64_t>(step));
+    at::Tensor out;
+    {
+      CommDebugMode mode;
+      out = model->forward(x);
+      REQUIRE(mode.count("tp", CollectiveKind::AllReduce) == 1); // Rowwise's output
+      REQUIRE(mode.total_count() == 1);
+    }
+    REQUIRE_FALSE(dtensor::is_dtensor(out));
+    at::Tensor ref_out = ref->forward(x);
+    REQUIRE(close(out.detach(), ref_out.detach(), 1e-4, 1e-5));
+    at::Tensor loss = out.pow(2).mean();
+    at::Tensor ref_loss = ref_out.pow(2).mean();
+    {
+      CommDebugMode mode;
+      loss.backward();
+      REQUIRE(mode.total_count() == 0); // the input needs no gradient
+    }
+    ref_loss.backward();
+    for (const auto& item : ref->named_parameters()) {
+      INFO("gradient of " << item.key());
+      const at::Tensor& p = model->named_parameters()[item.key()];
+      const bool tp_param = item.key().rfind("4.", 0) != 0;
+      REQUIRE(dtensor::is_dtensor(p) == tp_param);
+      REQUIRE(dtensor::is_dtensor(p.grad()) == tp_param);
+      REQUIRE(close(full_value(p.grad()), item.value().grad(), 1e-4, 1e-5));
+    }
+    opt.step();
+    ref_opt.step();
+    for (const auto& item : ref->named_parameters()) {
+      INFO("parameter " << item.key());
+      REQUIRE(close(full_value(model->named_parameters()[item.key()]).detach(),
+                    item.value().detach(), 1e-4, 1e-5));
+    }
   }
 }
 

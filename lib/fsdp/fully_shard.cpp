@@ -147,12 +147,19 @@ void check_params(const torch::nn::Module& module, const OwnParams& params,
                   "fully_shard({}): parameter '{}' is already managed by another unit",
                   module.name(), fqn);
     const detail::DTensorMeta* dm = detail::dtensor_meta(p);
-    DTENSOR_CHECK(
-        dm == nullptr || (detail::tp_tag(p) && dm->spec.mesh.ndim() == 1 && mesh.ndim() == 1),
-        "fully_shard({}): parameter '{}' is already a DTensor ({}); fully_shard takes plain "
-        "parameters, or tensor-parallel ones (from parallelize_module, on a 1-D tp mesh) with "
-        "a 1-D data-parallel mesh",
-        module.name(), fqn, dm ? dm->spec.to_string() : "");
+    // [Note: FSDP x TP] in lib/fsdp/param_group.cpp: any DTensor on a 1-D mesh beside the
+    // data-parallel one (parallelize_module's, distribute_module's, hand-distributed).
+    DTENSOR_CHECK(dm == nullptr || (dm->spec.mesh.ndim() == 1 && mesh.ndim() == 1),
+                  "fully_shard({}): parameter '{}' is already a DTensor ({}); fully_shard takes "
+                  "plain parameters, or DTensors on a 1-D mesh (tensor parallelism) with a 1-D "
+                  "data-parallel mesh",
+                  module.name(), fqn, dm ? dm->spec.to_string() : "");
+    for (const Placement& pl : dm ? dm->spec.placements : Placements{}) {
+      DTENSOR_CHECK(!pl.is_partial(),
+                    "fully_shard({}): parameter '{}' is a DTensor with placement {} ({}); a "
+                    "parameter can be Shard or Replicate",
+                    module.name(), fqn, pl.to_string(), dm->spec.to_string());
+    }
     DTENSOR_CHECK(p.device().type() == mesh.device_type(),
                   "fully_shard({}): parameter '{}' is on {} but the mesh {} is a {} mesh",
                   module.name(), fqn, p.device().str(), mesh.to_string(),

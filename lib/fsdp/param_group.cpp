@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <dtensor/collectives.h>
+#include <dtensor/dtensor.h>
 
 #include "fsdp/fsdp.h"
 #include "internal/check.h"
@@ -120,6 +121,10 @@ void FSDPParamGroup::set_sharded_spec(FSDPParam& fp, const Placement& shard) con
                   "fully_shard({}): FSDP x TP needs named meshes (slices of one "
                   "init_device_mesh), got {} and {}",
                   name, mesh.to_string(), tp.to_string());
+    DTENSOR_CHECK(tp.root_mesh() == mesh.root_mesh() && tp.dim_names()[0] != mesh.dim_names()[0],
+                  "fully_shard({}): parameter '{}' is a DTensor on {}, which is not another "
+                  "dimension of the data-parallel mesh {}'s root mesh {}",
+                  name, fp.fqn, tp.to_string(), mesh.to_string(), mesh.root_mesh().to_string());
     DeviceMesh both = mesh.root_mesh()[{tp.dim_names()[0], mesh.dim_names()[0]}];
     fp.spec = make_spec(both, {fp.tp_spec->placements[0], shard}, fp.tp_spec->shape, dtype);
     return;
@@ -341,6 +346,11 @@ void FSDPParamGroup::on_grad(size_t index, const at::Tensor& dgrad) {
                   name, fp.fqn, m->spec.mesh.to_string(),
                   fp.tp_spec ? fp.tp_spec->mesh.to_string() : "");
     grad = m->spec.placements == want ? m->local : redistribute_local(m->local, m->spec, want);
+  } else if (fp.tp_spec && dgrad.sizes() == fp.tp_spec->shape) {
+    // Whole and plain ([Note: local outputs] in lib/tp/tp_dispatch.cpp): this rank's piece.
+    grad = dtensor_meta(distribute_tensor(dgrad, fp.tp_spec->mesh, fp.tp_spec->placements,
+                                          /*src_data_rank=*/std::nullopt))
+               ->local;
   }
   if (fp.unsharded_grad.defined()) {
     fp.unsharded_grad = fp.unsharded_grad + grad; // accumulated without sync before

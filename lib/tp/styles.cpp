@@ -22,12 +22,13 @@ using detail::TpTag;
 
 struct Layouts {
   std::optional<Placement> input, desired_input, output;
+  bool local_output = false;
 };
 
 std::shared_ptr<const TpTag> make_tag(const torch::nn::Module& module, const std::string& style,
                                       const Layouts& l) {
   return detail::make_tp_tags(&module, style, module.name(),
-                              detail::TpLayouts{l.input, l.desired_input, l.output});
+                              detail::TpLayouts{l.input, l.desired_input, l.output, l.local_output});
 }
 
 void check_mesh(const DeviceMesh& mesh, const std::string& style) {
@@ -44,6 +45,18 @@ void distribute_param(at::Tensor& param, const DeviceMesh& mesh, const Placement
   at::Tensor dt = distribute_tensor(param.detach(), mesh, {placement});
   detail::set_tp_tag(dt, tag);
   param.set_data(dt);
+  if (param.requires_grad()) {
+    // [Note: local outputs] in lib/tp/tp_dispatch.cpp: a gradient computed from plain local
+    // outputs only (a Rowwise bias) is plain and whole, the same on every rank; the
+    // parameter's gradient is its piece of it, as the DTensor PyTorch's to_local backward
+    // would give.
+    param.register_hook([mesh, placement](const at::Tensor& grad) -> at::Tensor {
+      if (!grad.defined() || is_dtensor(grad)) {
+        return {};
+      }
+      return distribute_tensor(grad, mesh, {placement}, /*src_data_rank=*/std::nullopt);
+    });
+  }
 }
 
 // Every direct parameter of `module`, by its registered name.
@@ -81,7 +94,8 @@ std::vector<std::shared_ptr<detail::TpLayouts>> existing_layouts(torch::nn::Modu
 
 void ColwiseParallel::apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const {
   check_mesh(tp_mesh, name());
-  auto tag = make_tag(module, name(), {input_layouts(), Placement::replicate(), output_layouts()});
+  auto tag = make_tag(module, name(),
+                      {input_layouts(), Placement::replicate(), output_layouts(), use_local_output()});
   if (dynamic_cast<torch::nn::LinearImpl*>(&module) != nullptr) {
     distribute_all(
         module, tp_mesh, [](const std::string&) { return Placement::shard(0); }, tag);
@@ -96,7 +110,8 @@ void ColwiseParallel::apply(torch::nn::Module& module, const DeviceMesh& tp_mesh
 void RowwiseParallel::apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const {
   check_mesh(tp_mesh, name());
   if (dynamic_cast<torch::nn::LinearImpl*>(&module) != nullptr) {
-    auto tag = make_tag(module, name(), {input_layouts(), Placement::shard(-1), output_layouts()});
+    auto tag = make_tag(module, name(), {input_layouts(), Placement::shard(-1), output_layouts(),
+                                         use_local_output()});
     distribute_all(
         module, tp_mesh,
         [](const std::string& n) {
@@ -104,7 +119,8 @@ void RowwiseParallel::apply(torch::nn::Module& module, const DeviceMesh& tp_mesh
         },
         tag);
   } else if (dynamic_cast<torch::nn::EmbeddingImpl*>(&module) != nullptr) {
-    auto tag = make_tag(module, name(), {input_layouts(), std::nullopt, output_layouts()});
+    auto tag = make_tag(module, name(),
+                        {input_layouts(), std::nullopt, output_layouts(), use_local_output()});
     distribute_all(
         module, tp_mesh, [](const std::string&) { return Placement::shard(0); }, tag);
   } else {
@@ -119,7 +135,7 @@ void SequenceParallel::apply(torch::nn::Module& module, const DeviceMesh& tp_mes
                 "SequenceParallel is for norms and dropout (replicated parameters), got {}",
                 module.name());
   const Placement seq = Placement::shard(sequence_dim());
-  auto tag = make_tag(module, name(), {seq, seq, seq});
+  auto tag = make_tag(module, name(), {seq, seq, seq, use_local_output()});
   distribute_all(
       module, tp_mesh, [](const std::string&) { return Placement::replicate(); }, tag);
 }
@@ -136,6 +152,7 @@ void PrepareModuleOutput::apply(torch::nn::Module& module, const DeviceMesh& tp_
   check_mesh(tp_mesh, name());
   for (const auto& layouts : existing_layouts(module, name())) {
     layouts->output = desired_output_layouts();
+    layouts->local_output = use_local_output();
   }
 }
 

@@ -28,6 +28,7 @@ struct TpLayouts {
   std::optional<Placement> input;         // what plain inputs are taken to be
   std::optional<Placement> desired_input; // what inputs are redistributed to
   std::optional<Placement> output;        // what outputs become when they leave
+  bool local_output = false;              // use_local_output ([Note: local outputs])
 };
 
 struct TpTag {

@@ -27,8 +27,15 @@ namespace dtensor::detail {
 //    uses a tagged activation is outside the module: the activation is redistributed to
 //    the style's output layout there (e.g. Partial -> Replicate, one all-reduce, or
 //    Partial -> Shard(1), one reduce-scatter), with the dims of its shape at that point.
-//  - Outputs stay DTensors: converting to a plain local tensor (use_local_output) would
-//    change the shape autograd recorded, which only a hook above autograd could do.
+//  - An activation is converted once: the result is kept on it (TpLeft), so every later
+//    use outside the module, and autograd's uses of it in backward, see the same value.
+//  - [Note: local outputs] use_local_output (PyTorch's default for Colwise / Rowwise) hands
+//    the next module the output's local tensor. Below autograd that is possible only where
+//    the local tensor has the global shape, i.e. where the output layout is Replicate: an
+//    op whose only DTensors are such activations (a plain Linear after RowwiseParallel, a
+//    loss) runs on their local tensors and gives plain results; in backward the saved
+//    activation is replaced the same way, so gradients of plain parameters stay plain.
+//    Other outputs (Shard) stay DTensors.
 // Conversions change placements, never global shapes, so they are sound below autograd.
 // Ops that write a parameter in place (optimizer steps), *_like factories and ops mixing
 // parameters with parameter-shaped state (weight decay) see plain DTensors.
@@ -136,16 +143,78 @@ bool leaves_to_output_layout(const Arg& a) {
   return false;
 }
 
+// What an activation became when it left its module, kept on it ([Note: tensor
+// parallelism without module hooks]); valid while the activation is not written.
+struct TpLeft {
+  at::Tensor value;
+  int64_t version = 0;
+};
+
+at::Tensor cached_left(const Arg& a) {
+  auto left = a.meta->extension<TpLeft>();
+  return left && left->version == a.tensor._version() ? left->value : at::Tensor();
+}
+
 // An activation leaving its module: in the module's output layout, or as it is (untagged).
 at::Tensor leaving(const Arg& a) {
-  return leaves_to_output_layout(a) ? to_layout(a.tensor, *a.meta, *a.tag->layouts->output)
-                                    : make_dtensor(a.meta->local, a.meta->spec);
+  if (at::Tensor left = cached_left(a); left.defined()) {
+    return left;
+  }
+  at::Tensor left = leaves_to_output_layout(a)
+                        ? to_layout(a.tensor, *a.meta, *a.tag->layouts->output)
+                        : make_dtensor(a.meta->local, a.meta->spec);
+  mutable_dtensor_meta(a.tensor)->set_extension(
+      std::make_shared<const TpLeft>(TpLeft{left, a.tensor._version()}));
+  return left;
+}
+
+// Whether leaving(a) gives a Replicate DTensor (decided before converting anything).
+bool leaves_as_replicate(const Arg& a) {
+  if (leaves_to_output_layout(a)) {
+    return a.tag->layouts->output->is_replicate();
+  }
+  for (const auto& p : a.meta->spec.placements) {
+    if (!p.is_replicate()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// [Note: local outputs] When the op's only DTensors are activations of modules with
+// use_local_output, each of which leaves as Replicate, they become their local tensors and
+// the op runs as a plain op. In backward only activations converted in forward qualify.
+// A view of an activation in forward stays in its module (linear's own reshapes).
+bool make_local(const OpArgs& args, const Classified& c, bool backward) {
+  if (!c.params.empty() || !c.dtensors.empty() || c.activations.empty() ||
+      (!backward && viewed_source(args.schema, c.activations) != nullptr)) {
+    return false;
+  }
+  for (const Arg& a : c.activations) {
+    if (!a.tag->layouts->local_output || args.writes(a.index) || !leaves_as_replicate(a) ||
+        (backward && !cached_left(a).defined())) {
+      return false;
+    }
+  }
+  for (const Arg& a : c.activations) {
+    args.set(a.index, a.element, dtensor_meta(leaving(a))->local);
+  }
+  return true;
 }
 
 // Backward: no layouts to apply (gradients go wherever the forward's ops send them). A plain
 // tensor next to DTensors here was saved by autograd from a forward op that took it as
 // Replicate (a module input, or a plain activation next to a DTensor one).
+// Activations converted in forward are used as converted.
 void prepare_backward(const OpArgs& args, const Classified& c) {
+  if (make_local(args, c, /*backward=*/true)) {
+    return;
+  }
+  for (const Arg& a : c.activations) {
+    if (at::Tensor left = cached_left(a); left.defined()) {
+      args.set(a.index, a.element, left);
+    }
+  }
   if (const Arg* any = c.any_dtensor()) {
     for (const Arg& p : c.plains) {
       args.set(p.index, p.element, as_replicate(p.tensor, any->meta->spec.mesh));
@@ -160,7 +229,7 @@ std::shared_ptr<const TpTag> prepare_activations(const OpArgs& args, const Class
   }
   for (const Arg& a : c.activations) {
     if (!args.writes(a.index) && leaves_to_output_layout(a)) {
-      args.set(a.index, a.element, to_layout(a.tensor, *a.meta, *a.tag->layouts->output));
+      args.set(a.index, a.element, leaving(a));
     }
   }
   // Plain tensors next to them (a residual branch, a mask) are whole tensors: Replicate.
@@ -231,7 +300,8 @@ std::shared_ptr<const TpTag> tp_prepare(const OpArgs& args) {
     prepare_backward(args, c);
     return nullptr;
   }
-  if ((c.params.empty() && c.activations.empty()) || keeps_parameters_as_dtensors(args.schema)) {
+  if ((c.params.empty() && c.activations.empty()) || keeps_parameters_as_dtensors(args.schema) ||
+      make_local(args, c, /*backward=*/false)) {
     return nullptr;
   }
   for (const Arg& p : c.params) {
