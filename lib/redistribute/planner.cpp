@@ -58,6 +58,29 @@ PlanCache& plan_cache() {
   return cache;
 }
 
+bool commute(const Placement& a, const Placement& b) {
+  auto linear = [](ReduceOp op) { return op == ReduceOp::Sum || op == ReduceOp::Avg; };
+  return a.reduce_op() == b.reduce_op() || (linear(a.reduce_op()) && linear(b.reduce_op()));
+}
+
+// [Note: partial order] The value of a DTensor Partial on several mesh dims reduces them in
+// mesh-dim order (as redistributing to Replicate does). Sum / avg and max / min do not
+// commute, so a plan that reduces a later mesh dim while an earlier one stays Partial with
+// such another op would change the value: the earlier dim is reduced first (to Replicate)
+// and made Partial again at the end. PyTorch refuses these targets (any Partial target).
+std::vector<bool> reduce_first(const Placements& src, const Placements& dst) {
+  std::vector<bool> out(src.size(), false);
+  for (size_t i = 0; i < src.size(); ++i) {
+    if (!src[i].is_partial() || !dst[i].is_partial()) {
+      continue;
+    }
+    for (size_t j = i + 1; j < src.size() && !out[i]; ++j) {
+      out[i] = src[j].is_partial() && dst[j] != src[j] && !commute(src[i], src[j]);
+    }
+  }
+  return out;
+}
+
 std::vector<TransformStep> make_plan(const DTensorSpec& src, const Placements& dst) {
   const size_t n = src.placements.size();
   Placements cur = src.placements;
@@ -79,6 +102,12 @@ std::vector<TransformStep> make_plan(const DTensorSpec& src, const Placements& d
       cur[i] = next;
     }
   };
+  const std::vector<bool> deferred = reduce_first(src.placements, dst);
+  for (size_t i = 0; i < n; ++i) {
+    if (deferred[i]) {
+      add(i, Placement::replicate()); // [Note: partial order]
+    }
+  }
   // 1. Right to left: gather every shard whose mesh dimension leaves Shard for Replicate or
   //    Partial, or to whose left a mesh dimension changes the cut of the same tensor dim.
   //    (Shard(d) -> Shard(e) stays for an all-to-all in pass 2: anything nested to its right
@@ -98,7 +127,12 @@ std::vector<TransformStep> make_plan(const DTensorSpec& src, const Placements& d
   }
   // 2. Left to right: move every mesh dimension to its target.
   for (size_t i = 0; i < n; ++i) {
-    if (cur[i] != dst[i]) {
+    if (cur[i] != dst[i] && !deferred[i]) {
+      add(i, dst[i]);
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (deferred[i]) {
       add(i, dst[i]);
     }
   }
