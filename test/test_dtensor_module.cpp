@@ -117,14 +117,14 @@ TEST_CASE("ops without a rule, plain tensors and other meshes give clear errors"
   REQUIRE_THROWS_WITH(a + b, contains("aten::add.Tensor: DTensor arguments live on different meshes"));
   REQUIRE_THROWS_WITH(a + at::ones({4, 4}, options()),
                       contains("aten::add.Tensor: mixes DTensors with plain tensors (argument 1 'other'"));
-  REQUIRE_THROWS_WITH(at::cumsum(a, 0), contains("aten::cumsum"));
-  REQUIRE_THROWS_WITH(at::cumsum(a, 0), contains("no sharding rule is registered for it"));
-  REQUIRE_THROWS_WITH(at::cumsum(a, 0), contains("(Shard(0))"));
+  REQUIRE_THROWS_WITH(at::roll(a, {1}, {0}), contains("aten::roll"));
+  REQUIRE_THROWS_WITH(at::roll(a, {1}, {0}), contains("no sharding rule is registered for it"));
+  REQUIRE_THROWS_WITH(at::roll(a, {1}, {0}), contains("(Shard(0))"));
   // Without a rule, an op still runs on DTensors that are Replicate everywhere.
   DTensor rep = dtensor::distribute_tensor(at::arange(6, options()).view({2, 3}), mesh, {Placement::replicate()});
-  at::Tensor cs = at::cumsum(rep, 1);
+  at::Tensor cs = at::roll(rep, {1}, {1});
   REQUIRE(DTensor(cs).placements() == Placements{Placement::replicate()});
-  REQUIRE(dtensor::testing::same(DTensor(cs).full_tensor(), at::cumsum(at::arange(6, options()).view({2, 3}), 1)));
+  REQUIRE(dtensor::testing::same(DTensor(cs).full_tensor(), at::roll(at::arange(6, options()).view({2, 3}), {1}, {1})));
   // Scalars and 0-dim tensors mix implicitly.
   at::Tensor c = a * 2 + at::scalar_tensor(1.0, options());
   REQUIRE(dtensor::testing::same(DTensor(c).full_tensor(), at::full({4, 4}, 3.0, options())));

@@ -3,6 +3,7 @@
 // Tensor parallelism on unmodified torch::nn modules: parallel styles and
 // parallelize_module, after torch.distributed.tensor.parallel. Mechanism, layouts and the
 // plan syntax: docs/tensor_parallel.md.
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -103,5 +104,17 @@ void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
                         const std::shared_ptr<ParallelStyle>& style);
 void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
                         const ParallelizePlan& plan);
+
+// distribute_module, after torch.distributed.tensor.distribute_module: for every submodule
+// (named_modules order) partition_fn(name, submodule, mesh) may turn its parameters into
+// DTensors (param.set_data(distribute_tensor(...))); every parameter and buffer left plain is
+// then replicated over `mesh`. Without partition_fn everything is replicated. PyTorch's
+// input_fn / output_fn are module hooks, which C++ modules lack: convert inputs with
+// distribute_tensor / DTensor::from_local and outputs with to_local / full_tensor. The
+// result composes with fully_shard on another dimension of the same root mesh.
+using PartitionFn =
+    std::function<void(const std::string& name, torch::nn::Module& module, const DeviceMesh& mesh)>;
+void distribute_module(torch::nn::Module& module, const DeviceMesh& mesh,
+                       const PartitionFn& partition_fn = nullptr);
 
 } // namespace dtensor

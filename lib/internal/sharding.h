@@ -84,6 +84,7 @@ void register_matmul_ops();   // mm, addmm, bmm, baddbmm
 void register_view_ops();     // t, transpose, view-like
 void register_nn_ops();       // softmax, layer norm, embedding, nll_loss (+ backward)
 void register_list_ops();     // cat, stack, split, unbind
+void register_dim_ops();      // cumsum, sort, topk, var, prod, any, index_select, gather, ...
 
 // Helpers shared by rules.
 // A dim argument made non-negative for a tensor of `ndim` dims.

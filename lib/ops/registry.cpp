@@ -54,6 +54,7 @@ void register_builtin_rules() {
   register_view_ops();
   register_nn_ops();
   register_list_ops();
+  register_dim_ops();
 }
 
 Placements replicate_all(int64_t mesh_ndim) {

@@ -99,11 +99,15 @@ OpSharding squeeze_rule(const OpInfo& info) {
 
 OpSharding expand_rule(const OpInfo& info) {
   const DTensorSpec& in = *info.specs[0];
-  const int64_t off = static_cast<int64_t>(info.arg(1).toIntVector().size()) - in.ndim();
+  const std::vector<int64_t> size = info.arg(1).toIntVector();
+  const int64_t off = static_cast<int64_t>(size.size()) - in.ndim();
   std::vector<int64_t> m(static_cast<size_t>(in.ndim()));
   for (int64_t d = 0; d < in.ndim(); ++d) {
-    // A dim of size 1 being expanded cannot be sharded (it never is: size 1).
-    m[static_cast<size_t>(d)] = d + off;
+    // A dim of size 1 being expanded is whole on every rank first: sharded, it is one row on
+    // one rank and none on the others.
+    const int64_t target = size[static_cast<size_t>(d + off)];
+    const bool expanded = in.shape[static_cast<size_t>(d)] == 1 && target != 1 && target != -1;
+    m[static_cast<size_t>(d)] = expanded ? -1 : d + off;
   }
   return map_dims(info, m); // the size becomes local: [Note: shape arguments]
 }

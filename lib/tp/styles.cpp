@@ -210,4 +210,29 @@ void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
   }
 }
 
+void distribute_module(torch::nn::Module& module, const DeviceMesh& mesh,
+                       const PartitionFn& partition_fn) {
+  DTENSOR_CHECK(mesh.defined(), "distribute_module({}): the mesh is undefined", module.name());
+  auto replicate_rest = [&](torch::nn::Module& m) {
+    at::NoGradGuard no_grad;
+    const Placements all(static_cast<size_t>(mesh.ndim()), Placement::replicate());
+    for (auto& p : m.named_parameters(/*recurse=*/false)) {
+      if (!is_dtensor(p.value())) {
+        p.value().set_data(distribute_tensor(p.value().detach(), mesh, all));
+      }
+    }
+    for (auto& b : m.named_buffers(/*recurse=*/false)) {
+      if (b.value().defined() && !is_dtensor(b.value())) {
+        b.value().set_data(distribute_tensor(b.value().detach(), mesh, all));
+      }
+    }
+  };
+  for (const auto& item : module.shared_from_this()->named_modules()) {
+    if (partition_fn) {
+      partition_fn(item.key(), *item.value(), mesh);
+    }
+    replicate_rest(*item.value());
+  }
+}
+
 } // namespace dtensor

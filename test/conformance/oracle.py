@@ -47,15 +47,16 @@ def names_of(ps):
     return ",".join(name_of(p) for p in ps)
 
 
-KINDS = [("all_reduce", "all_reduce"), ("all_gather", "all_gather"),
-         ("reduce_scatter", "reduce_scatter"), ("all_to_all", "all_to_all"),
+# Substrings of PyTorch's op names (functional and c10d, underscores dropped) -> our kinds.
+KINDS = [("allreduce", "all_reduce"), ("allgather", "all_gather"),
+         ("reducescatter", "reduce_scatter"), ("alltoall", "all_to_all"),
          ("broadcast", "broadcast"), ("scatter", "scatter"), ("barrier", "barrier")]
 
 
 def counts_of(mode):
     out = {}
     for op, n in mode.get_comm_counts().items():
-        name = str(op)
+        name = str(op).replace("_", "")
         for needle, kind in KINDS:
             if needle in name:
                 out[kind] = out.get(kind, 0) + int(n)
@@ -85,7 +86,8 @@ class Results:
         self.records[key] = rec
 
     def error(self, key, e):
-        self.records[key] = {"error": type(e).__name__ + ": " + str(e).splitlines()[0][:200]}
+        text = e if isinstance(e, str) else type(e).__name__ + ": " + str(e).splitlines()[0][:200]
+        self.records[key] = {"error": text}
 
     def value(self, key, v, mode=None):
         rec = {"value": v}
@@ -109,6 +111,16 @@ class Ctx:
         self.outdir = outdir
         self.results = Results()
         self._meshes = {}
+
+    def agree_error(self, err):
+        """The first error any rank saw (as seen from rank r: "on rank r: ..."), or None."""
+        seen = [None] * self.world
+        mine = None if err is None else f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+        dist.all_gather_object(seen, mine)
+        for r, e in enumerate(seen):
+            if e is not None:
+                return e if r == self.rank else RuntimeError(f"on rank {r}: {e}")
+        return None
 
     def mesh(self, shape, names=None):
         key = (tuple(shape), tuple(names or ()))
