@@ -10,6 +10,7 @@ torch_version=2.9.1          # LibTorch pin; see docs/build.md before changing
 meson_version=1.9.1
 ninja_version=1.13.0
 numpy_version=2.3.5          # for the conformance suite's oracle (torch.distributed.tensor.debug)
+expecttest_version=0.3.0     # ... and its test models (torch.testing._internal imports it)
 
 log() { printf '[setup] %s\n' "$*"; }
 
@@ -30,11 +31,12 @@ fi
 # --- Python venv with torch, meson, ninja ------------------------------------------------
 # Wheels are kept in a machine-wide wheelhouse, so a fresh clone on the same machine (CI)
 # installs without downloading; the venv itself stays project-local.
-# numpy: torch.distributed.tensor.debug (CommDebugMode) imports it; the conformance suite
+# numpy, expecttest: what torch.distributed.tensor.debug (CommDebugMode) and
+# torch.testing._internal (PyTorch's test models) import; the conformance suite
 # (test/conformance) runs PyTorch as its oracle.
-reqs=("torch==$torch_version" "meson==$meson_version" "ninja==$ninja_version" "numpy==$numpy_version")
+reqs=("torch==$torch_version" "meson==$meson_version" "ninja==$ninja_version" "numpy==$numpy_version" "expecttest==$expecttest_version")
 wheelhouse=${DTENSOR_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/dtensor/wheels}
-tag="torch${torch_version}-meson${meson_version}-ninja${ninja_version}-numpy${numpy_version}"
+tag="torch${torch_version}-meson${meson_version}-ninja${ninja_version}-numpy${numpy_version}-expecttest${expecttest_version}"
 stamp="$venv/.dtensor-setup-$tag"
 if [[ ! -f $stamp ]]; then
   python=${PYTHON:-python3}

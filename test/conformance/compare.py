@@ -41,6 +41,17 @@ def _close(a, b, tol):
     return False, False
 
 
+def _dev(a, b):
+    """Largest absolute difference, relative to b's largest magnitude (at least 1)."""
+    if a.shape != b.shape:
+        return float("inf")
+    if a.numel() == 0:
+        return 0.0
+    diff = (a.double() - b.double()).abs()
+    diff = torch.where(torch.isnan(a.double()) & torch.isnan(b.double()), 0.0, diff)
+    return float(diff.nan_to_num(float("inf")).max()) / max(1.0, float(b.abs().max()))
+
+
 class Report:
     def __init__(self):
         self.outcomes = {}  # key -> outcome
@@ -100,16 +111,21 @@ def compare_record(mod, key, t, d, ref, tol):
         if reason:
             return f"by design: {reason}", d["error"]
         return "DIFFERS: dtensor raises", d["error"]
-    # dtensor ran: its value against the reference first.
+    # dtensor ran: its value against the reference first. Where PyTorch itself is as far from
+    # the reference (low precision against an fp32 reference), that distance is the measure.
     if ref is not None and "full" in d:
         same, _ = _close(d["full"], ref, tol)
-        if not same:
-            return "DIFFERS: dtensor's value is not the plain op's", ""
+        if not same and not (isinstance(t.get("full"), torch.Tensor) and
+                             _dev(d["full"], ref) <= 1.5 * _dev(t["full"], ref) + tol[1]):
+            return "DIFFERS: dtensor's value is not the plain op's", \
+                f"max deviation {_dev(d['full'], ref):.3g} (PyTorch's {_dev(t['full'], ref):.3g})" \
+                if isinstance(t.get("full"), torch.Tensor) else ""
     if t_err:
         if ref is not None:
             return "dtensor right, PyTorch raises", t["error"]
         return "DIFFERS: PyTorch raises, dtensor runs", t["error"]
-    if ref is not None and "full" in t and not _close(t["full"], ref, tol)[0]:
+    if ref is not None and "full" in t and not _close(t["full"], ref, tol)[0] and \
+            _dev(t["full"], ref) > 10 * tol[1]:
         return "dtensor right, PyTorch wrong", "PyTorch's value differs from the plain op's"
     diffs = []
     exact = True
@@ -166,7 +182,8 @@ def compare(mod, out, world):
                 else:
                     report.set(key, "DIFFERS: missing on PyTorch's side", f"rank {r}")
                 continue
-            outcome, detail = compare_record(mod, key, t_recs[key], d_recs[key], ref, tol)
+            tk = mod.tolerance(key) if hasattr(mod, "tolerance") else tol
+            outcome, detail = compare_record(mod, key, t_recs[key], d_recs[key], ref, tk)
             report.set(key, outcome, (f"rank {r}: " + detail) if detail else "")
     if not report.outcomes:
         report.set("(no records)", "DIFFERS: neither side wrote anything")

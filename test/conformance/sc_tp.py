@@ -156,9 +156,17 @@ ONE_RANK = ("one-rank mesh: every collective is a local copy, and the two pick d
             "values equal")
 
 
+DP1 = ("a data-parallel dimension of one rank: PyTorch's FSDP skips its all-gather there, "
+       "dtensor issues it (a local copy)")
+
+
 def by_design(key, t, d, what):
     if globals().get("WORLD") == 1 and "full values" not in what:
         return ONE_RANK
+    if globals().get("WORLD") == 2 and "fsdp_tp_hand" in key and what.startswith("counts") \
+            and ";" not in what and t.get("counts", {}) == {} and \
+            d.get("counts", {}) == {"all_gather": 1}:
+        return DP1
     if "fsdp_tp_hand" in key and what.startswith("placements") and "full values" not in what \
             and "local values" not in what:
         return MESH_ORDER
