@@ -26,7 +26,10 @@ namespace detail {
 // Every gradient contributes a local partial norm: sum |x|^p of its local tensor (finite p),
 // max / min |x| (inf / -inf), or its count of non-zeros (p = 0). The contributions of all
 // gradients are combined locally into one fp32 scalar, which is then all-reduced once over
-// each mesh dimension (sum, or max / min). A gradient that is not sharded over some mesh
+// each mesh dimension that some gradient is sharded over (sum, or max / min); over a
+// dimension where every gradient is Replicate (HSDP's replicate dimension) every rank
+// already holds the whole value, and nothing is sent. A gradient that is not sharded over a
+// reduced mesh
 // dimension (Replicate there) holds the same values on every rank of that dimension, so
 // its sum-type contribution is divided by that dimension's size first: the all-reduce adds
 // it back exactly once. Max and min need no scaling. Gradients on different meshes (slices
@@ -72,6 +75,61 @@ at::Tensor local_part(const at::Tensor& x, double p) {
   return a.pow(p).sum();
 }
 
+// One gradient's local partial norm (unscaled) and the union-mesh dims it is sharded over.
+struct Contribution {
+  at::Tensor part;
+  std::vector<bool> sharded;
+};
+
+Contribution contribution(const at::Tensor& t, const MeshUnion& red, double p) {
+  Contribution k;
+  at::Tensor local = t;
+  if (red.mesh.defined()) {
+    k.sharded.assign(static_cast<size_t>(red.mesh.ndim()), false);
+  }
+  if (const DTensorMeta* m = dtensor_meta(t)) {
+    local = m->local;
+    Placements placements = m->spec.placements;
+    const Placements plain = without_partial(placements);
+    if (plain != placements) {
+      local = redistribute_local(local, m->spec, plain);
+      placements = plain;
+    }
+    const auto& map = red.map_of(m->spec.mesh);
+    for (size_t d = 0; d < placements.size(); ++d) {
+      k.sharded[static_cast<size_t>(map[d])] = placements[d].is_shard();
+    }
+  }
+  k.part = local_part(local, p);
+  return k;
+}
+
+std::vector<bool> reduced_dims(const std::vector<Contribution>& contribs, const MeshUnion& red) {
+  std::vector<bool> reduced(red.mesh.defined() ? static_cast<size_t>(red.mesh.ndim()) : 0, false);
+  for (const auto& k : contribs) {
+    for (size_t d = 0; d < reduced.size(); ++d) {
+      reduced[d] = reduced[d] || k.sharded[d];
+    }
+  }
+  return reduced;
+}
+
+// A sum-type part of a gradient replicated over a reduced dim is divided by that dim's size:
+// the all-reduce adds it back exactly once. Max and min need no scaling.
+at::Tensor scaled(const Contribution& k, const MeshUnion& red, const std::vector<bool>& reduced,
+                  Combine c) {
+  if (c != Combine::Sum || !red.mesh.defined()) {
+    return k.part;
+  }
+  double replicas = 1;
+  for (int64_t d = 0; d < red.mesh.ndim(); ++d) {
+    if (reduced[static_cast<size_t>(d)] && !k.sharded[static_cast<size_t>(d)]) {
+      replicas *= static_cast<double>(red.mesh.size(d));
+    }
+  }
+  return replicas == 1 ? k.part : k.part / replicas;
+}
+
 at::Tensor total_norm(const std::vector<at::Tensor>& tensors,
                       const std::vector<DeviceMesh>& extra_meshes, double p,
                       bool error_if_nonfinite, c10::ScalarType dtype) {
@@ -85,42 +143,19 @@ at::Tensor total_norm(const std::vector<at::Tensor>& tensors,
   }
   const MeshUnion red = mesh_union(meshes, "get_total_norm");
   const Combine c = combine_of(p);
-  std::vector<at::Tensor> parts;
-  parts.reserve(tensors.size());
   at::Device device = tensors.empty() ? at::Device(at::kCPU) : tensors.front().device();
+  std::vector<Contribution> contribs;
+  contribs.reserve(tensors.size());
   for (const auto& t : tensors) {
-    at::Tensor local = t;
-    std::vector<bool> sharded;
-    if (const DTensorMeta* m = dtensor_meta(t)) {
-      local = m->local;
-      Placements placements = m->spec.placements;
-      const Placements plain = without_partial(placements);
-      if (plain != placements) {
-        local = redistribute_local(local, m->spec, plain);
-        placements = plain;
-      }
-      std::vector<bool> by_dim(static_cast<size_t>(red.mesh.ndim()), false);
-      const auto& map = red.map_of(m->spec.mesh);
-      for (size_t d = 0; d < placements.size(); ++d) {
-        by_dim[static_cast<size_t>(map[d])] = placements[d].is_shard();
-      }
-      sharded = by_dim;
-    } else if (red.mesh.defined()) {
-      sharded.assign(static_cast<size_t>(red.mesh.ndim()), false);
-    }
-    at::Tensor part = local_part(local, p);
-    if (c == Combine::Sum && red.mesh.defined()) {
-      double replicas = 1;
-      for (int64_t d = 0; d < red.mesh.ndim(); ++d) {
-        if (!sharded[static_cast<size_t>(d)]) {
-          replicas *= static_cast<double>(red.mesh.size(d));
-        }
-      }
-      if (replicas != 1) {
-        part = part / replicas;
-      }
-    }
-    parts.push_back(part.to(device));
+    contribs.push_back(contribution(t, red, p));
+  }
+  // Only mesh dims that some gradient is sharded over need the all-reduce: over the others
+  // every gradient already holds the whole value on every rank.
+  const std::vector<bool> reduced = reduced_dims(contribs, red);
+  std::vector<at::Tensor> parts;
+  parts.reserve(contribs.size());
+  for (auto& k : contribs) {
+    parts.push_back(scaled(k, red, reduced, c).to(device));
   }
   // [Note: the 0-"norm"]
   // PyTorch's total 0-norm is the 0-norm of the per-gradient norms: the number of
@@ -146,7 +181,9 @@ at::Tensor total_norm(const std::vector<at::Tensor>& tensors,
                                             : ReduceOp::Sum;
     acc = acc.contiguous();
     for (int64_t d = 0; d < red.mesh.ndim(); ++d) {
-      all_reduce_(acc, op, red.mesh.get_group(d));
+      if (reduced[static_cast<size_t>(d)]) {
+        all_reduce_(acc, op, red.mesh.get_group(d));
+      }
     }
   }
   at::Tensor total = count_tensors ? (acc != 0).sum().to(at::kFloat)
