@@ -13,6 +13,7 @@
 
 #include "fsdp/fsdp.h"
 #include "internal/check.h"
+#include "internal/module_ptr.h"
 #include "tp/tensor_parallel.h"
 
 namespace dtensor {
@@ -178,7 +179,7 @@ FSDPModule fully_shard(torch::nn::Module& module, const FullyShardOptions& optio
       "children before their parents)",
       module.name());
   const DeviceMesh mesh = resolve_mesh(options);
-  std::shared_ptr<torch::nn::Module> self = module.shared_from_this();
+  std::shared_ptr<torch::nn::Module> self = owned_module(module, "fully_shard");
   const auto named = self->named_modules();
   const ChildUnits children = find_child_units(named, module);
   OwnParams params = collect_params(named, children, options);

@@ -11,6 +11,7 @@
 #include <dtensor/dtensor.h>
 
 #include "internal/check.h"
+#include "internal/module_ptr.h"
 #include "internal/dtensor_impl.h"
 #include "tp/tensor_parallel.h"
 
@@ -194,7 +195,7 @@ bool path_matches(const std::string& pattern, const std::string& path) {
 
 void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
                         const ParallelizePlan& plan) {
-  auto named = module.shared_from_this()->named_modules();
+  auto named = detail::owned_module(module, "parallelize_module")->named_modules();
   for (const auto& [pattern, style] : plan) {
     DTENSOR_CHECK(style != nullptr, "parallelize_module({}): null style for '{}'", module.name(),
                   pattern);
@@ -227,7 +228,7 @@ void distribute_module(torch::nn::Module& module, const DeviceMesh& mesh,
       }
     }
   };
-  for (const auto& item : module.shared_from_this()->named_modules()) {
+  for (const auto& item : detail::owned_module(module, "distribute_module")->named_modules()) {
     if (partition_fn) {
       partition_fn(item.key(), *item.value(), mesh);
     }
