@@ -104,7 +104,7 @@ Contribution contribution(const at::Tensor& t, const MeshUnion& red, double p) {
   return k;
 }
 
-std::vector<bool> reduced_dims(const std::vector<Contribution>& contribs, const MeshUnion& red) {
+std::vector<bool> dims_to_reduce(const std::vector<Contribution>& contribs, const MeshUnion& red) {
   std::vector<bool> reduced(red.mesh.defined() ? static_cast<size_t>(red.mesh.ndim()) : 0, false);
   for (const auto& k : contribs) {
     for (size_t d = 0; d < reduced.size(); ++d) {
@@ -151,7 +151,7 @@ at::Tensor total_norm(const std::vector<at::Tensor>& tensors,
   }
   // Only mesh dims that some gradient is sharded over need the all-reduce: over the others
   // every gradient already holds the whole value on every rank.
-  const std::vector<bool> reduced = reduced_dims(contribs, red);
+  const std::vector<bool> reduced = dims_to_reduce(contribs, red);
   std::vector<at::Tensor> parts;
   parts.reserve(contribs.size());
   for (auto& k : contribs) {

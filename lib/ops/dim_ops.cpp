@@ -159,7 +159,12 @@ OpSharding gather_rule(const OpInfo& info) {
   Placements want_index = index.placements;
   for (size_t i = 0; i < want_index.size(); ++i) {
     const Placement& p = index.placements[i];
-    if (p.is_partial()) {
+    const Placement& q = self.placements[i];
+    if (p.is_replicate() && q.is_shard() && q.dim() != dim &&
+        self.shape[static_cast<size_t>(q.dim())] == index.shape[static_cast<size_t>(q.dim())]) {
+      want_self[i] = q; // a Replicate index is cut like self, locally
+      want_index[i] = q;
+    } else if (p.is_partial()) {
       want_index[i] = Placement::replicate();
     } else if (p.is_shard() && p.dim() != dim) {
       // Row r of the output reads row r of self: both cut alike, or the index whole.

@@ -8,6 +8,23 @@ namespace {
 
 // cat(tensors, dim): every input takes the first input's placements, with the cat dim
 // (and Partial) replicated. Inputs of rank 1 and size 0 are legacy no-ops of cat.
+// The placements every element of a cat / stack takes: per mesh dim, the first element's
+// Shard on a dim other than `whole_dim` if any element has one (Replicate elements are cut
+// locally, no communication), else Replicate (Partial elements are reduced).
+Placements common_shards(const std::vector<DTensorSpec>& specs, int64_t whole_dim) {
+  Placements p(specs[0].placements.size(), Placement::replicate());
+  for (size_t i = 0; i < p.size(); ++i) {
+    for (const auto& spec : specs) {
+      const Placement& x = spec.placements[i];
+      if (x.is_shard() && x.dim() != whole_dim) {
+        p[i] = x;
+        break;
+      }
+    }
+  }
+  return p;
+}
+
 OpSharding cat_rule(const OpInfo& info) {
   const auto& specs = info.list_specs[0];
   if (specs.empty()) {
@@ -15,10 +32,7 @@ OpSharding cat_rule(const OpInfo& info) {
   }
   int64_t ndim = specs[0].ndim();
   int64_t dim = wrap_dim(info.num_args() > 1 ? info.arg(1).toInt() : 0, ndim);
-  Placements p;
-  for (const auto& x : specs[0].placements) {
-    p.push_back(x.is_partial() || x.is_shard(dim) ? Placement::replicate() : x);
-  }
+  const Placements p = common_shards(specs, dim);
   OpSharding s;
   s.inputs.resize(info.num_args());
   s.list_inputs.resize(info.num_args());
@@ -34,11 +48,9 @@ OpSharding stack_rule(const OpInfo& info) {
     fail_unsupported(info, "stack of an empty list");
   }
   int64_t dim = wrap_dim(info.num_args() > 1 ? info.arg(1).toInt() : 0, specs[0].ndim() + 1);
-  Placements in;
+  const Placements in = common_shards(specs, /*whole_dim=*/-1);
   Placements out;
-  for (const auto& x : specs[0].placements) {
-    Placement y = x.is_partial() ? Placement::replicate() : x;
-    in.push_back(y);
+  for (const auto& y : in) {
     out.push_back(y.is_shard() && y.dim() >= dim ? Placement::shard(y.dim() + 1) : y);
   }
   OpSharding s;

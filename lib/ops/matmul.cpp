@@ -57,10 +57,24 @@ OpSharding product(const OpInfo& info, size_t a_index, size_t b_index, int bias_
   Placements want_a(mesh_ndim, Placement::replicate());
   Placements want_b(mesh_ndim, Placement::replicate());
   Placements out(mesh_ndim, Placement::replicate());
+  // The added term broadcasts against the output: it is sharded where the output is (when
+  // it has that dimension), partitioned where the output is Partial. Its move counts too.
+  const DTensorSpec* bias = bias_index >= 0 && info.specs[static_cast<size_t>(bias_index)]
+                                ? &*info.specs[static_cast<size_t>(bias_index)]
+                                : nullptr;
+  auto bias_want = [&](const Placement& o) {
+    if (o.is_shard()) {
+      const int64_t d = o.dim() - (batch + 2 - bias->ndim());
+      return d >= 0 && bias->shape[static_cast<size_t>(d)] != 1 ? Placement::shard(d)
+                                                                 : Placement::replicate();
+    }
+    return o.is_partial() ? o : Placement::replicate();
+  };
   for (size_t i = 0; i < mesh_ndim; ++i) {
     int best = 1 << 30;
     for (const Layout& l : layouts(batch)) {
-      int c = cost(a->placements[i], l.a) + cost(b->placements[i], l.b);
+      int c = cost(a->placements[i], l.a) + cost(b->placements[i], l.b) +
+              (bias != nullptr ? cost(bias->placements[i], bias_want(l.out)) : 0);
       if (c < best) {
         best = c;
         want_a[i] = l.a;
@@ -73,21 +87,10 @@ OpSharding product(const OpInfo& info, size_t a_index, size_t b_index, int bias_
   s.inputs.resize(info.num_args());
   s.inputs[a_index] = want_a;
   s.inputs[b_index] = want_b;
-  if (bias_index >= 0 && info.specs[static_cast<size_t>(bias_index)]) {
-    // The added term broadcasts against the output: it is sharded where the output is (when
-    // it has that dimension), partitioned where the output is Partial.
-    const DTensorSpec& bias = *info.specs[static_cast<size_t>(bias_index)];
-    int64_t out_ndim = batch + 2;
+  if (bias != nullptr) {
     Placements want_bias(mesh_ndim, Placement::replicate());
     for (size_t i = 0; i < mesh_ndim; ++i) {
-      if (out[i].is_shard()) {
-        int64_t d = out[i].dim() - (out_ndim - bias.ndim());
-        if (d >= 0 && bias.shape[static_cast<size_t>(d)] != 1) {
-          want_bias[i] = Placement::shard(d);
-        }
-      } else if (out[i].is_partial()) {
-        want_bias[i] = out[i];
-      }
+      want_bias[i] = bias_want(out[i]);
     }
     s.inputs[static_cast<size_t>(bias_index)] = want_bias;
   }
