@@ -80,13 +80,7 @@ void run(Ctx& ctx) {
         loss.backward();
         ctx.results.tensor(k + " loss#0", loss.to(at::kFloat), &mode);
       }
-      for (const auto& item : m.module->named_parameters()) {
-        ctx.results.tensor(k + " grad " + item.key() + "#0", item.value().grad());
-      }
-      opt.step();
-      for (const auto& item : m.module->named_parameters()) {
-        ctx.results.tensor(k + " param " + item.key() + "#0", item.value());
-      }
+      ctx.results.step(k, *m.module, opt);
     }
   }
 }

@@ -156,6 +156,17 @@ void Results::counts(const std::string& key, const dtensor::CommDebugMode& mode)
   records_.insert_or_assign(key, rec);
 }
 
+void Results::step(const std::string& key, torch::nn::Module& module,
+                   torch::optim::Optimizer& opt) {
+  for (const auto& item : module.named_parameters()) {
+    tensor(key + " grad " + item.key() + "#0", item.value().grad());
+  }
+  opt.step();
+  for (const auto& item : module.named_parameters()) {
+    tensor(key + " param " + item.key() + "#0", item.value());
+  }
+}
+
 void Results::save(const std::string& path) const {
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
   const std::vector<char> bytes = torch::pickle_save(c10::IValue(records_));

@@ -12,6 +12,9 @@
 #include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
 
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
 #include <dtensor/all.h>
 
 namespace conformance {
@@ -46,6 +49,8 @@ class Results {
   void value(const std::string& key, const c10::IValue& v,
              const dtensor::CommDebugMode* mode = nullptr);
   void counts(const std::string& key, const dtensor::CommDebugMode& mode);
+  // Every gradient, the optimizer step, then every parameter.
+  void step(const std::string& key, torch::nn::Module& module, torch::optim::Optimizer& opt);
   void save(const std::string& path) const;
 
  private:

@@ -98,6 +98,14 @@ class Results:
     def counts(self, key, mode):
         self.records[key] = {"counts": counts_of(mode)}
 
+    def step(self, key, model, opt):
+        """Every gradient, the optimizer step, then every parameter."""
+        for n, p in model.named_parameters():
+            self.tensor(f"{key} grad {n}#0", p.grad)
+        opt.step()
+        for n, p in model.named_parameters():
+            self.tensor(f"{key} param {n}#0", p)
+
     def save(self, path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         torch.save(self.records, path + ".tmp")

@@ -101,11 +101,7 @@ def run_torch(ctx, cases):
                 loss = model(x).sum()
                 loss.backward()
             ctx.results.tensor(k + " loss#0", loss.float(), m)
-            for n, p in model.named_parameters():
-                ctx.results.tensor(f"{k} grad {n}#0", p.grad)
-            opt.step()
-            for n, p in model.named_parameters():
-                ctx.results.tensor(f"{k} param {n}#0", p)
+            ctx.results.step(k, model, opt)
 
 
 LAST_UNIT = ("reshard after forward: dtensor frees a unit when forward moves on to another "

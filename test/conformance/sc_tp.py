@@ -139,11 +139,7 @@ def _run_case(ctx, c):
             with CommDebugMode() as bwd:
                 loss.backward()
             ctx.results.counts(k + " backward#0", bwd)
-            for n, p in model.named_parameters():
-                ctx.results.tensor(f"{k} grad {n}#0", p.grad)
-            opt.step()
-            for n, p in model.named_parameters():
-                ctx.results.tensor(f"{k} param {n}#0", p)
+            ctx.results.step(k, model, opt)
 
 
 MESH_ORDER = ("dtensor shards a tensor-parallel parameter over (tp, dp) with placements "

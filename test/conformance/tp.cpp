@@ -112,13 +112,7 @@ void run_case(Ctx& ctx, const Case& c) {
         loss.backward();
         ctx.results.counts(k + " backward#0", bwd);
       }
-      for (const auto& item : b.module->named_parameters()) {
-        ctx.results.tensor(k + " grad " + item.key() + "#0", item.value().grad());
-      }
-      opt.step();
-      for (const auto& item : b.module->named_parameters()) {
-        ctx.results.tensor(k + " param " + item.key() + "#0", item.value());
-      }
+      ctx.results.step(k, *b.module, opt);
     }
   }
 }
