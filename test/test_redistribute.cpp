@@ -188,3 +188,30 @@ TEST_CASE("distribute_tensor takes src_rank's values", "[dtensor][world1][world2
   REQUIRE(same(d.full_tensor(), at::full({5, 3}, static_cast<double>(world() - 1), options(at::kDouble))));
   REQUIRE(d.to_local().size(0) == dtensor::chunk_size(5, world(), rank()));
 }
+
+TEST_CASE("redistribute: Partial(sum) and Partial(max) on two mesh dims reduce in mesh-dim order",
+          "[dtensor][redistribute][world4]") {
+  // [Note: partial order]: the value of (Partial(sum), Partial(max)) on (dp, tp) is the max
+  // over tp of the sums over dp. Keeping dp Partial while tp changes must not reduce tp
+  // first (max and sum do not commute).
+  auto mesh = init_device_mesh(device_type(), {2, 2}, {"dp", "tp"});
+  const int64_t dp = mesh.get_local_rank(0);
+  const int64_t tp = mesh.get_local_rank(1);
+  auto local_of = [](int64_t d, int64_t t) { // sum-then-max [1, 2]; max-then-sum [2, 6]
+    return at::tensor({d == t ? 1.0 : 0.0, d == t ? 3.0 : -1.0}, options());
+  };
+  at::Tensor expected = at::maximum(local_of(0, 0) + local_of(1, 0), local_of(0, 1) + local_of(1, 1));
+  const Placements src{Placement::partial(), Placement::partial(ReduceOp::Max)};
+  DTensor d = DTensor::from_local(local_of(dp, tp), mesh, src);
+  REQUIRE(close(d.full_tensor(), expected, 0, 0));
+  for (const Placements& dst :
+       {Placements{Placement::partial(), Placement::replicate()},
+        Placements{Placement::partial(), Placement::shard(0)},
+        Placements{Placement::replicate(), Placement::replicate()},
+        Placements{Placement::shard(0), Placement::replicate()}}) {
+    INFO("to " << dtensor::to_string(dst));
+    DTensor r = d.redistribute(mesh, dst);
+    REQUIRE(r.placements() == dst);
+    REQUIRE(close(r.full_tensor(), expected, 0, 0));
+  }
+}
