@@ -94,16 +94,9 @@ size_t num_tensor_returns(const OpInfo& info) {
 
 // cumsum / cumprod / sort / topk / _log_softmax-like scans: the named dim whole, shape kept.
 OpSharding along_dim_rule(const OpInfo& info) {
+  // Their dim arguments have defaults (-1), which the dispatcher fills in: always given.
   const DTensorSpec& in = *info.specs[0];
-  DimArgs d = dim_args(info, in.ndim());
-  if (d.all && info.op->schema().name() == "aten::sort") { // sort's default dim is -1
-    d.named.assign(static_cast<size_t>(in.ndim()), false);
-    d.named[static_cast<size_t>(in.ndim() - 1)] = true;
-  }
-  if (info.op->schema().name() == "aten::topk" && d.all) { // topk(self, k, dim=-1)
-    d.named.assign(static_cast<size_t>(in.ndim()), false);
-    d.named[static_cast<size_t>(in.ndim() - 1)] = true;
-  }
+  const DimArgs d = dim_args(info, in.ndim());
   const Placements want = keep_other_shards(in, d.named);
   return single_input(info, want, want, num_tensor_returns(info));
 }
