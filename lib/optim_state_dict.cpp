@@ -116,7 +116,36 @@ struct OptimizerKind {
   bool (*set_field)(OptimizerParamState&, const std::string&, const at::Tensor&);
   Fields (*options)(const OptimizerOptions&);
   bool (*set_option)(OptimizerOptions&, const std::string&, const at::Tensor&);
+  // The state the optimizer's first step would create (nullptr: none), see [Note: initial states].
+  std::unique_ptr<OptimizerParamState> (*initial_state)(const at::Tensor& param, const OptimizerOptions&);
 };
+
+// [Note: initial states] As PyTorch's get_optimizer_state_dict (which steps once with zero
+// gradients), a parameter that has no state yet gets the state its first step would create,
+// so that a fresh optimizer's state dict has every key a checkpoint can fill. Adam and AdamW
+// then step exactly as if nothing had happened (step 0, zero moments). SGD with momentum
+// gets a zero buffer, which its first step turns into (1 - dampening) * grad rather than
+// grad: the same as PyTorch, and identical without dampening.
+template <class State, class Options>
+std::unique_ptr<OptimizerParamState> adam_initial_state(const at::Tensor& p, const OptimizerOptions& o) {
+  auto s = std::make_unique<State>();
+  s->step(0);
+  s->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
+  s->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+  if (static_cast<const Options&>(o).amsgrad()) {
+    s->max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+  }
+  return s;
+}
+
+std::unique_ptr<OptimizerParamState> sgd_initial_state(const at::Tensor& p, const OptimizerOptions& o) {
+  if (static_cast<const torch::optim::SGDOptions&>(o).momentum() == 0) {
+    return nullptr;
+  }
+  auto s = std::make_unique<torch::optim::SGDParamState>();
+  s->momentum_buffer(at::zeros_like(p, at::MemoryFormat::Preserve));
+  return s;
+}
 
 template <class Opt, class State, class Options>
 OptimizerKind adam_like(const char* name) {
@@ -130,7 +159,8 @@ OptimizerKind adam_like(const char* name) {
           [](const OptimizerOptions& o) { return adam_options(static_cast<const Options&>(o)); },
           [](OptimizerOptions& o, const std::string& n, const at::Tensor& v) {
             return set_adam_option(static_cast<Options&>(o), n, v);
-          }};
+          },
+          adam_initial_state<State, Options>};
 }
 
 const std::vector<OptimizerKind>& kinds() {
@@ -154,7 +184,8 @@ const std::vector<OptimizerKind>& kinds() {
        [](const OptimizerOptions& o) { return sgd_options(static_cast<const SGDOptions&>(o)); },
        [](OptimizerOptions& o, const std::string& n, const at::Tensor& v) {
          return set_sgd_option(static_cast<SGDOptions&>(o), n, v);
-       }},
+       },
+       sgd_initial_state},
   };
   return table;
 }
@@ -280,8 +311,14 @@ StateDict get_optimizer_state_dict(torch::nn::Module& module, torch::optim::Opti
                                    const StateDictOptions& options) {
   const OptimizerKind& kind = kind_of(optimizer);
   StateDict out;
+  at::NoGradGuard no_grad;
   for (const NamedParam& p : named_params(module, optimizer)) {
     auto it = optimizer.state().find(p.param.unsafeGetTensorImpl());
+    if (it == optimizer.state().end()) {
+      if (auto initial = kind.initial_state(p.param, p.group->options())) {
+        it = optimizer.state().emplace(p.param.unsafeGetTensorImpl(), std::move(initial)).first;
+      }
+    }
     if (it != optimizer.state().end()) {
       for (const auto& [field, t] : kind.fields(*it->second)) {
         out.insert("state." + p.fqn + "." + field, exported(t, options));

@@ -11,11 +11,13 @@ meson_version=1.9.1
 ninja_version=1.13.0
 numpy_version=2.3.5          # for the conformance suite's oracle (torch.distributed.tensor.debug)
 expecttest_version=0.3.0     # ... and its test models (torch.testing._internal imports it)
+safetensors_version=0.8.0    # checkpoint interop tests (PyTorch's HuggingFaceStorageReader/Writer)
 
 log() { printf '[setup] %s\n' "$*"; }
 
 # --- Debian packages ---------------------------------------------------------------------
-apt_pkgs=(build-essential pkg-config python3-venv ccache catch2 libfmt-dev libgloo-dev)
+apt_pkgs=(build-essential pkg-config python3-venv ccache catch2 libfmt-dev libgloo-dev
+          nlohmann-json3-dev zlib1g-dev)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -34,9 +36,9 @@ fi
 # numpy, expecttest: what torch.distributed.tensor.debug (CommDebugMode) and
 # torch.testing._internal (PyTorch's test models) import; the conformance suite
 # (test/conformance) runs PyTorch as its oracle.
-reqs=("torch==$torch_version" "meson==$meson_version" "ninja==$ninja_version" "numpy==$numpy_version" "expecttest==$expecttest_version")
+reqs=("torch==$torch_version" "meson==$meson_version" "ninja==$ninja_version" "numpy==$numpy_version" "expecttest==$expecttest_version" "safetensors==$safetensors_version")
 wheelhouse=${DTENSOR_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/dtensor/wheels}
-tag="torch${torch_version}-meson${meson_version}-ninja${ninja_version}-numpy${numpy_version}-expecttest${expecttest_version}"
+tag="torch${torch_version}-meson${meson_version}-ninja${ninja_version}-numpy${numpy_version}-expecttest${expecttest_version}-safetensors${safetensors_version}"
 stamp="$venv/.dtensor-setup-$tag"
 if [[ ! -f $stamp ]]; then
   python=${PYTHON:-python3}

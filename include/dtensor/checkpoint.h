@@ -1,0 +1,79 @@
+#pragma once
+
+// Distributed checkpoints in PyTorch DCP's Hugging Face safetensors layout (docs/checkpoint.md).
+//
+//   auto state = dtensor::get_model_state_dict(model);
+//   for (auto& item : dtensor::get_optimizer_state_dict(model, opt)) state.insert(item.key(), item.value());
+//   state.insert("step", at::scalar_tensor(step, at::kLong));
+//   dtensor::checkpoint::save(state, "ckpt/step-100");
+//   ...
+//   dtensor::checkpoint::load(state, "ckpt/step-100");   // any mesh, any placements
+//   dtensor::set_model_state_dict(model, state);  dtensor::set_optimizer_state_dict(model, opt, state);
+//
+// A checkpoint is a directory of files `shard-<rank+1>-model-00001-of-00001.safetensors`,
+// one per rank that owns data; each chunk's global offsets are in the header, so
+// torch.distributed.checkpoint.load(..., storage_reader=HuggingFaceStorageReader(dir)) reads it
+// into any PyTorch layout, and load() reads what PyTorch's HuggingFaceStorageWriter writes.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/arg.h>
+
+#include <dtensor/state_dict.h>
+
+namespace dtensor::checkpoint {
+
+struct SaveOptions {
+  // A crc32 of every chunk in the header (dtensor_crc32; PyTorch ignores it), checked by load.
+  TORCH_ARG(bool, checksums) = true;
+  // fsync every file and the directory before the checkpoint becomes visible.
+  TORCH_ARG(bool, fsync) = true;
+};
+
+struct SaveResult {
+  std::string file;        // this rank's file ("" when it owns no chunk)
+  int64_t data_bytes = 0;  // tensor bytes this rank wrote
+  int64_t file_bytes = 0;  // its file's size (headers included)
+};
+
+// Collective over all ranks, each passing the same names with the same global shapes, dtypes
+// and layouts. Every rank writes only the chunks it holds, each distinct chunk once (a chunk
+// replicated over several ranks is written by one of them, balancing bytes); Partial
+// DTensors are reduced first. Plain tensors (0-dim ones for scalars such as a step counter)
+// count as replicated on every rank. The files go to a temporary directory next to `dir`,
+// which replaces `dir` by one atomic rename once every rank's files are synced: a failed or
+// killed save leaves the previous checkpoint in `dir` untouched.
+SaveResult save(const StateDict& state, const std::string& dir, const SaveOptions& options = {});
+
+// Fills the tensors of `state` in place from the checkpoint in `dir`, whatever layout wrote
+// it: each rank reads the parts of the stored chunks that overlap its own piece (other world
+// size, mesh shape, placements, uneven shards). No communication beyond agreeing on errors.
+// Every name of `state` must be in the checkpoint with the same global shape and dtype (names
+// the checkpoint has beyond them are ignored). A missing, truncated or corrupt file, a missing
+// key, a chunk not covering its tensor or a shape or dtype mismatch is an error naming the file
+// and the key, raised on every rank before any tensor is written.
+void load(const StateDict& state, const std::string& dir);
+
+struct TensorInfo {
+  std::string key;
+  c10::ScalarType dtype;
+  std::vector<int64_t> shape; // global
+  int64_t chunks = 0;
+};
+
+// What a checkpoint holds, by name (reads the headers only; not collective).
+std::vector<TensorInfo> read_metadata(const std::string& dir);
+
+struct ConsolidateOptions {
+  // Names starting with one of these are left out (by default the optimizer's state).
+  TORCH_ARG(std::vector<std::string>, exclude_prefixes) =
+      std::vector<std::string>{"state.", "param_groups."};
+};
+
+// Writes the full (unsharded) tensors of the checkpoint in `dir` as one Hugging Face-style
+// file `out/model-00001-of-00001.safetensors` plus `out/model.safetensors.index.json`, one
+// tensor in memory at a time. Not collective: run it on one process.
+void consolidate(const std::string& dir, const std::string& out, const ConsolidateOptions& options = {});
+
+} // namespace dtensor::checkpoint

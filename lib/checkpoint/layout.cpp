@@ -1,0 +1,350 @@
+// Which rank writes which chunk, which stored chunks each rank reads (lib/checkpoint/layout.h).
+#include "checkpoint/layout.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <functional>
+#include <set>
+
+#include <ATen/ATen.h>
+
+#include <dtensor/collectives.h>
+#include <dtensor/dtensor.h>
+
+#include "internal/check.h"
+#include "internal/dtensor_impl.h"
+#include "redistribute/redistribute.h"
+
+namespace dtensor::detail {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+int64_t elements_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) {
+    n *= s;
+  }
+  return n;
+}
+
+// Row-major coordinate of flat index `f` on a mesh of `shape`.
+std::vector<int64_t> unravel(int64_t f, const std::vector<int64_t>& shape) {
+  std::vector<int64_t> c(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    c[d] = f % shape[d];
+    f /= shape[d];
+  }
+  return c;
+}
+
+std::string describe(const SavedTensor& t) {
+  return fmt::format("{}|{}|{}|{}", t.key, t.shape, c10::toString(t.dtype),
+                     t.spec ? t.spec->mesh.to_string() + to_string(t.spec->placements) : "plain");
+}
+
+} // namespace
+
+// ---- saving ---------------------------------------------------------------------------
+
+std::vector<SavedTensor> saved_tensors(const StateDict& state) {
+  std::vector<SavedTensor> out;
+  for (const auto& item : state) {
+    const at::Tensor& t = item.value();
+    DTENSOR_CHECK(t.defined(), "checkpoint::save: '{}' is an undefined tensor", item.key());
+    SavedTensor s;
+    s.key = item.key();
+    s.dtype = t.scalar_type();
+    (void)safetensors::dtype_name(s.dtype); // throws for dtypes safetensors cannot hold
+    if (const DTensorMeta* m = dtensor_meta(t)) {
+      s.local = m->local;
+      s.shape = m->spec.shape;
+      s.spec = m->spec;
+    } else {
+      s.local = t;
+      s.shape = t.sizes().vec();
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+void check_same_state(const std::vector<SavedTensor>& tensors, const std::string& what) {
+  std::string text;
+  for (const SavedTensor& t : tensors) {
+    text += describe(t) + "\n";
+  }
+  const auto h = static_cast<int64_t>(std::hash<std::string>{}(text));
+  const at::Tensor mine = at::full({1}, h, at::kLong);
+  const Group world = world_group();
+  const at::Device dev = world.device_type() == c10::DeviceType::CUDA
+                             ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(get_local_rank()))
+                             : at::Device(at::kCPU);
+  const at::Tensor all = all_gather_tensor(mine.to(dev), 0, world).cpu();
+  std::vector<int> differ;
+  for (int64_t r = 1; r < all.numel(); ++r) {
+    if (all[r].item<int64_t>() != all[0].item<int64_t>()) {
+      differ.push_back(static_cast<int>(r));
+    }
+  }
+  DTENSOR_CHECK(differ.empty(),
+                "{}: ranks {} pass other tensors than rank 0 (names, global shapes, dtypes, meshes or "
+                "placements differ; every rank must pass the same state)",
+                what, differ);
+}
+
+void reduce_partials(std::vector<SavedTensor>& tensors) {
+  for (SavedTensor& t : tensors) {
+    if (t.spec && t.spec->has_partial()) {
+      Placements target = t.spec->placements;
+      for (Placement& p : target) {
+        if (p.is_partial()) {
+          p = Placement::replicate();
+        }
+      }
+      t.local = redistribute_local(t.local, *t.spec, target);
+      t.spec->placements = target;
+    }
+  }
+}
+
+WritePlan plan_writes(const std::vector<SavedTensor>& tensors, int world_size) {
+  WritePlan plan;
+  plan.chunks.resize(static_cast<size_t>(world_size));
+  std::vector<int64_t> assigned(static_cast<size_t>(world_size), 0);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const SavedTensor& t = tensors[i];
+    // Distinct pieces in first-seen order, each with the ranks holding it.
+    std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> boxes; // (offset, shape)
+    std::vector<std::vector<int>> holders;
+    if (t.spec) {
+      const DeviceMesh& mesh = t.spec->mesh;
+      for (int64_t f = 0; f < mesh.size(); ++f) {
+        const auto coord = unravel(f, mesh.shape());
+        std::pair<std::vector<int64_t>, std::vector<int64_t>> box{t.spec->local_offset(coord),
+                                                                  t.spec->local_shape(coord)};
+        auto it = std::find(boxes.begin(), boxes.end(), box);
+        if (it == boxes.end()) {
+          boxes.push_back(std::move(box));
+          holders.emplace_back();
+          it = boxes.end() - 1;
+        }
+        holders[static_cast<size_t>(it - boxes.begin())].push_back(mesh.ranks()[static_cast<size_t>(f)]);
+      }
+    } else {
+      boxes.push_back({std::vector<int64_t>(t.shape.size(), 0), t.shape});
+      holders.emplace_back();
+      for (int r = 0; r < world_size; ++r) {
+        holders.back().push_back(r);
+      }
+    }
+    const int64_t elem = static_cast<int64_t>(c10::elementSize(t.dtype));
+    for (size_t b = 0; b < boxes.size(); ++b) {
+      const int64_t n = elements_of(boxes[b].second);
+      if (n == 0 && !(elements_of(t.shape) == 0 && b == 0)) {
+        continue; // an empty piece of a non-empty tensor: nothing to write
+      }
+      const int writer = *std::min_element(holders[b].begin(), holders[b].end(), [&](int x, int y) {
+        return assigned[static_cast<size_t>(x)] < assigned[static_cast<size_t>(y)];
+      });
+      assigned[static_cast<size_t>(writer)] += n * elem;
+      plan.chunks[static_cast<size_t>(writer)].push_back({i, boxes[b].first});
+    }
+  }
+  for (int r = 0; r < world_size; ++r) {
+    if (!plan.chunks[static_cast<size_t>(r)].empty()) {
+      plan.writers.push_back(r);
+    }
+  }
+  return plan;
+}
+
+at::Tensor chunk_data(const SavedTensor& tensor) {
+  return tensor.local.detach().cpu().contiguous();
+}
+
+// ---- loading --------------------------------------------------------------------------
+
+CheckpointIndex read_checkpoint(const std::string& dir) {
+  DTENSOR_CHECK(fs::is_directory(dir), "checkpoint: no checkpoint at {} (not a directory)", dir);
+  CheckpointIndex index;
+  index.dir = dir;
+  std::vector<std::string> paths;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() == ".safetensors") {
+      paths.push_back(e.path().string());
+    }
+  }
+  std::sort(paths.begin(), paths.end());
+  DTENSOR_CHECK(!paths.empty(), "checkpoint: no .safetensors files in {}", dir);
+  std::set<std::string> present;
+  for (const std::string& p : paths) {
+    index.files.push_back(safetensors::read_index(p));
+    present.insert(fs::path(p).filename().string());
+  }
+  for (const auto& f : index.files) {
+    for (const std::string& listed : f.listed_files) {
+      DTENSOR_CHECK(present.count(listed) > 0, "checkpoint: {}: file {} is missing (listed by {})",
+                    dir, listed, f.path);
+    }
+  }
+  for (size_t fi = 0; fi < index.files.size(); ++fi) {
+    const auto& file = index.files[fi];
+    for (size_t ci = 0; ci < file.chunks.size(); ++ci) {
+      const safetensors::Chunk& c = file.chunks[ci];
+      auto [it, fresh] = index.tensors.try_emplace(c.key);
+      StoredTensor& t = it->second;
+      if (fresh) {
+        t.dtype = c.dtype;
+        t.shape.assign(c.shape.size(), 0);
+      }
+      DTENSOR_CHECK(t.dtype == c.dtype && t.shape.size() == c.shape.size(),
+                    "checkpoint: {}: tensor '{}' is {}[{}-dim] here but {}[{}-dim] in another file",
+                    file.path, c.key, c10::toString(c.dtype), c.shape.size(), c10::toString(t.dtype),
+                    t.shape.size());
+      for (size_t d = 0; d < c.shape.size(); ++d) {
+        t.shape[d] = std::max(t.shape[d], c.offsets[d] + c.shape[d]);
+      }
+      t.chunks.emplace_back(fi, ci);
+    }
+  }
+  return index;
+}
+
+void check_coverage(const CheckpointIndex& index, const std::string& key) {
+  const StoredTensor& t = index.tensors.at(key);
+  int64_t covered = 0;
+  std::vector<std::string> where;
+  for (const auto& [fi, ci] : t.chunks) {
+    covered += elements_of(index.files[fi].chunks[ci].shape);
+    where.push_back(fs::path(index.files[fi].path).filename().string());
+  }
+  DTENSOR_CHECK(covered == elements_of(t.shape),
+                "checkpoint: {}: the chunks of tensor '{}' (in {}) hold {} elements of its {} (shape "
+                "{}): a file is missing or chunks overlap",
+                index.dir, key, where, covered, elements_of(t.shape), t.shape);
+}
+
+const safetensors::MappedFile& MappedFiles::get(size_t file) {
+  if (!maps_[file]) {
+    maps_[file] = std::make_unique<safetensors::MappedFile>(index_->files[file].path);
+  }
+  return *maps_[file];
+}
+
+namespace {
+
+// The ranges (start, length) of each dimension where a stored chunk overlaps the box
+// (offset, shape), in global coordinates; nullopt when they do not overlap.
+using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+std::optional<Ranges> overlap(const safetensors::Chunk& c, const std::vector<int64_t>& offset,
+                              const std::vector<int64_t>& shape) {
+  Ranges out;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    const int64_t lo = std::max(c.offsets[d], offset[d]);
+    const int64_t hi = std::min(c.offsets[d] + c.shape[d], offset[d] + shape[d]);
+    if (hi <= lo) {
+      return std::nullopt;
+    }
+    out.emplace_back(lo, hi - lo);
+  }
+  return out;
+}
+
+// `t` (whose element 0 sits at global `origin`) cut to the global ranges.
+at::Tensor cut(at::Tensor t, const std::vector<int64_t>& origin, const Ranges& ranges) {
+  for (size_t d = 0; d < ranges.size(); ++d) {
+    t = t.narrow(static_cast<int64_t>(d), ranges[d].first - origin[d], ranges[d].second);
+  }
+  return t;
+}
+
+// The fill of a piece at a coordinate off 0 of a Partial mesh dimension, if any.
+std::optional<double> partial_fill(const DTensorSpec& spec) {
+  const auto coord = spec.mesh.get_coordinate();
+  for (size_t d = 0; d < spec.placements.size(); ++d) {
+    const Placement& p = spec.placements[d];
+    if (p.is_partial() && coord && (*coord)[d] != 0) {
+      if (p.is_norm_partial() || p.reduce_op() == ReduceOp::Sum) {
+        return 0.0;
+      }
+      if (p.reduce_op() == ReduceOp::Product) {
+        return 1.0;
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+} // namespace
+
+at::Tensor assemble(const CheckpointIndex& index, const std::string& key, MappedFiles& files) {
+  const StoredTensor& t = index.tensors.at(key);
+  at::Tensor full = at::empty(t.shape, at::TensorOptions().dtype(t.dtype));
+  const std::vector<int64_t> zero(t.shape.size(), 0);
+  for (const auto& [fi, ci] : t.chunks) {
+    const safetensors::Chunk& c = index.files[fi].chunks[ci];
+    if (auto ranges = overlap(c, zero, t.shape)) {
+      at::Tensor src = safetensors::chunk_tensor(files.get(fi), index.files[fi], c);
+      cut(full, zero, *ranges).copy_(cut(src, c.offsets, *ranges));
+    }
+  }
+  return full;
+}
+
+LoadPlan plan_reads(const StateDict& state, const std::string& dir) {
+  LoadPlan plan;
+  plan.index = std::make_unique<CheckpointIndex>(read_checkpoint(dir));
+  plan.files = std::make_unique<MappedFiles>(*plan.index);
+  const CheckpointIndex& index = *plan.index;
+  for (const auto& item : state) {
+    const std::string& key = item.key();
+    const at::Tensor& t = item.value();
+    const DTensorMeta* m = dtensor_meta(t);
+    const std::vector<int64_t> shape = m ? m->spec.shape : t.sizes().vec();
+    auto it = index.tensors.find(key);
+    DTENSOR_CHECK(it != index.tensors.end(), "checkpoint::load: {} has no tensor '{}' ({} tensors in {} files)",
+                  dir, key, index.tensors.size(), index.files.size());
+    const StoredTensor& stored = it->second;
+    const std::string file0 = index.files[stored.chunks[0].first].path;
+    DTENSOR_CHECK(stored.dtype == t.scalar_type(), "checkpoint::load: {}: '{}' is {} but the target is {}",
+                  file0, key, c10::toString(stored.dtype), c10::toString(t.scalar_type()));
+    DTENSOR_CHECK(stored.shape == shape, "checkpoint::load: {}: '{}' has shape {} but the target has {}",
+                  file0, key, stored.shape, shape);
+    check_coverage(index, key);
+    at::Tensor local = m ? m->local : t;
+    if (m) {
+      if (auto fill = partial_fill(m->spec)) {
+        plan.fills.emplace_back(local, *fill);
+        continue;
+      }
+    }
+    const std::vector<int64_t> offset = m ? m->spec.local_offset() : std::vector<int64_t>(shape.size(), 0);
+    const std::vector<int64_t> local_shape = local.sizes().vec();
+    if (elements_of(local_shape) == 0 && !local_shape.empty()) {
+      continue;
+    }
+    for (const auto& [fi, ci] : stored.chunks) {
+      const safetensors::Chunk& c = index.files[fi].chunks[ci];
+      if (auto ranges = overlap(c, offset, local_shape)) {
+        const at::Tensor src = safetensors::chunk_tensor(plan.files->get(fi), index.files[fi], c);
+        plan.copies.emplace_back(cut(local, offset, *ranges), cut(src, c.offsets, *ranges));
+      }
+    }
+  }
+  return plan;
+}
+
+void execute_reads(const LoadPlan& plan) {
+  for (const auto& [dst, src] : plan.copies) {
+    at::Tensor d = dst;
+    d.copy_(src);
+  }
+  for (const auto& [dst, value] : plan.fills) {
+    at::Tensor d = dst;
+    d.fill_(value);
+  }
+}
+
+} // namespace dtensor::detail

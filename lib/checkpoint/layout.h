@@ -1,0 +1,101 @@
+#pragma once
+
+// Which rank writes which chunk, and which stored chunks each rank reads
+// (lib/checkpoint/checkpoint.cpp drives them; see docs/checkpoint.md).
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include <dtensor/dtensor_spec.h>
+#include <dtensor/state_dict.h>
+
+#include "checkpoint/safetensors.h"
+
+namespace dtensor::detail {
+
+// ---- saving ---------------------------------------------------------------------------
+
+struct SavedTensor {
+  std::string key;
+  at::Tensor local;                // this rank's data
+  std::vector<int64_t> shape;      // global
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  std::optional<DTensorSpec> spec; // DTensors only
+};
+
+// The entries of `state`, checked (dtypes safetensors can hold); no communication.
+std::vector<SavedTensor> saved_tensors(const StateDict& state);
+// Collective over the world: every rank must describe the same tensors (names, global
+// shapes, dtypes, meshes, placements); otherwise every rank throws naming the ranks.
+void check_same_state(const std::vector<SavedTensor>& tensors, const std::string& what);
+// Partial DTensors reduced to Replicate on those mesh dimensions (collective over their meshes).
+void reduce_partials(std::vector<SavedTensor>& tensors);
+
+struct WriteChunk {
+  size_t tensor = 0;            // index into the SavedTensor list
+  std::vector<int64_t> offsets; // global offsets of the writer's local piece
+};
+
+struct WritePlan {
+  std::vector<std::vector<WriteChunk>> chunks; // per rank
+  std::vector<int> writers;                    // ranks with at least one chunk, ascending
+};
+
+// Every distinct non-empty piece once, by one of the ranks holding it: the one with the
+// fewest bytes assigned so far (the same decision on every rank, no communication).
+WritePlan plan_writes(const std::vector<SavedTensor>& tensors, int world_size);
+
+// The local piece as a contiguous CPU tensor.
+at::Tensor chunk_data(const SavedTensor& tensor);
+
+// ---- loading --------------------------------------------------------------------------
+
+struct StoredTensor {
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  std::vector<int64_t> shape;                      // global: the chunks' largest extents
+  std::vector<std::pair<size_t, size_t>> chunks;   // (file, chunk) indices
+};
+
+struct CheckpointIndex {
+  std::string dir;
+  std::vector<safetensors::FileIndex> files;
+  std::map<std::string, StoredTensor> tensors;
+};
+
+// Every .safetensors file's header in `dir`; a file that another lists but that is missing,
+// or chunks of one name with different dtypes, are errors naming them.
+CheckpointIndex read_checkpoint(const std::string& dir);
+// Throws naming the key and its files unless its chunks tile its global shape exactly.
+void check_coverage(const CheckpointIndex& index, const std::string& key);
+
+// The checkpoint's files, mapped on first use.
+class MappedFiles {
+ public:
+  explicit MappedFiles(const CheckpointIndex& index) : index_(&index), maps_(index.files.size()) {}
+  const safetensors::MappedFile& get(size_t file);
+
+ private:
+  const CheckpointIndex* index_;
+  std::vector<std::unique_ptr<safetensors::MappedFile>> maps_;
+};
+
+// A stored tensor's full value (checksums verified).
+at::Tensor assemble(const CheckpointIndex& index, const std::string& key, MappedFiles& files);
+
+struct LoadPlan {
+  std::unique_ptr<CheckpointIndex> index;
+  std::unique_ptr<MappedFiles> files;
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies; // (destination view, source view)
+  std::vector<std::pair<at::Tensor, double>> fills;      // Partial pieces off coordinate 0
+};
+
+// Checks everything (keys, shapes, dtypes, coverage, checksums of the chunks to read) before
+// anything is written; throws naming the file and the key.
+LoadPlan plan_reads(const StateDict& state, const std::string& dir);
+void execute_reads(const LoadPlan& plan);
+
+} // namespace dtensor::detail
