@@ -12,7 +12,9 @@
 // cache sizes, for soak runs: docs/reliability.md), --fp16 (fp16 compute: fully_shard
 // mixed precision with fp16 parameters and reductions, dtensor::GradScaler; prints the scale
 // and the skipped steps), --compress bf16|fp16 (gradients reduced through the compression
-// communication hook, docs/comm_hooks.md).
+// communication hook, docs/comm_hooks.md), --save DIR (a checkpoint of model, optimizer,
+// scaler and step at the end, and every --save-every N steps; docs/checkpoint.md),
+// --resume DIR (continue from a checkpoint, on any mesh shape or number of ranks).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -33,7 +35,9 @@
 #include <torch/optim/adamw.h>
 
 #include <dtensor/all.h>
+#include <dtensor/checkpoint.h>
 #include <dtensor/diagnostics.h>
+#include <dtensor/optim_state_dict.h>
 
 #include <models/fsdp_models.h> // common_dtensor's Transformer (also used by the tests)
 
@@ -55,6 +59,8 @@ struct Flags {
   bool fp16 = false;
   bool memory = false; // --memory: resident memory and cache sizes with each log line
   std::string compress; // "", "bf16" or "fp16"
+  std::string save, resume; // checkpoint directories
+  int64_t save_every = 0;   // 0: at the end only
 };
 
 // Resident set size of this process in MiB (Linux /proc).
@@ -111,6 +117,12 @@ Flags parse(int argc, char** argv) {
       f.norm_type = std::string(v) == "inf" ? INFINITY : std::strtod(v, nullptr);
     else if (k == "--compress" && (std::string(v) == "bf16" || std::string(v) == "fp16"))
       f.compress = v;
+    else if (k == "--save")
+      f.save = v;
+    else if (k == "--save-every")
+      f.save_every = num();
+    else if (k == "--resume")
+      f.resume = v;
     else {
       std::fprintf(stderr, "train: unknown flag %s\n", k.c_str());
       std::exit(2);
@@ -190,6 +202,43 @@ std::string sample(dtensor::models::Transformer& model, const std::string& promp
     out += symbol[static_cast<size_t>(next)];
   }
   return out;
+}
+
+// Everything a run continues from: the model's and the optimizer's state dicts (DTensors in
+// the current layout), the grad scaler's state and the step, which is also the data position
+// (batches are drawn from a per-step seed).
+struct TrainState {
+  dtensor::StateDict model, optim, all;
+};
+
+TrainState train_state(torch::nn::Module& model, torch::optim::Optimizer& opt,
+                       const dtensor::GradScaler& scaler, int64_t step) {
+  TrainState s;
+  s.model = dtensor::get_model_state_dict(model);
+  s.optim = dtensor::get_optimizer_state_dict(model, opt);
+  s.all = s.model;
+  for (const auto& item : s.optim) {
+    s.all.insert(item.key(), item.value());
+  }
+  const dtensor::GradScalerState g = scaler.state_dict();
+  s.all.insert("scaler.scale", at::scalar_tensor(g.scale, at::kDouble));
+  s.all.insert("scaler.growth_tracker", at::scalar_tensor(g.growth_tracker, at::kLong));
+  s.all.insert("step", at::scalar_tensor(step, at::kLong));
+  return s;
+}
+
+// Loads `dir` into the model, optimizer and scaler; returns the step to continue from.
+int64_t resume(const std::string& dir, torch::nn::Module& model, torch::optim::Optimizer& opt,
+               dtensor::GradScaler& scaler) {
+  TrainState s = train_state(model, opt, scaler, 0);
+  dtensor::checkpoint::load(s.all, dir);
+  dtensor::set_model_state_dict(model, s.model);
+  dtensor::set_optimizer_state_dict(model, opt, s.optim);
+  dtensor::GradScalerState g = scaler.state_dict();
+  g.scale = s.all["scaler.scale"].item<double>();
+  g.growth_tracker = s.all["scaler.growth_tracker"].item<int64_t>();
+  scaler.load_state_dict(g);
+  return s.all["step"].item<int64_t>();
 }
 
 template <typename T>
@@ -274,6 +323,21 @@ int run(int argc, char** argv) {
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(f.lr).weight_decay(0.0));
   dtensor::GradScaler scaler(dtensor::GradScalerOptions().enabled(f.fp16));
   int64_t skipped = 0;
+  int64_t start = 0;
+  if (!f.resume.empty()) {
+    start = resume(f.resume, *model, opt, scaler);
+    if (rank == 0) {
+      std::printf("resumed from %s at step %lld\n", f.resume.c_str(), static_cast<long long>(start));
+    }
+  }
+  auto save = [&](int64_t step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    dtensor::checkpoint::save(train_state(*model, opt, scaler, step).all, f.save);
+    if (rank == 0) {
+      std::printf("saved step %lld to %s in %.2f s\n", static_cast<long long>(step), f.save.c_str(),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  };
 
   if (rank == 0) {
     std::printf(
@@ -289,7 +353,7 @@ int run(int argc, char** argv) {
                 "collectives (count by kind)");
   }
   double first = 0, last = 0;
-  for (int64_t step = 0; step < f.steps; ++step) {
+  for (int64_t step = start; step < f.steps; ++step) {
     at::manual_seed(1000 + 31 * step + dp.get_local_rank(0)); // one batch per dp rank
     at::Tensor starts =
         at::randint(static_cast<int64_t>(ids.size()) - f.seq - 1, {f.batch}, at::kLong);
@@ -326,7 +390,7 @@ int run(int argc, char** argv) {
     at::Tensor mean_loss = loss.detach().clone();
     dtensor::all_reduce_(mean_loss, dtensor::ReduceOp::Avg, dp.get_group());
     const double l = mean_loss.item<double>();
-    if (step == 0)
+    if (step == start)
       first = l;
     last = l;
     const bool log = step % f.log_every == 0 || step + 1 == f.steps;
@@ -353,15 +417,25 @@ int run(int argc, char** argv) {
         std::fflush(stdout);
       }
     }
+    if (!f.save.empty() && f.save_every > 0 && (step + 1) % f.save_every == 0 && step + 1 < f.steps) {
+      save(step + 1);
+    }
   }
+  if (!f.save.empty()) {
+    save(f.steps);
+  }
+  // A resumed run continues a trained model: its loss stays below a uniform guess's, ln(vocab).
+  const bool resumed = !f.resume.empty();
+  const bool ok = resumed ? last < std::log(static_cast<double>(vocab)) : last < first;
   const std::string text_sample = sample(model, "It was the ", 60, f.seq, index, device);
   if (rank == 0) {
     std::printf("sample: \"%s\"\n", text_sample.c_str());
     std::printf("loss %.4f -> %.4f (%s); %lld skipped steps; final scale %g\n", first, last,
-                last < first ? "falling" : "NOT falling", static_cast<long long>(skipped),
-                scaler.get_scale());
+                ok ? (resumed ? "below the untrained model's" : "falling")
+                   : (resumed ? "NOT below the untrained model's" : "NOT falling"),
+                static_cast<long long>(skipped), scaler.get_scale());
   }
-  return last < first ? 0 : 1;
+  return ok ? 0 : 1;
 }
 
 } // namespace

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checkpoint tests that span several jobs (meson tests checkpoint_resume / _kill / _interop).
 
-usage: checkpoint_driver.py resume|kill|interop TORCHRUN WORKER TORCH_SCRIPT
+usage: checkpoint_driver.py resume|kill|interop|train TORCHRUN WORKER TORCH_SCRIPT [TRAIN]
   resume   worker resume a (4 ranks, dp=2 x tp=2), b (2 ranks, FSDP), c (1 rank, plain):
            each resumed run's losses and final parameters equal the uninterrupted run's.
   kill     a checkpoint saved on 4 ranks; a second save on 4 ranks with rank 2 killed
@@ -9,6 +9,8 @@ usage: checkpoint_driver.py resume|kill|interop TORCHRUN WORKER TORCH_SCRIPT
            checkpoint intact and a new save replaces it.
   interop  dtensor writes on 4 ranks, PyTorch (FSDP2) loads on 2 ranks; PyTorch writes on 2
            ranks, dtensor loads on 4 ranks: every tensor equal.
+  train    the main job (examples/train) saves every 5 steps on 4 ranks (dp=2, tp=2) and
+           resumes on 2 ranks (dp=1, tp=2) at step 10.
 Exits 0 when every job behaves.
 """
 import os
@@ -67,6 +69,16 @@ def main():
             ok = job(torchrun, 2, [script, "read", work])[0] and ok
             ok = job(torchrun, 2, [script, "write", work])[0] and ok
             ok = job(torchrun, 4, cpp + ["interop-read", work])[0] and ok
+        elif mode == "train":
+            ckpt = os.path.join(work, "train")
+            train = [sys.argv[5]] if len(sys.argv) > 5 else []
+            good, out = job(torchrun, 4, ["--no-python"] + train + ["--steps", "10", "--save", ckpt,
+                                                                      "--save-every", "5"])
+            ok = good and f"saved step 5 to {ckpt}" in out and f"saved step 10 to {ckpt}" in out
+            good, out = job(torchrun, 2, ["--no-python"] + train + ["--steps", "14", "--resume", ckpt])
+            ok = ok and good and f"resumed from {ckpt} at step 10" in out and "   13 " in out
+            if not ok:
+                print(out[-3000:])
         else:
             print(f"unknown mode {mode}")
             ok = False

@@ -156,6 +156,9 @@ TEST_CASE("checkpoint: each distinct chunk written once, by one of its holders",
   if (world() == 4) {
     auto m2 = dtensor::init_device_mesh(device_type(), {2, 2});
     state.insert("hsdp", dtensor::distribute_tensor(seeded({8, 8}, 7).to(options().device()), m2, {Replicate(), Shard(0)}));
+    // On a sub-mesh: ranks (0, 2) and (1, 3) hold the same pieces on two different meshes.
+    auto named = dtensor::init_device_mesh(device_type(), {2, 2}, {"dp", "tp"});
+    state.insert("submesh", dtensor::distribute_tensor(seeded({6, 3}, 11).to(options().device()), named["dp"], {Shard(0)}));
   }
   int64_t state_bytes = 0;
   for (const auto& item : state) {

@@ -116,9 +116,8 @@ SaveResult save(const StateDict& state, const std::string& dir_name, const SaveO
   std::vector<detail::SavedTensor> tensors;
   std::string error = attempt([&] { tensors = detail::saved_tensors(state); });
   detail::agree_on_errors("checkpoint::save(" + dir.string() + ")", error, world);
-  detail::check_same_state(tensors, "checkpoint::save(" + dir.string() + ")");
+  const detail::WritePlan plan = detail::plan_writes(tensors, "checkpoint::save(" + dir.string() + ")");
   detail::reduce_partials(tensors);
-  const detail::WritePlan plan = detail::plan_writes(tensors, get_world_size());
 
   error = attempt([&] {
     if (rank == 0) {

@@ -2,6 +2,7 @@
 #include "checkpoint/layout.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <set>
@@ -29,21 +30,6 @@ int64_t elements_of(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// Row-major coordinate of flat index `f` on a mesh of `shape`.
-std::vector<int64_t> unravel(int64_t f, const std::vector<int64_t>& shape) {
-  std::vector<int64_t> c(shape.size());
-  for (size_t d = shape.size(); d-- > 0;) {
-    c[d] = f % shape[d];
-    f /= shape[d];
-  }
-  return c;
-}
-
-std::string describe(const SavedTensor& t) {
-  return fmt::format("{}|{}|{}|{}", t.key, t.shape, c10::toString(t.dtype),
-                     t.spec ? t.spec->mesh.to_string() + to_string(t.spec->placements) : "plain");
-}
-
 } // namespace
 
 // ---- saving ---------------------------------------------------------------------------
@@ -53,6 +39,10 @@ std::vector<SavedTensor> saved_tensors(const StateDict& state) {
   for (const auto& item : state) {
     const at::Tensor& t = item.value();
     DTENSOR_CHECK(t.defined(), "checkpoint::save: '{}' is an undefined tensor", item.key());
+    DTENSOR_CHECK(item.key().find_first_of("\t\n") == std::string::npos && !item.key().empty() &&
+                      item.key() != "__metadata__",
+                  "checkpoint::save: '{}' is not a usable name (empty, __metadata__, or with a tab or "
+                  "newline)", item.key());
     SavedTensor s;
     s.key = item.key();
     s.dtype = t.scalar_type();
@@ -70,30 +60,6 @@ std::vector<SavedTensor> saved_tensors(const StateDict& state) {
   return out;
 }
 
-void check_same_state(const std::vector<SavedTensor>& tensors, const std::string& what) {
-  std::string text;
-  for (const SavedTensor& t : tensors) {
-    text += describe(t) + "\n";
-  }
-  const auto h = static_cast<int64_t>(std::hash<std::string>{}(text));
-  const at::Tensor mine = at::full({1}, h, at::kLong);
-  const Group world = world_group();
-  const at::Device dev = world.device_type() == c10::DeviceType::CUDA
-                             ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(get_local_rank()))
-                             : at::Device(at::kCPU);
-  const at::Tensor all = all_gather_tensor(mine.to(dev), 0, world).cpu();
-  std::vector<int> differ;
-  for (int64_t r = 1; r < all.numel(); ++r) {
-    if (all[r].item<int64_t>() != all[0].item<int64_t>()) {
-      differ.push_back(static_cast<int>(r));
-    }
-  }
-  DTENSOR_CHECK(differ.empty(),
-                "{}: ranks {} pass other tensors than rank 0 (names, global shapes, dtypes, meshes or "
-                "placements differ; every rank must pass the same state)",
-                what, differ);
-}
-
 void reduce_partials(std::vector<SavedTensor>& tensors) {
   for (SavedTensor& t : tensors) {
     if (t.spec && t.spec->has_partial()) {
@@ -109,35 +75,99 @@ void reduce_partials(std::vector<SavedTensor>& tensors) {
   }
 }
 
-WritePlan plan_writes(const std::vector<SavedTensor>& tensors, int world_size) {
+namespace {
+
+// One rank's description of its pieces, one line per tensor.
+std::string describe_pieces(const std::vector<SavedTensor>& tensors) {
+  std::string text;
+  for (const SavedTensor& t : tensors) {
+    const std::vector<int64_t> offset = t.spec ? t.spec->local_offset() : std::vector<int64_t>(t.shape.size(), 0);
+    const std::vector<int64_t> shape = t.spec ? t.spec->local_shape() : t.shape;
+    text += fmt::format("{}\t{}\t{}\t{}\t{}\n", t.key, c10::toString(t.dtype), fmt::join(t.shape, " "),
+                        fmt::join(offset, " "), fmt::join(shape, " "));
+  }
+  return text;
+}
+
+std::vector<std::string> gather_text(const std::string& mine) {
+  const Group world = world_group();
+  const at::Device dev = world.device_type() == c10::DeviceType::CUDA
+                             ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(get_local_rank()))
+                             : at::Device(at::kCPU);
+  const at::Tensor len = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
+  const at::Tensor lens = all_gather_tensor(len.to(dev), 0, world).cpu();
+  const int64_t longest = std::max<int64_t>(1, lens.max().item<int64_t>());
+  at::Tensor bytes = at::zeros({longest}, at::kByte);
+  std::memcpy(bytes.data_ptr(), mine.data(), mine.size());
+  const at::Tensor all = all_gather_tensor(bytes.to(dev), 0, world).cpu().view({-1, longest});
+  std::vector<std::string> out;
+  for (int64_t r = 0; r < all.size(0); ++r) {
+    out.emplace_back(reinterpret_cast<const char*>(all[r].data_ptr()), static_cast<size_t>(lens[r].item<int64_t>()));
+  }
+  return out;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (size_t i = 0; i <= s.size(); ++i) {
+    if (i == s.size() || s[i] == sep) {
+      if (i > start || sep == '\t') { // empty fields count (a 0-dim shape), empty lines do not
+        out.push_back(s.substr(start, i - start));
+      }
+      start = i + 1;
+    }
+  }
+  return out;
+}
+
+std::vector<int64_t> ints(const std::string& s) {
+  std::vector<int64_t> out;
+  for (const std::string& part : split(s, ' ')) {
+    out.push_back(std::stoll(part));
+  }
+  return out;
+}
+
+} // namespace
+
+WritePlan plan_writes(const std::vector<SavedTensor>& tensors, const std::string& what) {
+  const std::vector<std::string> texts = gather_text(describe_pieces(tensors));
+  const auto world_size = static_cast<int>(texts.size());
+  std::vector<std::vector<std::string>> lines;
+  for (const std::string& t : texts) {
+    lines.push_back(split(t, '\n'));
+  }
+  for (int r = 1; r < world_size; ++r) {
+    const auto& a = lines[0];
+    const auto& b = lines[static_cast<size_t>(r)];
+    for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+      const std::vector<std::string> fa = i < a.size() ? split(a[i], '\t') : std::vector<std::string>(5);
+      const std::vector<std::string> fb = i < b.size() ? split(b[i], '\t') : std::vector<std::string>(5);
+      DTENSOR_CHECK(fa[0] == fb[0] && fa[1] == fb[1] && fa[2] == fb[2],
+                    "{}: rank {} passes '{}' ({} {}) where rank 0 passes '{}' ({} {}) as entry {}: every "
+                    "rank must pass the same names, dtypes and global shapes in the same order",
+                    what, r, fb[0], fb[1], fb[2], fa[0], fa[1], fa[2], i);
+    }
+  }
   WritePlan plan;
   plan.chunks.resize(static_cast<size_t>(world_size));
   std::vector<int64_t> assigned(static_cast<size_t>(world_size), 0);
   for (size_t i = 0; i < tensors.size(); ++i) {
     const SavedTensor& t = tensors[i];
-    // Distinct pieces in first-seen order, each with the ranks holding it.
-    std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> boxes; // (offset, shape)
+    // Distinct pieces (offsets, shape) in rank order, each with the ranks holding it.
+    std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> boxes;
     std::vector<std::vector<int>> holders;
-    if (t.spec) {
-      const DeviceMesh& mesh = t.spec->mesh;
-      for (int64_t f = 0; f < mesh.size(); ++f) {
-        const auto coord = unravel(f, mesh.shape());
-        std::pair<std::vector<int64_t>, std::vector<int64_t>> box{t.spec->local_offset(coord),
-                                                                  t.spec->local_shape(coord)};
-        auto it = std::find(boxes.begin(), boxes.end(), box);
-        if (it == boxes.end()) {
-          boxes.push_back(std::move(box));
-          holders.emplace_back();
-          it = boxes.end() - 1;
-        }
-        holders[static_cast<size_t>(it - boxes.begin())].push_back(mesh.ranks()[static_cast<size_t>(f)]);
+    for (int r = 0; r < world_size; ++r) {
+      const std::vector<std::string> f = split(lines[static_cast<size_t>(r)][i], '\t');
+      std::pair<std::vector<int64_t>, std::vector<int64_t>> box{ints(f[3]), ints(f[4])};
+      auto it = std::find(boxes.begin(), boxes.end(), box);
+      if (it == boxes.end()) {
+        boxes.push_back(std::move(box));
+        holders.emplace_back();
+        it = boxes.end() - 1;
       }
-    } else {
-      boxes.push_back({std::vector<int64_t>(t.shape.size(), 0), t.shape});
-      holders.emplace_back();
-      for (int r = 0; r < world_size; ++r) {
-        holders.back().push_back(r);
-      }
+      holders[static_cast<size_t>(it - boxes.begin())].push_back(r);
     }
     const int64_t elem = static_cast<int64_t>(c10::elementSize(t.dtype));
     for (size_t b = 0; b < boxes.size(); ++b) {

@@ -29,9 +29,6 @@ struct SavedTensor {
 
 // The entries of `state`, checked (dtypes safetensors can hold); no communication.
 std::vector<SavedTensor> saved_tensors(const StateDict& state);
-// Collective over the world: every rank must describe the same tensors (names, global
-// shapes, dtypes, meshes, placements); otherwise every rank throws naming the ranks.
-void check_same_state(const std::vector<SavedTensor>& tensors, const std::string& what);
 // Partial DTensors reduced to Replicate on those mesh dimensions (collective over their meshes).
 void reduce_partials(std::vector<SavedTensor>& tensors);
 
@@ -45,9 +42,14 @@ struct WritePlan {
   std::vector<int> writers;                    // ranks with at least one chunk, ascending
 };
 
-// Every distinct non-empty piece once, by one of the ranks holding it: the one with the
-// fewest bytes assigned so far (the same decision on every rank, no communication).
-WritePlan plan_writes(const std::vector<SavedTensor>& tensors, int world_size);
+// Collective over the world (two all-gathers of a few bytes per tensor): every rank
+// describes its pieces (name, dtype, global shape, offsets and shape of its piece; Partial
+// pieces as if reduced); when the ranks agree on the names, dtypes and global shapes, each
+// distinct non-empty piece is given to one of the ranks holding it, the one with the fewest
+// bytes so far (the same decision on every rank). Pieces are matched by name and offsets, as
+// PyTorch's DCP does, so DTensors on sub-meshes (each rank its own) dedup like any other.
+// Otherwise every rank throws naming the first differing name and the ranks.
+WritePlan plan_writes(const std::vector<SavedTensor>& tensors, const std::string& what);
 
 // The local piece as a contiguous CPU tensor.
 at::Tensor chunk_data(const SavedTensor& tensor);
