@@ -250,7 +250,7 @@ TEST_CASE("checkpoint: damaged or mismatched checkpoints are refused, naming fil
     }
     dtensor::barrier(dtensor::world_group());
     REQUIRE_THROWS_WITH(dtensor::checkpoint::load(target, dir),
-                        contains("shard-00001-model-00001-of-00001.safetensors") && contains("is corrupt (crc32"));
+                        contains("shard-00001-model-00001-of-00001.safetensors") && contains("is corrupt (xxh3"));
     untouched();
   }
   SECTION("missing rank file") {

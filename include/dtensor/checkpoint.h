@@ -25,7 +25,7 @@
 namespace dtensor::checkpoint {
 
 struct SaveOptions {
-  // A crc32 of every chunk in the header (dtensor_crc32; PyTorch ignores it), checked by load.
+  // An XXH3-64 hash of every chunk in the header (dtensor_xxh3; PyTorch ignores it), checked by load.
   TORCH_ARG(bool, checksums) = true;
   // fsync every file and the directory before the checkpoint becomes visible.
   TORCH_ARG(bool, fsync) = true;

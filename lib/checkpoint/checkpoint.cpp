@@ -144,7 +144,7 @@ SaveResult save(const StateDict& state, const std::string& dir_name, const SaveO
       data.push_back(detail::chunk_data(tensors[c.tensor]));
       st::Item item{tensors[c.tensor].key, data.back().scalar_type(), data.back().sizes().vec(), c.offsets, {}};
       if (options.checksums()) {
-        item.crc32 = st::crc32_of(data.back().data_ptr(), static_cast<int64_t>(data.back().nbytes()));
+        item.hash = st::hash_of(data.back().data_ptr(), static_cast<int64_t>(data.back().nbytes()));
       }
       result.data_bytes += static_cast<int64_t>(data.back().nbytes());
       items.push_back(std::move(item));

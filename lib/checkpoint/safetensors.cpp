@@ -5,7 +5,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
+#include <xxhash.h>
 
 #include <cerrno>
 #include <cstring>
@@ -24,7 +24,7 @@ using nlohmann::json;
 constexpr int64_t kMaxHeader = 100 << 20; // as the safetensors library
 const char* const kShardingInfo = "DCP_SHARDING_INFO";
 const char* const kFilesKey = "dtensor_files";
-const char* const kCrcKey = "dtensor_crc32";
+const char* const kHashKey = "dtensor_xxh3"; // XXH3-64 of each chunk, as 16 hex digits
 
 const std::vector<std::pair<const char*, c10::ScalarType>>& dtype_table() {
   static const std::vector<std::pair<const char*, c10::ScalarType>> table = {
@@ -94,7 +94,7 @@ json string_metadata(const json& meta, const char* key, const std::string& path)
   return parsed;
 }
 
-Chunk parse_chunk(const std::string& key, const json& entry, const json& sharding, const json& crcs,
+Chunk parse_chunk(const std::string& key, const json& entry, const json& sharding, const json& hashes,
                   const std::string& path, int64_t data_start, int64_t file_size) {
   DTENSOR_CHECK(entry.is_object() && entry.contains("dtype") && entry.contains("shape") &&
                     entry.contains("data_offsets") && entry["dtype"].is_string(),
@@ -124,8 +124,9 @@ Chunk parse_chunk(const std::string& key, const json& entry, const json& shardin
                   "checkpoint: {}: tensor '{}': saved_offsets {} do not match shape {}", path, key,
                   c.offsets, c.shape);
   }
-  if (!crcs.is_null() && crcs.contains(key)) {
-    c.crc32 = crcs[key].get<uint32_t>();
+  if (!hashes.is_null() && hashes.contains(key)) {
+    DTENSOR_CHECK(hashes[key].is_string(), "checkpoint: {}: tensor '{}': bad {}", path, key, kHashKey);
+    c.hash = std::stoull(hashes[key].get<std::string>(), nullptr, 16);
   }
   return c;
 }
@@ -154,16 +155,8 @@ const char* dtype_name(c10::ScalarType dtype) {
   DTENSOR_FAIL("checkpoint: dtype {} has no safetensors name", c10::toString(dtype));
 }
 
-uint32_t crc32_of(const void* data, int64_t bytes) {
-  uLong crc = ::crc32(0L, Z_NULL, 0);
-  const auto* p = static_cast<const Bytef*>(data);
-  while (bytes > 0) {
-    const auto n = static_cast<uInt>(std::min<int64_t>(bytes, 1 << 30));
-    crc = ::crc32(crc, p, n);
-    p += n;
-    bytes -= n;
-  }
-  return static_cast<uint32_t>(crc);
+uint64_t hash_of(const void* data, int64_t bytes) {
+  return XXH3_64bits(data, static_cast<size_t>(bytes));
 }
 
 FileIndex read_index(const std::string& path) {
@@ -182,7 +175,7 @@ FileIndex read_index(const std::string& path) {
   const json header = read_header(fd, path, index.size, &data_start);
   const json meta = header.contains("__metadata__") ? header["__metadata__"] : json();
   const json sharding = string_metadata(meta, kShardingInfo, path);
-  const json crcs = string_metadata(meta, kCrcKey, path);
+  const json hashes = string_metadata(meta, kHashKey, path);
   const json files = string_metadata(meta, kFilesKey, path);
   if (files.is_array()) {
     for (const auto& f : files) {
@@ -192,7 +185,7 @@ FileIndex read_index(const std::string& path) {
   int64_t data_end = data_start;
   for (const auto& [key, entry] : header.items()) {
     if (key != "__metadata__") {
-      index.chunks.push_back(parse_chunk(key, entry, sharding, crcs, path, data_start, index.size));
+      index.chunks.push_back(parse_chunk(key, entry, sharding, hashes, path, data_start, index.size));
       data_end = std::max(data_end, index.chunks.back().end);
     }
   }
@@ -206,7 +199,7 @@ int64_t write_file(const std::string& path, const std::vector<Item>& items,
                    const std::function<at::Tensor(size_t)>& data, const WriteOptions& options) {
   json header = json::object();
   json sharding = json::object();
-  json crcs = json::object();
+  json hashes = json::object();
   int64_t offset = 0;
   for (const Item& item : items) {
     const int64_t bytes = numel_of(item.shape) * static_cast<int64_t>(c10::elementSize(item.dtype));
@@ -214,8 +207,8 @@ int64_t write_file(const std::string& path, const std::vector<Item>& items,
                         {"shape", item.shape},
                         {"data_offsets", {offset, offset + bytes}}};
     sharding[item.key] = {{"saved_offsets", item.offsets}};
-    if (item.crc32) {
-      crcs[item.key] = *item.crc32;
+    if (item.hash) {
+      hashes[item.key] = fmt::format("{:016x}", *item.hash);
     }
     offset += bytes;
   }
@@ -227,8 +220,8 @@ int64_t write_file(const std::string& path, const std::vector<Item>& items,
   if (!options.listed_files.empty()) {
     meta[kFilesKey] = json(options.listed_files).dump();
   }
-  if (!crcs.empty()) {
-    meta[kCrcKey] = crcs.dump();
+  if (!hashes.empty()) {
+    meta[kHashKey] = hashes.dump();
   }
   header["__metadata__"] = meta;
   std::string text = header.dump();
@@ -288,11 +281,17 @@ MappedFile::~MappedFile() {
 at::Tensor chunk_tensor(const MappedFile& file, const FileIndex& index, const Chunk& chunk) {
   DTENSOR_CHECK(file.size() == index.size, "checkpoint: {} changed size while being read", index.path);
   uint8_t* p = file.data() + chunk.begin;
-  if (chunk.crc32) {
-    const uint32_t got = crc32_of(p, chunk.end - chunk.begin);
-    DTENSOR_CHECK(got == *chunk.crc32,
-                  "checkpoint: {}: tensor '{}' is corrupt (crc32 {:08x}, written {:08x})", index.path,
-                  chunk.key, got, *chunk.crc32);
+  // Page tables filled in one call rather than a fault per page (ignored where unsupported).
+  const auto page = static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
+  const int64_t start = chunk.begin / page * page;
+  if (chunk.end > start) {
+    (void)::madvise(file.data() + start, static_cast<size_t>(chunk.end - start), MADV_POPULATE_READ);
+  }
+  if (chunk.hash) {
+    const uint64_t got = hash_of(p, chunk.end - chunk.begin);
+    DTENSOR_CHECK(got == *chunk.hash,
+                  "checkpoint: {}: tensor '{}' is corrupt (xxh3 {:016x}, written {:016x})", index.path,
+                  chunk.key, got, *chunk.hash);
   }
   // Only ever read from (copied into the targets): the mapping is read-only.
   return at::from_blob(p, chunk.shape, at::TensorOptions().dtype(chunk.dtype));

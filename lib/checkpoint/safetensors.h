@@ -5,7 +5,7 @@
 // tensor's dtype, shape and byte range, then the tensors' bytes back to back. DCP adds to
 // the header's "__metadata__" the global offsets of each chunk (DCP_SHARDING_INFO, itself a
 // JSON string), DCP_VERSION and format "pt". dtensor adds two keys PyTorch ignores:
-// dtensor_files (every file the checkpoint consists of) and dtensor_crc32 (per tensor).
+// dtensor_files (every file the checkpoint consists of) and dtensor_xxh3 (an XXH3-64 hash per tensor).
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -25,7 +25,7 @@ struct Chunk {
   std::vector<int64_t> offsets; // in the global tensor (zeros without DCP_SHARDING_INFO)
   int64_t begin = 0;            // absolute byte range in the file
   int64_t end = 0;
-  std::optional<uint32_t> crc32;
+  std::optional<uint64_t> hash; // dtensor_xxh3
 };
 
 struct FileIndex {
@@ -45,7 +45,7 @@ struct Item {
   c10::ScalarType dtype = c10::ScalarType::Float;
   std::vector<int64_t> shape;
   std::vector<int64_t> offsets;  // in the global tensor
-  std::optional<uint32_t> crc32; // written to dtensor_crc32 when set
+  std::optional<uint64_t> hash; // written to dtensor_xxh3 when set
 };
 
 struct WriteOptions {
@@ -81,6 +81,6 @@ class MappedFile {
 at::Tensor chunk_tensor(const MappedFile& file, const FileIndex& index, const Chunk& chunk);
 
 const char* dtype_name(c10::ScalarType dtype); // "F32", ...; throws for unsupported dtypes
-uint32_t crc32_of(const void* data, int64_t bytes);
+uint64_t hash_of(const void* data, int64_t bytes); // XXH3-64
 
 } // namespace dtensor::detail::safetensors
