@@ -4,7 +4,8 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 "$root/scripts/setup.sh" >/dev/null
 configure "$root/build" -Dcuda=disabled -Dbuildtype=debugoptimized
-ninja -C "$root/build" bench/bench_dispatch_overhead bench/bench_fsdp_step bench/bench_clip_grad_norm
+ninja -C "$root/build" bench/bench_dispatch_overhead bench/bench_fsdp_step bench/bench_clip_grad_norm \
+  bench/bench_checkpoint_io
 export TORCH_CPP_LOG_LEVEL=${TORCH_CPP_LOG_LEVEL:-WARNING}
 echo "## dispatch overhead, 1 rank"
 "$root/build/bench/bench_dispatch_overhead"
@@ -18,3 +19,7 @@ torchrun --standalone --nproc-per-node 4 --no-python "$root/build/bench/bench_fs
 echo
 echo "## clip_grad_norm_ against the number of gradients, 2 ranks"
 torchrun --standalone --nproc-per-node 2 --no-python "$root/build/bench/bench_clip_grad_norm"
+echo
+echo "## checkpoint save / load, 256 MB, 2 and 4 ranks, dtensor vs PyTorch DCP (alternating)"
+"$root/.venv/bin/python" "$root/bench/checkpoint_io.py" "$root/.venv/bin/torchrun" \
+  "$root/build/bench/bench_checkpoint_io" --mb 256 --rounds 5 --ranks 2 4
