@@ -1,6 +1,6 @@
 // Save and load throughput of dtensor::checkpoint (bench/checkpoint_io.py runs it alternately
 // with PyTorch's dcp.save / dcp.load of the same state and prints the table).
-//   torchrun --nproc-per-node N --no-python bench_checkpoint_io DIR MB
+//   torchrun --nproc-per-node N --no-python bench_checkpoint_io DIR MB [no-hash]
 // State: MB megabytes of float32 in 16 MB tensors [4096, 1024], Shard(0) over all ranks, plus
 // one replicated 1 MB tensor. Prints one line: "save_s load_s bytes" (rank 0), each time the
 // slowest rank's, from a barrier to the end of the call (fsync included).
@@ -53,8 +53,11 @@ int main(int argc, char** argv) {
   state.insert("norm.weight", at::ones({512, 512}));
   target.insert("norm.weight", at::zeros({512, 512}));
   bytes += 512 * 512 * 4;
-  const double save_s = timed([&] { dtensor::checkpoint::save(state, dir); });
-  const double load_s = timed([&] { dtensor::checkpoint::load(target, dir); });
+  // Optional third argument "no-hash": save without hashes, load without verifying them
+  // (what PyTorch's readers and writers do).
+  const bool hash = !(argc > 3 && std::string(argv[3]) == "no-hash");
+  const double save_s = timed([&] { dtensor::checkpoint::save(state, dir, dtensor::checkpoint::SaveOptions().checksums(hash)); });
+  const double load_s = timed([&] { dtensor::checkpoint::load(target, dir, dtensor::checkpoint::LoadOptions().verify(hash)); });
   for (const auto& item : state) { // the load really happened
     if (!at::equal(dtensor::is_dtensor(item.value()) ? dtensor::DTensor(item.value()).to_local() : item.value(),
                    dtensor::is_dtensor(target[item.key()]) ? dtensor::DTensor(target[item.key()]).to_local()

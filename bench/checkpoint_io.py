@@ -2,7 +2,8 @@
 """Checkpoint save / load throughput: dtensor vs PyTorch DCP, alternately, same ranks, same state.
 
 usage: checkpoint_io.py TORCHRUN BENCH_BINARY [--mb 256] [--rounds 5] [--ranks 2 4] [--dir D]
-Each round runs, in turn, dtensor (bench_checkpoint_io), PyTorch dcp.save / dcp.load with
+Each round runs, in turn, dtensor (bench_checkpoint_io), dtensor without chunk hashes (what
+PyTorch's readers and writers do: no integrity check), PyTorch dcp.save / dcp.load with
 HuggingFaceStorageWriter(save_distributed=True) / HuggingFaceStorageReader (the same
 safetensors layout), and PyTorch with its default FileSystemWriter / Reader (.distcp files),
 each a fresh torchrun job saving then loading the same state (MB of float32 in [4096, 1024]
@@ -93,14 +94,15 @@ def main():
     print(f"| ranks | system | save MB/s: median (min - max) | load MB/s: median (min - max) |")
     print("| ---: | --- | ---: | ---: |")
     for n in ranks:
-        results = {"dtensor": [], "PyTorch DCP, HF safetensors": [], "PyTorch DCP, default .distcp": []}
+        results = {"dtensor": [], "dtensor, no hashes": [], "PyTorch DCP, HF safetensors": [],
+                   "PyTorch DCP, default .distcp": []}
         for _ in range(rounds):
             for name in results:
                 d = tempfile.mkdtemp(prefix="ckpt-bench-", dir=base)
                 out = os.path.join(d, "ckpt")
                 tr = [torchrun, "--standalone", f"--nproc-per-node={n}"]
-                if name == "dtensor":
-                    cmd = tr + ["--no-python", binary, out, str(mb)]
+                if name.startswith("dtensor"):
+                    cmd = tr + ["--no-python", binary, out, str(mb)] + (["no-hash"] if "no" in name else [])
                 else:
                     kind = "hf" if "HF" in name else "default"
                     cmd = tr + [me, "--worker", kind, out, str(mb)]
@@ -114,9 +116,10 @@ def main():
             rate[name] = (statistics.median(saves), statistics.median(loads))
             print(f"| {n} | {name} | {rate[name][0]:.0f} ({min(saves):.0f} - {max(saves):.0f}) | "
                   f"{rate[name][1]:.0f} ({min(loads):.0f} - {max(loads):.0f}) |")
-        for name in list(results)[1:]:
-            print(f"| {n} | dtensor / {name} | {rate['dtensor'][0] / rate[name][0]:.2f}x | "
-                  f"{rate['dtensor'][1] / rate[name][1]:.2f}x |")
+        for mine in ("dtensor", "dtensor, no hashes"):
+            for name in list(results)[2:]:
+                print(f"| {n} | {mine} / {name} | {rate[mine][0] / rate[name][0]:.2f}x | "
+                      f"{rate[mine][1] / rate[name][1]:.2f}x |")
         sys.stdout.flush()
 
 

@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include <dtensor/collectives.h>
@@ -11,6 +12,40 @@
 
 namespace dtensor::detail {
 
+namespace {
+
+at::Device device_of(const Group& group) {
+  return group.device_type() == c10::DeviceType::CUDA
+             ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(get_local_rank()))
+             : at::Device(at::kCPU);
+}
+
+at::Tensor gather_lengths(const std::string& mine, const Group& group) {
+  const at::Tensor len = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
+  return all_gather_tensor(len.to(device_of(group)), 0, group).cpu();
+}
+
+// Every rank's string, given every rank's length (`lens`, on the CPU).
+std::vector<std::string> gather_padded(const std::string& mine, const at::Tensor& lens, const Group& group) {
+  const at::Device device = device_of(group);
+  const int64_t longest = std::max<int64_t>(1, lens.max().item<int64_t>());
+  at::Tensor bytes = at::zeros({longest}, at::kByte);
+  std::memcpy(bytes.data_ptr(), mine.data(), mine.size());
+  const at::Tensor all = all_gather_tensor(bytes.to(device), 0, group).cpu().view({-1, longest});
+  std::vector<std::string> out;
+  for (int64_t r = 0; r < all.size(0); ++r) {
+    out.emplace_back(reinterpret_cast<const char*>(all[r].data_ptr()),
+                     static_cast<size_t>(lens[r].item<int64_t>()));
+  }
+  return out;
+}
+
+} // namespace
+
+std::vector<std::string> all_gather_strings(const std::string& mine, const Group& group) {
+  return gather_padded(mine, gather_lengths(mine, group), group);
+}
+
 // [Note: agreeing on errors]
 // An error found on some ranks only, before a collective, leaves the others waiting in
 // that collective until it times out (or aborts them when the collective then runs with
@@ -18,28 +53,16 @@ namespace dtensor::detail {
 // all-gather of the error lengths; if any rank failed, the messages are gathered too, and
 // every rank raises the same error naming every failing rank, before any data moved.
 void agree_on_errors(const std::string& what, const std::string& error, const Group& group) {
-  const at::Device device = group.device_type() == c10::DeviceType::CUDA
-                                ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(get_local_rank()))
-                                : at::Device(at::kCPU);
-  const auto opts = at::TensorOptions().dtype(at::kLong).device(device);
-  at::Tensor len = at::full({1}, static_cast<int64_t>(error.size()), opts);
-  at::Tensor lens = all_gather_tensor(len, 0, group).cpu();
-  const int64_t longest = lens.max().item<int64_t>();
-  if (longest == 0) {
+  const at::Tensor lens = gather_lengths(error, group);
+  if (lens.max().item<int64_t>() == 0) {
     return;
   }
-  at::Tensor mine = at::zeros({longest}, at::TensorOptions().dtype(at::kByte));
-  std::memcpy(mine.data_ptr(), error.data(), error.size());
-  at::Tensor all = all_gather_tensor(mine.to(device), 0, group).cpu().view({-1, longest});
+  const std::vector<std::string> errors = gather_padded(error, lens, group);
   std::string message;
-  for (int64_t r = 0; r < all.size(0); ++r) {
-    int64_t n = lens[r].item<int64_t>();
-    if (n == 0) {
-      continue;
+  for (size_t r = 0; r < errors.size(); ++r) {
+    if (!errors[r].empty()) {
+      message += fmt::format("{}rank {}: {}", message.empty() ? "" : "; ", group.ranks()[r], errors[r]);
     }
-    std::string text(reinterpret_cast<const char*>(all[r].data_ptr()), static_cast<size_t>(n));
-    message += fmt::format("{}rank {}: {}", message.empty() ? "" : "; ",
-                           group.ranks()[static_cast<size_t>(r)], text);
   }
   DTENSOR_FAIL("{}: {}", what, message);
 }

@@ -53,7 +53,13 @@ SaveResult save(const StateDict& state, const std::string& dir, const SaveOption
 // the checkpoint has beyond them are ignored). A missing, truncated or corrupt file, a missing
 // key, a chunk not covering its tensor or a shape or dtype mismatch is an error naming the file
 // and the key, raised on every rank before any tensor is written.
-void load(const StateDict& state, const std::string& dir);
+struct LoadOptions {
+  // Check each chunk's hash (when the file has them) before anything is written. Off: a
+  // corrupt chunk loads silently (as with PyTorch's readers), about 1.3x faster from the
+  // page cache.
+  TORCH_ARG(bool, verify) = true;
+};
+void load(const StateDict& state, const std::string& dir, const LoadOptions& options = {});
 
 struct TensorInfo {
   std::string key;

@@ -172,11 +172,11 @@ SaveResult save(const StateDict& state, const std::string& dir_name, const SaveO
   return result;
 }
 
-void load(const StateDict& state, const std::string& dir_name) {
+void load(const StateDict& state, const std::string& dir_name, const LoadOptions& options) {
   at::NoGradGuard no_grad;
   const fs::path dir = fs::absolute(dir_name);
   detail::LoadPlan plan;
-  const std::string error = attempt([&] { plan = detail::plan_reads(state, dir.string()); });
+  const std::string error = attempt([&] { plan = detail::plan_reads(state, dir.string(), options.verify()); });
   detail::agree_on_errors("checkpoint::load(" + dir.string() + ")", error, world_group());
   detail::execute_reads(plan);
 }

@@ -12,6 +12,7 @@
 #include <dtensor/collectives.h>
 #include <dtensor/dtensor.h>
 
+#include "internal/agree.h"
 #include "internal/check.h"
 #include "internal/dtensor_impl.h"
 #include "redistribute/redistribute.h"
@@ -89,24 +90,6 @@ std::string describe_pieces(const std::vector<SavedTensor>& tensors) {
   return text;
 }
 
-std::vector<std::string> gather_text(const std::string& mine) {
-  const Group world = world_group();
-  const at::Device dev = world.device_type() == c10::DeviceType::CUDA
-                             ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(get_local_rank()))
-                             : at::Device(at::kCPU);
-  const at::Tensor len = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
-  const at::Tensor lens = all_gather_tensor(len.to(dev), 0, world).cpu();
-  const int64_t longest = std::max<int64_t>(1, lens.max().item<int64_t>());
-  at::Tensor bytes = at::zeros({longest}, at::kByte);
-  std::memcpy(bytes.data_ptr(), mine.data(), mine.size());
-  const at::Tensor all = all_gather_tensor(bytes.to(dev), 0, world).cpu().view({-1, longest});
-  std::vector<std::string> out;
-  for (int64_t r = 0; r < all.size(0); ++r) {
-    out.emplace_back(reinterpret_cast<const char*>(all[r].data_ptr()), static_cast<size_t>(lens[r].item<int64_t>()));
-  }
-  return out;
-}
-
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
   size_t start = 0;
@@ -132,7 +115,7 @@ std::vector<int64_t> ints(const std::string& s) {
 } // namespace
 
 WritePlan plan_writes(const std::vector<SavedTensor>& tensors, const std::string& what) {
-  const std::vector<std::string> texts = gather_text(describe_pieces(tensors));
+  const std::vector<std::string> texts = all_gather_strings(describe_pieces(tensors), world_group());
   const auto world_size = static_cast<int>(texts.size());
   std::vector<std::vector<std::string>> lines;
   for (const std::string& t : texts) {
@@ -323,7 +306,7 @@ at::Tensor assemble(const CheckpointIndex& index, const std::string& key, Mapped
   return full;
 }
 
-LoadPlan plan_reads(const StateDict& state, const std::string& dir) {
+LoadPlan plan_reads(const StateDict& state, const std::string& dir, bool verify) {
   LoadPlan plan;
   plan.index = std::make_unique<CheckpointIndex>(read_checkpoint(dir));
   plan.files = std::make_unique<MappedFiles>(*plan.index);
@@ -358,7 +341,7 @@ LoadPlan plan_reads(const StateDict& state, const std::string& dir) {
     for (const auto& [fi, ci] : stored.chunks) {
       const safetensors::Chunk& c = index.files[fi].chunks[ci];
       if (auto ranges = overlap(c, offset, local_shape)) {
-        const at::Tensor src = safetensors::chunk_tensor(plan.files->get(fi), index.files[fi], c);
+        const at::Tensor src = safetensors::chunk_tensor(plan.files->get(fi), index.files[fi], c, verify);
         plan.copies.emplace_back(cut(local, offset, *ranges), cut(src, c.offsets, *ranges));
       }
     }

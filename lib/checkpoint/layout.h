@@ -95,9 +95,10 @@ struct LoadPlan {
   std::vector<std::pair<at::Tensor, double>> fills;      // Partial pieces off coordinate 0
 };
 
-// Checks everything (keys, shapes, dtypes, coverage, checksums of the chunks to read) before
+// Checks everything (keys, shapes, dtypes, coverage, hashes of the chunks to read unless
+// !verify) before
 // anything is written; throws naming the file and the key.
-LoadPlan plan_reads(const StateDict& state, const std::string& dir);
+LoadPlan plan_reads(const StateDict& state, const std::string& dir, bool verify);
 void execute_reads(const LoadPlan& plan);
 
 } // namespace dtensor::detail

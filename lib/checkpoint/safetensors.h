@@ -76,9 +76,10 @@ class MappedFile {
   int64_t size_ = 0;
 };
 
-// A chunk's bytes as a tensor viewing the mapping (valid while `file` lives); its checksum
-// is verified when the file has one.
-at::Tensor chunk_tensor(const MappedFile& file, const FileIndex& index, const Chunk& chunk);
+// A chunk's bytes as a tensor viewing the mapping (valid while `file` lives); with `verify`
+// its hash is checked when the file has one.
+at::Tensor chunk_tensor(const MappedFile& file, const FileIndex& index, const Chunk& chunk,
+                        bool verify = true);
 
 const char* dtype_name(c10::ScalarType dtype); // "F32", ...; throws for unsupported dtypes
 uint64_t hash_of(const void* data, int64_t bytes); // XXH3-64
