@@ -22,4 +22,4 @@ torchrun --standalone --nproc-per-node 2 --no-python "$root/build/bench/bench_cl
 echo
 echo "## checkpoint save / load, 256 MB, 2 and 4 ranks, dtensor vs PyTorch DCP (alternating)"
 "$root/.venv/bin/python" "$root/bench/checkpoint_io.py" "$root/.venv/bin/torchrun" \
-  "$root/build/bench/bench_checkpoint_io" --mb 256 --rounds 5 --ranks 2 4
+  "$root/build/bench/bench_checkpoint_io" --mb 256 --rounds 7 --ranks 2 4
