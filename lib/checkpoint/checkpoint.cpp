@@ -104,13 +104,50 @@ std::string file_name(int rank) {
   return fmt::format("shard-{:05d}-model-00001-of-00001.safetensors", rank + 1);
 }
 
+// An absolute, normalised path without a trailing separator ("ckpt/" names "ckpt").
+fs::path checkpoint_path(const std::string& name) {
+  fs::path p = fs::absolute(name).lexically_normal();
+  return p.filename().empty() ? p.parent_path() : p;
+}
+
+// This rank's file of the plan, written into `tmp` (nothing when it owns no chunk).
+SaveResult write_own_file(const std::vector<detail::SavedTensor>& tensors, const detail::WritePlan& plan,
+                          const fs::path& tmp, const fs::path& dir, const SaveOptions& options) {
+  const int rank = get_rank();
+  SaveResult result;
+  const std::vector<detail::WriteChunk>& mine = plan.chunks[static_cast<size_t>(rank)];
+  if (mine.empty()) {
+    return result;
+  }
+  std::vector<st::Item> items;
+  std::vector<at::Tensor> data;
+  for (const detail::WriteChunk& c : mine) {
+    data.push_back(detail::chunk_data(tensors[c.tensor]));
+    const at::Tensor& d = data.back();
+    st::Item item{tensors[c.tensor].key, d.scalar_type(), d.sizes().vec(), c.offsets, {}};
+    if (options.checksums()) {
+      item.hash = st::hash_of(d.data_ptr(), static_cast<int64_t>(d.nbytes()));
+    }
+    result.data_bytes += static_cast<int64_t>(d.nbytes());
+    items.push_back(std::move(item));
+  }
+  st::WriteOptions wo;
+  for (int r : plan.writers) {
+    wo.listed_files.push_back(file_name(r));
+  }
+  wo.fsync = options.fsync();
+  result.file = (dir / file_name(rank)).string();
+  result.file_bytes = st::write_file((tmp / file_name(rank)).string(), items, [&](size_t i) { return data[i]; }, wo);
+  return result;
+}
+
 } // namespace
 
 SaveResult save(const StateDict& state, const std::string& dir_name, const SaveOptions& options) {
   at::NoGradGuard no_grad;
   const Group world = world_group();
   const int rank = get_rank();
-  const fs::path dir = fs::absolute(dir_name);
+  const fs::path dir = checkpoint_path(dir_name);
   const fs::path tmp = temp_dir_of(dir);
 
   std::vector<detail::SavedTensor> tensors;
@@ -128,33 +165,8 @@ SaveResult save(const StateDict& state, const std::string& dir_name, const SaveO
   detail::agree_on_errors("checkpoint::save(" + dir.string() + "): preparing " + tmp.string(), error, world);
 
   SaveResult result;
-  std::vector<std::string> listed;
-  for (int r : plan.writers) {
-    listed.push_back(file_name(r));
-  }
   error = attempt([&] {
-    const std::vector<detail::WriteChunk>& mine = plan.chunks[static_cast<size_t>(rank)];
-    if (mine.empty()) {
-      injected_fault(rank);
-      return;
-    }
-    std::vector<st::Item> items;
-    std::vector<at::Tensor> data;
-    for (const detail::WriteChunk& c : mine) {
-      data.push_back(detail::chunk_data(tensors[c.tensor]));
-      st::Item item{tensors[c.tensor].key, data.back().scalar_type(), data.back().sizes().vec(), c.offsets, {}};
-      if (options.checksums()) {
-        item.hash = st::hash_of(data.back().data_ptr(), static_cast<int64_t>(data.back().nbytes()));
-      }
-      result.data_bytes += static_cast<int64_t>(data.back().nbytes());
-      items.push_back(std::move(item));
-    }
-    result.file = (dir / file_name(rank)).string();
-    st::WriteOptions wo;
-    wo.listed_files = listed;
-    wo.fsync = options.fsync();
-    result.file_bytes = st::write_file((tmp / file_name(rank)).string(), items,
-                                       [&](size_t i) { return data[i]; }, wo);
+    result = write_own_file(tensors, plan, tmp, dir, options);
     injected_fault(rank);
   });
   if (!error.empty() && rank == 0) {
@@ -174,7 +186,7 @@ SaveResult save(const StateDict& state, const std::string& dir_name, const SaveO
 
 void load(const StateDict& state, const std::string& dir_name, const LoadOptions& options) {
   at::NoGradGuard no_grad;
-  const fs::path dir = fs::absolute(dir_name);
+  const fs::path dir = checkpoint_path(dir_name);
   detail::LoadPlan plan;
   const std::string error = attempt([&] { plan = detail::plan_reads(state, dir.string(), options.verify()); });
   detail::agree_on_errors("checkpoint::load(" + dir.string() + ")", error, world_group());
@@ -182,7 +194,7 @@ void load(const StateDict& state, const std::string& dir_name, const LoadOptions
 }
 
 std::vector<TensorInfo> read_metadata(const std::string& dir) {
-  const detail::CheckpointIndex index = detail::read_checkpoint(fs::absolute(dir).string());
+  const detail::CheckpointIndex index = detail::read_checkpoint(checkpoint_path(dir).string());
   std::vector<TensorInfo> out;
   for (const auto& [key, entry] : index.tensors) {
     out.push_back({key, entry.dtype, entry.shape, static_cast<int64_t>(entry.chunks.size())});
@@ -193,8 +205,8 @@ std::vector<TensorInfo> read_metadata(const std::string& dir) {
 void consolidate(const std::string& dir_name, const std::string& out_name,
                  const ConsolidateOptions& options) {
   at::NoGradGuard no_grad;
-  const fs::path out = fs::absolute(out_name);
-  const detail::CheckpointIndex index = detail::read_checkpoint(fs::absolute(dir_name).string());
+  const fs::path out = checkpoint_path(out_name);
+  const detail::CheckpointIndex index = detail::read_checkpoint(checkpoint_path(dir_name).string());
   std::vector<st::Item> items;
   for (const auto& [key, entry] : index.tensors) {
     const bool excluded = std::any_of(options.exclude_prefixes().begin(), options.exclude_prefixes().end(),
@@ -212,7 +224,7 @@ void consolidate(const std::string& dir_name, const std::string& out_name,
   st::WriteOptions wo;
   wo.sharding_info = false;
   st::write_file((tmp / name).string(), items,
-                                      [&](size_t i) { return detail::assemble(index, items[i].key, files); }, wo);
+                 [&](size_t i) { return detail::assemble(index, items[i].key, files); }, wo);
   nlohmann::json weight_map = nlohmann::json::object();
   int64_t total = 0;
   for (const st::Item& item : items) {
