@@ -6,7 +6,9 @@ usage: checkpoint_torch.py write|read DIR
          one AdamW step, saved with dcp.save(..., HuggingFaceStorageWriter(save_distributed=True))
          to DIR/pt_<model>, their full values (rank 0, torch.save) to DIR/pt_<model>.ref.pt.
   read:  the same models under FSDP2, dcp.load(..., HuggingFaceStorageReader(DIR/dt_<model>))
-         of what dtensor wrote, every tensor compared with DIR/dt_<model>.ref.pt.
+         of what dtensor wrote, every tensor compared with DIR/dt_<model>.ref.pt; and
+         dtensor's consolidated DIR/dt_<model>_hf read with safetensors.torch.load_file (as an
+         inference user would), its index's weight_map checked, every weight compared.
 The state dict is the model's plus the optimizer's flattened tensors (state.<fqn>.<field>);
 the hyperparameters are plain Python numbers, which the safetensors writer cannot hold.
 """
@@ -51,6 +53,22 @@ def state_of(model, opt):
     return sd
 
 
+def check_consolidated(path, ref, model):
+    import json
+    from safetensors.torch import load_file
+    weights = load_file(os.path.join(path, "model-00001-of-00001.safetensors"))
+    with open(os.path.join(path, "model.safetensors.index.json")) as f:
+        index = json.load(f)
+    names = set(model.state_dict().keys())
+    ok = set(weights) == names and set(index["weight_map"]) == names
+    ok = ok and index["metadata"]["total_size"] == sum(w.numel() * w.element_size() for w in weights.values())
+    for k, w in weights.items():
+        ok = ok and torch.equal(w, ref[k])
+    if not ok:
+        print(f"consolidated {path}: names {sorted(set(weights) ^ names)} differ or values differ")
+    return ok
+
+
 def full(v):
     return v.full_tensor() if isinstance(v, DTensor) else v
 
@@ -85,6 +103,7 @@ def main():
                 ok = False
         print(f"rank {dist.get_rank()}: PyTorch loaded dtensor's {name}: {len(sd)} tensors "
               f"{'equal' if ok else 'DIFFER'}")
+        ok = check_consolidated(path + "_hf", ref, model) and ok
     dist.barrier()
     dist.destroy_process_group()
     sys.exit(0 if ok else 1)

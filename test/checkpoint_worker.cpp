@@ -7,7 +7,8 @@
 //   kill-save DIR      saves other values (the driver sets DTENSOR_CHECKPOINT_FAULT)
 //   kill-verify DIR    loads: the first values, then saves anew and loads those
 //   interop-write DIR  MLPStack (dp=2 x tp=2) and Transformer (HSDP 2x2) after one AdamW step:
-//                      checkpoints DIR/dt_<model> and their full values DIR/dt_<model>.ref.pt
+//                      checkpoints DIR/dt_<model>, their full values DIR/dt_<model>.ref.pt, and
+//                      the consolidated weights DIR/dt_<model>_hf
 //   interop-read DIR   loads DIR/pt_<model> (written by PyTorch) into MLPStack (1-D FSDP) and
 //                      Transformer (dp=2 x tp=2 for the MLP layers, else FSDP), compares
 //                      with DIR/pt_<model>.ref.pt
@@ -277,6 +278,7 @@ void interop(const std::string& mode, const std::string& dir) {
       }
       if (dtensor::get_rank() == 0) {
         write_ref(dir + "/dt_" + name + ".ref.pt", ref);
+        dtensor::checkpoint::consolidate(dir + "/dt_" + name, dir + "/dt_" + name + "_hf");
       }
       continue;
     }
