@@ -68,6 +68,14 @@ def main():
     status = {}
     for side, argv in sides.items():
         rc, secs = torchrun(args.world, argv, args.timeout, os.path.join(out, side + ".log"))
+        if side == "torch" and rc != 0 and "Signal 6 (SIGABRT)" in open(os.path.join(out, "torch.log")).read():
+            # PyTorch, the oracle, sometimes aborts a rank ("terminate called without an active
+            # exception") on a loaded machine (seen once in CI: misuse, 2 ranks). A crash of the
+            # reference is not a verdict on dtensor: run it once more, and say so.
+            shutil.copy(os.path.join(out, "torch.log"), os.path.join(out, "torch-aborted.log"))
+            print(f"[conformance] {args.scenario} w{args.world}: torch aborted (SIGABRT) after "
+                  f"{secs:.1f} s; running the PyTorch side once more")
+            rc, secs = torchrun(args.world, argv, args.timeout, os.path.join(out, side + ".log"))
         status[side] = rc
         print(f"[conformance] {args.scenario} w{args.world}: {side} exit {rc} in {secs:.1f} s")
     if status["dtensor"] != 0:
