@@ -2,15 +2,40 @@
 #include <dtensor/comm_debug_mode.h>
 
 #include <algorithm>
+#include <mutex>
+
+#include <c10/util/ThreadLocalDebugInfo.h>
 
 #include "internal/check.h"
 #include "internal/comm_debug.h"
 
 namespace dtensor {
 
+struct CommDebugMode::Log {
+  std::mutex mutex;
+  std::vector<CollectiveRecord> records;
+};
+
 namespace {
 
-thread_local std::vector<CommDebugMode*> active_modes;
+// [Note: CommDebugMode across threads]
+// The active scopes live in c10::ThreadLocalDebugInfo under a kind of dtensor's own (a value
+// of the uint8_t enum beyond c10's kinds), not in a thread_local: at::ThreadLocalState
+// captures ThreadLocalDebugInfo and at::ThreadLocalStateGuard installs it, which is how
+// autograd's engine runs backward on its device threads (CUDA) and at::launch runs tasks.
+// A collective issued there, such as fully_shard's reduce-scatter in a CUDA backward, is then
+// counted by the scopes of the thread that started the work. Each scope's records sit behind
+// a lock, as several threads may append; the entry holds the logs by shared_ptr, so a thread
+// still carrying a captured state after its scope ended appends to a log nobody reads.
+constexpr auto kCommDebugKind = static_cast<c10::DebugInfoKind>(0xD7);
+
+struct ActiveScopes : c10::DebugInfoBase {
+  std::vector<std::shared_ptr<CommDebugMode::Log>> logs; // outermost first
+};
+
+const ActiveScopes* active_scopes() {
+  return static_cast<const ActiveScopes*>(c10::ThreadLocalDebugInfo::get(kCommDebugKind));
+}
 
 constexpr CollectiveKind kAllKinds[kNumCollectiveKinds] = {
     CollectiveKind::AllReduce, CollectiveKind::AllGather, CollectiveKind::ReduceScatter,
@@ -50,22 +75,34 @@ std::string json_counts(const std::map<CollectiveKind, int64_t>& counts) {
 
 } // namespace
 
-CommDebugMode::CommDebugMode() { active_modes.push_back(this); }
-
-CommDebugMode::~CommDebugMode() {
-  auto it = std::find(active_modes.begin(), active_modes.end(), this);
-  if (it != active_modes.end()) {
-    active_modes.erase(it);
+CommDebugMode::CommDebugMode() : log_(std::make_shared<Log>()) {
+  auto scopes = std::make_shared<ActiveScopes>();
+  if (const ActiveScopes* outer = active_scopes()) {
+    scopes->logs = outer->logs;
   }
+  scopes->logs.push_back(log_);
+  guard_ = std::make_unique<c10::DebugInfoGuard>(kCommDebugKind, std::move(scopes));
+}
+
+CommDebugMode::~CommDebugMode() = default; // the guard restores the enclosing scopes
+
+const std::vector<CollectiveRecord>& CommDebugMode::records() const { return log_->records; }
+
+void CommDebugMode::reset() {
+  std::lock_guard<std::mutex> lock(log_->mutex);
+  log_->records.clear();
 }
 
 namespace detail {
 
-bool comm_debug_active() { return !active_modes.empty(); }
+bool comm_debug_active() { return active_scopes() != nullptr; }
 
 void record_collective(const CollectiveRecord& rec) {
-  for (CommDebugMode* mode : active_modes) {
-    mode->records_.push_back(rec);
+  if (const ActiveScopes* scopes = active_scopes()) {
+    for (const auto& log : scopes->logs) {
+      std::lock_guard<std::mutex> lock(log->mutex);
+      log->records.push_back(rec);
+    }
   }
 }
 
@@ -73,36 +110,36 @@ void record_collective(const CollectiveRecord& rec) {
 
 std::map<CollectiveKind, int64_t> CommDebugMode::comm_counts() const {
   std::map<CollectiveKind, int64_t> counts;
-  for (const auto& r : records_) {
+  for (const auto& r : records()) {
     ++counts[r.kind];
   }
   return counts;
 }
 
 int64_t CommDebugMode::count(CollectiveKind kind) const {
-  return std::count_if(records_.begin(), records_.end(),
+  return std::count_if(records().begin(), records().end(),
                        [&](const CollectiveRecord& r) { return r.kind == kind; });
 }
 
-int64_t CommDebugMode::total_count() const { return static_cast<int64_t>(records_.size()); }
+int64_t CommDebugMode::total_count() const { return static_cast<int64_t>(records().size()); }
 
 std::map<std::string, std::map<CollectiveKind, int64_t>> CommDebugMode::counts_by_group() const {
   std::map<std::string, std::map<CollectiveKind, int64_t>> counts;
-  for (const auto& r : records_) {
+  for (const auto& r : records()) {
     ++counts[r.group][r.kind];
   }
   return counts;
 }
 
 int64_t CommDebugMode::count(const std::string& group, CollectiveKind kind) const {
-  return std::count_if(records_.begin(), records_.end(), [&](const CollectiveRecord& r) {
+  return std::count_if(records().begin(), records().end(), [&](const CollectiveRecord& r) {
     return r.kind == kind && r.group == group;
   });
 }
 
 int64_t CommDebugMode::bytes_in(CollectiveKind kind) const {
   int64_t total = 0;
-  for (const auto& r : records_) {
+  for (const auto& r : records()) {
     if (r.kind == kind) {
       total += r.bytes_in;
     }
@@ -112,7 +149,7 @@ int64_t CommDebugMode::bytes_in(CollectiveKind kind) const {
 
 int64_t CommDebugMode::total_bytes_in() const {
   int64_t total = 0;
-  for (const auto& r : records_) {
+  for (const auto& r : records()) {
     total += r.bytes_in;
   }
   return total;
@@ -120,7 +157,7 @@ int64_t CommDebugMode::total_bytes_in() const {
 
 int64_t CommDebugMode::total_bytes_out() const {
   int64_t total = 0;
-  for (const auto& r : records_) {
+  for (const auto& r : records()) {
     total += r.bytes_out;
   }
   return total;
@@ -129,7 +166,7 @@ int64_t CommDebugMode::total_bytes_out() const {
 std::string CommDebugMode::table() const {
   // One row per group in first-seen order, then a total row.
   std::vector<std::string> groups;
-  for (const auto& r : records_) {
+  for (const auto& r : records()) {
     if (std::find(groups.begin(), groups.end(), r.group) == groups.end()) {
       groups.push_back(r.group);
     }
@@ -151,14 +188,14 @@ std::string CommDebugMode::table() const {
     std::string line = fmt::format("{:<{}}", name, width);
     for (CollectiveKind k : kAllKinds) {
       int64_t n = 0;
-      for (const auto& r : records_) {
+      for (const auto& r : records()) {
         if (r.kind == k && (group.empty() || r.group == group)) {
           ++n;
         }
       }
       line += fmt::format(" {:>14}", n);
     }
-    for (const auto& r : records_) {
+    for (const auto& r : records()) {
       if (group.empty() || r.group == group) {
         in += r.bytes_in;
         outb += r.bytes_out;
@@ -179,7 +216,7 @@ std::string CommDebugMode::json() const {
     by_group.push_back(fmt::format("{}:{}", json_string(group), json_counts(counts)));
   }
   std::vector<std::string> recs;
-  for (const auto& r : records_) {
+  for (const auto& r : records()) {
     recs.push_back(fmt::format(
         "{{\"kind\":{},\"group\":{},\"ranks\":[{}],\"op\":{},\"dtype\":{},\"shape\":[{}],"
         "\"bytes_in\":{},\"bytes_out\":{},\"async\":{}}}",

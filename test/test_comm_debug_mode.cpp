@@ -1,6 +1,10 @@
 // CommDebugMode: exact counts by kind and by mesh dimension, bytes, nesting, scoping,
-// thread-locality, table and JSON.
+// thread-locality (and the threads that carry a captured ThreadLocalState), table and JSON.
+#include <future>
 #include <thread>
+
+#include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 
 #include "support/prelude.h"
 #include "internal/comm_debug.h"
@@ -106,6 +110,63 @@ TEST_CASE("CommDebugMode is thread-local", "[comm_mode][world1][world2][world4]"
   other.join();
   REQUIRE(seen_there == 1);
   REQUIRE(here.total_count() == 0);
+}
+
+TEST_CASE("CommDebugMode sees collectives of threads under its captured ThreadLocalState",
+          "[comm_mode][world1][world2][world4]") {
+  // As autograd's engine runs a CUDA backward on its device threads: the issuing thread's
+  // state is captured and installed on the worker with at::ThreadLocalStateGuard.
+  auto g = dtensor::world_group();
+  CommDebugMode outer;
+  CommDebugMode inner;
+  const at::ThreadLocalState captured;
+  std::thread worker([&] {
+    at::ThreadLocalStateGuard guard(captured);
+    auto t = at::ones({3}, options());
+    dtensor::all_reduce_(t, ReduceOp::Sum, g);
+  });
+  worker.join();
+  REQUIRE(inner.count(CollectiveKind::AllReduce) == 1);
+  REQUIRE(outer.count(CollectiveKind::AllReduce) == 1);
+  REQUIRE(inner.records()[0].bytes_in == 12);
+
+  // at::launch (the inter-op pool) carries the state the same way.
+  std::promise<void> done;
+  at::launch([&] {
+    auto t = at::ones({2}, options());
+    dtensor::all_gather_tensor(t, 0, g);
+    done.set_value();
+  });
+  done.get_future().wait();
+  REQUIRE(inner.count(CollectiveKind::AllGather) == 1);
+  REQUIRE(outer.total_count() == 2);
+
+  // A thread that does not install the state is not seen, and a scope it opens itself sees
+  // only its own collectives.
+  int64_t seen_there = -1;
+  std::thread stranger([&] {
+    CommDebugMode there;
+    auto t = at::ones({1}, options());
+    dtensor::all_reduce_(t, ReduceOp::Sum, g);
+    seen_there = there.total_count();
+  });
+  stranger.join();
+  REQUIRE(seen_there == 1);
+  REQUIRE(outer.total_count() == 2);
+
+  // A captured state outliving its scopes: the worker's collective goes nowhere, no crash.
+  std::optional<at::ThreadLocalState> late;
+  {
+    CommDebugMode short_lived;
+    late.emplace();
+  }
+  std::thread after([&] {
+    at::ThreadLocalStateGuard guard(*late);
+    auto t = at::ones({1}, options());
+    dtensor::all_reduce_(t, ReduceOp::Sum, g);
+  });
+  after.join();
+  REQUIRE(outer.total_count() == 3); // `late` was captured inside `outer` too
 }
 
 TEST_CASE("CommDebugMode table and JSON", "[comm_mode][world1][world2][world4]") {

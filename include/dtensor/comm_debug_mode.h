@@ -3,12 +3,17 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <c10/core/ScalarType.h>
 
 #include <dtensor/collectives.h>
+
+namespace c10 {
+class DebugInfoGuard;
+} // namespace c10
 
 namespace dtensor {
 
@@ -31,8 +36,14 @@ void record_collective(const CollectiveRecord& rec); // lib/internal/comm_debug.
 
 // [Note: CommDebugMode]
 // An RAII scope that records every collective issued through the choke point while it is
-// alive. Scopes are thread-local and nest: a collective is recorded by every scope active on
-// the issuing thread, inner and outer alike (as nested PyTorch dispatch modes both see it).
+// alive. Scopes nest: a collective is recorded by every scope active on the issuing thread,
+// inner and outer alike (as nested PyTorch dispatch modes both see it). A scope belongs to
+// the thread that opened it and to the threads that run under that thread's captured
+// at::ThreadLocalState (autograd's device threads, at::launch tasks, a std::thread under an
+// at::ThreadLocalStateGuard): it travels in c10's ThreadLocalDebugInfo, which
+// at::ThreadLocalState carries ([Note: CommDebugMode across threads] in
+// lib/comm_debug_mode.cpp). Other threads are not seen. Scopes end in reverse order of
+// opening; read the counts once the collectives of interest have completed.
 //
 //   dtensor::CommDebugMode mode;
 //   ... run collectives ...
@@ -55,18 +66,19 @@ class CommDebugMode {
   int64_t bytes_in(CollectiveKind kind) const;
   int64_t total_bytes_in() const;
   int64_t total_bytes_out() const;
-  const std::vector<CollectiveRecord>& records() const { return records_; }
+  const std::vector<CollectiveRecord>& records() const;
 
   // A fixed-width table: one row per group, one column per kind, and bytes.
   std::string table() const;
   // {"total_count":..,"total_bytes_in":..,"counts":{..},"by_group":{..},"records":[..]}
   std::string json() const;
-  void reset() { records_.clear(); }
+  void reset();
 
+  struct Log; // the records and their lock, shared with the threads carrying this scope
 
  private:
-  friend void detail::record_collective(const CollectiveRecord& rec);
-  std::vector<CollectiveRecord> records_;
+  std::shared_ptr<Log> log_;
+  std::unique_ptr<c10::DebugInfoGuard> guard_;
 };
 
 } // namespace dtensor
