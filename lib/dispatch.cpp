@@ -5,7 +5,7 @@
 
 #include <algorithm>
 #include <mutex>
-#include <sstream>
+#include <cstring>
 #include <unordered_map>
 
 #include "internal/check.h"
@@ -41,9 +41,27 @@ struct Cached {
   std::vector<std::vector<std::vector<int64_t>>> out_strides;
 };
 
+// [Note: decision keys] A decision is cached under a flat list of integers that spells out
+// the op (its schema's address), every spec in full (mesh hash, dtype, placements, shape,
+// stride), plain tensors' dtypes and sizes, Scalar arguments (their signs only for rules that
+// read no more) and every other argument. Tags and lengths make the encoding prefix-free, so
+// equal keys mean equal decisions, and lookups compare keys exactly (the hash only picks the
+// bucket). The key is built in a thread-local buffer: a cache hit allocates nothing.
+using DecisionKey = std::vector<int64_t>;
+
+struct DecisionKeyHash {
+  size_t operator()(const DecisionKey& k) const noexcept {
+    uint64_t h = 0x9e3779b97f4a7c15ULL ^ k.size();
+    for (int64_t v : k) {
+      h ^= static_cast<uint64_t>(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    }
+    return static_cast<size_t>(h);
+  }
+};
+
 struct DecisionCache {
   std::mutex mutex;
-  std::unordered_map<std::string, std::shared_ptr<const Cached>> entries;
+  std::unordered_map<DecisionKey, std::shared_ptr<const Cached>, DecisionKeyHash> entries;
 };
 
 DecisionCache& decision_cache() {
@@ -52,61 +70,93 @@ DecisionCache& decision_cache() {
 }
 constexpr size_t kMaxCachedDecisions = 8192;
 
-// The key spells every spec out in full (placements, shape, stride, dtype; the mesh by its
-// hash, which covers its ranks, shape and names): equal keys mean equal decisions.
-void append_spec(std::ostringstream& key, const DTensorSpec& s) {
-  key << 's' << s.mesh.hash() << ':' << static_cast<int>(s.dtype);
-  for (const auto& p : s.placements) {
-    key << (p.is_shard() ? 'S' : p.is_replicate() ? 'R' : 'P');
-    if (p.is_shard()) {
-      key << p.dim();
-    } else if (p.is_partial()) {
-      key << static_cast<int>(p.reduce_op());
-      if (p.is_norm_partial()) {
-        key << 'n' << p.norm_p();
-      }
-    }
-  }
-  key << '[';
-  for (int64_t d : s.shape) {
-    key << d << ',';
-  }
-  key << '/';
-  for (int64_t d : s.stride) {
-    key << d << ',';
-  }
-  key << ']';
+enum KeyTag : int64_t { kSpec = 1, kSpecList, kTensor, kSign, kInt, kDouble, kBool, kNone, kInts, kText };
+
+int64_t bits_of(double x) {
+  int64_t b = 0;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
 }
 
-std::string cache_key(const OpInfo& info) {
-  std::ostringstream key;
-  key << info.name;
+void append_ints(DecisionKey& key, c10::ArrayRef<int64_t> values) {
+  key.push_back(static_cast<int64_t>(values.size()));
+  key.insert(key.end(), values.begin(), values.end());
+}
+
+void append_text(DecisionKey& key, const std::string& text) {
+  key.push_back(kText);
+  key.push_back(static_cast<int64_t>(text.size()));
+  for (char c : text) {
+    key.push_back(c);
+  }
+}
+
+void append_spec(DecisionKey& key, const DTensorSpec& s) {
+  key.push_back(static_cast<int64_t>(s.mesh.hash()));
+  key.push_back(static_cast<int64_t>(s.dtype));
+  key.push_back(static_cast<int64_t>(s.placements.size()));
+  for (const auto& p : s.placements) {
+    key.push_back(static_cast<int64_t>(p.kind()));
+    if (p.is_shard()) {
+      key.push_back(p.dim());
+    } else if (p.is_partial()) {
+      key.push_back(static_cast<int64_t>(p.reduce_op()));
+      key.push_back(p.is_norm_partial() ? bits_of(p.norm_p()) : -1);
+    }
+  }
+  append_ints(key, s.shape);
+  append_ints(key, s.stride);
+}
+
+void append_value(DecisionKey& key, const c10::IValue& v, bool sign_only_number) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    key.push_back(kTensor);
+    key.push_back(t.defined() ? static_cast<int64_t>(t.scalar_type()) : -1);
+    append_ints(key, t.defined() ? t.sizes() : c10::IntArrayRef());
+  } else if (sign_only_number && v.isScalar() && !v.isComplexDouble()) {
+    const double x = v.toScalar().toDouble();
+    key.push_back(kSign);
+    key.push_back(x > 0 ? 1 : x < 0 ? -1 : x == 0 ? 0 : 2);
+  } else if (v.isInt()) {
+    key.push_back(kInt);
+    key.push_back(v.toInt());
+  } else if (v.isDouble()) {
+    key.push_back(kDouble);
+    key.push_back(bits_of(v.toDouble()));
+  } else if (v.isBool()) {
+    key.push_back(kBool);
+    key.push_back(v.toBool() ? 1 : 0);
+  } else if (v.isNone()) {
+    key.push_back(kNone);
+  } else if (v.isIntList()) {
+    key.push_back(kInts);
+    append_ints(key, v.toIntList().vec());
+  } else {
+    append_text(key, c10::str(v)); // rare kinds (strings, devices, lists of others): spelled out
+  }
+}
+
+// Fills `key` (cleared first) for `info`.
+void fill_key(DecisionKey& key, const OpInfo& info) {
+  key.clear();
+  key.push_back(reinterpret_cast<intptr_t>(&info.op->schema()));
   const bool sign_only = rule_reads_scalar_sign_only(info.name, info.op->schema().name());
   const auto& schema_args = info.op->schema().arguments();
   for (size_t i = 0; i < info.num_args(); ++i) {
-    key << '|';
     if (info.specs[i]) {
+      key.push_back(kSpec);
       append_spec(key, *info.specs[i]);
     } else if (!info.list_specs[i].empty()) {
+      key.push_back(kSpecList);
+      key.push_back(static_cast<int64_t>(info.list_specs[i].size()));
       for (const auto& s : info.list_specs[i]) {
-        key << 'l';
         append_spec(key, s);
       }
     } else {
-      const c10::IValue& v = info.arg(i);
-      if (v.isTensor()) {
-        const at::Tensor& t = v.toTensor();
-        key << 't' << (t.defined() ? c10::str(t.sizes(), t.scalar_type()) : "u");
-      } else if (sign_only && v.isScalar() && !v.isComplexDouble() &&
-                 schema_args[i].type()->kind() == c10::TypeKind::NumberType) {
-        double x = v.toScalar().toDouble();
-        key << 'n' << (x > 0 ? '+' : x < 0 ? '-' : x == 0 ? '0' : '?');
-      } else {
-        key << v;
-      }
+      append_value(key, info.arg(i), sign_only && schema_args[i].type()->kind() == c10::TypeKind::NumberType);
     }
   }
-  return key.str();
 }
 
 at::Tensor meta_of(const DTensorSpec& s) {
@@ -323,9 +373,10 @@ std::shared_ptr<const Cached> make_decision(const c10::OperatorHandle& op, const
   return made;
 }
 
-// Decide: cached by op, input specs and the other arguments (cache_key).
+// Decide: cached by op, input specs and the other arguments ([Note: decision keys]).
 std::shared_ptr<const Cached> decide(const c10::OperatorHandle& op, const OpInfo& info) {
-  const std::string key = cache_key(info);
+  thread_local DecisionKey key;
+  fill_key(key, info);
   DecisionCache& cache = decision_cache();
   {
     std::lock_guard<std::mutex> lock(cache.mutex);
