@@ -130,8 +130,12 @@ void append_value(DecisionKey& key, const c10::IValue& v, bool sign_only_number)
   } else if (v.isNone()) {
     key.push_back(kNone);
   } else if (v.isIntList()) {
+    const c10::List<int64_t> list = v.toIntList(); // shares the list: no copy
     key.push_back(kInts);
-    append_ints(key, v.toIntList().vec());
+    key.push_back(static_cast<int64_t>(list.size()));
+    for (int64_t x : list) {
+      key.push_back(x);
+    }
   } else {
     append_text(key, c10::str(v)); // rare kinds (strings, devices, lists of others): spelled out
   }
