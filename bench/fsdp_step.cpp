@@ -101,10 +101,10 @@ void run(const Size& sz, int steps) {
   // each gradient byte is reduce-scattered once; (N-1)/N of it crosses the wire per rank.
   const int64_t ag_min = (all_bytes + blocks_total) * (world - 1) / world;
   const int64_t rs_min = all_bytes * (world - 1) / world;
-  // fully_shard's own memory: the root stays unsharded; one block unsharded plus one
-  // buffer of its size (all-gather output before the copy-out, or the reduce-scatter input)
-  // and the reduce-scatter output.
-  const int64_t mem_bound = root_bytes + 2 * block_bytes + block_bytes / world;
+  // fully_shard's own memory (docs/fsdp.md "Memory", overlap on): the root stays
+  // unsharded; the block in use and the prefetched one, and two reduce-scatter inputs in
+  // flight, each about a block's size (padding aside).
+  const int64_t mem_bound = root_bytes + 4 * block_bytes;
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   if (dtensor::get_rank() == 0) {

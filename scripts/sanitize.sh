@@ -13,8 +13,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 "$root/scripts/setup.sh" >/dev/null
 
 # The programs that exercise the most library code per second of run time: dispatch,
-# every rule family, redistribution, state dicts, process-group debug wrapping.
-SUBSET=(reliability random_ops redistribute sharding_rules)
+# every rule family, redistribution, state dicts, process-group debug wrapping; and
+# fsdp_overlap, whose collectives stay in flight while their buffers live on.
+SUBSET=(reliability random_ops redistribute sharding_rules fsdp_overlap)
 
 all=0
 if [[ ${1:-} == --all ]]; then

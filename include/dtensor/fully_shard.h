@@ -76,9 +76,15 @@ class FSDPModule {
   void set_requires_gradient_sync(bool sync, bool recurse = true);
   void set_reshard_after_forward(bool reshard, bool recurse = true);
   void set_reshard_after_backward(bool reshard, bool recurse = true);
-  // Units all-gathered right after this one in forward / in backward.
+  // Units all-gathered (asynchronously) when this one is first used in forward / in
+  // backward; they replace the implicit prefetch of the unit expected next.
   void set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules);
   void set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules);
+  // Overlap of communication with compute (default on; docs/fsdp.md "Overlap"): the next
+  // unit's all-gather is prefetched in forward and backward, and reduce-scatters stay in
+  // flight until the end of the backward (a bounded number at a time). Off: every
+  // collective is waited for where it is issued. Counts and values are the same.
+  void set_communication_overlap(bool enable, bool recurse = true);
   // Reduced gradients are divided by this (default: the data-parallel size).
   void set_gradient_divide_factor(double factor);
   // FSDP2's all-reduce hook, for this unit: called with the unit's reduced gradient shard
@@ -109,7 +115,8 @@ class FSDPModule {
 
   const DeviceMesh& mesh() const;
   bool is_root() const;      // no enclosing fully_shard unit
-  bool is_unsharded() const; // the unsharded parameters are allocated and filled
+  // The unsharded parameters are allocated and filled; a prefetch in flight is waited for.
+  bool is_unsharded() const;
   // Bytes held by the storage of the unsharded parameters (0 when resharded).
   int64_t unsharded_storage_bytes() const;
   // The parameters this unit manages (DTensors), in registration order.

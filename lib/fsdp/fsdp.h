@@ -39,7 +39,12 @@ struct FsdpTag {
   bool is_view() const { return role != FsdpRole::Parameter; }
 };
 
-enum class ShardState { Sharded, Unsharded };
+// Unsharding: the unit's all-gather is in flight (a prefetch); its unsharded buffer is
+// filled when the unit is first needed ([Note: overlap] in lib/fsdp/schedule.cpp).
+enum class ShardState { Sharded, Unsharding, Unsharded };
+
+struct PendingGather; // an all-gather in flight (param_group.cpp)
+struct PendingReduce; // a reduce-scatter in flight (reduce.cpp)
 
 // One managed parameter: where its shard sits in the unit's flat shard, and its unsharded
 // view in the unit's unsharded buffer.
@@ -92,7 +97,16 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
   int64_t shard_numel = 0;   // its length (equal on every rank)
   at::Tensor unsharded_flat; // every parameter unsharded, one after another
   ShardState state = ShardState::Sharded;
-  bool forward_used = false; // touched by forward since it was last resharded
+  std::shared_ptr<PendingGather> gather; // while Unsharding
+  bool forward_used = false;  // touched by forward since it was last resharded
+  bool backward_used = false; // touched by the current backward
+  bool overlap = true;        // FSDPModule::set_communication_overlap
+  // On a root, of the units under it ([Note: overlap]): the order in which forward first
+  // used them, this forward's and the last complete one's, and the order in which it last
+  // used them (FSDP2's post-forward order), this step.
+  std::vector<std::weak_ptr<FSDPParamGroup>> pre_order;
+  std::vector<std::weak_ptr<FSDPParamGroup>> last_pre_order;
+  std::vector<std::weak_ptr<FSDPParamGroup>> post_order;
 
   std::optional<bool> reshard_after_forward;
   bool reshard_after_backward = true;
@@ -105,6 +119,7 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
   std::optional<std::pair<CommHookState, CommHook>> comm_hook; // register_comm_hook
 
   bool is_root() const { return parent.expired(); }
+  FSDPParamGroup& root();
   bool is_ancestor_of(const FSDPParamGroup& other) const;
   bool effective_reshard_after_forward() const {
     return reshard_after_forward.value_or(!is_root());
@@ -112,8 +127,11 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
 
   // Builds the flat shard from the parameters' full values and converts them in place.
   void init_sharded(std::vector<std::pair<std::string, at::Tensor>> named_params);
-  // One all-gather of the flat shard, copied out into the unsharded buffer.
-  void unshard();
+  // One all-gather of the flat shard, copied out into the unsharded buffer. With `async`
+  // (a prefetch, overlap on) it returns with the all-gather in flight (Unsharding);
+  // finish_unshard() waits for it and copies out. unshard() on an Unsharding unit finishes.
+  void unshard(bool async = false);
+  void finish_unshard();
   // Frees the unsharded buffer's storage (views of it, saved by autograd, stay valid and
   // are refilled by the next unshard).
   void reshard();
@@ -128,8 +146,11 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
   // the next backward's gradients afresh.
   void end_backward();
   // One reduce-scatter of every received gradient (+ one all-reduce for HSDP); the
-  // results accumulate into the parameters' Shard gradients.
+  // results accumulate into the parameters' Shard gradients. With overlap on, the
+  // reduce-scatter is left in flight (queued in the registry) and finish_reduce() completes
+  // it: when too many are in flight, or at the end of the backward.
   void reduce_grads();
+  void finish_reduce(PendingReduce& pending);
 
  private:
   FSDPParam plan_param(const std::string& fqn, const at::Tensor& p, const at::Tensor& value,
@@ -140,19 +161,35 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
   at::Tensor allocate_comm(int64_t numel, c10::ScalarType dtype, const CommAllocator& allocate,
                            const char* what) const;
   void copy_in_grads(at::Tensor& input) const;
-  at::Tensor reduce_flat(at::Tensor& input);      // the reduced shard, reduce dtype
-  at::Tensor reduce_with_hook(at::Tensor& input); // register_comm_hook's path
+  void start_reduce_flat(PendingReduce& pending); // the reduce-scatter, maybe in flight
+  void finish_reduce_flat(PendingReduce& pending); // HSDP's all-reduce, hook, division
+  at::Tensor reduce_with_hook(at::Tensor& input);  // register_comm_hook's path
   void run_all_reduce_hook(at::Tensor& output) const;
-  void accumulate_shard_grads(at::Tensor output);
+  void accumulate_shard_grads(at::Tensor output, const std::vector<bool>& received);
 };
 
-// All live units, in creation order, and the per-backward bookkeeping.
+// A reduce-scatter in flight and its unit.
+struct InFlightReduce {
+  std::shared_ptr<FSDPParamGroup> group;
+  std::shared_ptr<PendingReduce> pending;
+};
+
+// All live units, in creation order, and the per-step bookkeeping ([Note: overlap]).
 struct FSDPRegistry {
   std::vector<std::pair<std::weak_ptr<torch::nn::Module>, std::shared_ptr<FSDPParamGroup>>> units;
   bool callback_queued = false;
+  std::vector<InFlightReduce> reducing; // oldest first
 };
 FSDPRegistry& fsdp_registry();
 std::vector<std::shared_ptr<FSDPParamGroup>> live_units();
+
+// Reduce-scatters in flight at most ([Note: overlap]).
+constexpr size_t kMaxReducesInFlight = 2;
+// Finishes the oldest reduce-scatters until another may go in flight; then queue it.
+void fsdp_make_room_for_reduce();
+void fsdp_track_reduce(InFlightReduce reduce);
+// Finishes every reduce-scatter in flight, oldest first.
+void fsdp_finish_reduces();
 
 // Called before a unit's unsharded parameters are used: reshards units whose forward is
 // over (forward only), unshards this one, runs its prefetches, and in backward queues the

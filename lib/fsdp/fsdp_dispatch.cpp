@@ -2,8 +2,6 @@
 // unsharded by the ops of forward and backward, sharded by everything else.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/graph_task.h>
 
 #include "internal/check.h"
 #include "fsdp/fsdp.h"
@@ -30,8 +28,9 @@ namespace dtensor::detail {
 //    that is neither that unit nor one of its ancestors and reshards after forward is
 //    freed. The root never is (backward needs it first).
 //  - Backward: gradients reach each parameter's FSDPAccumulateGrad node (param_group.cpp);
-//    a unit reduce-scatters once when all of its gradients are in; a callback at the end
-//    of the backward reduces what is left and reshards.
+//    a unit reduce-scatters once when all of its gradients are in (reduce.cpp); a callback
+//    at the end of the backward reduces what is left and reshards (schedule.cpp).
+//  - When collectives are issued and waited for: [Note: overlap] in schedule.cpp.
 
 namespace {
 
@@ -43,55 +42,6 @@ struct Touch {
   const DTensorMeta* meta;
   std::shared_ptr<const FsdpTag> tag;
 };
-
-void end_of_backward() {
-  FSDPRegistry& reg = fsdp_registry();
-  reg.callback_queued = false;
-  auto units = live_units();
-  for (auto& g : units) {
-    g->end_backward();
-  }
-  for (auto& g : units) {
-    if (g->reshard_after_backward) {
-      g->reshard();
-    }
-  }
-}
-
-} // namespace
-
-void fsdp_queue_final_callback() {
-  FSDPRegistry& reg = fsdp_registry();
-  if (!reg.callback_queued && torch::autograd::get_current_graph_task_id() != -1) {
-    reg.callback_queued = true;
-    torch::autograd::Engine::get_default_engine().queue_callback(end_of_backward);
-  }
-}
-
-void fsdp_before_use(FSDPParamGroup& group, bool in_backward) {
-  if (in_backward) {
-    fsdp_queue_final_callback();
-  } else {
-    for (auto& other : live_units()) {
-      if (other.get() != &group && other->forward_used && other->state == ShardState::Unsharded &&
-          other->effective_reshard_after_forward() && !other->is_ancestor_of(group)) {
-        other->reshard();
-      }
-    }
-    group.forward_used = true;
-  }
-  if (group.state == ShardState::Unsharded) {
-    return;
-  }
-  group.unshard();
-  for (auto& w : in_backward ? group.backward_prefetch : group.forward_prefetch) {
-    if (auto g = w.lock()) {
-      g->unshard();
-    }
-  }
-}
-
-namespace {
 
 // The op's managed parameters (and views of them), and its other DTensors.
 struct Touches {

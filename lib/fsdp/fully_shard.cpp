@@ -274,6 +274,12 @@ void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule>&
   }
 }
 
+void FSDPModule::set_communication_overlap(bool enable, bool recurse) {
+  for (auto& g : units_under(group_, recurse)) {
+    g->overlap = enable;
+  }
+}
+
 void FSDPModule::set_gradient_divide_factor(double factor) {
   DTENSOR_CHECK(factor > 0, "set_gradient_divide_factor: factor must be positive, got {}", factor);
   group_->gradient_divide_factor = factor;
@@ -341,6 +347,7 @@ bool FSDPModule::is_root() const {
   return group_->is_root();
 }
 bool FSDPModule::is_unsharded() const {
+  group_->finish_unshard();
   return group_->state == detail::ShardState::Unsharded;
 }
 int64_t FSDPModule::unsharded_storage_bytes() const {

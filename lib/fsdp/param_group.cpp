@@ -1,8 +1,7 @@
 // A fully_shard unit's data movement: the flat shard, all-gather into the unsharded buffer,
 // freeing it, and the reduce-scatter of gradients.
-#include <atomic>
-
 #include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Work.hpp> // dtensor::Work held in pending collectives
 #include <c10/core/StorageImpl.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -10,6 +9,7 @@
 #include <dtensor/dtensor.h>
 
 #include "fsdp/fsdp.h"
+#include "fsdp/memory.h"
 #include "internal/check.h"
 #include "internal/grad_reduce.h"
 #include "internal/sharding.h"
@@ -45,36 +45,9 @@ struct FSDPAccumulateGrad : torch::autograd::Node {
   size_t index_;
 };
 
-// [Note: memory accounting] Process-wide counts behind fsdp_memory_stats(); units run on
-// one thread at a time (forward, then autograd's thread for this device), atomics anyway.
-std::atomic<int64_t> g_unsharded{0};
-std::atomic<int64_t> g_comm{0};
-std::atomic<int64_t> g_peak{0};
-
-void note_peak() {
-  const int64_t now = g_unsharded.load() + g_comm.load();
-  int64_t peak = g_peak.load();
-  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
-  }
-}
-
-// A communication buffer counted while it lives.
-struct CommBuffer {
-  explicit CommBuffer(at::Tensor t)
-      : tensor(std::move(t)), bytes(tensor.numel() * tensor.element_size()) {
-    g_comm += bytes;
-    note_peak();
-  }
-  ~CommBuffer() { g_comm -= bytes; }
-  CommBuffer(const CommBuffer&) = delete;
-  CommBuffer& operator=(const CommBuffer&) = delete;
-  at::Tensor tensor;
-  int64_t bytes;
-};
-
 void free_storage(const at::Tensor& t) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  g_unsharded -= static_cast<int64_t>(s->nbytes());
+  fsdp_memory().unsharded -= static_cast<int64_t>(s->nbytes());
   s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
   s->set_nbytes(0);
 }
@@ -83,14 +56,43 @@ void allocate_storage(const at::Tensor& t) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
   const size_t need = static_cast<size_t>(t.numel()) * t.element_size();
   if (s->nbytes() < need) {
-    g_unsharded += static_cast<int64_t>(need - s->nbytes());
+    fsdp_memory().unsharded += static_cast<int64_t>(need - s->nbytes());
     s->set_data_ptr_noswap(s->allocator()->allocate(need));
     s->set_nbytes(need);
-    note_peak();
+    fsdp_memory().note_peak();
   }
 }
 
 } // namespace
+
+FsdpMemory& fsdp_memory() {
+  static FsdpMemory memory;
+  return memory;
+}
+
+void FsdpMemory::note_peak() {
+  const int64_t now = unsharded.load() + comm.load();
+  int64_t seen = peak.load();
+  while (now > seen && !peak.compare_exchange_weak(seen, now)) {
+  }
+}
+
+CommBuffer::CommBuffer(at::Tensor t)
+    : tensor(std::move(t)), bytes(static_cast<int64_t>(tensor.nbytes())) {
+  fsdp_memory().comm += bytes;
+  fsdp_memory().note_peak();
+}
+
+CommBuffer::~CommBuffer() { fsdp_memory().comm -= bytes; }
+
+// An all-gather in flight: its input is kept alive with the output until it completes
+// ([Note: overlap] in schedule.cpp).
+struct PendingGather {
+  PendingGather(at::Tensor in, at::Tensor out) : input(std::move(in)), buffer(std::move(out)) {}
+  at::Tensor input;
+  CommBuffer buffer;
+  Work work;
+};
 
 int64_t FSDPParam::rows_on(int64_t shard_rank, int64_t shard_size) const {
   return chunk_size(shape[static_cast<size_t>(shard_dim)], shard_size, shard_rank);
@@ -100,6 +102,14 @@ std::vector<int64_t> FSDPParam::chunk_shape(int64_t rows) const {
   std::vector<int64_t> s = shape;
   s[static_cast<size_t>(shard_dim)] = rows;
   return s;
+}
+
+FSDPParamGroup& FSDPParamGroup::root() {
+  FSDPParamGroup* g = this;
+  for (auto p = parent.lock(); p; p = p->parent.lock()) {
+    g = p.get();
+  }
+  return *g;
 }
 
 bool FSDPParamGroup::is_ancestor_of(const FSDPParamGroup& other) const {
@@ -218,7 +228,8 @@ void FSDPParamGroup::materialize(const std::vector<at::Tensor>& values) {
       torch::autograd::impl::set_grad_accumulator(fp.param, fp.grad_node);
     }
   }
-  g_unsharded += static_cast<int64_t>(unsharded_flat.storage().nbytes()); // balanced by the free
+  // balanced by the free
+  fsdp_memory().unsharded += static_cast<int64_t>(unsharded_flat.storage().nbytes());
   free_storage(unsharded_flat);
 }
 
@@ -269,25 +280,48 @@ at::Tensor FSDPParamGroup::allocate_comm(int64_t numel, c10::ScalarType dtype,
   return t.view({numel});
 }
 
-void FSDPParamGroup::unshard() {
+void FSDPParamGroup::unshard(bool async) {
+  if (state == ShardState::Unsharding) {
+    if (!async) {
+      finish_unshard();
+    }
+    return;
+  }
   if (state == ShardState::Unsharded) {
     return;
   }
-  state = ShardState::Unsharded;
   if (params.empty()) {
+    state = ShardState::Unsharded;
     return;
   }
   at::NoGradGuard no_grad;
-  at::Tensor input = flat_shard.to(device, param_dtype);
-  CommBuffer buffer(allocate_comm(shard_size * shard_numel, param_dtype, custom_all_gather.allocate,
-                                  "all-gather"));
-  at::Tensor& gathered = buffer.tensor;
+  auto pending = std::make_shared<PendingGather>(
+      flat_shard.to(device, param_dtype),
+      allocate_comm(shard_size * shard_numel, param_dtype, custom_all_gather.allocate,
+                    "all-gather"));
   if (custom_all_gather.call) {
-    custom_all_gather.call(gathered, input, shard_group);
+    custom_all_gather.call(pending->buffer.tensor, pending->input, shard_group);
   } else {
-    all_gather_into_tensor(gathered, input, shard_group);
+    pending->work = all_gather_into_tensor(pending->buffer.tensor, pending->input, shard_group,
+                                           CollectiveOptions().async_op(async && overlap));
   }
+  gather = std::move(pending);
+  state = ShardState::Unsharding;
+  if (!async) {
+    finish_unshard();
+  }
+}
+
+void FSDPParamGroup::finish_unshard() {
+  if (state != ShardState::Unsharding) {
+    return;
+  }
+  std::shared_ptr<PendingGather> pending = std::move(gather);
+  state = ShardState::Sharded; // until the copy-out is done (a failed wait leaves it so)
+  pending->work.wait();
+  at::NoGradGuard no_grad;
   allocate_storage(unsharded_flat);
+  const at::Tensor& gathered = pending->buffer.tensor;
   for (const FSDPParam& fp : params) {
     for (int64_t r = 0; r < shard_size; ++r) {
       const int64_t rows = fp.rows_on(r, shard_size);
@@ -299,14 +333,21 @@ void FSDPParamGroup::unshard() {
       fp.unsharded.narrow(fp.shard_dim, r * fp.chunk, rows).copy_(src);
     }
   }
+  state = ShardState::Unsharded;
 }
 
 void FSDPParamGroup::reshard() {
+  forward_used = false;
+  if (state == ShardState::Unsharding) {
+    std::shared_ptr<PendingGather> pending = std::move(gather);
+    state = ShardState::Sharded;
+    pending->work.wait(); // the buffers may go only once the all-gather is done
+    return;
+  }
   if (state == ShardState::Sharded) {
     return;
   }
   state = ShardState::Sharded;
-  forward_used = false;
   if (unsharded_flat.defined()) {
     free_storage(unsharded_flat);
   }
@@ -328,195 +369,22 @@ at::Tensor FSDPParamGroup::unsharded_value(size_t index) const {
   return dt;
 }
 
-void FSDPParamGroup::on_grad(size_t index, const at::Tensor& dgrad) {
-  fsdp_queue_final_callback();
-  FSDPParam& fp = params.at(index);
-  at::NoGradGuard no_grad;
-  at::Tensor grad = dgrad;
-  if (const DTensorMeta* m = dtensor_meta(dgrad)) {
-    // A tensor-parallel gradient: its local part in the parameter's tp placement (Partial
-    // ones, e.g. of Replicate norm weights under sequence parallelism, are reduced here).
-    // A parameter without tensor parallelism used with DTensor activations took part as
-    // Replicate ([Note: plain units next to tensor parallelism]).
-    const Placements want =
-        fp.tp_spec ? fp.tp_spec->placements : replicate_all(m->spec.mesh.ndim());
-    DTENSOR_CHECK(!fp.tp_spec || m->spec.mesh == fp.tp_spec->mesh,
-                  "fully_shard({}): gradient of '{}' is a DTensor on {} but the parameter is "
-                  "tensor-parallel on {}",
-                  name, fp.fqn, m->spec.mesh.to_string(),
-                  fp.tp_spec ? fp.tp_spec->mesh.to_string() : "");
-    grad = m->spec.placements == want ? m->local : redistribute_local(m->local, m->spec, want);
-  } else if (fp.tp_spec && dgrad.sizes() == fp.tp_spec->shape) {
-    // Whole and plain ([Note: local outputs] in lib/tp/tp_dispatch.cpp): this rank's piece.
-    grad = dtensor_meta(distribute_tensor(dgrad, fp.tp_spec->mesh, fp.tp_spec->placements,
-                                          /*src_data_rank=*/std::nullopt))
-               ->local;
-  }
-  if (fp.unsharded_grad.defined()) {
-    fp.unsharded_grad = fp.unsharded_grad + grad; // accumulated without sync before
-  } else {
-    fp.unsharded_grad = grad.detach();
-  }
-  fp.grad_received = true;
-  if (!requires_gradient_sync) {
-    return;
-  }
-  for (const FSDPParam& p : params) {
-    if (p.grad_node && !p.grad_received) {
-      return; // more to come; the end of backward reduces what is missing
-    }
-  }
-  reduce_grads();
-  if (reshard_after_backward) {
-    reshard();
-  }
-}
-
-bool FSDPParamGroup::has_pending_grads() const {
-  for (const FSDPParam& p : params) {
-    if (p.unsharded_grad.defined()) {
-      return true;
-    }
-  }
-  return false;
-}
-
-void FSDPParamGroup::end_backward() {
-  if (requires_gradient_sync && has_pending_grads()) {
-    reduce_grads();
-  }
-  for (FSDPParam& p : params) {
-    p.grad_received = false;
-  }
-}
-
-void FSDPParamGroup::copy_in_grads(at::Tensor& input) const {
-  input.zero_(); // gradients not received contribute zeros: every rank issues the same collective
-  for (const FSDPParam& fp : params) {
-    if (!fp.unsharded_grad.defined()) {
-      continue;
-    }
-    for (int64_t r = 0; r < shard_size; ++r) {
-      const int64_t rows = fp.rows_on(r, shard_size);
-      if (rows == 0) {
-        continue;
-      }
-      input.narrow(0, r * shard_numel + fp.offset, rows * fp.row_numel)
-          .view(fp.chunk_shape(rows))
-          .copy_(fp.unsharded_grad.narrow(fp.shard_dim, r * fp.chunk, rows));
-    }
-  }
-}
-
-void FSDPParamGroup::run_all_reduce_hook(at::Tensor& output) const {
-  if (!all_reduce_hook) {
-    return;
-  }
-  // [Note: all-reduce hook] FSDP2's place: after the reduce-scatter (and HSDP's
-  // all-reduce), before the post-division, the cast back and the copy into the gradients.
-  const auto numel = output.numel();
-  const auto dtype = output.scalar_type();
-  all_reduce_hook(output);
-  DTENSOR_CHECK(output.defined() && output.numel() == numel && output.scalar_type() == dtype,
-                "fully_shard unit '{}': the all-reduce hook must leave the reduced gradient "
-                "a {} tensor of {} elements",
-                name, c10::toString(dtype), numel);
-}
-
-at::Tensor FSDPParamGroup::reduce_with_hook(at::Tensor& input) {
-  const auto& [registered, hook] = *comm_hook;
-  const CommHookState hook_state = resolved_hook_state(registered, shard_group);
-  at::Tensor output = at::empty({shard_numel}, input.options());
-  hook.reduce_scatter(hook_state, input, output);
-  DTENSOR_CHECK(output.defined() && output.numel() == shard_numel,
-                "fully_shard unit '{}': communication hook '{}' must leave a reduced shard of {} "
-                "elements in `output`, got {}",
-                name, hook.name, shard_numel, output.defined() ? output.numel() : 0);
-  output = output.reshape({shard_numel});
-  run_all_reduce_hook(output);
-  return output;
-}
-
-at::Tensor FSDPParamGroup::reduce_flat(at::Tensor& input) {
-  if (comm_hook) {
-    return reduce_with_hook(input);
-  }
-  const DivideFactors f = gradient_divide_factors(mesh.size(), reduce_dtype, gradient_divide_factor,
-                                                  force_sum_reduction);
-  if (f.premul != 1) {
-    input.mul_(f.premul); // NCCL's PreMulSum, emulated: multiply, then SUM
-  }
-  if (f.pre != 1) {
-    input.div_(f.pre);
-  }
-  at::Tensor output =
-      allocate_comm(shard_numel, reduce_dtype, custom_reduce_scatter.allocate, "reduce-scatter");
-  if (custom_reduce_scatter.call) {
-    custom_reduce_scatter.call(output, input, shard_group, f.reduce_scatter_op);
-  } else {
-    reduce_scatter_tensor_into(output, input, f.reduce_scatter_op, shard_group);
-  }
-  if (replicate_group) {
-    all_reduce_(output, f.all_reduce_op, *replicate_group);
-  }
-  run_all_reduce_hook(output);
-  if (f.post != 1) {
-    output.div_(f.post);
-  }
-  return output;
-}
-
-void FSDPParamGroup::accumulate_shard_grads(at::Tensor output) {
-  const bool keep_low = options.mp_policy().keep_low_precision_grads();
-  if (!keep_low && output.scalar_type() != orig_dtype) {
-    output = output.to(orig_dtype);
-  }
-  if (options.offload_policy().offload_to_cpu()) {
-    output = output.to(c10::kCPU);
-  }
-  for (FSDPParam& fp : params) {
-    if (!fp.unsharded_grad.defined()) {
-      continue;
-    }
-    at::Tensor local = output.narrow(0, fp.offset, fp.local_rows * fp.row_numel)
-                           .view(fp.chunk_shape(fp.local_rows));
-    at::Tensor& g = fp.param.mutable_grad();
-    if (g.defined()) {
-      const DTensorMeta& m = checked_meta(g, "fully_shard gradient accumulation");
-      m.local.add_(local);
-    } else {
-      DTensorSpec spec = fp.spec;
-      spec.dtype = local.scalar_type();
-      g = make_dtensor(local, spec);
-    }
-    fp.unsharded_grad = at::Tensor();
-    fp.grad_received = false;
-  }
-}
-
-void FSDPParamGroup::reduce_grads() {
-  at::NoGradGuard no_grad;
-  const CommAllocator& allocate = comm_hook ? CommAllocator() : custom_reduce_scatter.allocate;
-  CommBuffer buffer(
-      allocate_comm(shard_size * shard_numel, reduce_dtype, allocate, "reduce-scatter"));
-  copy_in_grads(buffer.tensor);
-  accumulate_shard_grads(reduce_flat(buffer.tensor));
-}
-
 } // namespace dtensor::detail
 
 namespace dtensor {
 
 FSDPMemoryStats fsdp_memory_stats() {
   FSDPMemoryStats s;
-  s.unsharded_bytes = detail::g_unsharded.load();
-  s.communication_bytes = detail::g_comm.load();
-  s.peak_bytes = detail::g_peak.load();
+  const detail::FsdpMemory& m = detail::fsdp_memory();
+  s.unsharded_bytes = m.unsharded.load();
+  s.communication_bytes = m.comm.load();
+  s.peak_bytes = m.peak.load();
   return s;
 }
 
 void reset_fsdp_peak_memory() {
-  detail::g_peak = detail::g_unsharded.load() + detail::g_comm.load();
+  detail::FsdpMemory& m = detail::fsdp_memory();
+  m.peak = m.unsharded.load() + m.comm.load();
 }
 
 } // namespace dtensor

@@ -1,0 +1,233 @@
+// A fully_shard unit's gradients: received unsharded from autograd, reduce-scattered once
+// per backward (maybe left in flight, [Note: overlap] in schedule.cpp), accumulated into
+// the parameters' Shard gradients.
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Work.hpp> // dtensor::Work held in pending collectives
+
+#include <dtensor/collectives.h>
+#include <dtensor/dtensor.h>
+
+#include "fsdp/fsdp.h"
+#include "fsdp/memory.h"
+#include "internal/check.h"
+#include "internal/grad_reduce.h"
+#include "internal/sharding.h"
+#include "redistribute/redistribute.h"
+#include "tp/tensor_parallel.h"
+
+namespace dtensor::detail {
+
+// A reduce-scatter issued and not finished: the buffers it reads and writes live here
+// until it completes, with what finishing needs.
+struct PendingReduce {
+  explicit PendingReduce(at::Tensor in) : input(std::move(in)) {}
+  CommBuffer input;   // the unsharded gradients, one rank's part after another
+  at::Tensor output;  // this rank's reduced shard (reduce dtype)
+  Work work;          // the reduce-scatter (done already on synchronous paths)
+  DivideFactors factors;
+  std::vector<bool> received; // which parameters had a gradient
+};
+
+void FSDPParamGroup::on_grad(size_t index, const at::Tensor& dgrad) {
+  fsdp_queue_final_callback();
+  FSDPParam& fp = params.at(index);
+  at::NoGradGuard no_grad;
+  at::Tensor grad = dgrad;
+  if (const DTensorMeta* m = dtensor_meta(dgrad)) {
+    // A tensor-parallel gradient: its local part in the parameter's tp placement (Partial
+    // ones, e.g. of Replicate norm weights under sequence parallelism, are reduced here).
+    // A parameter without tensor parallelism used with DTensor activations took part as
+    // Replicate ([Note: plain units next to tensor parallelism]).
+    const Placements want =
+        fp.tp_spec ? fp.tp_spec->placements : replicate_all(m->spec.mesh.ndim());
+    DTENSOR_CHECK(!fp.tp_spec || m->spec.mesh == fp.tp_spec->mesh,
+                  "fully_shard({}): gradient of '{}' is a DTensor on {} but the parameter is "
+                  "tensor-parallel on {}",
+                  name, fp.fqn, m->spec.mesh.to_string(),
+                  fp.tp_spec ? fp.tp_spec->mesh.to_string() : "");
+    grad = m->spec.placements == want ? m->local : redistribute_local(m->local, m->spec, want);
+  } else if (fp.tp_spec && dgrad.sizes() == fp.tp_spec->shape) {
+    // Whole and plain ([Note: local outputs] in lib/tp/tp_dispatch.cpp): this rank's piece.
+    grad = dtensor_meta(distribute_tensor(dgrad, fp.tp_spec->mesh, fp.tp_spec->placements,
+                                          /*src_data_rank=*/std::nullopt))
+               ->local;
+  }
+  if (fp.unsharded_grad.defined()) {
+    fp.unsharded_grad = fp.unsharded_grad + grad; // accumulated without sync before
+  } else {
+    fp.unsharded_grad = grad.detach();
+  }
+  fp.grad_received = true;
+  if (!requires_gradient_sync) {
+    return;
+  }
+  for (const FSDPParam& p : params) {
+    if (p.grad_node && !p.grad_received) {
+      return; // more to come; the end of backward reduces what is missing
+    }
+  }
+  reduce_grads();
+  if (reshard_after_backward) {
+    reshard();
+  }
+}
+
+bool FSDPParamGroup::has_pending_grads() const {
+  for (const FSDPParam& p : params) {
+    if (p.unsharded_grad.defined()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void FSDPParamGroup::end_backward() {
+  if (requires_gradient_sync && has_pending_grads()) {
+    reduce_grads();
+  }
+  for (FSDPParam& p : params) {
+    p.grad_received = false;
+  }
+}
+
+void FSDPParamGroup::copy_in_grads(at::Tensor& input) const {
+  input.zero_(); // gradients not received contribute zeros: every rank issues the same collective
+  for (const FSDPParam& fp : params) {
+    if (!fp.unsharded_grad.defined()) {
+      continue;
+    }
+    for (int64_t r = 0; r < shard_size; ++r) {
+      const int64_t rows = fp.rows_on(r, shard_size);
+      if (rows == 0) {
+        continue;
+      }
+      input.narrow(0, r * shard_numel + fp.offset, rows * fp.row_numel)
+          .view(fp.chunk_shape(rows))
+          .copy_(fp.unsharded_grad.narrow(fp.shard_dim, r * fp.chunk, rows));
+    }
+  }
+}
+
+void FSDPParamGroup::run_all_reduce_hook(at::Tensor& output) const {
+  if (!all_reduce_hook) {
+    return;
+  }
+  // [Note: all-reduce hook] FSDP2's place: after the reduce-scatter (and HSDP's
+  // all-reduce), before the post-division, the cast back and the copy into the gradients.
+  const auto numel = output.numel();
+  const auto dtype = output.scalar_type();
+  all_reduce_hook(output);
+  DTENSOR_CHECK(output.defined() && output.numel() == numel && output.scalar_type() == dtype,
+                "fully_shard unit '{}': the all-reduce hook must leave the reduced gradient "
+                "a {} tensor of {} elements",
+                name, c10::toString(dtype), numel);
+}
+
+at::Tensor FSDPParamGroup::reduce_with_hook(at::Tensor& input) {
+  const auto& [registered, hook] = *comm_hook;
+  const CommHookState hook_state = resolved_hook_state(registered, shard_group);
+  at::Tensor output = at::empty({shard_numel}, input.options());
+  hook.reduce_scatter(hook_state, input, output);
+  DTENSOR_CHECK(output.defined() && output.numel() == shard_numel,
+                "fully_shard unit '{}': communication hook '{}' must leave a reduced shard of {} "
+                "elements in `output`, got {}",
+                name, hook.name, shard_numel, output.defined() ? output.numel() : 0);
+  output = output.reshape({shard_numel});
+  run_all_reduce_hook(output);
+  return output;
+}
+
+void FSDPParamGroup::start_reduce_flat(PendingReduce& pending) {
+  at::Tensor& input = pending.input.tensor;
+  if (comm_hook) {
+    pending.output = reduce_with_hook(input);
+    return;
+  }
+  const DivideFactors f = gradient_divide_factors(mesh.size(), reduce_dtype, gradient_divide_factor,
+                                                  force_sum_reduction);
+  pending.factors = f;
+  if (f.premul != 1) {
+    input.mul_(f.premul); // NCCL's PreMulSum, emulated: multiply, then SUM
+  }
+  if (f.pre != 1) {
+    input.div_(f.pre);
+  }
+  pending.output =
+      allocate_comm(shard_numel, reduce_dtype, custom_reduce_scatter.allocate, "reduce-scatter");
+  if (custom_reduce_scatter.call) {
+    custom_reduce_scatter.call(pending.output, input, shard_group, f.reduce_scatter_op);
+  } else {
+    pending.work = reduce_scatter_tensor_into(pending.output, input, f.reduce_scatter_op,
+                                              shard_group, CollectiveOptions().async_op(overlap));
+  }
+}
+
+void FSDPParamGroup::finish_reduce_flat(PendingReduce& pending) {
+  pending.work.wait();
+  if (comm_hook) {
+    return; // the hook did the rest
+  }
+  const DivideFactors& f = pending.factors;
+  if (replicate_group) {
+    all_reduce_(pending.output, f.all_reduce_op, *replicate_group);
+  }
+  run_all_reduce_hook(pending.output);
+  if (f.post != 1) {
+    pending.output.div_(f.post);
+  }
+}
+
+void FSDPParamGroup::accumulate_shard_grads(at::Tensor output, const std::vector<bool>& received) {
+  const bool keep_low = options.mp_policy().keep_low_precision_grads();
+  if (!keep_low && output.scalar_type() != orig_dtype) {
+    output = output.to(orig_dtype);
+  }
+  if (options.offload_policy().offload_to_cpu()) {
+    output = output.to(c10::kCPU);
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!received[i]) {
+      continue;
+    }
+    FSDPParam& fp = params[i];
+    at::Tensor local = output.narrow(0, fp.offset, fp.local_rows * fp.row_numel)
+                           .view(fp.chunk_shape(fp.local_rows));
+    at::Tensor& g = fp.param.mutable_grad();
+    if (g.defined()) {
+      const DTensorMeta& m = checked_meta(g, "fully_shard gradient accumulation");
+      m.local.add_(local);
+    } else {
+      DTensorSpec spec = fp.spec;
+      spec.dtype = local.scalar_type();
+      g = make_dtensor(local, spec);
+    }
+  }
+}
+
+void FSDPParamGroup::reduce_grads() {
+  at::NoGradGuard no_grad;
+  fsdp_make_room_for_reduce(); // the memory bound ([Note: overlap])
+  const CommAllocator& allocate = comm_hook ? CommAllocator() : custom_reduce_scatter.allocate;
+  auto pending = std::make_shared<PendingReduce>(
+      allocate_comm(shard_size * shard_numel, reduce_dtype, allocate, "reduce-scatter"));
+  copy_in_grads(pending->input.tensor);
+  for (FSDPParam& fp : params) {
+    pending->received.push_back(fp.unsharded_grad.defined());
+    fp.unsharded_grad = at::Tensor(); // copied in: its memory goes now
+    fp.grad_received = false;
+  }
+  start_reduce_flat(*pending);
+  if (pending->work.completed()) {
+    finish_reduce(*pending);
+    return;
+  }
+  fsdp_track_reduce({shared_from_this(), std::move(pending)});
+}
+
+void FSDPParamGroup::finish_reduce(PendingReduce& pending) {
+  at::NoGradGuard no_grad;
+  finish_reduce_flat(pending);
+  accumulate_shard_grads(pending.output, pending.received);
+}
+
+} // namespace dtensor::detail
