@@ -141,11 +141,22 @@ void append_value(DecisionKey& key, const c10::IValue& v, bool sign_only_number)
   }
 }
 
+// Whether the op's rule reads Scalars by sign only, per operator ([Note: per-op statics] in
+// lib/op_args.cpp: rules are registered once, at load).
+bool reads_scalar_sign_only(const c10::OperatorHandle& op) {
+  thread_local std::unordered_map<const c10::FunctionSchema*, bool> sign_only;
+  auto [it, inserted] = sign_only.try_emplace(&op.schema(), false);
+  if (inserted) {
+    it->second = rule_reads_scalar_sign_only(op_full_name(op), op.schema().name());
+  }
+  return it->second;
+}
+
 // Fills `key` (cleared first) for `info`.
 void fill_key(DecisionKey& key, const OpInfo& info) {
   key.clear();
   key.push_back(reinterpret_cast<intptr_t>(&info.op->schema()));
-  const bool sign_only = rule_reads_scalar_sign_only(info.name, info.op->schema().name());
+  const bool sign_only = reads_scalar_sign_only(*info.op);
   const auto& schema_args = info.op->schema().arguments();
   for (size_t i = 0; i < info.num_args(); ++i) {
     if (info.specs[i]) {
@@ -349,7 +360,7 @@ void localize_shape_args(const OpInfo& info, Cached& c) {
 // outputs' global shapes.
 std::shared_ptr<const Cached> make_decision(const c10::OperatorHandle& op, const OpInfo& info) {
   const auto& schema = op.schema();
-  ShardingRule rule = find_rule(info.name, schema.name());
+  ShardingRule rule = find_rule(std::string(info.name), schema.name());
   if (rule == nullptr) {
     // [Note: the replicated fallback]
     // An op without a rule still runs when every DTensor argument is Replicate on every

@@ -1,6 +1,8 @@
 // Helpers for walking and rewriting an op's boxed arguments (lib/internal/op_args.h).
 #include "internal/op_args.h"
 
+#include <unordered_map>
+
 #include <torch/csrc/autograd/graph_task.h>
 
 #include "internal/dtensor_impl.h"
@@ -56,9 +58,19 @@ bool in_backward() {
   return torch::autograd::get_current_graph_task_id() != -1;
 }
 
-std::string op_full_name(const c10::OperatorHandle& op) {
-  const auto& n = op.operator_name();
-  return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+// [Note: per-op statics] What never changes for an operator once the library is loaded
+// (its full name here; how its rule reads Scalars in lib/dispatch.cpp) is computed on its
+// first use on each thread and kept, keyed by the operator's schema (one per operator for
+// the process's life): the dispatch path then costs a pointer lookup instead of building a
+// string per op. Thread-local, so no lock; a few hundred entries at most.
+const std::string& op_full_name(const c10::OperatorHandle& op) {
+  thread_local std::unordered_map<const c10::FunctionSchema*, std::string> names;
+  auto [it, inserted] = names.try_emplace(&op.schema());
+  if (inserted) {
+    const auto& n = op.operator_name();
+    it->second = n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+  }
+  return it->second;
 }
 
 } // namespace dtensor::detail

@@ -210,7 +210,7 @@ void tag_view_outputs(const c10::OperatorHandle& op, torch::jit::Stack* stack, c
 // module hooks]); returns false to leave sharded uses to the generic handler.
 bool fsdp_intercept(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const OpArgs args(op, stack);
-  const std::string name = op_full_name(op);
+  const std::string& name = op_full_name(op);
   const Touches t = find_touches(args, name);
   if (t.touches.empty() || sharded_use(args, t, name)) {
     return false;

@@ -56,7 +56,8 @@ at::Tensor as_replicate(const at::Tensor& plain, const DeviceMesh& mesh);
 // Whether autograd's engine is running a backward pass on this thread.
 bool in_backward();
 
-// "aten::add.Tensor".
-std::string op_full_name(const c10::OperatorHandle& op);
+// "aten::add.Tensor": built once per operator and thread ([Note: per-op statics] in
+// lib/op_args.cpp), so the dispatch path may ask for it on every op.
+const std::string& op_full_name(const c10::OperatorHandle& op);
 
 } // namespace dtensor::detail

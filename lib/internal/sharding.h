@@ -12,6 +12,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <string_view>
+
 #include <dtensor/dtensor_spec.h>
 
 namespace dtensor::detail {
@@ -20,7 +22,7 @@ namespace dtensor::detail {
 // else as IValues) and the mesh they share.
 struct OpInfo {
   const c10::OperatorHandle* op = nullptr;
-  std::string name; // "aten::add.Tensor"
+  std::string_view name; // "aten::add.Tensor" (op_full_name's, alive for this thread)
   const DeviceMesh* mesh = nullptr;
   // One entry per schema argument: the spec of a DTensor argument, nullopt otherwise.
   std::vector<std::optional<DTensorSpec>> specs;
