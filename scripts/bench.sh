@@ -5,7 +5,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 "$root/scripts/setup.sh" >/dev/null
 configure "$root/build" -Dcuda=disabled -Dbuildtype=debugoptimized
 ninja -C "$root/build" bench/bench_dispatch_overhead bench/bench_fsdp_step bench/bench_clip_grad_norm \
-  bench/bench_checkpoint_io
+  bench/bench_checkpoint_io bench/bench_fsdp_overlap
 export TORCH_CPP_LOG_LEVEL=${TORCH_CPP_LOG_LEVEL:-WARNING}
 echo "## dispatch overhead, 1 rank"
 "$root/build/bench/bench_dispatch_overhead"
@@ -23,3 +23,7 @@ echo
 echo "## checkpoint save / load, 256 MB, 2 and 4 ranks, dtensor vs PyTorch DCP (alternating)"
 "$root/.venv/bin/python" "$root/bench/checkpoint_io.py" "$root/.venv/bin/torchrun" \
   "$root/build/bench/bench_checkpoint_io" --mb 256 --rounds 7 --ranks 2 4
+echo
+echo "## fully_shard step time vs PyTorch FSDP2, overlap on / off, 2 and 4 ranks (alternating)"
+"$root/.venv/bin/python" "$root/bench/fsdp_overlap.py" "$root/.venv/bin/torchrun" \
+  "$root/build/bench/bench_fsdp_overlap" --rounds 5 --ranks 2 4 --dims 64 256 512 --tp-dims 64 256
