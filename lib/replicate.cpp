@@ -34,7 +34,10 @@ struct ReplicateState : std::enable_shared_from_this<ReplicateState> {
   std::vector<Bucket> buckets;
   std::unordered_map<const c10::TensorImpl*, size_t> bucket_of;
   bool sync = true;
-  bool callback_queued = false;
+  // The end-of-backward callback: alive while the backward that queued it is; whether it
+  // ran ([Note: failed backward] in lib/fsdp/schedule.cpp).
+  std::weak_ptr<void> callback_token;
+  bool callback_ran = true;
   std::mutex mutex;
 
   void on_grad_ready(const at::Tensor& param);
@@ -99,7 +102,7 @@ void ReplicateState::finish_backward() {
     b.ready = 0;
     b.reduced = false;
   }
-  callback_queued = false;
+  callback_ran = true;
 }
 
 void ReplicateState::on_grad_ready(const at::Tensor& param) {
@@ -107,15 +110,26 @@ void ReplicateState::on_grad_ready(const at::Tensor& param) {
   if (!sync) {
     return;
   }
-  if (!callback_queued) {
+  if (!callback_ran && callback_token.expired()) {
+    // The backward that queued the callback failed before running it: its bucket counts
+    // go, or this backward would reduce buckets before they are complete.
+    for (auto& b : buckets) {
+      b.ready = 0;
+      b.reduced = false;
+    }
+    callback_ran = true;
+  }
+  if (callback_ran) {
     // Buckets left incomplete (unused parameters) are finished when the backward ends.
     std::weak_ptr<ReplicateState> weak = shared_from_this();
-    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+    auto token = std::make_shared<int>(0);
+    torch::autograd::Engine::get_default_engine().queue_callback([weak, token] {
       if (auto s = weak.lock()) {
         s->finish_backward();
       }
     });
-    callback_queued = true;
+    callback_token = token;
+    callback_ran = false;
   }
   auto it = bucket_of.find(param.unsafeGetTensorImpl());
   if (it == bucket_of.end()) {

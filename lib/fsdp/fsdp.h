@@ -142,6 +142,9 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
   // A gradient for params[index] from autograd, unsharded.
   void on_grad(size_t index, const at::Tensor& grad);
   bool has_pending_grads() const; // unsharded gradients not reduced yet
+  // After a backward that failed: its unsharded gradients and per-backward flags go (the
+  // parameters, unsharded or in flight, are still valid and stay).
+  void drop_backward_state();
   // At the end of each backward: reduces what is pending (sync on) and starts counting
   // the next backward's gradients afresh.
   void end_backward();
@@ -177,7 +180,10 @@ struct InFlightReduce {
 // All live units, in creation order, and the per-step bookkeeping ([Note: overlap]).
 struct FSDPRegistry {
   std::vector<std::pair<std::weak_ptr<torch::nn::Module>, std::shared_ptr<FSDPParamGroup>>> units;
-  bool callback_queued = false;
+  // The end-of-backward callback: alive while the backward that queued it is
+  // ([Note: failed backward] in schedule.cpp); whether it ran.
+  std::weak_ptr<void> callback_token;
+  bool callback_ran = true;
   std::vector<InFlightReduce> reducing; // oldest first
 };
 FSDPRegistry& fsdp_registry();

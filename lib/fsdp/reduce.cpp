@@ -81,6 +81,14 @@ bool FSDPParamGroup::has_pending_grads() const {
   return false;
 }
 
+void FSDPParamGroup::drop_backward_state() {
+  for (FSDPParam& p : params) {
+    p.unsharded_grad = at::Tensor();
+    p.grad_received = false;
+  }
+  backward_used = false; // its unsharded parameters, or a prefetch in flight, stay valid
+}
+
 void FSDPParamGroup::end_backward() {
   if (requires_gradient_sync && has_pending_grads()) {
     reduce_grads();
@@ -91,19 +99,21 @@ void FSDPParamGroup::end_backward() {
 }
 
 void FSDPParamGroup::copy_in_grads(at::Tensor& input) const {
-  input.zero_(); // gradients not received contribute zeros: every rank issues the same collective
+  // Each parameter's segment in rank r's part: its gradient's rows for r, then zeros for
+  // the padding; a parameter without a gradient contributes zeros, so every rank issues
+  // the same collective. Only what no gradient covers is zeroed.
   for (const FSDPParam& fp : params) {
-    if (!fp.unsharded_grad.defined()) {
-      continue;
-    }
     for (int64_t r = 0; r < shard_size; ++r) {
-      const int64_t rows = fp.rows_on(r, shard_size);
-      if (rows == 0) {
-        continue;
+      const int64_t rows = fp.unsharded_grad.defined() ? fp.rows_on(r, shard_size) : 0;
+      const int64_t start = r * shard_numel + fp.offset;
+      if (rows > 0) {
+        input.narrow(0, start, rows * fp.row_numel)
+            .view(fp.chunk_shape(rows))
+            .copy_(fp.unsharded_grad.narrow(fp.shard_dim, r * fp.chunk, rows));
       }
-      input.narrow(0, r * shard_numel + fp.offset, rows * fp.row_numel)
-          .view(fp.chunk_shape(rows))
-          .copy_(fp.unsharded_grad.narrow(fp.shard_dim, r * fp.chunk, rows));
+      if (rows < fp.chunk) {
+        input.narrow(0, start + rows * fp.row_numel, (fp.chunk - rows) * fp.row_numel).zero_();
+      }
     }
   }
 }
