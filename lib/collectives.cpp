@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "internal/check.h"
+#include "internal/collectives_internal.h"
 #include "internal/comm_debug.h"
 #include "internal/process_group_state.h"
 
@@ -259,6 +260,59 @@ Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const G
   return run(fmt::format("all_gather_into_tensor({})", describe(input)), group, options,
              [&](c10d::Backend& b) { return b._allgather_base(out, in, c10d::AllgatherOptions()); });
 }
+
+namespace detail {
+
+Work all_gather_into_pieces(std::vector<std::vector<at::Tensor>>& outputs,
+                            std::vector<at::Tensor>& inputs, const Group& group,
+                            const CollectiveOptions& options) {
+  const char* what = "all_gather_into_pieces";
+  check_group(what, group);
+  DTENSOR_CHECK(group.backend_type() == BackendType::Gloo,
+                "{}: only on Gloo groups, got group {}", what, group.to_string());
+  DTENSOR_CHECK(!inputs.empty() && outputs.size() == static_cast<size_t>(group.size()),
+                "{}: {} input pieces and {} output lists for the {} ranks of group {}", what,
+                inputs.size(), outputs.size(), group.size(), group.to_string());
+  int64_t numel = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_tensor(what, "input piece", inputs[i], group);
+    DTENSOR_CHECK(!inputs[i].is_complex() && inputs[i].scalar_type() == inputs[0].scalar_type(),
+                  "{}: piece {} is {}; pieces must share one real dtype", what, i,
+                  describe(inputs[i]));
+    numel += inputs[i].numel();
+  }
+  for (const auto& list : outputs) {
+    DTENSOR_CHECK(list.size() == inputs.size(), "{}: an output list has {} pieces, not {}", what,
+                  list.size(), inputs.size());
+    for (size_t i = 0; i < list.size(); ++i) {
+      DTENSOR_CHECK(list[i].sizes() == inputs[i].sizes() &&
+                        list[i].scalar_type() == inputs[i].scalar_type() &&
+                        list[i].device() == inputs[i].device(),
+                    "{}: output piece {} ({}) does not match input piece {} ({})", what, i,
+                    describe(list[i]), i, describe(inputs[i]));
+    }
+  }
+  const at::Tensor first = inputs[0];
+  if (detail::comm_debug_active()) {
+    CollectiveRecord rec;
+    rec.kind = CollectiveKind::AllGather;
+    rec.group = group.label();
+    rec.ranks = group.ranks();
+    rec.dtype = first.scalar_type();
+    rec.shape = {numel};
+    rec.bytes_in = numel * static_cast<int64_t>(first.element_size());
+    rec.bytes_out = rec.bytes_in * group.size();
+    rec.async = options.async_op();
+    detail::record_collective(rec);
+  }
+  return run(fmt::format("{}({} pieces, {} elements of {})", what, inputs.size(), numel,
+                         c10::toString(first.scalar_type())),
+             group, options, [&](c10d::Backend& b) {
+               return b.allgather_coalesced(outputs, inputs, c10d::AllgatherOptions());
+             });
+}
+
+} // namespace detail
 
 at::Tensor all_gather_tensor(const at::Tensor& input, int64_t gather_dim, const Group& group) {
   const char* what = "all_gather_tensor";

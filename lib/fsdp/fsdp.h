@@ -132,6 +132,7 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
   // finish_unshard() waits for it and copies out. unshard() on an Unsharding unit finishes.
   void unshard(bool async = false);
   void finish_unshard();
+  bool gathers_in_place() const; // [Note: all-gather into place] in param_group.cpp
   // Frees the unsharded buffer's storage (views of it, saved by autograd, stay valid and
   // are refilled by the next unshard).
   void reshard();
@@ -156,6 +157,7 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
   void finish_reduce(PendingReduce& pending);
 
  private:
+  Work gather_in_place(const at::Tensor& input, bool async);
   FSDPParam plan_param(const std::string& fqn, const at::Tensor& p, const at::Tensor& value,
                        int64_t offset, const std::pair<std::string, at::Tensor>& first) const;
   void set_sharded_spec(FSDPParam& fp, const Placement& shard) const;
