@@ -102,9 +102,9 @@ void run(const Size& sz, int steps) {
   const int64_t ag_min = (all_bytes + blocks_total) * (world - 1) / world;
   const int64_t rs_min = all_bytes * (world - 1) / world;
   // fully_shard's own memory (docs/fsdp.md "Memory", overlap on): the root stays
-  // unsharded; the block in use and the prefetched one, and two reduce-scatter inputs in
+  // unsharded; the block in use and the prefetched one, and one reduce-scatter input in
   // flight, each about a block's size (padding aside).
-  const int64_t mem_bound = root_bytes + 4 * block_bytes;
+  const int64_t mem_bound = root_bytes + 3 * block_bytes;
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   if (dtensor::get_rank() == 0) {

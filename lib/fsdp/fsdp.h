@@ -192,7 +192,7 @@ FSDPRegistry& fsdp_registry();
 std::vector<std::shared_ptr<FSDPParamGroup>> live_units();
 
 // Reduce-scatters in flight at most ([Note: overlap]).
-constexpr size_t kMaxReducesInFlight = 2;
+constexpr size_t kMaxReducesInFlight = 1;
 // Finishes the oldest reduce-scatters until another may go in flight; then queue it.
 void fsdp_make_room_for_reduce();
 void fsdp_track_reduce(InFlightReduce reduce);
