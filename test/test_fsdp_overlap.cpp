@@ -80,9 +80,38 @@ Model make_model(bool overlap) {
   return m;
 }
 
-at::Tensor batch(int step) {
-  at::manual_seed(500 + 13 * step + rank());
+at::Tensor batch(int step, int r = rank()) {
+  at::manual_seed(500 + 13 * step + r);
   return at::randn({6, kDim}, options());
+}
+
+// The reference: the same blocks, plain, trained on every rank's batch (the data-parallel
+// gradient is the mean of the ranks' gradients).
+struct Plain {
+  torch::nn::Sequential seq;
+  std::unique_ptr<torch::optim::SGD> opt;
+};
+
+Plain make_plain() {
+  Plain p;
+  torch::manual_seed(0);
+  for (int i = 0; i < kBlocks; ++i) {
+    ProbeBlock b(i);
+    b->to(options().device());
+    p.seq->push_back(b);
+  }
+  p.opt = std::make_unique<torch::optim::SGD>(p.seq->parameters(), 0.1);
+  return p;
+}
+
+void plain_step(Plain& p, int step) {
+  p.opt->zero_grad();
+  at::Tensor loss = at::zeros({}, options());
+  for (int r = 0; r < world(); ++r) {
+    loss = loss + p.seq->forward(batch(step, r)).pow(2).sum();
+  }
+  (loss / world()).backward();
+  p.opt->step();
 }
 
 at::Tensor loss_of(Model& m, int step) { return m.seq->forward(batch(step)).pow(2).sum(); }
@@ -130,12 +159,14 @@ TEST_CASE("fsdp overlap: the next unit's all-gather is issued while this one com
           "[fsdp_overlap][world1][world2][world4]") {
   Model on = make_model(true);
   Model off = make_model(false);
+  Plain plain = make_plain();
   torch::optim::SGD opt_on(on.seq->parameters(), 0.1);
   torch::optim::SGD opt_off(off.seq->parameters(), 0.1);
 
   // Step 0 records the order; nothing to prefetch yet in forward.
   StepLog first = run_step(on, 0, opt_on);
   run_step(off, 0, opt_off);
+  plain_step(plain, 0);
   REQUIRE(first.gathers_at_probe == std::vector<int64_t>{1, 2, 3, 4});
   std::map<int64_t, int> by_numel; // flat shard numel -> block, from the first forward
   for (size_t i = 0; i < first.forward.size(); ++i) {
@@ -147,6 +178,7 @@ TEST_CASE("fsdp overlap: the next unit's all-gather is issued while this one com
     INFO("step " << step);
     StepLog a = run_step(on, step, opt_on);
     StepLog b = run_step(off, step, opt_off);
+    plain_step(plain, step);
     // Forward: when block i's first op is done, block i + 1 is being gathered already.
     REQUIRE(a.gathers_at_probe == std::vector<int64_t>{2, 3, 4, 4});
     REQUIRE(b.gathers_at_probe == std::vector<int64_t>{1, 2, 3, 4});
@@ -180,14 +212,19 @@ TEST_CASE("fsdp overlap: the next unit's all-gather is issued while this one com
     REQUIRE(kinds(a.backward, CollectiveKind::AllGather) == kBlocks - 1); // the last stays
     REQUIRE(kinds(a.backward, CollectiveKind::ReduceScatter) == kBlocks);
   }
-  // The same training: gradients and parameters are identical.
+  // The same training: gradients and parameters identical with overlap on and off, and
+  // equal to the plain model's trained on every rank's batch.
   auto p = on.seq->parameters();
   auto q = off.seq->parameters();
+  auto ref = plain.seq->parameters();
   REQUIRE(p.size() == q.size());
+  REQUIRE(p.size() == ref.size());
   for (size_t i = 0; i < p.size(); ++i) {
     INFO("parameter " << i);
     REQUIRE(same(full_value(p[i].grad()), full_value(q[i].grad())));
     REQUIRE(same(full_value(p[i]), full_value(q[i])));
+    REQUIRE(close(full_value(p[i].grad()), ref[i].grad()));
+    REQUIRE(close(full_value(p[i]), ref[i]));
   }
 }
 
