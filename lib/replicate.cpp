@@ -6,7 +6,6 @@
 #include <unordered_map>
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
@@ -14,6 +13,7 @@
 #include <dtensor/collectives.h>
 
 #include "internal/check.h"
+#include "internal/end_of_backward.h"
 #include "internal/grad_reduce.h"
 
 namespace dtensor {
@@ -34,10 +34,7 @@ struct ReplicateState : std::enable_shared_from_this<ReplicateState> {
   std::vector<Bucket> buckets;
   std::unordered_map<const c10::TensorImpl*, size_t> bucket_of;
   bool sync = true;
-  // The end-of-backward callback: alive while the backward that queued it is; whether it
-  // ran ([Note: failed backward] in lib/fsdp/schedule.cpp).
-  std::weak_ptr<void> callback_token;
-  bool callback_ran = true;
+  EndOfBackward end_of_backward; // [Note: failed backward] in lib/end_of_backward.cpp
   std::mutex mutex;
 
   void on_grad_ready(const at::Tensor& param);
@@ -102,7 +99,7 @@ void ReplicateState::finish_backward() {
     b.ready = 0;
     b.reduced = false;
   }
-  callback_ran = true;
+  end_of_backward.ran();
 }
 
 void ReplicateState::on_grad_ready(const at::Tensor& param) {
@@ -110,27 +107,21 @@ void ReplicateState::on_grad_ready(const at::Tensor& param) {
   if (!sync) {
     return;
   }
-  if (!callback_ran && callback_token.expired()) {
-    // The backward that queued the callback failed before running it: its bucket counts
-    // go, or this backward would reduce buckets before they are complete.
-    for (auto& b : buckets) {
-      b.ready = 0;
-      b.reduced = false;
-    }
-    callback_ran = true;
-  }
-  if (callback_ran) {
-    // Buckets left incomplete (unused parameters) are finished when the backward ends.
-    std::weak_ptr<ReplicateState> weak = shared_from_this();
-    auto token = std::make_shared<int>(0);
-    torch::autograd::Engine::get_default_engine().queue_callback([weak, token] {
-      if (auto s = weak.lock()) {
-        s->finish_backward();
-      }
-    });
-    callback_token = token;
-    callback_ran = false;
-  }
+  // Buckets left incomplete (unused parameters) are finished when the backward ends; after
+  // a backward that failed, its bucket counts go first.
+  std::weak_ptr<ReplicateState> weak = shared_from_this();
+  end_of_backward.queue(
+      [this] {
+        for (auto& b : buckets) {
+          b.ready = 0;
+          b.reduced = false;
+        }
+      },
+      [weak] {
+        if (auto s = weak.lock()) {
+          s->finish_backward();
+        }
+      });
   auto it = bucket_of.find(param.unsafeGetTensorImpl());
   if (it == bucket_of.end()) {
     return;

@@ -16,6 +16,7 @@
 #include <dtensor/fully_shard.h>
 
 #include "internal/dtensor_impl.h"
+#include "internal/end_of_backward.h"
 #include "tp/tensor_parallel.h"
 
 namespace torch::nn {
@@ -182,10 +183,7 @@ struct InFlightReduce {
 // All live units, in creation order, and the per-step bookkeeping ([Note: overlap]).
 struct FSDPRegistry {
   std::vector<std::pair<std::weak_ptr<torch::nn::Module>, std::shared_ptr<FSDPParamGroup>>> units;
-  // The end-of-backward callback: alive while the backward that queued it is
-  // ([Note: failed backward] in schedule.cpp); whether it ran.
-  std::weak_ptr<void> callback_token;
-  bool callback_ran = true;
+  EndOfBackward end_of_backward; // [Note: failed backward] in lib/end_of_backward.cpp
   std::vector<InFlightReduce> reducing; // oldest first
 };
 FSDPRegistry& fsdp_registry();

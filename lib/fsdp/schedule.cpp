@@ -2,9 +2,6 @@
 // backward use the units, prefetching, and the reduce-scatters in flight.
 #include <algorithm>
 
-#include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/graph_task.h>
-
 #include "fsdp/fsdp.h"
 
 namespace dtensor::detail {
@@ -130,8 +127,7 @@ void finish_oldest_reduce(FSDPRegistry& reg) {
 }
 
 void end_of_backward() {
-  FSDPRegistry& reg = fsdp_registry();
-  reg.callback_ran = true;
+  fsdp_registry().end_of_backward.ran();
   auto units = live_units();
   for (auto& g : units) {
     g->end_backward();
@@ -168,22 +164,12 @@ void fsdp_finish_reduces() {
   }
 }
 
-// [Note: failed backward]
-// A backward that throws (a failing op, a failed collective) never runs its final
-// callbacks: its reduce-scatters stay in flight and its unsharded gradients stay pending.
-// Were they finished by the next backward, its gradients would silently include a part of
-// the failed one (after the user's zero_grad, too). And a flag "callback queued" would
-// never be reset, so no later backward would reduce at all. So the callback carries a
-// token: while the backward that queued it lives, the token does; when it died without
-// the callback running, the next backward first waits for what is in flight and drops it,
-// with every unit's pending gradients and per-backward flags, and starts clean. Unsharded
-// parameters and prefetches stay: they are still valid. (Gradient accumulation without
-// sync loses the accumulated part too: after a failed backward, restart the step.)
 namespace {
 
+// After a failed backward ([Note: failed backward] in lib/end_of_backward.cpp). A pending
+// collective's Work is declared after its buffers: destroyed first, it waits for the
+// collective before they go (errors are printed, not thrown).
 void discard_failed_backward(FSDPRegistry& reg) {
-  // A pending collective's Work is declared after its buffers: destroyed first, it waits
-  // for the collective before they go (errors are printed, not thrown).
   reg.reducing.clear();
   for (auto& g : live_units()) {
     g->drop_backward_state();
@@ -194,20 +180,7 @@ void discard_failed_backward(FSDPRegistry& reg) {
 
 void fsdp_queue_final_callback() {
   FSDPRegistry& reg = fsdp_registry();
-  if (torch::autograd::get_current_graph_task_id() == -1) {
-    return;
-  }
-  if (!reg.callback_ran) {
-    if (!reg.callback_token.expired()) {
-      return; // queued by this backward (or one it runs inside)
-    }
-    discard_failed_backward(reg);
-  }
-  auto token = std::make_shared<int>(0);
-  reg.callback_token = token;
-  reg.callback_ran = false;
-  torch::autograd::Engine::get_default_engine().queue_callback(
-      [token] { end_of_backward(); });
+  reg.end_of_backward.queue([&reg] { discard_failed_backward(reg); }, end_of_backward);
 }
 
 void fsdp_before_use(FSDPParamGroup& group, bool in_backward) {
