@@ -14,9 +14,7 @@
 #include "fsdp/memory.h"
 #include "internal/collectives_internal.h"
 #include "internal/check.h"
-#include "internal/grad_reduce.h"
 #include "internal/sharding.h"
-#include "redistribute/redistribute.h"
 #include "tp/tensor_parallel.h"
 
 namespace dtensor::detail {
