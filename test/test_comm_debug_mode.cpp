@@ -6,8 +6,8 @@
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
 
+#include "mesh/comm_debug.h"
 #include "support/prelude.h"
-#include "internal/comm_debug.h"
 
 TEST_CASE("CommDebugMode counts each collective once, with its bytes", "[comm_mode][world1][world2][world4]") {
   auto g = init_device_mesh(device_type(), {world()}, {"dp"}).get_group();

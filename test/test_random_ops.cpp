@@ -9,8 +9,8 @@
 #include <functional>
 #include <random>
 
-#include "redistribute/redistribute.h"
 #include "support/prelude.h"
+#include "tensor/redistribute/redistribute.h"
 
 namespace {
 

@@ -3,8 +3,8 @@
 // (CommDebugMode equals the planner's communicating steps); gradients through redistribute.
 #include <random>
 
-#include "redistribute/redistribute.h"
 #include "support/prelude.h"
+#include "tensor/redistribute/redistribute.h"
 
 namespace {
 

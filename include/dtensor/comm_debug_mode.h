@@ -31,7 +31,7 @@ struct CollectiveRecord {
 };
 
 namespace detail {
-void record_collective(const CollectiveRecord& rec); // lib/internal/comm_debug.h
+void record_collective(const CollectiveRecord& rec); // lib/mesh/comm_debug.h
 } // namespace detail
 
 // [Note: CommDebugMode]
@@ -42,7 +42,7 @@ void record_collective(const CollectiveRecord& rec); // lib/internal/comm_debug.
 // at::ThreadLocalState (autograd's device threads, at::launch tasks, a std::thread under an
 // at::ThreadLocalStateGuard): it travels in c10's ThreadLocalDebugInfo, which
 // at::ThreadLocalState carries ([Note: CommDebugMode across threads] in
-// lib/comm_debug_mode.cpp). Other threads are not seen. Scopes end in reverse order of
+// lib/mesh/comm_debug_mode.cpp). Other threads are not seen. Scopes end in reverse order of
 // opening; read the counts once the collectives of interest have completed.
 //
 //   dtensor::CommDebugMode mode;

@@ -96,7 +96,7 @@ class FSDPModule {
   void set_all_reduce_hook(std::function<void(at::Tensor&)> hook);
   // Reductions use only SUM collectives, with separate divisions before / after (FSDP2's
   // force_sum_reduction_for_comms). Default false: fp32 / bf16 reductions average in the
-  // collective ([Note: gradient division] in lib/internal/grad_reduce.h).
+  // collective ([Note: gradient division] in lib/parallel/grad_reduce.h).
   void set_force_sum_reduction_for_comms(bool enable);
   // FSDP2's custom collectives for this unit's all-gather / reduce-scatter (comm_hooks.h).
   // An empty `call` restores the default.

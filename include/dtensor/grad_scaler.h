@@ -57,7 +57,7 @@ class GradScaler {
   // first, so duplicate indices that overflow when summed are found), and agrees across
   // ranks whether any gradient anywhere is inf / NaN: one all-reduce (max) per mesh
   // dimension that some DTensor gradient is sharded or partial on, over the union of all
-  // gradients' meshes ([Note: agreeing on found-inf] in lib/grad_scaler.cpp). At most once
+  // gradients' meshes ([Note: agreeing on found-inf] in lib/train/grad_scaler.cpp). At most once
   // per optimizer between update() calls.
   void unscale_(torch::optim::Optimizer& optimizer);
 

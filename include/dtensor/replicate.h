@@ -29,7 +29,7 @@ struct ReplicateOptions {
   TORCH_ARG(bool, broadcast_from_rank0) = true;
   // Reduce the buckets in this dtype (then cast back), like fully_shard's
   // mp_policy.reduce_dtype; fp16 reductions divide before and after the SUM
-  // ([Note: gradient division] in lib/internal/grad_reduce.h).
+  // ([Note: gradient division] in lib/parallel/grad_reduce.h).
   TORCH_ARG(std::optional<c10::ScalarType>, reduce_dtype) = std::nullopt;
 };
 

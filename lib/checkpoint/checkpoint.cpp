@@ -23,9 +23,9 @@
 
 #include "checkpoint/layout.h"
 #include "checkpoint/safetensors.h"
-#include "internal/agree.h"
 #include "internal/check.h"
-#include "internal/dtensor_impl.h"
+#include "mesh/agree.h"
+#include "tensor/dtensor_impl.h"
 
 namespace dtensor::checkpoint {
 

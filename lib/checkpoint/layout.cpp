@@ -12,10 +12,10 @@
 #include <dtensor/collectives.h>
 #include <dtensor/dtensor.h>
 
-#include "internal/agree.h"
 #include "internal/check.h"
-#include "internal/dtensor_impl.h"
-#include "redistribute/redistribute.h"
+#include "mesh/agree.h"
+#include "tensor/dtensor_impl.h"
+#include "tensor/redistribute/redistribute.h"
 
 namespace dtensor::detail {
 

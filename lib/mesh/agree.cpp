@@ -1,5 +1,5 @@
 // Agreeing on an error before any data moves.
-#include "internal/agree.h"
+#include "mesh/agree.h"
 
 #include <ATen/ATen.h>
 

@@ -9,7 +9,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupWrapper.hpp>
 
 #include "internal/check.h"
-#include "internal/process_group_state.h"
+#include "mesh/process_group_state.h"
 
 namespace dtensor::detail {
 

@@ -1,7 +1,7 @@
 // Construction of c10d::ProcessGroupNCCL. The only translation unit that sees the NCCL and
 // CUDA headers; built with USE_C10D_NCCL when -Dcuda is enabled.
 #include "internal/check.h"
-#include "internal/process_group_state.h"
+#include "mesh/process_group_state.h"
 
 #ifdef USE_C10D_NCCL
 #include <c10/cuda/CUDAFunctions.h>

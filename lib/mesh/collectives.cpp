@@ -7,9 +7,9 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "internal/check.h"
-#include "internal/collectives_internal.h"
-#include "internal/comm_debug.h"
-#include "internal/process_group_state.h"
+#include "mesh/collectives_internal.h"
+#include "mesh/comm_debug.h"
+#include "mesh/process_group_state.h"
 
 namespace dtensor {
 

@@ -7,7 +7,7 @@
 #include <c10/util/ThreadLocalDebugInfo.h>
 
 #include "internal/check.h"
-#include "internal/comm_debug.h"
+#include "mesh/comm_debug.h"
 
 namespace dtensor {
 

@@ -8,7 +8,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "internal/check.h"
-#include "internal/process_group_state.h"
+#include "mesh/process_group_state.h"
 
 namespace dtensor {
 

@@ -23,7 +23,7 @@ struct GroupState {
 };
 
 // Backend constructors, one translation unit each so that only they see the Gloo / NCCL
-// headers and defines (lib/backend_gloo.cpp, lib/backend_nccl.cpp).
+// headers and defines (lib/mesh/backend_gloo.cpp, lib/mesh/backend_nccl.cpp).
 c10::intrusive_ptr<c10d::Backend> make_gloo_backend(const c10::intrusive_ptr<c10d::Store>& store,
                                                     int rank, int size,
                                                     std::chrono::milliseconds timeout);
@@ -31,7 +31,7 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10
                                                     int rank, int size,
                                                     std::chrono::milliseconds timeout);
 // `backend` wrapped in c10d::ProcessGroupWrapper for TORCH_DISTRIBUTED_DEBUG=DETAIL (see
-// [Note: TORCH_DISTRIBUTED_DEBUG=DETAIL] in lib/backend_gloo.cpp).
+// [Note: TORCH_DISTRIBUTED_DEBUG=DETAIL] in lib/mesh/backend_gloo.cpp).
 c10::intrusive_ptr<c10d::Backend> wrap_for_debug(const c10::intrusive_ptr<c10d::Backend>& backend,
                                                  const c10::intrusive_ptr<c10d::Store>& store,
                                                  int rank, int size,

@@ -6,7 +6,7 @@
 #include <ATen/ATen.h>
 
 #include "internal/check.h"
-#include "internal/grad_reduce.h"
+#include "parallel/grad_reduce.h"
 
 namespace dtensor {
 

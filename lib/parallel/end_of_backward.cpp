@@ -1,5 +1,5 @@
-// An end-of-backward callback that survives a failed backward (internal/end_of_backward.h).
-#include "internal/end_of_backward.h"
+// An end-of-backward callback that survives a failed backward (parallel/end_of_backward.h).
+#include "parallel/end_of_backward.h"
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/graph_task.h>

@@ -1,7 +1,7 @@
 #pragma once
 
 // An end-of-backward callback that survives a failed backward, shared by fully_shard and
-// replicate. See [Note: failed backward] in lib/end_of_backward.cpp.
+// replicate. See [Note: failed backward] in lib/parallel/end_of_backward.cpp.
 #include <functional>
 #include <memory>
 

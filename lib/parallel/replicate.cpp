@@ -13,8 +13,8 @@
 #include <dtensor/collectives.h>
 
 #include "internal/check.h"
-#include "internal/end_of_backward.h"
-#include "internal/grad_reduce.h"
+#include "parallel/end_of_backward.h"
+#include "parallel/grad_reduce.h"
 
 namespace dtensor {
 
@@ -34,7 +34,7 @@ struct ReplicateState : std::enable_shared_from_this<ReplicateState> {
   std::vector<Bucket> buckets;
   std::unordered_map<const c10::TensorImpl*, size_t> bucket_of;
   bool sync = true;
-  EndOfBackward end_of_backward; // [Note: failed backward] in lib/end_of_backward.cpp
+  EndOfBackward end_of_backward; // [Note: failed backward] in lib/parallel/end_of_backward.cpp
   std::mutex mutex;
 
   void on_grad_ready(const at::Tensor& param);

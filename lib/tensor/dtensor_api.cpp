@@ -8,9 +8,9 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "internal/check.h"
-#include "internal/dtensor_impl.h"
-#include "redistribute/redistribute.h"
-#include "internal/sharding.h"
+#include "tensor/dtensor_impl.h"
+#include "tensor/ops/sharding.h"
+#include "tensor/redistribute/redistribute.h"
 
 namespace dtensor {
 

@@ -1,10 +1,10 @@
 // Making DTensors and finding their state.
-#include "internal/dtensor_impl.h"
+#include "tensor/dtensor_impl.h"
 
 #include <ATen/ATen.h>
 
 #include "internal/check.h"
-#include "internal/sharding.h"
+#include "tensor/ops/sharding.h"
 
 namespace dtensor::detail {
 

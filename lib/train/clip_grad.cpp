@@ -13,10 +13,10 @@
 #include <dtensor/process_group.h>
 
 #include "internal/check.h"
-#include "internal/dtensor_impl.h"
-#include "internal/mesh_union.h"
-#include "redistribute/redistribute.h"
-#include "internal/sharding.h"
+#include "tensor/dtensor_impl.h"
+#include "tensor/ops/sharding.h"
+#include "tensor/redistribute/redistribute.h"
+#include "train/mesh_union.h"
 
 namespace dtensor {
 

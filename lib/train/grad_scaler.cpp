@@ -11,8 +11,8 @@
 #include <dtensor/collectives.h>
 
 #include "internal/check.h"
-#include "internal/dtensor_impl.h"
-#include "internal/mesh_union.h"
+#include "tensor/dtensor_impl.h"
+#include "train/mesh_union.h"
 
 namespace dtensor {
 

@@ -1,5 +1,5 @@
-// The union of several DTensors' meshes (see lib/internal/mesh_union.h).
-#include "internal/mesh_union.h"
+// The union of several DTensors' meshes (see lib/train/mesh_union.h).
+#include "train/mesh_union.h"
 
 #include <algorithm>
 #include <set>

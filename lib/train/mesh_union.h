@@ -2,7 +2,7 @@
 
 // The union of the meshes that several DTensors live on, for reductions that combine them
 // with one all-reduce per mesh dimension (clip_grad_norm_'s total norm, GradScaler's
-// found-inf). See [Note: one all-reduce per mesh dimension] in lib/clip_grad.cpp.
+// found-inf). See [Note: one all-reduce per mesh dimension] in lib/train/clip_grad.cpp.
 #include <utility>
 #include <vector>
 

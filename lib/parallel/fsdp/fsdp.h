@@ -1,7 +1,7 @@
 #pragma once
 
 // The state behind fully_shard (include/dtensor/fully_shard.h). See docs/fsdp.md and
-// [Note: fully_shard without module hooks] in lib/fsdp/fsdp_dispatch.cpp.
+// [Note: fully_shard without module hooks] in lib/parallel/fsdp/fsdp_dispatch.cpp.
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,9 +15,9 @@
 #include <dtensor/dtensor_spec.h>
 #include <dtensor/fully_shard.h>
 
-#include "internal/dtensor_impl.h"
-#include "internal/end_of_backward.h"
-#include "tp/tensor_parallel.h"
+#include "parallel/end_of_backward.h"
+#include "parallel/tp/tensor_parallel.h"
+#include "tensor/dtensor_impl.h"
 
 namespace torch::nn {
 class Module;
@@ -41,7 +41,7 @@ struct FsdpTag {
 };
 
 // Unsharding: the unit's all-gather is in flight (a prefetch); its unsharded buffer is
-// filled when the unit is first needed ([Note: overlap] in lib/fsdp/schedule.cpp).
+// filled when the unit is first needed ([Note: overlap] in lib/parallel/fsdp/schedule.cpp).
 enum class ShardState { Sharded, Unsharding, Unsharded };
 
 struct PendingGather; // an all-gather in flight (param_group.cpp)
@@ -183,7 +183,7 @@ struct InFlightReduce {
 // All live units, in creation order, and the per-step bookkeeping ([Note: overlap]).
 struct FSDPRegistry {
   std::vector<std::pair<std::weak_ptr<torch::nn::Module>, std::shared_ptr<FSDPParamGroup>>> units;
-  EndOfBackward end_of_backward; // [Note: failed backward] in lib/end_of_backward.cpp
+  EndOfBackward end_of_backward; // [Note: failed backward] in lib/parallel/end_of_backward.cpp
   std::vector<InFlightReduce> reducing; // oldest first
 };
 FSDPRegistry& fsdp_registry();

@@ -4,11 +4,11 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include "internal/check.h"
-#include "fsdp/fsdp.h"
-#include "internal/interceptors.h"
-#include "internal/op_args.h"
-#include "internal/sharding.h"
-#include "tp/tensor_parallel.h"
+#include "parallel/fsdp/fsdp.h"
+#include "parallel/tp/tensor_parallel.h"
+#include "tensor/dispatch/interceptors.h"
+#include "tensor/dispatch/op_args.h"
+#include "tensor/ops/sharding.h"
 
 namespace dtensor::detail {
 

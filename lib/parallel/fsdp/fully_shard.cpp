@@ -11,10 +11,10 @@
 #include <dtensor/dtensor.h>
 #include <dtensor/process_group.h>
 
-#include "fsdp/fsdp.h"
 #include "internal/check.h"
-#include "internal/module_ptr.h"
-#include "tp/tensor_parallel.h"
+#include "parallel/fsdp/fsdp.h"
+#include "parallel/module_ptr.h"
+#include "parallel/tp/tensor_parallel.h"
 
 namespace dtensor {
 
@@ -148,7 +148,7 @@ void check_params(const torch::nn::Module& module, const OwnParams& params,
                   "fully_shard({}): parameter '{}' is already managed by another unit",
                   module.name(), fqn);
     const detail::DTensorMeta* dm = detail::dtensor_meta(p);
-    // [Note: FSDP x TP] in lib/fsdp/param_group.cpp: any DTensor on a 1-D mesh beside the
+    // [Note: FSDP x TP] in lib/parallel/fsdp/param_group.cpp: any DTensor on a 1-D mesh beside the
     // data-parallel one (parallelize_module's, distribute_module's, hand-distributed).
     DTENSOR_CHECK(dm == nullptr || (dm->spec.mesh.ndim() == 1 && mesh.ndim() == 1),
                   "fully_shard({}): parameter '{}' is already a DTensor ({}); fully_shard takes "

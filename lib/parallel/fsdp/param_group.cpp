@@ -10,12 +10,12 @@
 #include <dtensor/collectives.h>
 #include <dtensor/dtensor.h>
 
-#include "fsdp/fsdp.h"
-#include "fsdp/memory.h"
-#include "internal/collectives_internal.h"
 #include "internal/check.h"
-#include "internal/sharding.h"
-#include "tp/tensor_parallel.h"
+#include "mesh/collectives_internal.h"
+#include "parallel/fsdp/fsdp.h"
+#include "parallel/fsdp/memory.h"
+#include "parallel/tp/tensor_parallel.h"
+#include "tensor/ops/sharding.h"
 
 namespace dtensor::detail {
 

@@ -7,13 +7,13 @@
 #include <dtensor/collectives.h>
 #include <dtensor/dtensor.h>
 
-#include "fsdp/fsdp.h"
-#include "fsdp/memory.h"
 #include "internal/check.h"
-#include "internal/grad_reduce.h"
-#include "internal/sharding.h"
-#include "redistribute/redistribute.h"
-#include "tp/tensor_parallel.h"
+#include "parallel/fsdp/fsdp.h"
+#include "parallel/fsdp/memory.h"
+#include "parallel/grad_reduce.h"
+#include "parallel/tp/tensor_parallel.h"
+#include "tensor/ops/sharding.h"
+#include "tensor/redistribute/redistribute.h"
 
 namespace dtensor::detail {
 
@@ -47,7 +47,8 @@ void FSDPParamGroup::on_grad(size_t index, const at::Tensor& dgrad) {
                   fp.tp_spec ? fp.tp_spec->mesh.to_string() : "");
     grad = m->spec.placements == want ? m->local : redistribute_local(m->local, m->spec, want);
   } else if (fp.tp_spec && dgrad.sizes() == fp.tp_spec->shape) {
-    // Whole and plain ([Note: local outputs] in lib/tp/tp_dispatch.cpp): this rank's piece.
+    // Whole and plain ([Note: local outputs] in lib/parallel/tp/tp_dispatch.cpp): this
+    // rank's piece.
     grad = dtensor_meta(distribute_tensor(dgrad, fp.tp_spec->mesh, fp.tp_spec->placements,
                                           /*src_data_rank=*/std::nullopt))
                ->local;

@@ -2,7 +2,7 @@
 // backward use the units, prefetching, and the reduce-scatters in flight.
 #include <algorithm>
 
-#include "fsdp/fsdp.h"
+#include "parallel/fsdp/fsdp.h"
 
 namespace dtensor::detail {
 
@@ -166,7 +166,7 @@ void fsdp_finish_reduces() {
 
 namespace {
 
-// After a failed backward ([Note: failed backward] in lib/end_of_backward.cpp). A pending
+// After a failed backward ([Note: failed backward] in lib/parallel/end_of_backward.cpp). A pending
 // collective's Work is declared after its buffers: destroyed first, it waits for the
 // collective before they go (errors are printed, not thrown).
 void discard_failed_backward(FSDPRegistry& reg) {

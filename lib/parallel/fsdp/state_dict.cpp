@@ -9,11 +9,11 @@
 #include <dtensor/collectives.h>
 #include <dtensor/dtensor.h>
 
-#include "internal/agree.h"
 #include "internal/check.h"
-#include "fsdp/fsdp.h"
-#include "redistribute/redistribute.h"
-#include "internal/sharding.h"
+#include "mesh/agree.h"
+#include "parallel/fsdp/fsdp.h"
+#include "tensor/ops/sharding.h"
+#include "tensor/redistribute/redistribute.h"
 
 namespace dtensor {
 

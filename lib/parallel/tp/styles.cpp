@@ -11,9 +11,9 @@
 #include <dtensor/dtensor.h>
 
 #include "internal/check.h"
-#include "internal/module_ptr.h"
-#include "internal/dtensor_impl.h"
-#include "tp/tensor_parallel.h"
+#include "parallel/module_ptr.h"
+#include "parallel/tp/tensor_parallel.h"
+#include "tensor/dtensor_impl.h"
 
 namespace dtensor {
 
@@ -47,10 +47,10 @@ void distribute_param(at::Tensor& param, const DeviceMesh& mesh, const Placement
   detail::set_tp_tag(dt, tag);
   param.set_data(dt);
   if (param.requires_grad()) {
-    // [Note: local outputs] in lib/tp/tp_dispatch.cpp: a gradient computed from plain local
-    // outputs only (a Rowwise bias) is plain and whole, the same on every rank; the
-    // parameter's gradient is its piece of it, as the DTensor PyTorch's to_local backward
-    // would give.
+    // [Note: local outputs] in lib/parallel/tp/tp_dispatch.cpp: a gradient computed from
+    // plain local outputs only (a Rowwise bias) is plain and whole, the same on every rank;
+    // the parameter's gradient is its piece of it, as the DTensor PyTorch's to_local
+    // backward would give.
     param.register_hook([mesh, placement](const at::Tensor& grad) -> at::Tensor {
       if (!grad.defined() || is_dtensor(grad)) {
         return {};

@@ -1,7 +1,7 @@
 #pragma once
 
 // The state behind tensor parallelism (include/dtensor/tensor_parallel.h). See
-// [Note: tensor parallelism without module hooks] in lib/tp/tp_dispatch.cpp.
+// [Note: tensor parallelism without module hooks] in lib/parallel/tp/tp_dispatch.cpp.
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,7 +13,7 @@
 namespace dtensor::detail {
 
 // What a DTensor is to tensor parallelism, carried as its TpTag extension ([Note: DTensor
-// extensions] in lib/internal/dtensor_impl.h).
+// extensions] in lib/tensor/dtensor_impl.h).
 enum class TpRole {
   Parameter,       // a parameter of a parallelized module (also views of it)
   Activation,      // a result of one of the module's ops

@@ -5,12 +5,12 @@
 #include <set>
 
 #include "internal/check.h"
-#include "internal/dtensor_impl.h"
-#include "internal/interceptors.h"
-#include "internal/op_args.h"
-#include "redistribute/redistribute.h"
-#include "internal/sharding.h"
-#include "tp/tensor_parallel.h"
+#include "parallel/tp/tensor_parallel.h"
+#include "tensor/dispatch/interceptors.h"
+#include "tensor/dispatch/op_args.h"
+#include "tensor/dtensor_impl.h"
+#include "tensor/ops/sharding.h"
+#include "tensor/redistribute/redistribute.h"
 
 namespace dtensor::detail {
 

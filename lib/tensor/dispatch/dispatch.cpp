@@ -9,11 +9,11 @@
 #include <unordered_map>
 
 #include "internal/check.h"
-#include "internal/dtensor_impl.h"
-#include "internal/interceptors.h"
-#include "internal/op_args.h"
-#include "internal/sharding.h"
-#include "redistribute/redistribute.h"
+#include "tensor/dispatch/interceptors.h"
+#include "tensor/dispatch/op_args.h"
+#include "tensor/dtensor_impl.h"
+#include "tensor/ops/sharding.h"
+#include "tensor/redistribute/redistribute.h"
 
 namespace dtensor::detail {
 
@@ -142,7 +142,7 @@ void append_value(DecisionKey& key, const c10::IValue& v, bool sign_only_number)
 }
 
 // Whether the op's rule reads Scalars by sign only, per operator ([Note: per-op statics] in
-// lib/op_args.cpp: rules are registered once, at load).
+// lib/tensor/dispatch/op_args.cpp: rules are registered once, at load).
 bool reads_scalar_sign_only(const c10::OperatorHandle& op) {
   thread_local std::unordered_map<const c10::FunctionSchema*, bool> sign_only;
   auto [it, inserted] = sign_only.try_emplace(&op.schema(), false);
@@ -336,7 +336,7 @@ void collect_specs(OpInfo& info, const OpArgs& a) {
                 info.name, fmt::join(plain_args, ", "));
 }
 
-// [Note: shape arguments] (lib/internal/sharding.h): the size (and stride) argument of a
+// [Note: shape arguments] (lib/tensor/ops/sharding.h): the size (and stride) argument of a
 // table op becomes this rank's local shape of its output.
 void localize_shape_args(const OpInfo& info, Cached& c) {
   const ShapeArgs* args = shape_args_of(info.op->schema().name());

@@ -1,5 +1,5 @@
-// The registry of op interceptors ([Note: op interceptors] in lib/internal/interceptors.h).
-#include "internal/interceptors.h"
+// The registry of op interceptors ([Note: op interceptors] in lib/tensor/dispatch/interceptors.h).
+#include "tensor/dispatch/interceptors.h"
 
 #include <algorithm>
 #include <set>

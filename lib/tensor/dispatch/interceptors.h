@@ -1,10 +1,10 @@
 #pragma once
 
 // [Note: op interceptors]
-// The DTensor dispatch handler (lib/dispatch.cpp) knows no subsystem. Subsystems that give
-// some DTensors a meaning beyond their placements (fully_shard's managed parameters, tensor
-// parallelism's module layouts, ...) register an interceptor, and the handler asks every
-// interceptor, in `order`, before its generic path:
+// The DTensor dispatch handler (lib/tensor/dispatch/dispatch.cpp) knows no subsystem.
+// Subsystems that give some DTensors a meaning beyond their placements (fully_shard's
+// managed parameters, tensor parallelism's module layouts, ...) register an interceptor,
+// and the handler asks every interceptor, in `order`, before its generic path:
 //  - run: may run the op itself (return true: the stack holds the results, nothing else
 //    happens). fully_shard uses it to run model math on unsharded parameters.
 //  - prepare: may rewrite the arguments on the stack (redistribute, wrap plain tensors) and
@@ -13,7 +13,7 @@
 // Register from a static initializer in the subsystem's own file:
 //   [[maybe_unused]] const bool registered = register_interceptor({"name", 10, run, prepare});
 // Data of the subsystem's own rides on the DTensors as an extension ([Note: DTensor
-// extensions] in lib/internal/dtensor_impl.h).
+// extensions] in lib/tensor/dtensor_impl.h).
 #include <functional>
 #include <vector>
 

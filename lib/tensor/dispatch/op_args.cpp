@@ -1,12 +1,12 @@
-// Helpers for walking and rewriting an op's boxed arguments (lib/internal/op_args.h).
-#include "internal/op_args.h"
+// Helpers for walking and rewriting an op's boxed arguments (lib/tensor/dispatch/op_args.h).
+#include "tensor/dispatch/op_args.h"
 
 #include <unordered_map>
 
 #include <torch/csrc/autograd/graph_task.h>
 
-#include "internal/dtensor_impl.h"
-#include "internal/sharding.h"
+#include "tensor/dtensor_impl.h"
+#include "tensor/ops/sharding.h"
 
 namespace dtensor::detail {
 
@@ -59,10 +59,10 @@ bool in_backward() {
 }
 
 // [Note: per-op statics] What never changes for an operator once the library is loaded
-// (its full name here; how its rule reads Scalars in lib/dispatch.cpp) is computed on its
-// first use on each thread and kept, keyed by the operator's schema (one per operator for
-// the process's life): the dispatch path then costs a pointer lookup instead of building a
-// string per op. Thread-local, so no lock; a few hundred entries at most.
+// (its full name here; how its rule reads Scalars in lib/tensor/dispatch/dispatch.cpp) is
+// computed on its first use on each thread and kept, keyed by the operator's schema (one per
+// operator for the process's life): the dispatch path then costs a pointer lookup instead of
+// building a string per op. Thread-local, so no lock; a few hundred entries at most.
 const std::string& op_full_name(const c10::OperatorHandle& op) {
   thread_local std::unordered_map<const c10::FunctionSchema*, std::string> names;
   auto [it, inserted] = names.try_emplace(&op.schema());

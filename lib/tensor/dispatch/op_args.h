@@ -1,7 +1,7 @@
 #pragma once
 
 // Walking and rewriting an op's arguments on the boxed stack: one home for what the generic
-// handler and every interceptor (lib/internal/interceptors.h) need.
+// handler and every interceptor (lib/tensor/dispatch/interceptors.h) need.
 #include <cstddef>
 #include <cstdint>
 
@@ -57,7 +57,7 @@ at::Tensor as_replicate(const at::Tensor& plain, const DeviceMesh& mesh);
 bool in_backward();
 
 // "aten::add.Tensor": built once per operator and thread ([Note: per-op statics] in
-// lib/op_args.cpp), so the dispatch path may ask for it on every op.
+// lib/tensor/dispatch/op_args.cpp), so the dispatch path may ask for it on every op.
 const std::string& op_full_name(const c10::OperatorHandle& op);
 
 } // namespace dtensor::detail

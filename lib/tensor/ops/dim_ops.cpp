@@ -6,8 +6,8 @@
 
 #include <c10/util/accumulate.h>
 
-#include "../internal/check.h"
-#include "../internal/sharding.h"
+#include "internal/check.h"
+#include "tensor/ops/sharding.h"
 
 namespace dtensor::detail {
 

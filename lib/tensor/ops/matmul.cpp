@@ -6,8 +6,8 @@
 //   A Partial     x B Replicate     -> Partial(sum), and the mirror image
 //   A Shard(batch) x B Shard(batch) -> Shard(batch)       (bmm only)
 //   A Replicate   x B Replicate     -> Replicate
-#include "../internal/check.h"
-#include "../internal/sharding.h"
+#include "internal/check.h"
+#include "tensor/ops/sharding.h"
 
 namespace dtensor::detail {
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "../internal/check.h"
-#include "../internal/sharding.h"
+#include "internal/check.h"
+#include "tensor/ops/sharding.h"
 
 namespace dtensor::detail {
 

@@ -2,8 +2,8 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "../internal/check.h"
-#include "../internal/sharding.h"
+#include "internal/check.h"
+#include "tensor/ops/sharding.h"
 
 namespace dtensor::detail {
 

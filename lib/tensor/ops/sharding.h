@@ -2,8 +2,8 @@
 
 // Sharding propagation: for each aten op, a rule maps the placements of its DTensor
 // arguments to the placements the op needs them in and the placements of its outputs.
-// Rules live in lib/ops/, one file per op family, and are registered by name in
-// lib/ops/registry.cpp (one explicit list: no static-initialisation order games).
+// Rules live in lib/tensor/ops/, one file per op family, and are registered by name in
+// lib/tensor/ops/registry.cpp (one explicit list: no static-initialisation order games).
 
 #include <optional>
 #include <string>
@@ -78,7 +78,7 @@ bool rule_reads_scalar_sign_only(const std::string& full_name, const std::string
 ShardingRule find_rule(const std::string& full_name, const std::string& base_name);
 void register_builtin_rules(); // calls the register_* of every op family once
 
-// Families (lib/ops/*.cpp).
+// Families (lib/tensor/ops/*.cpp).
 void register_tensor_ops();   // clone, detach, *_like, copy_, fill_, zero_, _to_copy
 void register_pointwise_ops(); // unary / binary / ternary, in-place and out=
 void register_reduction_ops(); // sum, mean, amax, amin, linalg_vector_norm

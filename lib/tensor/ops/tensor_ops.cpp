@@ -1,6 +1,6 @@
 // Ops that keep their input's layout: copies, detach, *_like factories, fills, casts, item.
-#include "../internal/check.h"
-#include "../internal/sharding.h"
+#include "internal/check.h"
+#include "tensor/ops/sharding.h"
 
 namespace dtensor::detail {
 

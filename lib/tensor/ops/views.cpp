@@ -1,8 +1,8 @@
 // View and shape ops: t, transpose, permute, view / _unsafe_view / _reshape_alias,
 // unsqueeze, squeeze, expand, slice, select. Shards follow their dimension; a shard that
 // the view would cut across is gathered first.
-#include "../internal/check.h"
-#include "../internal/sharding.h"
+#include "internal/check.h"
+#include "tensor/ops/sharding.h"
 
 namespace dtensor::detail {
 

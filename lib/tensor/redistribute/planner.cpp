@@ -4,10 +4,10 @@
 
 #include <dtensor/diagnostics.h>
 
-#include "../internal/check.h"
-#include "redistribute.h"
-#include "../internal/sharding.h"
-#include "transitions.h"
+#include "internal/check.h"
+#include "tensor/ops/sharding.h"
+#include "tensor/redistribute/redistribute.h"
+#include "tensor/redistribute/transitions.h"
 
 namespace dtensor::detail {
 

@@ -11,7 +11,7 @@
 namespace dtensor::detail {
 
 // One step of a redistribution: the placement of one mesh dimension changes.
-struct Transition; // lib/redistribute/transitions.h
+struct Transition; // lib/tensor/redistribute/transitions.h
 
 struct TransformStep {
   int64_t mesh_dim = 0;

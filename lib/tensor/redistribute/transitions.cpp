@@ -4,8 +4,8 @@
 
 #include <cmath>
 
-#include "../internal/check.h"
-#include "transitions.h"
+#include "internal/check.h"
+#include "tensor/redistribute/transitions.h"
 
 namespace dtensor::detail {
 

@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "redistribute.h"
+#include "tensor/redistribute/redistribute.h"
 
 namespace dtensor::detail {
 
