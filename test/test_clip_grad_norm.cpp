@@ -179,6 +179,24 @@ TEST_CASE("clip_grad_norm_: gradients on different meshes, one all-reduce per di
   }
 }
 
+TEST_CASE("get_total_norm: gradients on meshes that share no root, or without names, are named "
+          "in the error",
+          "[clip_grad_norm][world1][world2][world4]") {
+  // Three meshes made by init_device_mesh: each is its own root.
+  auto named = init_device_mesh(device_type(), {world()}, {"dp"});
+  auto other = init_device_mesh(device_type(), {1, world()}, {"x", "y"});
+  auto unnamed = init_device_mesh(device_type(), {world()});
+  auto on = [](const dtensor::DeviceMesh& mesh) {
+    return dtensor::distribute_tensor(at::ones({4}, options()), mesh, {dtensor::Replicate()});
+  };
+  REQUIRE_THROWS_WITH(dtensor::get_total_norm({on(unnamed), on(named)}),
+                      contains("get_total_norm: gradients live on several meshes, and DeviceMesh(") &&
+                          contains("has no dimension names to place it on the root mesh"));
+  REQUIRE_THROWS_WITH(dtensor::get_total_norm({on(named), on(other)}),
+                      contains("get_total_norm: gradients live on meshes of different roots: ") &&
+                          contains("names=(x, y)") && contains("names=(dp)"));
+}
+
 TEST_CASE("clip_grad_norm_: low-precision gradients, no gradients (seed 000)",
           "[clip_grad_norm][world1][world2][world4]") {
   auto dp = init_device_mesh(device_type(), {world()}, {"dp"});

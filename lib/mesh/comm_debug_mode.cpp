@@ -7,6 +7,7 @@
 #include <c10/util/ThreadLocalDebugInfo.h>
 
 #include "internal/check.h"
+#include "internal/torch_compat.h"
 #include "mesh/comm_debug.h"
 
 namespace dtensor {
@@ -20,14 +21,16 @@ namespace {
 
 // [Note: CommDebugMode across threads]
 // The active scopes live in c10::ThreadLocalDebugInfo under a kind of dtensor's own (a value
-// of the uint8_t enum beyond c10's kinds), not in a thread_local: at::ThreadLocalState
+// beyond c10's kinds, compat::debug_info_kind), not in a thread_local: at::ThreadLocalState
 // captures ThreadLocalDebugInfo and at::ThreadLocalStateGuard installs it, which is how
 // autograd's engine runs backward on its device threads (CUDA) and at::launch runs tasks.
 // A collective issued there, such as fully_shard's reduce-scatter in a CUDA backward, is then
 // counted by the scopes of the thread that started the work. Each scope's records sit behind
 // a lock, as several threads may append; the entry holds the logs by shared_ptr, so a thread
 // still carrying a captured state after its scope ended appends to a log nobody reads.
-constexpr auto kCommDebugKind = static_cast<c10::DebugInfoKind>(0xD7);
+constexpr std::string_view kCommDebugKindName = "dtensor::CommDebugMode";
+const c10::DebugInfoKind kCommDebugKind =
+    detail::compat::debug_info_kind(&kCommDebugKindName, 0xD7);
 
 struct ActiveScopes : c10::DebugInfoBase {
   std::vector<std::shared_ptr<CommDebugMode::Log>> logs; // outermost first

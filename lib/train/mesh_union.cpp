@@ -46,9 +46,9 @@ MeshUnion mesh_union(const std::vector<DeviceMesh>& meshes, const char* what) {
     DTENSOR_CHECK(!m.dim_names().empty(),
                   "{}: gradients live on several meshes, and {} has no "
                   "dimension names to place it on the root mesh {}",
-                  m.to_string(), root.to_string());
+                  what, m.to_string(), root.to_string());
     DTENSOR_CHECK(m.root_mesh() == root,
-                  "{}: gradients live on meshes of different roots: {} and {}",
+                  "{}: gradients live on meshes of different roots: {} and {}", what,
                   m.root_mesh().to_string(), root.to_string());
     std::vector<int64_t> dims;
     for (const auto& name : m.dim_names()) {
@@ -56,7 +56,7 @@ MeshUnion mesh_union(const std::vector<DeviceMesh>& meshes, const char* what) {
       DTENSOR_CHECK(it != root_names.end(),
                     "{}: dimension '{}' of {} is not a dimension of the root "
                     "mesh {} (flattened dimensions are not supported across meshes)",
-                    name, m.to_string(), root.to_string());
+                    what, name, m.to_string(), root.to_string());
       dims.push_back(it - root_names.begin());
       used.insert(dims.back());
     }

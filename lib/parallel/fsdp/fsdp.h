@@ -15,6 +15,7 @@
 #include <dtensor/dtensor_spec.h>
 #include <dtensor/fully_shard.h>
 
+#include "internal/torch_compat.h"
 #include "parallel/end_of_backward.h"
 #include "parallel/tp/tensor_parallel.h"
 #include "tensor/dtensor_impl.h"
@@ -67,7 +68,7 @@ struct FSDPParam {
   at::Tensor unsharded; // view of the unsharded buffer (param dtype)
   at::Tensor unsharded_grad;
   bool grad_received = false; // in the current backward
-  std::shared_ptr<torch::autograd::Node> grad_node;
+  compat::NodePtr grad_node;
 
   int64_t segment_numel() const { return chunk * row_numel; }
   int64_t rows_on(int64_t shard_rank, int64_t shard_size) const;

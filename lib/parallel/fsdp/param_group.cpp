@@ -31,7 +31,7 @@ namespace {
 struct FSDPAccumulateGrad : torch::autograd::Node {
   FSDPAccumulateGrad(std::weak_ptr<FSDPParamGroup> group, size_t index, const at::Tensor& unsharded)
       : Node(/*sequence_nr=*/UINT64_MAX), group_(std::move(group)), index_(index) {
-    add_input_metadata(unsharded.options(), unsharded.sym_sizes(), false, false);
+    compat::add_input_metadata(*this, unsharded.options(), unsharded.sym_sizes());
   }
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     if (auto g = group_.lock(); g && !grads.empty() && grads[0].defined()) {
@@ -263,8 +263,8 @@ void FSDPParamGroup::materialize(const std::vector<at::Tensor>& values) {
     set_fsdp_tag(dt, std::move(tag));
     fp.param.set_data(dt);
     if (fp.param.requires_grad()) {
-      fp.grad_node = std::make_shared<FSDPAccumulateGrad>(weak_from_this(), i, unsharded_value(i));
-      torch::autograd::impl::set_grad_accumulator(fp.param, fp.grad_node);
+      fp.grad_node = compat::make_node<FSDPAccumulateGrad>(weak_from_this(), i, unsharded_value(i));
+      compat::set_grad_accumulator(fp.param, fp.grad_node);
     }
   }
   // balanced by the free
