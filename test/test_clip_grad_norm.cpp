@@ -187,7 +187,8 @@ TEST_CASE("get_total_norm: gradients on meshes that share no root, or without na
   auto other = init_device_mesh(device_type(), {1, world()}, {"x", "y"});
   auto unnamed = init_device_mesh(device_type(), {world()});
   auto on = [](const dtensor::DeviceMesh& mesh) {
-    return dtensor::distribute_tensor(at::ones({4}, options()), mesh, {dtensor::Replicate()});
+    return dtensor::distribute_tensor(at::ones({4}, options()), mesh,
+                                      dtensor::Placements(mesh.ndim(), dtensor::Replicate()));
   };
   REQUIRE_THROWS_WITH(dtensor::get_total_norm({on(unnamed), on(named)}),
                       contains("get_total_norm: gradients live on several meshes, and DeviceMesh(") &&
