@@ -1,7 +1,7 @@
 #pragma once
 
 // [Note: one home for LibTorch differences]
-// dtensor builds against LibTorch 2.15 (the default) and 2.9.1 from one tree
+// dtensor builds against LibTorch 2.9.1 (the pinned default) and 2.15 from one tree
 // (docs/build.md). Every API that differs between them is reached through this header, and
 // nowhere else is a LibTorch version tested. Differences are detected from the types
 // LibTorch declares (overloads, SFINAE), not from version numbers, so a release in between
