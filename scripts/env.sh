@@ -1,6 +1,8 @@
 # Sourced by the scripts: paths and ccache settings shared by every build directory.
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${DTENSOR_VENV:-$root/.venv}
+# The older LibTorch dtensor also builds against ([Note: two LibTorch versions], setup.sh).
+venv_old_torch=${DTENSOR_VENV_OLD_TORCH:-$root/.venv-torch2.9.1}
 export PATH="$venv/bin:$PATH"
 # Objects are shared between clones and between the CPU and CUDA build directories.
 export CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1

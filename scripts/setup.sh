@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # One-time, idempotent set-up of a machine for dtensor: Debian packages, a project-local
-# Python venv (.venv) holding the pinned LibTorch (torch wheel), Meson and ninja.
+# Python venv (.venv) holding the pinned LibTorch (torch wheel), Meson and ninja, and a
+# second one (.venv-torch2.9.1) with the older LibTorch dtensor also supports.
 # A second run only checks stamps and returns within seconds.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${DTENSOR_VENV:-$root/.venv}
-torch_version=2.9.1          # LibTorch pin; see docs/build.md before changing
+venv_old_torch=${DTENSOR_VENV_OLD_TORCH:-$root/.venv-torch2.9.1}  # as in env.sh
+torch_version=2.15.0         # LibTorch pin (the default); see docs/build.md before changing
+old_torch_version=2.9.1      # the older LibTorch that dtensor keeps building against
 meson_version=1.9.1
 ninja_version=1.13.0
 numpy_version=2.3.5          # for the conformance suite's oracle (torch.distributed.tensor.debug)
@@ -30,27 +33,43 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# --- Python venv with torch, meson, ninja ------------------------------------------------
+# --- Python venvs: LibTorch (torch wheels), Meson, ninja -----------------------------------
+# [Note: two LibTorch versions] dtensor builds against LibTorch 2.15.0 (the default, in .venv,
+# with Meson, ninja and the conformance oracle's modules) and 2.9.1 (in .venv-torch2.9.1:
+# torch alone; the test command builds the library against it and runs a smoke subset).
 # Wheels are kept in a machine-wide wheelhouse, so a fresh clone on the same machine (CI)
-# installs without downloading; the venv itself stays project-local.
+# installs without downloading; the venvs themselves stay project-local.
 # numpy, expecttest: what torch.distributed.tensor.debug (CommDebugMode) and
 # torch.testing._internal (PyTorch's test models) import; the conformance suite
 # (test/conformance) runs PyTorch as its oracle.
-reqs=("torch==$torch_version" "meson==$meson_version" "ninja==$ninja_version" "numpy==$numpy_version" "expecttest==$expecttest_version" "safetensors==$safetensors_version")
 wheelhouse=${DTENSOR_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/dtensor/wheels}
-tag="torch${torch_version}-meson${meson_version}-ninja${ninja_version}-numpy${numpy_version}-expecttest${expecttest_version}-safetensors${safetensors_version}"
-stamp="$venv/.dtensor-setup-$tag"
-if [[ ! -f $stamp ]]; then
-  python=${PYTHON:-python3}
+python=${PYTHON:-python3}
+
+# install_venv DIR REQUIREMENT...: downloads once into the wheelhouse, installs from it.
+install_venv() {
+  local dir=$1
+  shift
+  local tag
+  tag=$(printf '%s-' "$@" | tr -c 'A-Za-z0-9.=_-' '_')
+  local stamp="$dir/.dtensor-setup-$tag"
+  [[ -f $stamp ]] && return 0
   if [[ ! -f $wheelhouse/.complete-$tag ]]; then
-    log "downloading ${reqs[*]} (with dependencies) into $wheelhouse"
+    log "downloading $* (with dependencies) into $wheelhouse"
     mkdir -p "$wheelhouse"
-    "$python" -m pip download -q -d "$wheelhouse" "${reqs[@]}"
+    "$python" -m pip download -q -d "$wheelhouse" "$@"
     touch "$wheelhouse/.complete-$tag"
   fi
-  [[ -x $venv/bin/python ]] || { log "creating venv $venv"; "$python" -m venv "$venv"; }
-  log "installing ${reqs[*]} into $venv from $wheelhouse"
-  "$venv/bin/python" -m pip install -q --no-index --find-links "$wheelhouse" "${reqs[@]}"
+  [[ -x $dir/bin/python ]] || { log "creating venv $dir"; "$python" -m venv "$dir"; }
+  log "installing $* into $dir from $wheelhouse"
+  "$dir/bin/python" -m pip install -q --no-index --find-links "$wheelhouse" "$@"
   touch "$stamp"
+}
+
+install_venv "$venv" "torch==$torch_version" "meson==$meson_version" "ninja==$ninja_version" \
+  "numpy==$numpy_version" "expecttest==$expecttest_version" "safetensors==$safetensors_version"
+if [[ ${DTENSOR_SKIP_OLD_TORCH:-0} != 1 ]]; then
+  install_venv "$venv_old_torch" "torch==$old_torch_version"
 fi
-log "ready: torch $("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))'), meson $("$venv/bin/meson" --version)"
+version_of() { "$1/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))'; }
+log "ready: torch $(version_of "$venv") in $venv, meson $("$venv/bin/meson" --version)$(
+  [[ -x $venv_old_torch/bin/python ]] && printf '; torch %s in %s' "$(version_of "$venv_old_torch")" "$venv_old_torch")"

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The whole test suite: set up (idempotent), build, run the world1/world2/world4 suites,
-# then the AddressSanitizer + UndefinedBehaviorSanitizer subset (scripts/sanitize.sh), then
-# build the CUDA/NCCL variant of the library and demo (compile and link only: no GPU is
-# needed, nothing of it runs here). Extra arguments go to `meson test`.
+# The whole test suite: set up (idempotent), build, run the world1/world2/world4 suites on
+# the default LibTorch (2.15), then the AddressSanitizer + UndefinedBehaviorSanitizer subset
+# (scripts/sanitize.sh), then the library and a smoke subset of the tests against the older
+# LibTorch (2.9.1: scripts/old-torch-test.sh), then build the CUDA/NCCL variant of the
+# library and demo (compile and link only: no GPU is needed, nothing of it runs here).
+# Extra arguments go to `meson test`.
 #   scripts/test.sh --sanitize   only the sanitizer build, on the whole world1 + world2 suites
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
@@ -38,6 +40,12 @@ if [[ ${DTENSOR_SKIP_SANITIZE:-0} != 1 ]]; then
   start=$SECONDS
   "$root/scripts/sanitize.sh" || status=1
   echo "[test] sanitizer subset: $((SECONDS - start)) s"
+fi
+
+if [[ ${DTENSOR_SKIP_OLD_TORCH:-0} != 1 ]]; then
+  start=$SECONDS
+  "$root/scripts/old-torch-test.sh" || status=1
+  echo "[test] LibTorch 2.9.1 build and smoke subset: $((SECONDS - start)) s"
 fi
 
 if [[ ${DTENSOR_SKIP_CUDA_BUILD:-0} != 1 ]]; then

@@ -28,7 +28,7 @@ template <typename M, typename R>
 void clip_step(M& model, R& ref, torch::optim::Optimizer& opt, torch::optim::Optimizer& ref_opt,
                const std::function<at::Tensor(M&)>& loss_of,
                const std::function<at::Tensor(R&)>& ref_loss_of, double max_norm, double norm_type,
-               int64_t expected_all_reduces) {
+               int64_t mesh_dims) {
   opt.zero_grad();
   ref_opt.zero_grad();
   loss_of(model).backward();
@@ -51,7 +51,14 @@ void clip_step(M& model, R& ref, torch::optim::Optimizer& opt, torch::optim::Opt
     CommDebugMode mode;
     total = dtensor::clip_grad_norm_(model->parameters(), max_norm, norm_type);
     REQUIRE(dtensor::is_dtensor(total));
-    REQUIRE(static_cast<int64_t>(DTensor(total).placements().size()) == expected_all_reduces);
+    REQUIRE(static_cast<int64_t>(DTensor(total).placements().size()) == mesh_dims);
+    // One all-reduce per mesh dimension of more than one rank ([Note: one-rank mesh
+    // dimensions communicate nothing]).
+    const dtensor::DeviceMesh& mesh = DTensor(total).device_mesh();
+    int64_t expected_all_reduces = 0;
+    for (int64_t d = 0; d < mesh.ndim(); ++d) {
+      expected_all_reduces += over(mesh.size(d), 1);
+    }
     REQUIRE(mode.count(CollectiveKind::AllReduce) == expected_all_reduces);
     REQUIRE(mode.total_count() == expected_all_reduces);
   }
@@ -321,8 +328,8 @@ TEST_CASE("clip_grad_norm_: DDP parity grid of seed 000 on TransformerWithShared
           at::Tensor total = dtensor::clip_grad_norm_(model->parameters(), max_norm, norm_type);
           const bool sharded = strategy != "no_shard";
           REQUIRE(dtensor::is_dtensor(total) == sharded);
-          REQUIRE(mode.count(CollectiveKind::AllReduce) == (sharded ? 1 : 0));
-          REQUIRE(mode.total_count() == (sharded ? 1 : 0));
+          REQUIRE(mode.count(CollectiveKind::AllReduce) == (sharded ? over(dp.size(), 1) : 0));
+          REQUIRE(mode.total_count() == (sharded ? over(dp.size(), 1) : 0));
           const double got =
               sharded ? DTensor(total).full_tensor().item<double>() : total.item<double>();
           REQUIRE(std::abs(got - ref_total) <= 1e-4 * std::max(1.0, ref_total));

@@ -187,8 +187,10 @@ TEST_CASE("reliability 4: complex DTensors gather, scatter and multiply",
   DTensor p = distribute_tensor(x, mesh, {R()}).redistribute({P()});
   REQUIRE(close_complex(p.full_tensor(), x));
   REQUIRE(close_complex(full_value(p.redistribute({S(0)})), x));
-  REQUIRE_THROWS_WITH(p.redistribute({P(ReduceOp::Max)}).full_tensor(),
-                      contains("ReduceOp max is not defined for the complex tensor"));
+  if (mesh.size() > 1) { // one rank reduces nothing ([Note: one-rank mesh dimensions ...])
+    REQUIRE_THROWS_WITH(p.redistribute({P(ReduceOp::Max)}).full_tensor(),
+                        contains("ReduceOp max is not defined for the complex tensor"));
+  }
 }
 
 TEST_CASE("reliability 5: ops on zero-element DTensors", "[reliability][world1][world2][world4]") {

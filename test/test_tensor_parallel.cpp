@@ -112,8 +112,8 @@ TEST_CASE("RowwiseParallel: a Shard(-1) input, one all-reduce when the output is
     CommDebugMode mode;
     y = m->forward(xd);
     s = y.sum(); // the first op outside the module reduces the Partial result
-    REQUIRE(mode.count(CollectiveKind::AllReduce) == 1);
-    REQUIRE(mode.total_count() == 1);
+    REQUIRE(mode.count(CollectiveKind::AllReduce) == over(world(), 1));
+    REQUIRE(mode.total_count() == over(world(), 1));
   }
   // y itself is the matmul's Partial result; the sum saw it as Replicate, and as
   // use_local_output (the default) asks, as its plain local tensor ([Note: local outputs]).
@@ -142,8 +142,8 @@ TEST_CASE("RowwiseParallel: output_layouts Shard(1) gives one reduce-scatter",
   {
     CommDebugMode mode;
     z = torch::relu(m->forward(xd));
-    REQUIRE(mode.count(CollectiveKind::ReduceScatter) == 1);
-    REQUIRE(mode.total_count() == 1);
+    REQUIRE(mode.count(CollectiveKind::ReduceScatter) == over(world(), 1));
+    REQUIRE(mode.total_count() == over(world(), 1));
   }
   REQUIRE(DTensor(z).placements() == Placements{Shard(1)});
   at::Tensor ref_z = torch::relu(ref->forward(x));
@@ -211,8 +211,8 @@ TEST_CASE("parallelize_module: column/row-wise MLP trains like the plain MLP",
       // The hidden activation stays sharded; out_proj's Partial result is reduced by the
       // relu that follows it: one all-reduce.
       loss = mlp->forward(x).sum();
-      REQUIRE(mode.count("tp", CollectiveKind::AllReduce) == 1);
-      REQUIRE(mode.total_count() == 1);
+      REQUIRE(mode.count("tp", CollectiveKind::AllReduce) == over(world(), 1));
+      REQUIRE(mode.total_count() == over(world(), 1));
     }
     at::Tensor ref_loss = ref->forward(x).sum();
     REQUIRE(close(full_value(loss), ref_loss.detach(), 1e-4, 1e-5));
@@ -254,8 +254,8 @@ TEST_CASE("parallelize_module: TP on part of a model hands the plain rest plain 
     {
       CommDebugMode mode;
       out = model->forward(x);
-      REQUIRE(mode.count("tp", CollectiveKind::AllReduce) == 1); // Rowwise's output
-      REQUIRE(mode.total_count() == 1);
+      REQUIRE(mode.count("tp", CollectiveKind::AllReduce) == over(world(), 1)); // Rowwise's output
+      REQUIRE(mode.total_count() == over(world(), 1));
     }
     REQUIRE_FALSE(dtensor::is_dtensor(out));
     at::Tensor ref_out = ref->forward(x);

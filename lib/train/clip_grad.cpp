@@ -181,7 +181,9 @@ at::Tensor total_norm(const std::vector<at::Tensor>& tensors,
                                             : ReduceOp::Sum;
     acc = acc.contiguous();
     for (int64_t d = 0; d < red.mesh.ndim(); ++d) {
-      if (reduced[static_cast<size_t>(d)]) {
+      // A one-rank dimension holds its total already ([Note: one-rank mesh dimensions
+      // communicate nothing], transitions.cpp).
+      if (reduced[static_cast<size_t>(d)] && red.mesh.size(d) > 1) {
         all_reduce_(acc, op, red.mesh.get_group(d));
       }
     }

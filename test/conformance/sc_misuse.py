@@ -172,6 +172,9 @@ REFUSED = {
                                  "the mesh's dimensions; PyTorch does not check",
     "state_dict_missing_key": "dtensor refuses a state dict that lacks a parameter, naming it "
                               "(nothing half-loaded); PyTorch loads the rest",
+    "cat_different_meshes": "dtensor refuses DTensors on different meshes in a tensor list as it "
+                            "does for any other arguments; PyTorch 2.15 refuses them for add but "
+                            "lets cat's list through (on the first tensor's mesh)",
     "fully_shard_module_on_stack": "C++ only: a module not owned by a std::shared_ptr cannot be "
                                    "registered; dtensor says so (PyTorch modules always are)",
 }

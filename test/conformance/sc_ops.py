@@ -324,8 +324,24 @@ LOSS = ("dtensor computes a mean loss on the whole batch; PyTorch's Partial(avg)
         "means is only right for even batch shards")
 EMBEDDING = ("dtensor gathers a vocabulary-sharded embedding table used outside "
              "RowwiseParallel; PyTorch uses its MaskPartial placement (no collective). Same value")
+STRIDED = ("PyTorch 2.15 keeps a dimension merged from a sharded one as its _StridedShard placement "
+           "(no collective); dtensor has no strided shard yet and gathers the merged dimension "
+           "(one all-gather). Same value")
+SPREAD = ("PyTorch 2.15 gathers the dimension the op needs whole and shards the output over a "
+          "mesh dimension that was Replicate (a free local chunk); dtensor leaves that mesh "
+          "dimension Replicate. The same collectives, the same value")
+DECOMPOSE = ("PyTorch 2.15 runs ops without a sharding rule through their decomposition; "
+             "dtensor's decomposition fallback comes with the operator-coverage work and "
+             "until then names the op without a rule")
 STRATEGY = ("another sharding strategy with the same value: dtensor's rule follows the "
             "operands' own shards, PyTorch picks the cheapest of its strategies")
+
+
+def _spread(torch_placements, ours):
+    """Where the two differ, PyTorch has a Shard and dtensor Replicate."""
+    a, b = torch_placements.split(","), ours.split(",")
+    diff = [(x, y) for x, y in zip(a, b) if x != y]
+    return len(a) == len(b) and bool(diff) and all(x.startswith("S") and y == "R" for x, y in diff)
 
 
 def by_design(key, t, d, what):
@@ -337,6 +353,12 @@ def by_design(key, t, d, what):
     if any("P" in part for part in layout) and op in (
             "neg", "mul_scalar", "sub", "add", "mul_scalar_", "sum", "sum_dim0", "sum_dim1_keep"):
         return PARTIAL
+    if op == "mse_loss" and what == "dtensor raises":
+        return DECOMPOSE
+    if op in ("flatten", "view_merge") and "_StridedShard" in str(t.get("placements", "")):
+        return STRIDED
+    if "counts" not in what and _spread(str(t.get("placements", "")), str(d.get("placements", ""))):
+        return SPREAD
     if op in ("max_dim", "prod_dim", "any"):
         return GATHER_DIM
     if op in ("cross_entropy", "nll_loss"):
@@ -346,6 +368,6 @@ def by_design(key, t, d, what):
     if sum(dc.values()) < sum(tc.values()):
         return FEWER
     if op in ("addmm", "linear", "cat0", "stack", "gather", "index_select", "mul_bcast",
-              "embedding", "bmm"):
+              "embedding", "bmm", "mv"):
         return STRATEGY
     return None

@@ -50,9 +50,10 @@ def run_torch(ctx, cases):
         mesh = ctx.mesh(c["mesh"])
         shape = torch.Size(c["shape"])
         stride = torch.empty(shape).stride()
-        src = DTensor.from_local(c["locals"][ctx.rank], mesh, placements(c["src"]),
-                                 run_check=False, shape=shape, stride=stride)
         try:
+            # PyTorch 2.15 refuses sources with mixed Partial reduce ops (sum and max) here.
+            src = DTensor.from_local(c["locals"][ctx.rank], mesh, placements(c["src"]),
+                                     run_check=False, shape=shape, stride=stride)
             with CommDebugMode() as m:
                 out = src.redistribute(mesh, placements(c["dst"]))
             ctx.results.tensor(c["key"], out, m)

@@ -12,6 +12,9 @@ namespace dtensor::testing {
 
 inline int rank() { return dtensor::get_rank(); }
 inline int world() { return dtensor::get_world_size(); }
+// The collectives a redistribution issues over a group of `group_size` ranks: `n`, or none on
+// one rank ([Note: one-rank mesh dimensions communicate nothing], transitions.cpp).
+inline int64_t over(int64_t group_size, int64_t n) { return group_size > 1 ? n : 0; }
 
 // cuda when the run uses NCCL (>= N GPUs visible and a CUDA build), cpu otherwise.
 inline c10::DeviceType device_type() {

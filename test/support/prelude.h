@@ -23,3 +23,4 @@ using dtensor::testing::options;
 using dtensor::testing::rank;
 using dtensor::testing::same;
 using dtensor::testing::world;
+using dtensor::testing::over;

@@ -1,4 +1,4 @@
-// Matrix products: mm, addmm, bmm, baddbmm. Per mesh dimension the rule picks the
+// Matrix products: mm, addmm, bmm, baddbmm, mv. Per mesh dimension the rule picks the
 // cheapest of the layouts a product can be computed in locally:
 //   A Shard(rows) x B Replicate     -> Shard(rows)
 //   A Replicate   x B Shard(cols)   -> Shard(cols)
@@ -98,6 +98,41 @@ OpSharding product(const OpInfo& info, size_t a_index, size_t b_index, int bias_
   return s;
 }
 
+// mv: A [m, n] x v [n] -> [m], the layouts of mm with one column.
+OpSharding mv_rule(const OpInfo& info) {
+  if (!info.specs[0] || !info.specs[1]) {
+    fail_unsupported(info, "both factors must be DTensors");
+  }
+  const DTensorSpec& a = *info.specs[0];
+  const DTensorSpec& v = *info.specs[1];
+  const Placement R = Placement::replicate();
+  const Placement P = Placement::partial(ReduceOp::Sum);
+  const std::vector<Layout> mv_layouts = {
+      {R, R, R}, {Placement::shard(0), R, Placement::shard(0)}, {Placement::shard(1), Placement::shard(0), P},
+      {P, R, P}, {R, P, P},
+  };
+  const size_t n = static_cast<size_t>(info.mesh_ndim());
+  Placements want_a(n, R);
+  Placements want_v(n, R);
+  Placements out(n, R);
+  for (size_t i = 0; i < n; ++i) {
+    int best = 1 << 30;
+    for (const Layout& l : mv_layouts) {
+      int c = cost(a.placements[i], l.a) + cost(v.placements[i], l.b);
+      if (c < best) {
+        best = c;
+        want_a[i] = l.a;
+        want_v[i] = l.b;
+        out[i] = l.out;
+      }
+    }
+  }
+  OpSharding s;
+  s.inputs = {want_a, want_v};
+  s.outputs.push_back(out);
+  return s;
+}
+
 OpSharding mm_rule(const OpInfo& info) { return product(info, 0, 1, -1, 0); }
 OpSharding addmm_rule(const OpInfo& info) { return product(info, 1, 2, 0, 0); }
 OpSharding bmm_rule(const OpInfo& info) { return product(info, 0, 1, -1, 1); }
@@ -107,6 +142,7 @@ OpSharding baddbmm_rule(const OpInfo& info) { return product(info, 1, 2, 0, 1); 
 
 void register_matmul_ops() {
   register_rule("aten::mm", mm_rule);
+  register_rule("aten::mv", mv_rule);
   register_rule("aten::addmm", addmm_rule);
   register_rule("aten::addmm_", addmm_rule);
   register_rule("aten::bmm", bmm_rule);

@@ -108,8 +108,9 @@ std::vector<TransformStep> make_plan(const DTensorSpec& src, const Placements& d
       add(i, Placement::replicate()); // [Note: partial order]
     }
   }
-  // 1. Right to left: gather every shard whose mesh dimension leaves Shard for Replicate or
-  //    Partial, or to whose left a mesh dimension changes the cut of the same tensor dim.
+  // 1. Right to left: zero-fill every shard whose target is Partial(sum); gather every other
+  //    shard whose mesh dimension leaves Shard for Replicate or another Partial, or to whose
+  //    left a mesh dimension changes the cut of the same tensor dim.
   //    (Shard(d) -> Shard(e) stays for an all-to-all in pass 2: anything nested to its right
   //    on d or e has been gathered here already.)
   for (size_t i = n; i-- > 0;) {
@@ -117,6 +118,13 @@ std::vector<TransformStep> make_plan(const DTensorSpec& src, const Placements& d
       continue;
     }
     int64_t d = cur[i].dim();
+    // Shard -> Partial(sum) zero-fills in place ([Note: shard to partial by zero-filling],
+    // transitions.cpp), here, while the dims to its left still cut d as the shard assumes;
+    // what they do later moves the filled tensor like any other.
+    if (dst[i].is_partial() && !dst[i].is_norm_partial() && dst[i].reduce_op() == ReduceOp::Sum) {
+      add(i, dst[i]);
+      continue;
+    }
     bool must_gather = cur[i] != dst[i] && !dst[i].is_shard();
     for (size_t k = 0; k < i && !must_gather; ++k) {
       must_gather = changes_dim(cur[k], dst[k], d);

@@ -31,11 +31,12 @@ struct TransformStep {
 // dimension each (the PaddlePaddle "N-D as 1-D steps" rule). Shards of the same tensor
 // dimension nest left to right, so a shard on mesh dimension j only stays valid while no
 // mesh dimension i < j changes how that tensor dimension is cut:
-//   1. right to left, every Shard(d) whose mesh dimension changes, or to whose left a
+//   1. right to left, every Shard(d) whose target is Partial(sum) is zero-filled, and every
+//      other Shard(d) whose mesh dimension changes (but to another Shard), or to whose left a
 //      mesh dimension changes the sharding of d, is first gathered (Shard -> Replicate);
 //   2. left to right, every mesh dimension moves to its target with one transition;
 //      changes no single transition covers go through Replicate (e.g. Partial(max) ->
-//      Partial(sum), Shard -> Partial, uneven Shard(i) -> Shard(j)).
+//      Partial(sum), Shard -> Partial(max), uneven Shard(i) -> Shard(j)).
 // Plans depend only on the specs (and this rank's coordinate), so they are cached.
 std::vector<TransformStep> plan_redistribute(const DTensorSpec& src, const Placements& dst);
 

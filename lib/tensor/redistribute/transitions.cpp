@@ -37,6 +37,15 @@ ReduceOp partial_collective_op(const Placement& p) {
   return ReduceOp::Sum;
 }
 
+// --- anything on a one-rank mesh dimension: the local tensor already is the value ----------
+// [Note: one-rank mesh dimensions communicate nothing] A group of one holds the whole of every
+// placement: its shard is the full extent, its partial value the reduced one. PyTorch 2.15
+// skips these steps too (counts match); earlier dtensor issued the collective as a local copy.
+bool relabel_ok(const Placement&, const Placement&, const Shape&, int64_t k) { return k == 1; }
+at::Tensor relabel_apply(const at::Tensor& local, const TransformStep&, const DeviceMesh&) {
+  return local;
+}
+
 // --- S(d) -> R: all-gather (each chunk padded to the largest, then trimmed) ---------------
 bool gather_ok(const Placement& s, const Placement& d, const Shape&, int64_t) {
   return s.is_shard() && d.is_replicate();
@@ -137,13 +146,34 @@ at::Tensor partition_apply(const at::Tensor& local, const TransformStep& step, c
   }
 }
 
+// --- S(d) -> P(sum): the shard at its offset in zeros of the full size, no communication ----
+// [Note: shard to partial by zero-filling] The ranks' tensors then sum to the full value. Earlier
+// dtensor went through Replicate (an all-gather, then a share of it per rank); PyTorch 2.15
+// zero-fills too, so values, placements and counts (none) agree. Only a sum: zeros are not the
+// identity of max or min, and an average would need the shard scaled by the group size.
+bool zero_fill_ok(const Placement& s, const Placement& d, const Shape&, int64_t) {
+  return s.is_shard() && d.is_partial() && !d.is_norm_partial() && d.reduce_op() == ReduceOp::Sum;
+}
+at::Tensor zero_fill_apply(const at::Tensor& local, const TransformStep& step, const DeviceMesh& mesh) {
+  int64_t d = step.src.dim();
+  int64_t k = mesh.size(step.mesh_dim);
+  int64_t full = step.logical_shape[static_cast<size_t>(d)];
+  auto shape = local.sizes().vec();
+  shape[static_cast<size_t>(d)] = full;
+  at::Tensor out = at::zeros(shape, local.options());
+  out.narrow(d, chunk_offset(full, k, coord(mesh, step.mesh_dim)), local.size(d)).copy_(local);
+  return out;
+}
+
 const Transition kTransitions[] = {
+    {"relabel", false, relabel_ok, relabel_apply}, // first: it wins on one-rank dimensions
     {"all_gather", true, gather_ok, gather_apply},
     {"all_reduce", true, reduce_ok, reduce_apply},
     {"reduce_scatter", true, reduce_scatter_ok, reduce_scatter_apply},
     {"all_to_all", true, all_to_all_ok, all_to_all_apply},
     {"local_chunk", false, chunk_ok, chunk_apply},
     {"partition", false, partition_ok, partition_apply},
+    {"zero_fill", false, zero_fill_ok, zero_fill_apply},
 };
 
 } // namespace
@@ -174,7 +204,7 @@ std::vector<Placement> route_through_replicate(const Placement& src, const Place
   if (dst.is_replicate() || suitable_transition(src, dst, logical_shape, group_size) != nullptr) {
     return {dst};
   }
-  return {Placement::replicate(), dst}; // e.g. Partial -> Partial, Shard -> Partial
+  return {Placement::replicate(), dst}; // e.g. Partial -> Partial, Shard -> Partial(max)
 }
 
 at::Tensor execute_redistribute(const at::Tensor& local, const DTensorSpec& src,
