@@ -13,6 +13,10 @@ echo
 echo "## dispatch overhead, 2 ranks"
 torchrun --standalone --nproc-per-node 2 --no-python "$root/build/bench/bench_dispatch_overhead"
 echo
+echo "## dispatch overhead against PyTorch's DTensor, 1 and 2 ranks (alternating)"
+"$root/.venv/bin/python" "$root/bench/dispatch_overhead.py" "$root/.venv/bin/torchrun" \
+  "$root/build/bench/bench_dispatch_overhead" --rounds 3 --ranks 1 2
+echo
 echo "## fully_shard step, Transformer, 2 and 4 ranks"
 torchrun --standalone --nproc-per-node 2 --no-python "$root/build/bench/bench_fsdp_step"
 torchrun --standalone --nproc-per-node 4 --no-python "$root/build/bench/bench_fsdp_step" | grep -v '^| ranks\|^| ---'
