@@ -15,6 +15,9 @@ configure() {
   shift
   if [[ -f $dir/build.ninja ]]; then
     meson configure "$dir" "$@" >/dev/null
+    # Regenerate now if a meson.build changed, so that introspection sees the current
+    # targets and tests (ninja would otherwise do it only at the next build).
+    ninja -C "$dir" build.ninja >/dev/null
   else
     meson setup "$dir" "$@"
   fi

@@ -7,8 +7,10 @@
 #include <dtensor/dtensor.h>
 #include <dtensor/dtensor_spec.h>
 #include <dtensor/error.h>
+#include <dtensor/factories.h>
 #include <dtensor/placement.h>
 #include <dtensor/process_group.h>
+#include <dtensor/random.h>
 #include <dtensor/comm_hooks.h>
 #include <dtensor/replicate.h>
 #include <dtensor/fully_shard.h>

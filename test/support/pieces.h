@@ -30,7 +30,8 @@ inline bool near(const at::Tensor& a, const at::Tensor& b) {
 }
 
 // The meshes of the randomized tests: 1-D over the world, and every 2-D factorisation of
-// it (on 4 ranks 2x2 and the 3-D 2x1x2 and 1x2x2 too; on 1 rank a 1x1).
+// it (on 4 ranks 2x2 and the 3-D 2x1x2 and 1x2x2 too; on 8 ranks 2x2x2 and 4x2; on 1 rank
+// a 1x1).
 inline std::vector<dtensor::DeviceMesh> property_meshes() {
   const int w = dtensor::get_world_size();
   const auto type = dtensor::get_backend() == dtensor::BackendType::Nccl ? c10::DeviceType::CUDA
@@ -40,6 +41,9 @@ inline std::vector<dtensor::DeviceMesh> property_meshes() {
     out.push_back(dtensor::init_device_mesh(type, {2, 2}, {"a", "b"}));
     out.push_back(dtensor::init_device_mesh(type, {2, 1, 2}, {"p", "q", "r"}));
     out.push_back(dtensor::init_device_mesh(type, {1, 2, 2}, {"u", "v", "w"}));
+  } else if (w == 8) {
+    out.push_back(dtensor::init_device_mesh(type, {2, 2, 2}, {"r", "s", "t"}));
+    out.push_back(dtensor::init_device_mesh(type, {4, 2}, {"a", "b"}));
   } else if (w == 2) {
     out.push_back(dtensor::init_device_mesh(type, {1, 2}, {"a", "b"}));
     out.push_back(dtensor::init_device_mesh(type, {2, 1}, {"c", "d"}));

@@ -549,7 +549,11 @@ void handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   collect_specs(info, a);
   const std::shared_ptr<const Cached> decision = decide(op, info);
   unwrap_args(info, decision->sharding, a);
-  run_local(op, info, stack);
+  if (decision->sharding.local_kernel != nullptr) {
+    decision->sharding.local_kernel(info, decision->sharding, stack);
+  } else {
+    run_local(op, info, stack);
+  }
   wrap_outputs(op, info, *decision, stack, finishers);
 }
 

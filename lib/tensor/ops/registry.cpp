@@ -55,6 +55,7 @@ void register_builtin_rules() {
   register_nn_ops();
   register_list_ops();
   register_dim_ops();
+  register_random_ops();
 }
 
 Placements replicate_all(int64_t mesh_ndim) {

@@ -35,6 +35,13 @@ struct OpInfo {
   int64_t mesh_ndim() const { return mesh->ndim(); }
 };
 
+struct OpSharding;
+// A replacement for the local op: it finds the local arguments at the end of the stack (as
+// the op would) and leaves the local results there. Random ops use it to draw their piece of
+// a layout-independent global tensor ([Note: layout-independent random numbers]).
+using LocalKernel = void (*)(const OpInfo& info, const OpSharding& sharding,
+                             torch::jit::Stack* stack);
+
 // What a rule decides.
 struct OpSharding {
   // Per argument: the placements it must have (redistributed if it differs); nullopt keeps it.
@@ -50,6 +57,8 @@ struct OpSharding {
   // Optional: the global shape of each returned tensor, for rules that know it (pointwise
   // ops: the broadcast shape). Otherwise the handler runs the op on meta tensors once.
   std::vector<std::vector<int64_t>> output_shapes;
+  // Optional: runs instead of the op on the local arguments.
+  LocalKernel local_kernel = nullptr;
 };
 
 // This rank's local shape of a tensor of global `shape` laid out as `placements` on `mesh`.
@@ -87,6 +96,7 @@ void register_view_ops();     // t, transpose, view-like
 void register_nn_ops();       // softmax, layer norm, embedding, nll_loss (+ backward)
 void register_list_ops();     // cat, stack, split, unbind
 void register_dim_ops();      // cumsum, sort, topk, var, prod, any, index_select, gather, ...
+void register_random_ops();   // uniform_, normal_, bernoulli, dropout, ... (lib/tensor/random/)
 
 // Helpers shared by rules.
 // A dim argument made non-negative for a tensor of `ndim` dims.

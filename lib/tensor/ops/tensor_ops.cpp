@@ -70,28 +70,9 @@ OpSharding new_factory(const OpInfo& info) {
   return s;
 }
 
-// In-place random fills (bernoulli_, uniform_, normal_, random_, exponential_): each rank
-// fills its local tensor from its own generator. [Note: random ops]: Shard placements get
-// per-rank draws (a seed shared by all ranks gives every shard the same pattern);
-// Replicate placements stay consistent only while every rank's generator is in the same
-// state (the same torch::manual_seed and the same sequence of random ops); a Partial
-// cannot be filled.
-OpSharding random_fill(const OpInfo& info) {
-  for (const auto& p : info.specs[0]->placements) {
-    if (p.is_partial()) {
-      fail_unsupported(info, "a Partial DTensor cannot be filled with random values");
-    }
-  }
-  return same_as_self(info);
-}
-
 } // namespace
 
 void register_tensor_ops() {
-  for (const char* name : {"aten::bernoulli_", "aten::uniform_", "aten::normal_", "aten::random_",
-                           "aten::exponential_"}) {
-    register_rule(name, random_fill);
-  }
   for (const char* name : {"aten::new_empty", "aten::new_zeros", "aten::new_ones", "aten::new_full",
                            "aten::new_empty_strided"}) {
     register_rule(name, new_factory);
