@@ -36,6 +36,8 @@
 #include <torch/nn/modules/transformer.h>
 #include <torch/utils.h>
 
+#include <dtensor/random.h>
+
 namespace dtensor::models {
 
 // ---------------------------------------------------------------------------------------------
@@ -53,7 +55,18 @@ struct ModelArgs {
   TORCH_ARG(double, dropout_p) = 0.1;
   TORCH_ARG(bool, use_attn_mask) = true;
   TORCH_ARG(bool, weight_tying) = true;
+  // dtensor's addition: dropout by dtensor::dropout, the same on every layout
+  // (docs/random.md), in place of the Dropout modules' draws from each rank's generator;
+  // attention weights are then not dropped (sdpa draws from the generator itself).
+  TORCH_ARG(bool, layout_independent_dropout) = false;
 };
+
+// A Dropout module, or with `layout_independent` dtensor::dropout at the module's p.
+inline torch::Tensor apply_dropout(torch::nn::Dropout& dropout, const torch::Tensor& x,
+                                   bool layout_independent) {
+  return layout_independent ? dtensor::dropout(x, dropout->options.p(), dropout->is_training())
+                            : dropout(x);
+}
 
 inline torch::nn::Linear linear_no_bias(int64_t in, int64_t out) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
@@ -66,6 +79,7 @@ struct AttentionImpl : torch::nn::Module {
       : head_dim(args.dim() / args.n_heads()), n_heads(args.n_heads()), dropout_p(args.dropout_p()),
         resid_dropout(register_module("resid_dropout", torch::nn::Dropout(args.dropout_p()))),
         use_attn_mask(args.use_attn_mask()),
+        layout_independent(args.layout_independent_dropout()),
         wq(register_module("wq", linear_no_bias(args.dim(), args.dim()))),
         wk(register_module("wk", linear_no_bias(args.dim(), args.dim()))),
         wv(register_module("wv", linear_no_bias(args.dim(), args.dim()))),
@@ -81,15 +95,16 @@ struct AttentionImpl : torch::nn::Module {
     };
     torch::Tensor output = torch::scaled_dot_product_attention(
         heads(wq(x)), heads(wk(x)), heads(wv(x)), /*attn_mask=*/std::nullopt,
-        is_training() ? dropout_p : 0.0, /*is_causal=*/use_attn_mask);
+        is_training() && !layout_independent ? dropout_p : 0.0, /*is_causal=*/use_attn_mask);
     output = output.transpose(1, 2).contiguous().view({bsz, seq_len, -1});
-    return resid_dropout(wo(output));
+    return apply_dropout(resid_dropout, wo(output), layout_independent);
   }
   int64_t head_dim;
   int64_t n_heads;
   double dropout_p;
   torch::nn::Dropout resid_dropout;
   bool use_attn_mask;
+  bool layout_independent;
   torch::nn::Linear wq;
   torch::nn::Linear wk;
   torch::nn::Linear wv;
@@ -99,16 +114,21 @@ TORCH_MODULE(Attention);
 
 // w1 (dim -> hidden_dim, bias) -> gelu -> w2 (-> dim, bias) -> resid_dropout.
 struct FeedForwardImpl : torch::nn::Module {
-  FeedForwardImpl(int64_t dim, int64_t hidden_dim, double dropout_p)
+  FeedForwardImpl(int64_t dim, int64_t hidden_dim, double dropout_p,
+                  bool layout_independent_dropout = false)
       : w1(register_module("w1", torch::nn::Linear(dim, hidden_dim))),
         gelu(register_module("gelu", torch::nn::GELU())),
         w2(register_module("w2", torch::nn::Linear(hidden_dim, dim))),
-        resid_dropout(register_module("resid_dropout", torch::nn::Dropout(dropout_p))) {}
-  torch::Tensor forward(const torch::Tensor& x) { return resid_dropout(w2(gelu(w1(x)))); }
+        resid_dropout(register_module("resid_dropout", torch::nn::Dropout(dropout_p))),
+        layout_independent(layout_independent_dropout) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return apply_dropout(resid_dropout, w2(gelu(w1(x))), layout_independent);
+  }
   torch::nn::Linear w1;
   torch::nn::GELU gelu;
   torch::nn::Linear w2;
   torch::nn::Dropout resid_dropout;
+  bool layout_independent;
 };
 TORCH_MODULE(FeedForward);
 
@@ -121,7 +141,8 @@ struct TransformerBlockImpl : torch::nn::Module {
         ffn_norm(register_module("ffn_norm",
                                  torch::nn::LayerNorm(torch::nn::LayerNormOptions({args.dim()})))),
         feed_forward(register_module("feed_forward",
-                                     FeedForward(args.dim(), 4 * args.dim(), args.dropout_p()))) {}
+                                     FeedForward(args.dim(), 4 * args.dim(), args.dropout_p(),
+                                                 args.layout_independent_dropout()))) {}
   torch::Tensor forward(const torch::Tensor& x) {
     torch::Tensor h = x + attention(attention_norm(x));
     return h + feed_forward(ffn_norm(h));
@@ -163,7 +184,8 @@ struct TransformerImpl : torch::nn::Module {
     TORCH_CHECK(seq_len <= max_seq_len, "sequence longer than max_seq_len");
     torch::Tensor h = tok_embeddings(tokens);
     torch::Tensor pos = torch::arange(0, seq_len, tokens.options().dtype(torch::kLong));
-    h = dropout(h + pos_embeddings(pos)); // positional embeddings of shape (seq_len, dim)
+    // positional embeddings of shape (seq_len, dim)
+    h = apply_dropout(dropout, h + pos_embeddings(pos), model_args.layout_independent_dropout());
     for (const auto& layer : *layers) {
       h = layer->as<TransformerBlockImpl>()->forward(h);
     }
@@ -182,6 +204,28 @@ struct TransformerImpl : torch::nn::Module {
   torch::nn::Linear output{nullptr}; // null with weight_tying
 };
 TORCH_MODULE(Transformer);
+
+// A layout-independent init of the Transformer (docs/meta_init.md): every parameter from
+// dtensor's random ops or a constant, in named_parameters() order, so the full values are
+// the same on every layout and world size as on one process. Weights truncated normal
+// (std 0.02, within 2 std), biases zero, LayerNorm weights one.
+inline void init_weights(torch::nn::Module& model, double std = 0.02) {
+  torch::NoGradGuard no_grad;
+  auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  for (auto& item : model.named_parameters()) {
+    at::Tensor p = item.value();
+    const std::string& name = item.key();
+    if (ends_with(name, ".bias")) {
+      p.zero_();
+    } else if (ends_with(name, "norm.weight")) {
+      p.fill_(1.0);
+    } else {
+      dtensor::trunc_normal_(p, 0.0, std, -2 * std, 2 * std);
+    }
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // common_fsdp.py: FSDPTestModel subclasses. Each has get_input(device) (which, like the

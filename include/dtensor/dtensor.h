@@ -53,7 +53,9 @@ bool is_dtensor(const at::Tensor& t);
 // rank (one broadcast per mesh dimension, then local chunks for Shard placements).
 // `src_data_rank` is PyTorch's: the source's group rank on every mesh dimension, so the
 // default 0 is the mesh's own first rank, on any sub-mesh. nullopt: no communication, each
-// rank cuts its own `tensor` (which must then be the same on every rank).
+// rank cuts its own `tensor` (which must then be the same on every rank). A meta tensor
+// gives a DTensor whose local piece is on the meta device, without communication
+// (dtensor::to_empty in dtensor/materialize.h allocates it).
 DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
                           const Placements& placements, std::optional<int> src_data_rank = 0);
 

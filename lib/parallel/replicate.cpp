@@ -212,19 +212,25 @@ ReplicateHandle replicate(torch::nn::Module& module, const DeviceMesh& mesh,
         !p.unsafeGetTensorImpl()->key_set().has_backend(c10::BackendComponent::PrivateUse1Bit),
         "replicate({}): parameter of shape {} is a DTensor; replicate takes plain parameters",
         module.name(), p.sizes());
-    DTENSOR_CHECK(p.device().type() == mesh.device_type(),
+    DTENSOR_CHECK(p.is_meta() || p.device().type() == mesh.device_type(),
                   "replicate({}): a parameter is on {} but the mesh is {}", module.name(),
                   p.device().str(), mesh.to_string());
   }
   if (options.broadcast_from_rank0()) {
+    // Meta tensors have nothing to send: after to_empty, a layout-independent init gives
+    // every rank the same values ([Note: layout-independent random numbers]).
     torch::NoGradGuard no_grad;
     for (auto p : params) {
-      at::Tensor data = p.detach();
-      broadcast_(data, 0, state->group);
+      if (!p.is_meta()) {
+        at::Tensor data = p.detach();
+        broadcast_(data, 0, state->group);
+      }
     }
     for (auto b : module.buffers()) {
-      at::Tensor data = b.detach();
-      broadcast_(data, 0, state->group);
+      if (b.defined() && !b.is_meta()) {
+        at::Tensor data = b.detach();
+        broadcast_(data, 0, state->group);
+      }
     }
   }
   // Buckets in reverse parameter order (gradients tend to be ready last layer first), one

@@ -169,7 +169,10 @@ DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
                           const Placements& placements, std::optional<int> src_data_rank) {
   DTENSOR_CHECK(tensor.defined(), "distribute_tensor: undefined tensor");
   DTENSOR_CHECK(!is_dtensor(tensor), "distribute_tensor: the tensor is already a DTensor");
-  DTENSOR_CHECK(tensor.device().type() == mesh.device_type(),
+  // A meta tensor (a module built on the meta device) gives a meta DTensor: its local piece
+  // is cut without data or communication, and dtensor::to_empty allocates it later.
+  const bool meta = tensor.is_meta();
+  DTENSOR_CHECK(meta || tensor.device().type() == mesh.device_type(),
                 "distribute_tensor: tensor on {} but the mesh is {}", tensor.device().str(),
                 mesh.to_string());
   for (int64_t i = 0; src_data_rank && i < mesh.ndim(); ++i) {
@@ -186,7 +189,7 @@ DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
   DTensorSpec spec = detail::make_spec(mesh, placements, tensor.sizes().vec(), tensor.scalar_type());
   at::Tensor local = tensor.detach().contiguous().clone();
   for (int64_t i = 0; i < mesh.ndim(); ++i) {
-    if (src_data_rank) { // from the source's coordinate on this dimension, within each slice
+    if (src_data_rank && !meta) { // from the source's coordinate on this dimension, within each slice
       broadcast_(local, *src_data_rank, mesh.get_group(i));
     }
     const Placement& p = spec.placements[static_cast<size_t>(i)];

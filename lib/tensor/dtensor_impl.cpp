@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include "internal/check.h"
+#include "internal/torch_compat.h"
 #include "tensor/ops/sharding.h"
 
 namespace dtensor::detail {
@@ -14,6 +15,31 @@ c10::DispatchKeySet dtensor_key_set(c10::Device device) {
   // the same device (has_compatible_shallow_copy_type).
   c10::DispatchKey backend = device.is_cuda() ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU;
   return c10::DispatchKeySet(c10::DispatchKey::PrivateUse1) | c10::DispatchKeySet(backend);
+}
+
+// [Note: meta tensors change device in place]
+// A module's parameters are referenced by the module's members as well as by its parameter
+// list, so parallelizing or materializing one must change its TensorImpl in place.
+// Tensor::set_data does that only between "compatible" types: two dense tensors of real
+// devices (a DTensor counts as one). A tensor on the meta device is neither, so the step from
+// a meta parameter to its DTensor, or from a meta DTensor to one with real local data, would
+// fail with LibTorch's "incompatible tensor type". Such steps do what set_data does without
+// that check: drop the gradient accumulator (its input metadata names the old device; a new
+// one is made on first use) and shallow-copy the new tensor's metadata in.
+void replace_data(const at::Tensor& dst, const at::Tensor& src) {
+  DTENSOR_CHECK(dst.defined() && src.defined(), "replace_data: undefined tensor");
+  if (!dst.is_meta() && !src.is_meta()) {
+    dst.set_data(src);
+    return;
+  }
+  DTENSOR_CHECK(!dst.requires_grad() || at::isFloatingType(src.scalar_type()) ||
+                    at::isComplexType(src.scalar_type()),
+                "replace_data: a tensor that requires grad needs floating data, got {}",
+                c10::toString(src.scalar_type()));
+  if (dst.requires_grad()) {
+    compat::set_grad_accumulator(dst, compat::NodePtr());
+  }
+  dst.unsafeGetTensorImpl()->shallow_copy_from(src.getIntrusivePtr());
 }
 
 DTensorSpec make_spec(const DeviceMesh& mesh, const Placements& placements,

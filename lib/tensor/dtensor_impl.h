@@ -37,6 +37,7 @@ struct DTensorMeta : c10::BackendMeta {
     }
     return nullptr;
   }
+  void copy_extensions_from(const DTensorMeta& other) { extensions_ = other.extensions_; }
   template <class T>
   void set_extension(std::shared_ptr<const T> value) {
     for (auto& [key, slot] : extensions_) {
@@ -60,6 +61,11 @@ at::Tensor make_dtensor(const at::Tensor& local, DTensorSpec spec);
 const DTensorMeta* dtensor_meta(const at::Tensor& t);
 DTensorMeta* mutable_dtensor_meta(const at::Tensor& t);
 const DTensorMeta& checked_meta(const at::Tensor& t, const char* what);
+
+// Gives `dst` (a parameter or buffer its module holds) the data of `src` in place, as
+// Tensor::set_data does, also from or to the meta device, which set_data refuses
+// ([Note: meta tensors change device in place] in dtensor_impl.cpp).
+void replace_data(const at::Tensor& dst, const at::Tensor& src);
 
 // The dispatch keys of a DTensor whose local tensor lives on `device`.
 c10::DispatchKeySet dtensor_key_set(c10::Device device);

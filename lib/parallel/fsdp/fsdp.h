@@ -128,7 +128,11 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
   }
 
   // Builds the flat shard from the parameters' full values and converts them in place.
+  // Meta parameters give a unit on the meta device: no memory until to_empty.
   void init_sharded(std::vector<std::pair<std::string, at::Tensor>> named_params);
+  // A unit on the meta device: allocates its flat shard (uninitialized but for the
+  // padding) on `device` and rebinds the parameters to it (dtensor::to_empty).
+  void to_empty(c10::Device device);
   // One all-gather of the flat shard, copied out into the unsharded buffer. With `async`
   // (a prefetch, overlap on) it returns with the all-gather in flight (Unsharding);
   // finish_unshard() waits for it and copies out. unshard() on an Unsharding unit finishes.
@@ -163,6 +167,9 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
   FSDPParam plan_param(const std::string& fqn, const at::Tensor& p, const at::Tensor& value,
                        int64_t offset, const std::pair<std::string, at::Tensor>& first) const;
   void set_sharded_spec(FSDPParam& fp, const Placement& shard) const;
+  void allocate_buffers();
+  at::Tensor local_shard(const FSDPParam& fp) const; // fp's rows of the flat shard
+  void bind_params();
   void materialize(const std::vector<at::Tensor>& values);
   // A communication buffer: at::empty, or the custom collective's allocate (checked).
   at::Tensor allocate_comm(int64_t numel, c10::ScalarType dtype, const CommAllocator& allocate,

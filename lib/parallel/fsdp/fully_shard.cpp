@@ -149,22 +149,31 @@ void check_params(const torch::nn::Module& module, const OwnParams& params,
                   module.name(), fqn);
     const detail::DTensorMeta* dm = detail::dtensor_meta(p);
     // [Note: FSDP x TP] in lib/parallel/fsdp/param_group.cpp: any DTensor on a 1-D mesh beside the
-    // data-parallel one (parallelize_module's, distribute_module's, hand-distributed).
-    DTENSOR_CHECK(dm == nullptr || (dm->spec.mesh.ndim() == 1 && mesh.ndim() == 1),
+    // data-parallel one (parallelize_module's, distribute_module's, hand-distributed), with
+    // a 1-D (FSDP) or 2-D (HSDP) data-parallel mesh.
+    DTENSOR_CHECK(dm == nullptr || dm->spec.mesh.ndim() == 1,
                   "fully_shard({}): parameter '{}' is already a DTensor ({}); fully_shard takes "
-                  "plain parameters, or DTensors on a 1-D mesh (tensor parallelism) with a 1-D "
-                  "data-parallel mesh",
-                  module.name(), fqn, dm ? dm->spec.to_string() : "");
+                  "plain parameters, or DTensors on a 1-D mesh (tensor parallelism) beside the "
+                  "data-parallel mesh {}",
+                  module.name(), fqn, dm ? dm->spec.to_string() : "", mesh.to_string());
     for (const Placement& pl : dm ? dm->spec.placements : Placements{}) {
       DTENSOR_CHECK(!pl.is_partial(),
                     "fully_shard({}): parameter '{}' is a DTensor with placement {} ({}); a "
                     "parameter can be Shard or Replicate",
                     module.name(), fqn, pl.to_string(), dm->spec.to_string());
     }
-    DTENSOR_CHECK(p.device().type() == mesh.device_type(),
+    // Meta parameters (a module built on the meta device) stay without memory until
+    // dtensor::to_empty; a unit is all meta or not at all.
+    DTENSOR_CHECK(p.is_meta() || p.device().type() == mesh.device_type(),
                   "fully_shard({}): parameter '{}' is on {} but the mesh {} is a {} mesh",
                   module.name(), fqn, p.device().str(), mesh.to_string(),
                   c10::DeviceTypeName(mesh.device_type(), true));
+    const auto& [first_fqn, first] = params.own.front();
+    DTENSOR_CHECK(p.is_meta() == first.is_meta(),
+                  "fully_shard({}): parameter '{}' is on {} but '{}' is on {}; a unit's "
+                  "parameters are all on the meta device or none (call dtensor::to_empty on "
+                  "the whole model after parallelizing it)",
+                  module.name(), fqn, p.device().str(), first_fqn, first.device().str());
   }
 }
 

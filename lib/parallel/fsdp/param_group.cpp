@@ -1,10 +1,12 @@
 // A fully_shard unit's data movement: the flat shard, all-gather into the unsharded buffer,
 // freeing it, and the reduce-scatter of gradients.
+#include <algorithm>
 #include <optional>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Work.hpp> // dtensor::Work held in pending collectives
 #include <c10/core/StorageImpl.h>
+#include <c10/util/accumulate.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <dtensor/collectives.h>
@@ -62,6 +64,24 @@ void allocate_storage(const at::Tensor& t) {
     s->set_nbytes(need);
     fsdp_memory().note_peak();
   }
+}
+
+// A tensor of `numel` elements whose storage is not allocated yet (allocate_storage fills
+// it in when the unit is first unsharded): no rank holds a whole unit before it is used.
+at::Tensor unallocated(int64_t numel, const at::TensorOptions& options) {
+  at::Tensor t = at::empty({0}, options);
+  t.unsafeGetTensorImpl()->set_sizes_contiguous({numel});
+  return t;
+}
+
+// A contiguous view of `shape` at element `offset` of `flat`'s storage, made without the
+// bounds check of view(): the storage may hold no memory yet.
+at::Tensor view_into(const at::Tensor& flat, int64_t offset, c10::IntArrayRef shape) {
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(flat.storage()),
+                                                          flat.key_set(), flat.dtype());
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
+  t.unsafeGetTensorImpl()->set_storage_offset(offset);
+  return t;
 }
 
 } // namespace
@@ -160,30 +180,36 @@ bool FSDPParamGroup::is_ancestor_of(const FSDPParamGroup& other) const {
   return false;
 }
 
-// The sharded placements of a parameter: Replicate first for HSDP; for FSDP x TP the
-// parameter's tp placement, then `shard`, on the (tp, dp) mesh ([Note: FSDP x TP]).
+// The sharded placements of a parameter: Replicate first for HSDP, then `shard`; for
+// FSDP x TP the parameter's tp placement before them, on the (tp, dp...) mesh ([Note:
+// FSDP x TP]).
 void FSDPParamGroup::set_sharded_spec(FSDPParam& fp, const Placement& shard) const {
   const c10::ScalarType dtype = fp.param.scalar_type();
-  if (fp.tp_spec) {
-    const DeviceMesh& tp = fp.tp_spec->mesh;
-    DTENSOR_CHECK(!tp.dim_names().empty() && !mesh.dim_names().empty(),
-                  "fully_shard({}): FSDP x TP needs named meshes (slices of one "
-                  "init_device_mesh), got {} and {}",
-                  name, mesh.to_string(), tp.to_string());
-    DTENSOR_CHECK(tp.root_mesh() == mesh.root_mesh() && tp.dim_names()[0] != mesh.dim_names()[0],
-                  "fully_shard({}): parameter '{}' is a DTensor on {}, which is not another "
-                  "dimension of the data-parallel mesh {}'s root mesh {}",
-                  name, fp.fqn, tp.to_string(), mesh.to_string(), mesh.root_mesh().to_string());
-    DeviceMesh both = mesh.root_mesh()[{tp.dim_names()[0], mesh.dim_names()[0]}];
-    fp.spec = make_spec(both, {fp.tp_spec->placements[0], shard}, fp.tp_spec->shape, dtype);
-    return;
-  }
   Placements placements;
   if (mesh.ndim() == 2) {
     placements.push_back(Placement::replicate());
   }
   placements.push_back(shard);
-  fp.spec = make_spec(mesh, placements, fp.shape, dtype);
+  if (!fp.tp_spec) {
+    fp.spec = make_spec(mesh, placements, fp.shape, dtype);
+    return;
+  }
+  const DeviceMesh& tp = fp.tp_spec->mesh;
+  DTENSOR_CHECK(!tp.dim_names().empty() && !mesh.dim_names().empty(),
+                "fully_shard({}): FSDP x TP needs named meshes (slices of one "
+                "init_device_mesh), got {} and {}",
+                name, mesh.to_string(), tp.to_string());
+  const std::vector<std::string>& dp_names = mesh.dim_names();
+  DTENSOR_CHECK(tp.root_mesh() == mesh.root_mesh() &&
+                    std::find(dp_names.begin(), dp_names.end(), tp.dim_names()[0]) ==
+                        dp_names.end(),
+                "fully_shard({}): parameter '{}' is a DTensor on {}, which is not another "
+                "dimension of the data-parallel mesh {}'s root mesh {}",
+                name, fp.fqn, tp.to_string(), mesh.to_string(), mesh.root_mesh().to_string());
+  std::vector<std::string> names{tp.dim_names()[0]};
+  names.insert(names.end(), dp_names.begin(), dp_names.end());
+  placements.insert(placements.begin(), fp.tp_spec->placements[0]);
+  fp.spec = make_spec(mesh.root_mesh()[names], placements, fp.tp_spec->shape, dtype);
 }
 
 // One parameter's place in the flat shard (its segment starts at `offset`); `value` is
@@ -230,46 +256,75 @@ FSDPParam FSDPParamGroup::plan_param(const std::string& fqn, const at::Tensor& p
   return fp;
 }
 
-// Fills the flat shard from the parameters' full values and turns each parameter, in place,
-// into its Shard DTensor with the unit's gradient accumulator; the unsharded buffer gets its
-// views and is freed.
-void FSDPParamGroup::materialize(const std::vector<at::Tensor>& values) {
-  at::NoGradGuard no_grad;
+// The flat shard (zeros: padding stays zero) and the unsharded buffer, unallocated, with
+// each parameter's view of it. On the meta device (a module built there) neither holds
+// memory until to_empty.
+void FSDPParamGroup::allocate_buffers() {
   const c10::Device shard_device =
-      options.offload_policy().offload_to_cpu() ? c10::Device(c10::kCPU) : device;
+      options.offload_policy().offload_to_cpu() && !device.is_meta() ? c10::Device(c10::kCPU)
+                                                                       : device;
   flat_shard = at::zeros({shard_numel}, at::TensorOptions().dtype(orig_dtype).device(shard_device));
   int64_t total = 0;
-  for (const auto& v : values) {
-    total += v.numel();
+  for (const FSDPParam& fp : params) {
+    total += c10::multiply_integers(fp.shape);
   }
-  unsharded_flat = at::empty({total}, at::TensorOptions().dtype(param_dtype).device(device));
+  unsharded_flat = unallocated(total, at::TensorOptions().dtype(param_dtype).device(device));
   int64_t unsharded_offset = 0;
+  for (FSDPParam& fp : params) {
+    const int64_t numel = c10::multiply_integers(fp.shape);
+    fp.unsharded = view_into(unsharded_flat, unsharded_offset, fp.shape);
+    unsharded_offset += numel;
+  }
+}
+
+at::Tensor FSDPParamGroup::local_shard(const FSDPParam& fp) const {
+  return flat_shard.narrow(0, fp.offset, fp.local_rows * fp.row_numel)
+      .view(fp.chunk_shape(fp.local_rows));
+}
+
+// Turns each parameter, in place, into its Shard DTensor over its piece of the flat shard,
+// with the unit's gradient accumulator.
+void FSDPParamGroup::bind_params() {
+  at::NoGradGuard no_grad;
   for (size_t i = 0; i < params.size(); ++i) {
     FSDPParam& fp = params[i];
-    const int64_t start =
-        chunk_offset(fp.shape[static_cast<size_t>(fp.shard_dim)], shard_size, shard_rank);
-    at::Tensor local = flat_shard.narrow(0, fp.offset, fp.local_rows * fp.row_numel)
-                           .view(fp.chunk_shape(fp.local_rows));
-    if (fp.local_rows > 0) {
-      local.copy_(values[i].narrow(fp.shard_dim, start, fp.local_rows));
-    }
-    fp.unsharded = unsharded_flat.narrow(0, unsharded_offset, values[i].numel()).view(fp.shape);
-    unsharded_offset += values[i].numel();
-
-    at::Tensor dt = make_dtensor(local, fp.spec);
+    at::Tensor dt = make_dtensor(local_shard(fp), fp.spec);
     auto tag = std::make_shared<FsdpTag>();
     tag->group = weak_from_this();
     tag->index = i;
     set_fsdp_tag(dt, std::move(tag));
-    fp.param.set_data(dt);
-    if (fp.param.requires_grad()) {
+    replace_data(fp.param, dt);
+    if (fp.param.requires_grad() && !device.is_meta()) {
       fp.grad_node = compat::make_node<FSDPAccumulateGrad>(weak_from_this(), i, unsharded_value(i));
       compat::set_grad_accumulator(fp.param, fp.grad_node);
     }
   }
-  // balanced by the free
-  fsdp_memory().unsharded += static_cast<int64_t>(unsharded_flat.storage().nbytes());
-  free_storage(unsharded_flat);
+}
+
+// Fills the flat shard from the parameters' full values (none on the meta device) and
+// converts the parameters.
+void FSDPParamGroup::materialize(const std::vector<at::Tensor>& values) {
+  at::NoGradGuard no_grad;
+  allocate_buffers();
+  for (size_t i = 0; i < params.size() && !device.is_meta(); ++i) {
+    const FSDPParam& fp = params[i];
+    const int64_t start =
+        chunk_offset(fp.shape[static_cast<size_t>(fp.shard_dim)], shard_size, shard_rank);
+    if (fp.local_rows > 0) {
+      local_shard(fp).copy_(values[i].narrow(fp.shard_dim, start, fp.local_rows));
+    }
+  }
+  bind_params();
+}
+
+void FSDPParamGroup::to_empty(c10::Device target) {
+  DTENSOR_CHECK(device.is_meta(),
+                "to_empty: fully_shard unit '{}' is already on {}; only a unit built from meta "
+                "parameters is materialized",
+                name, device.str());
+  device = target;
+  allocate_buffers();
+  bind_params();
 }
 
 void FSDPParamGroup::init_sharded(std::vector<std::pair<std::string, at::Tensor>> named_params) {
@@ -286,6 +341,9 @@ void FSDPParamGroup::init_sharded(std::vector<std::pair<std::string, at::Tensor>
   // the (tp, dp) mesh -- tp first -- DTensor's nested Shard semantics give exactly that
   // piece for placements (T, Shard(0)), even when T is Shard(0) too and sizes are uneven,
   // so full_tensor(), redistribution and state dicts need no strided-shard placement.
+  // HSDP x TP is the same on the (tp, dp_replicate, dp_shard) mesh with (T, Replicate,
+  // Shard(0)). PyTorch orders the mesh (dp..., tp) and writes the dp shard as
+  // _StridedShard; the pieces are the same.
   int64_t offset = 0;
   std::vector<at::Tensor> values; // what each parameter's shard is cut from
   for (auto& [fqn, p] : named_params) {

@@ -45,7 +45,7 @@ void distribute_param(at::Tensor& param, const DeviceMesh& mesh, const Placement
   at::NoGradGuard no_grad;
   at::Tensor dt = distribute_tensor(param.detach(), mesh, {placement});
   detail::set_tp_tag(dt, tag);
-  param.set_data(dt);
+  detail::replace_data(param, dt);
   if (param.requires_grad()) {
     // [Note: local outputs] in lib/parallel/tp/tp_dispatch.cpp: a gradient computed from
     // plain local outputs only (a Rowwise bias) is plain and whole, the same on every rank;
@@ -219,12 +219,12 @@ void distribute_module(torch::nn::Module& module, const DeviceMesh& mesh,
     const Placements all(static_cast<size_t>(mesh.ndim()), Placement::replicate());
     for (auto& p : m.named_parameters(/*recurse=*/false)) {
       if (!is_dtensor(p.value())) {
-        p.value().set_data(distribute_tensor(p.value().detach(), mesh, all));
+        detail::replace_data(p.value(), distribute_tensor(p.value().detach(), mesh, all));
       }
     }
     for (auto& b : m.named_buffers(/*recurse=*/false)) {
       if (b.value().defined() && !is_dtensor(b.value())) {
-        b.value().set_data(distribute_tensor(b.value().detach(), mesh, all));
+        detail::replace_data(b.value(), distribute_tensor(b.value().detach(), mesh, all));
       }
     }
   };

@@ -1,7 +1,9 @@
 // Drawing the local box of a layout-independent random tensor (see sample.h).
 #include "tensor/random/sample.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -115,6 +117,59 @@ at::Tensor global_index(const Box& box, const std::vector<int64_t>& local_shape,
   return g;
 }
 
+// [Note: filling in place on CPU]
+// A contiguous float / double CPU tensor is filled element by element where it lies, with
+// each element's global index advanced like an odometer: no index, value or cast buffers,
+// so initializing a model's shards needs no memory beyond the shards themselves
+// (docs/meta_init.md). Each value is the same function of its counter as in the chunked
+// path (value_of, then the same cast and the same clamp below `to`), so the two paths give
+// the same bits and a layout may use either.
+template <class T>
+void fill_in_place(T* data, int64_t n, const Box& box, const std::vector<int64_t>& local,
+                   const Draw& draw, const Distribution& dist) {
+  const auto nd = static_cast<int64_t>(local.size());
+  std::vector<int64_t> global_stride(local.size(), 1);
+  for (int64_t d = nd - 2; d >= 0; --d) {
+    global_stride[d] = global_stride[d + 1] * box.global_shape[d + 1];
+  }
+  const bool clamp = dist.kind == Distribution::kUniform && dist.b > dist.a;
+  const T upper = clamp ? std::nextafter(static_cast<T>(dist.b), static_cast<T>(dist.a)) : T(0);
+  at::parallel_for(0, n, 4096, [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> coord(local.size(), 0);
+    int64_t global = 0;
+    for (int64_t d = nd - 1, rest = begin; d >= 0; --d) {
+      coord[d] = rest % local[d];
+      rest /= local[d];
+      global += (coord[d] + box.offset[d]) * global_stride[d];
+    }
+    uint32_t w[4];
+    for (int64_t k = begin; k < end; ++k) {
+      at::Philox4_32 engine(draw.seed, static_cast<uint64_t>(global), draw.offset);
+      for (uint32_t& word : w) {
+        word = engine();
+      }
+      const double v = value_of(w, dist);
+      T c = dist.kind == Distribution::kBernoulli ? T(v < dist.a ? 1 : 0) : static_cast<T>(v);
+      data[k] = clamp ? std::min(c, upper) : c;
+      for (int64_t d = nd - 1; d >= 0; --d) { // the next local element's global index
+        global += global_stride[d];
+        if (++coord[d] < local[d] || d == 0) {
+          break;
+        }
+        global -= local[d] * global_stride[d];
+        coord[d] = 0;
+      }
+    }
+  });
+}
+
+// Whether fill_in_place serves `out`.
+bool fills_in_place(const at::Tensor& out, const Distribution& dist, bool has_prob) {
+  return out.device().is_cpu() && out.is_contiguous() && !has_prob &&
+         dist.kind != Distribution::kRandom &&
+         (out.scalar_type() == at::kFloat || out.scalar_type() == at::kDouble);
+}
+
 // The largest value of `dtype` below `to` (uniform_ is half-open even after rounding).
 at::Tensor below(double to, double from, at::ScalarType dtype, const at::Device& device) {
   at::TensorOptions o = at::TensorOptions().dtype(dtype).device(device);
@@ -169,6 +224,14 @@ void fill_box(at::Tensor& out, const Box& given, const Draw& draw, const Distrib
                 local_shape, box.global_shape);
   const int64_t n = out.numel();
   if (n == 0) {
+    return;
+  }
+  if (fills_in_place(out, dist, prob.has_value())) {
+    if (out.scalar_type() == at::kFloat) {
+      fill_in_place(out.mutable_data_ptr<float>(), n, box, local_shape, draw, dist);
+    } else {
+      fill_in_place(out.mutable_data_ptr<double>(), n, box, local_shape, draw, dist);
+    }
     return;
   }
   at::Tensor flat = out.is_contiguous() ? out.view({-1}) : at::empty({n}, out.options());

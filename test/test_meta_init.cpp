@@ -1,0 +1,294 @@
+// Models larger than one device (issue 26): a Transformer built on the meta device,
+// parallelized in every layout (replicate, FSDP, TP, FSDP x TP, HSDP x TP), given memory by
+// to_empty and values by a layout-independent init. Judged against the plain model on one
+// process: the initial full values are equal bit for bit, and training with dropout 0.1,
+// AdamW and clip_grad_norm_ gives the plain model's losses, norms and parameters, on 1, 2,
+// 4 and 8 ranks. Memory is judged by a counting CPU allocator, not by dtensor's own figures:
+// after init a rank holds exactly its shards, and the peak during init is at most its shards
+// plus the largest single shard.
+#include <set>
+
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+
+#include "parallel/fsdp/fsdp.h" // white box: a unit's flat shard, for the exact byte count
+#include "support/cpu_memory.h"
+#include "support/prelude.h"
+#include <models/fsdp_models.h>
+
+using dtensor::models::ModelArgs;
+using dtensor::models::Transformer;
+using dtensor::testing::CountingCPUAllocator;
+using dtensor::testing::near;
+
+namespace {
+
+constexpr int64_t kVocab = 16;
+constexpr int64_t kBatch = 8;
+constexpr int64_t kSeq = 8;
+
+ModelArgs model_args() {
+  return ModelArgs()
+      .n_layers(2)
+      .vocab_size(kVocab)
+      .max_seq_len(kSeq)
+      .dim(32)
+      .n_heads(8)
+      .dropout_p(0.1)
+      .weight_tying(false)
+      .layout_independent_dropout(true);
+}
+
+// A layout: the mesh (data-parallel dims first, then "tp") and what runs on it.
+struct Layout {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<std::string> names;
+  bool replicate = false;
+  bool fsdp = false;
+  bool tp = false;
+};
+
+std::vector<Layout> layouts() {
+  const int64_t w = world();
+  std::vector<Layout> out{
+      {"replicate", {w}, {"dp"}, true, false, false},
+      {"FSDP", {w}, {"dp"}, false, true, false},
+      {"TP", {w}, {"tp"}, false, false, true},
+  };
+  const int64_t tp = w >= 2 ? 2 : 1;
+  out.push_back({"FSDP x TP", {w / tp, tp}, {"dp", "tp"}, false, true, true});
+  std::vector<std::vector<int64_t>> hsdp;
+  if (w == 8) {
+    hsdp = {{2, 2, 2}};
+  } else if (w == 4) {
+    hsdp = {{1, 2, 2}, {2, 1, 2}, {2, 2, 1}};
+  } else if (w == 2) {
+    hsdp = {{1, 1, 2}, {2, 1, 1}};
+  } else {
+    hsdp = {{1, 1, 1}};
+  }
+  for (const auto& s : hsdp) {
+    out.push_back({"HSDP x TP", s, {"dp_replicate", "dp_shard", "tp"}, false, true, true});
+  }
+  return out;
+}
+
+// The data-parallel dims of the layout's mesh (undefined for TP alone).
+DeviceMesh dp_mesh(const Layout& l, const DeviceMesh& mesh) {
+  std::vector<std::string> dp;
+  for (const auto& n : l.names) {
+    if (n != "tp") {
+      dp.push_back(n);
+    }
+  }
+  if (dp.empty()) {
+    return {};
+  }
+  return dp.size() == 1 ? mesh[dp[0]] : mesh[dp];
+}
+
+// The torchtitan-style plan: embeddings row-wise (vocab / positions sharded), attention and
+// MLP tensor-parallel; every output a DTensor, so the residual stream and its dropout are
+// DTensors (Replicate). ([Note: local outputs]: a random op on an activation handed on as
+// its local tensor runs as a plain op, outside the layout-independent rule.)
+void parallelize_tp(Transformer& model, const DeviceMesh& tp) {
+  using dtensor::ColwiseParallel;
+  using dtensor::RowwiseParallel;
+  using dtensor::testing::style;
+  const auto embedding = RowwiseParallel().input_layouts(Placement::replicate()).use_local_output(false);
+  dtensor::parallelize_module(
+      *model, tp,
+      dtensor::ParallelizePlan{
+          {"tok_embeddings", style(embedding)},
+          {"pos_embeddings", style(embedding)},
+          {"layers.*.attention.w[qkv]", style(ColwiseParallel().use_local_output(false))},
+          {"layers.*.attention.wo", style(RowwiseParallel().use_local_output(false))},
+          {"layers.*.feed_forward.w1", style(ColwiseParallel().use_local_output(false))},
+          {"layers.*.feed_forward.w2", style(RowwiseParallel().use_local_output(false))},
+      });
+}
+
+// Built on meta and parallelized: no parameter has memory yet. (`handle` keeps replicate's
+// state alive.)
+Transformer build_on_meta(const Layout& l, const DeviceMesh& mesh,
+                          std::optional<dtensor::ReplicateHandle>& handle) {
+  Transformer model{nullptr};
+  {
+    dtensor::MetaDeviceGuard meta;
+    model = Transformer(model_args());
+  }
+  const DeviceMesh dp = dp_mesh(l, mesh);
+  if (l.tp) {
+    parallelize_tp(model, mesh["tp"]);
+    if (!l.fsdp) { // the other parameters Replicate (fully_shard takes them as they are)
+      dtensor::distribute_module(*model, mesh["tp"], nullptr);
+    }
+  }
+  if (l.fsdp) {
+    for (auto& layer : *model->layers) {
+      dtensor::fully_shard(*layer, FullyShardOptions().mesh(dp));
+    }
+    dtensor::fully_shard(*model, FullyShardOptions().mesh(dp));
+  }
+  if (l.replicate) {
+    handle = dtensor::replicate(*model, dp);
+  }
+  for (const auto& p : model->parameters()) {
+    REQUIRE(p.is_meta());
+  }
+  return model;
+}
+
+// What this rank holds of the model after to_empty: each unit's flat shard (padding
+// included), and each other parameter's local tensor. The largest single shard too.
+std::pair<int64_t, int64_t> own_bytes(Transformer& model) {
+  int64_t own = 0;
+  int64_t largest = 0;
+  std::set<const void*> units;
+  for (const auto& p : model->parameters()) {
+    int64_t bytes = 0;
+    if (auto tag = dtensor::detail::fsdp_tag(p)) {
+      auto group = tag->group.lock();
+      const auto& fp = group->params.at(tag->index);
+      bytes = fp.segment_numel() * p.element_size();
+      if (units.insert(group.get()).second) {
+        own += static_cast<int64_t>(group->flat_shard.nbytes());
+      }
+    } else {
+      bytes = static_cast<int64_t>(
+          (dtensor::is_dtensor(p) ? DTensor(p).to_local() : p).nbytes());
+      own += bytes;
+    }
+    largest = std::max(largest, bytes);
+  }
+  return {own, largest};
+}
+
+// The slice of the global batch this rank trains on: its row-major index over the
+// data-parallel dims, and their total size.
+std::pair<int64_t, int64_t> batch_slice(const DeviceMesh& dp) {
+  if (!dp.defined()) {
+    return {0, 1};
+  }
+  auto coordinate = dp.get_coordinate();
+  int64_t index = 0;
+  for (int64_t d = 0; d < dp.ndim(); ++d) {
+    index = index * dp.size(d) + (*coordinate)[static_cast<size_t>(d)];
+  }
+  return {index, dp.size()};
+}
+
+// Logits as one tensor, autograd kept: a DTensor's full tensor (Replicate: no collective).
+at::Tensor whole(const at::Tensor& t) { return dtensor::is_dtensor(t) ? DTensor(t).full_tensor() : t; }
+
+} // namespace
+
+TEST_CASE("meta init: every layout equals the plain model, and trains like it with dropout",
+          "[meta_init][world1][world2][world4][world8]") {
+  CountingCPUAllocator& memory = CountingCPUAllocator::install();
+  for (const Layout& l : layouts()) {
+    const DeviceMesh mesh = init_device_mesh(device_type(), l.shape, l.names);
+    INFO("layout " << l.name << " on " << mesh.to_string());
+    const DeviceMesh dp = dp_mesh(l, mesh);
+    std::optional<dtensor::ReplicateHandle> handle;
+    memory.mark();
+    Transformer model = build_on_meta(l, mesh, handle);
+    REQUIRE(memory.window_peak() == 0); // nothing allocated on meta
+
+    // Materialize and initialize: only this rank's shards, ever.
+    memory.mark();
+    const dtensor::RngState seeded{true, 7, 0};
+    dtensor::set_rng_state(seeded);
+    dtensor::to_empty(*model, options().device());
+    dtensor::models::init_weights(*model);
+    const auto [own, largest] = own_bytes(model);
+    CHECK(memory.window_live() == own);
+    CHECK(memory.window_peak() <= own + largest);
+
+    // The plain model, initialized by the same rule on this one process.
+    Transformer ref(model_args());
+    ref->to(options().device());
+    dtensor::set_rng_state(seeded);
+    dtensor::models::init_weights(*ref);
+    auto p = model->named_parameters();
+    auto q = ref->named_parameters();
+    REQUIRE(p.size() == q.size());
+    for (size_t i = 0; i < p.size(); ++i) {
+      INFO("initial " << p[i].key());
+      REQUIRE(p[i].key() == q[i].key());
+      REQUIRE(same(full_value(p[i].value()), q[i].value().detach()));
+    }
+
+    // Three steps of AdamW with clip_grad_norm_ and dropout 0.1. (eps 1e-3: AdamW's first
+    // steps move a weight by about lr whatever its gradient's size, so a gradient at the level
+    // of fp32 reduction noise would move it by lr in a direction the noise picks; eps keeps
+    // such updates at noise level.)
+    const auto adamw = torch::optim::AdamWOptions(1e-2).eps(1e-3);
+    torch::optim::AdamW opt(model->parameters(), adamw);
+    torch::optim::AdamW ref_opt(ref->parameters(), adamw);
+    const auto [index, count] = batch_slice(dp);
+    const int64_t rows = kBatch / count;
+    for (int step = 0; step < 3; ++step) {
+      INFO("step " << step);
+      at::manual_seed(100 + step); // the same global batch on every rank
+      auto tokens = at::randint(kVocab, {kBatch, kSeq}, options(at::kLong));
+      auto targets = at::randint(kVocab, {kBatch, kSeq}, options(at::kLong));
+      auto my_tokens = tokens.narrow(0, index * rows, rows);
+      auto my_targets = targets.narrow(0, index * rows, rows);
+      const dtensor::RngState start = dtensor::get_rng_state();
+      at::Tensor logits;
+      {
+        dtensor::BatchShardGuard slice(count, index);
+        logits = model->forward(my_tokens);
+      }
+      auto loss = torch::nn::functional::cross_entropy(whole(logits).view({-1, kVocab}),
+                                                       my_targets.reshape(-1));
+      loss.backward();
+      const double norm = dtensor::clip_grad_norm_(model->parameters(), 1.0).item<double>();
+      opt.step();
+      const dtensor::RngState end = dtensor::get_rng_state();
+
+      dtensor::set_rng_state(start);
+      auto ref_logits = ref->forward(tokens);
+      REQUIRE(dtensor::get_rng_state().offset == end.offset); // the same random ops
+      auto ref_loss = torch::nn::functional::cross_entropy(ref_logits.view({-1, kVocab}),
+                                                           targets.view(-1));
+      auto ref_my_loss = torch::nn::functional::cross_entropy(
+          ref_logits.narrow(0, index * rows, rows).reshape({-1, kVocab}), my_targets.reshape(-1));
+      ref_loss.backward();
+      const double ref_norm = torch::nn::utils::clip_grad_norm_(ref->parameters(), 1.0);
+      ref_opt.step();
+      REQUIRE(near(loss.detach(), ref_my_loss.detach()));
+      for (size_t i = 0; i < p.size(); ++i) {
+        INFO("clipped grad " << p[i].key());
+        REQUIRE(near(full_value(p[i].value().grad()), q[i].value().grad()));
+      }
+      REQUIRE(std::abs(norm - ref_norm) <= 1e-4 * std::max(1.0, ref_norm));
+      opt.zero_grad();
+      ref_opt.zero_grad();
+      for (size_t i = 0; i < p.size(); ++i) {
+        INFO("param " << p[i].key());
+        REQUIRE(near(full_value(p[i].value()), q[i].value().detach()));
+      }
+    }
+  }
+}
+
+TEST_CASE("meta init: errors name what is wrong", "[meta_init][world1][world2]") {
+  const DeviceMesh mesh = init_device_mesh(device_type(), {world()}, {"dp"});
+  torch::nn::Linear lin{nullptr};
+  {
+    dtensor::MetaDeviceGuard meta;
+    lin = torch::nn::Linear(4, 4);
+  }
+  REQUIRE_THROWS_WITH(dtensor::to_empty(*lin, c10::Device(c10::kMeta)),
+                      contains("must be a real device"));
+  // A unit of meta and real parameters.
+  torch::nn::Sequential mixed;
+  mixed->push_back(lin);
+  mixed->push_back(torch::nn::Linear(4, 4));
+  REQUIRE_THROWS_WITH(dtensor::fully_shard(*mixed, FullyShardOptions().mesh(mesh)),
+                      contains("all on the meta device or none"));
+}
