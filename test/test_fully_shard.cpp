@@ -372,10 +372,15 @@ TEST_CASE("fully_shard: errors", "[fully_shard][world1][world2][world4]") {
         contains("sharded unevenly on dim 1"));
   }
   {
+    // A meta parameter is taken (docs/meta_init.md): sharded without memory until to_empty.
     auto m = std::make_shared<torch::nn::Module>();
     m->register_parameter("w", at::empty({4, 4}, at::kMeta));
-    REQUIRE_THROWS_WITH(dtensor::fully_shard(*m, opts),
-                        contains("parameter 'w' is on meta but the mesh"));
+    dtensor::fully_shard(*m, opts);
+    REQUIRE(m->named_parameters()["w"].is_meta());
+    dtensor::to_empty(*m, options().device());
+    const DTensor w(m->named_parameters()["w"]);
+    REQUIRE(w.to_local().device() == options().device());
+    REQUIRE(w.to_local().sizes() == w.spec().local_shape());
   }
 }
 

@@ -15,30 +15,21 @@
 #include "parallel/fsdp/fsdp.h" // white box: a unit's flat shard, for the exact byte count
 #include "support/cpu_memory.h"
 #include "support/prelude.h"
-#include <models/fsdp_models.h>
+#include "support/transformer_tp.h"
 
-using dtensor::models::ModelArgs;
 using dtensor::models::Transformer;
+using dtensor::testing::batch_slice;
 using dtensor::testing::CountingCPUAllocator;
 using dtensor::testing::near;
+using dtensor::testing::parallelize_transformer_tp;
+using dtensor::testing::small_transformer_args;
+using dtensor::testing::whole;
 
 namespace {
 
-constexpr int64_t kVocab = 16;
+constexpr int64_t kVocab = 16; // small_transformer_args()
 constexpr int64_t kBatch = 8;
 constexpr int64_t kSeq = 8;
-
-ModelArgs model_args() {
-  return ModelArgs()
-      .n_layers(2)
-      .vocab_size(kVocab)
-      .max_seq_len(kSeq)
-      .dim(32)
-      .n_heads(8)
-      .dropout_p(0.1)
-      .weight_tying(false)
-      .layout_independent_dropout(true);
-}
 
 // A layout: the mesh (data-parallel dims first, then "tp") and what runs on it.
 struct Layout {
@@ -89,27 +80,6 @@ DeviceMesh dp_mesh(const Layout& l, const DeviceMesh& mesh) {
   return dp.size() == 1 ? mesh[dp[0]] : mesh[dp];
 }
 
-// The torchtitan-style plan: embeddings row-wise (vocab / positions sharded), attention and
-// MLP tensor-parallel; every output a DTensor, so the residual stream and its dropout are
-// DTensors (Replicate). ([Note: local outputs]: a random op on an activation handed on as
-// its local tensor runs as a plain op, outside the layout-independent rule.)
-void parallelize_tp(Transformer& model, const DeviceMesh& tp) {
-  using dtensor::ColwiseParallel;
-  using dtensor::RowwiseParallel;
-  using dtensor::testing::style;
-  const auto embedding = RowwiseParallel().input_layouts(Placement::replicate()).use_local_output(false);
-  dtensor::parallelize_module(
-      *model, tp,
-      dtensor::ParallelizePlan{
-          {"tok_embeddings", style(embedding)},
-          {"pos_embeddings", style(embedding)},
-          {"layers.*.attention.w[qkv]", style(ColwiseParallel().use_local_output(false))},
-          {"layers.*.attention.wo", style(RowwiseParallel().use_local_output(false))},
-          {"layers.*.feed_forward.w1", style(ColwiseParallel().use_local_output(false))},
-          {"layers.*.feed_forward.w2", style(RowwiseParallel().use_local_output(false))},
-      });
-}
-
 // Built on meta and parallelized: no parameter has memory yet. (`handle` keeps replicate's
 // state alive.)
 Transformer build_on_meta(const Layout& l, const DeviceMesh& mesh,
@@ -117,11 +87,11 @@ Transformer build_on_meta(const Layout& l, const DeviceMesh& mesh,
   Transformer model{nullptr};
   {
     dtensor::MetaDeviceGuard meta;
-    model = Transformer(model_args());
+    model = Transformer(small_transformer_args());
   }
   const DeviceMesh dp = dp_mesh(l, mesh);
   if (l.tp) {
-    parallelize_tp(model, mesh["tp"]);
+    parallelize_transformer_tp(model, mesh["tp"]);
     if (!l.fsdp) { // the other parameters Replicate (fully_shard takes them as they are)
       dtensor::distribute_module(*model, mesh["tp"], nullptr);
     }
@@ -166,23 +136,6 @@ std::pair<int64_t, int64_t> own_bytes(Transformer& model) {
   return {own, largest};
 }
 
-// The slice of the global batch this rank trains on: its row-major index over the
-// data-parallel dims, and their total size.
-std::pair<int64_t, int64_t> batch_slice(const DeviceMesh& dp) {
-  if (!dp.defined()) {
-    return {0, 1};
-  }
-  auto coordinate = dp.get_coordinate();
-  int64_t index = 0;
-  for (int64_t d = 0; d < dp.ndim(); ++d) {
-    index = index * dp.size(d) + (*coordinate)[static_cast<size_t>(d)];
-  }
-  return {index, dp.size()};
-}
-
-// Logits as one tensor, autograd kept: a DTensor's full tensor (Replicate: no collective).
-at::Tensor whole(const at::Tensor& t) { return dtensor::is_dtensor(t) ? DTensor(t).full_tensor() : t; }
-
 } // namespace
 
 TEST_CASE("meta init: every layout equals the plain model, and trains like it with dropout",
@@ -208,7 +161,7 @@ TEST_CASE("meta init: every layout equals the plain model, and trains like it wi
     CHECK(memory.window_peak() <= own + largest);
 
     // The plain model, initialized by the same rule on this one process.
-    Transformer ref(model_args());
+    Transformer ref(small_transformer_args());
     ref->to(options().device());
     dtensor::set_rng_state(seeded);
     dtensor::models::init_weights(*ref);
