@@ -21,18 +21,8 @@ using dtensor::testing::near;
 
 namespace {
 
-// A directory shared by the ranks of this job (they run on one machine), fresh per test.
 std::string fresh_dir(const std::string& name) {
-  const char* base = std::getenv("MESON_BUILD_ROOT");
-  const fs::path root = fs::path(base != nullptr ? base : fs::temp_directory_path().string()) /
-                        ("checkpoint-tests-w" + std::to_string(world()));
-  const fs::path dir = root / name;
-  if (rank() == 0) {
-    fs::remove_all(dir);
-    fs::create_directories(root);
-  }
-  dtensor::barrier(dtensor::world_group());
-  return dir.string();
+  return dtensor::testing::fresh_shared_dir("checkpoint-tests", name);
 }
 
 at::Tensor seeded(std::vector<int64_t> shape, uint64_t seed, at::ScalarType dtype = at::kFloat) {

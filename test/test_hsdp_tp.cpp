@@ -4,8 +4,6 @@
 // clipped gradients and norms, parameters, full state dict) with exact collective counts per
 // forward, backward and clip step; then a checkpoint saved from the 3-D layout is loaded into
 // FSDP x TP (2-D) and FSDP (1-D) and gives the same values.
-#include <filesystem>
-
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/sgd.h>
@@ -15,9 +13,11 @@
 #include "support/prelude.h"
 #include "support/transformer_tp.h"
 
-namespace fs = std::filesystem;
 using dtensor::models::Transformer;
 using dtensor::testing::batch_slice;
+using dtensor::testing::kBatch;
+using dtensor::testing::kSeq;
+using dtensor::testing::kVocab;
 using dtensor::testing::near;
 using dtensor::testing::parallelize_transformer_tp;
 using dtensor::testing::small_transformer_args;
@@ -25,9 +25,6 @@ using dtensor::testing::whole;
 
 namespace {
 
-constexpr int64_t kVocab = 16; // small_transformer_args()
-constexpr int64_t kBatch = 8;
-constexpr int64_t kSeq = 8;
 constexpr int64_t kUnits = 3; // two blocks and the root
 
 // The model on the 3-D mesh: tensor parallelism on tp, then each block and the root fully
@@ -43,19 +40,6 @@ Transformer hsdp_tp(const DeviceMesh& mesh) {
   }
   dtensor::fully_shard(*model, FullyShardOptions().mesh(dp));
   return model;
-}
-
-// A directory shared by the ranks of this job, fresh.
-std::string fresh_dir(const std::string& name) {
-  const char* base = std::getenv("MESON_BUILD_ROOT");
-  const fs::path dir = fs::path(base != nullptr ? base : fs::temp_directory_path().string()) /
-                       ("hsdp-tp-tests-w" + std::to_string(world())) / name;
-  if (rank() == 0) {
-    fs::remove_all(dir);
-    fs::create_directories(dir.parent_path());
-  }
-  dtensor::barrier(dtensor::world_group());
-  return dir.string();
 }
 
 std::vector<std::vector<int64_t>> shapes() {
@@ -165,7 +149,7 @@ TEST_CASE("HSDP x TP: parity with the plain model, exact counts, checkpoint to 2
     }
 
     // Saved from 3-D, loaded into FSDP x TP on (dp, tp) and into FSDP on the whole world.
-    const std::string dir = fresh_dir("resharded");
+    const std::string dir = dtensor::testing::fresh_shared_dir("hsdp-tp-tests", "resharded");
     dtensor::checkpoint::save(dtensor::get_model_state_dict(*model), dir);
     const DeviceMesh mesh_2d = init_device_mesh(device_type(), {world() / 2, 2}, {"dp", "tp"});
     const DeviceMesh mesh_1d = init_device_mesh(device_type(), {world()}, {"dp"});

@@ -19,6 +19,9 @@
 
 using dtensor::models::Transformer;
 using dtensor::testing::batch_slice;
+using dtensor::testing::kBatch;
+using dtensor::testing::kSeq;
+using dtensor::testing::kVocab;
 using dtensor::testing::CountingCPUAllocator;
 using dtensor::testing::near;
 using dtensor::testing::parallelize_transformer_tp;
@@ -27,9 +30,6 @@ using dtensor::testing::whole;
 
 namespace {
 
-constexpr int64_t kVocab = 16; // small_transformer_args()
-constexpr int64_t kBatch = 8;
-constexpr int64_t kSeq = 8;
 
 // A layout: the mesh (data-parallel dims first, then "tp") and what runs on it.
 struct Layout {

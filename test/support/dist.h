@@ -1,6 +1,8 @@
 #pragma once
 
 // Helpers shared by the multi-rank tests.
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -43,6 +45,22 @@ inline bool same(const at::Tensor& a, const at::Tensor& b) {
 inline bool close(const at::Tensor& a, const at::Tensor& b, double rtol = 1e-5, double atol = 1e-6) {
   return a.sizes() == b.sizes() &&
          at::allclose(a.cpu().to(at::kDouble), b.cpu().to(at::kDouble), rtol, atol);
+}
+
+// A directory the ranks of this job share (they run on one machine), emptied: `name` under
+// <build dir or tmp>/<prefix>-w<world size>. Collective (a barrier after rank 0 clears it).
+inline std::string fresh_shared_dir(const std::string& prefix, const std::string& name) {
+  namespace fs = std::filesystem;
+  const char* base = std::getenv("MESON_BUILD_ROOT");
+  const fs::path root = fs::path(base != nullptr ? base : fs::temp_directory_path().string()) /
+                        (prefix + "-w" + std::to_string(world()));
+  const fs::path dir = root / name;
+  if (rank() == 0) {
+    fs::remove_all(dir);
+    fs::create_directories(root);
+  }
+  dtensor::barrier(dtensor::world_group());
+  return dir.string();
 }
 
 } // namespace dtensor::testing

@@ -9,13 +9,19 @@
 
 namespace dtensor::testing {
 
+// The small Transformer's vocabulary and sequence length, and the global batch the tests
+// train it on.
+constexpr int64_t kVocab = 16;
+constexpr int64_t kSeq = 8;
+constexpr int64_t kBatch = 8;
+
 // A small Transformer with layout-independent dropout (0.1 unless `dropout_p`) and no
 // weight tying (the output projection is its own, plain parameter).
 inline dtensor::models::ModelArgs small_transformer_args(double dropout_p = 0.1) {
   return dtensor::models::ModelArgs()
       .n_layers(2)
-      .vocab_size(16)
-      .max_seq_len(8)
+      .vocab_size(kVocab)
+      .max_seq_len(kSeq)
       .dim(32)
       .n_heads(8)
       .dropout_p(dropout_p)
