@@ -17,7 +17,7 @@ fi
 # The world2 tests of the smoke subset: collectives, redistribution, fully_shard, TP and
 # clipping, which touch every LibTorch API the library uses across ranks (c10d backends and
 # works, autograd nodes and hooks, the dispatcher, thread-local debug info).
-WORLD2=(collectives redistribute fully_shard fsdp_tp clip_grad_norm comm_debug_mode)
+WORLD2=(collectives redistribute fully_shard fsdp_tp clip_grad_norm comm_debug_mode meta_init)
 
 dir="$root/build-torch2.9.1"
 start=$SECONDS
@@ -41,16 +41,11 @@ tests=()
 for t in "${WORLD2[@]}"; do
   tests+=("$t-w2")
 done
-# [Note: meta init on 2.9.1] test_meta_init fails against LibTorch 2.9.1 (parameters are
-# still on meta after to_empty; passes on 2.15): left out of this smoke, loudly, until fixed
-# (issue 26's open note).
 mapfile -t world1 < <(meson introspect "$dir" --tests | python3 -c '
 import json, sys
 for t in json.load(sys.stdin):
-    if "dtensor:world1" in t["suite"] and not any("conformance" in s for s in t["suite"]) \
-            and not t["name"].startswith("meta_init"):
+    if "dtensor:world1" in t["suite"] and not any("conformance" in s for s in t["suite"]):
         print(t["name"])
 ')
-echo "[old-torch] left out on 2.9.1: meta_init-w1 ([Note: meta init on 2.9.1])"
 meson test -C "$dir" --no-rebuild --print-errorlogs "${world1[@]}" "$@"
 meson test -C "$dir" --no-rebuild --print-errorlogs "${tests[@]}" "$@"

@@ -229,6 +229,28 @@ TEST_CASE("meta init: every layout equals the plain model, and trains like it wi
   }
 }
 
+TEST_CASE("meta init: MetaDeviceGuard leaves the thread's dispatch keys as it found them",
+          "[meta_init][world1]") {
+  const auto before = c10::impl::tls_local_dispatch_key_set();
+  {
+    dtensor::MetaDeviceGuard outer;
+    REQUIRE(at::zeros({2}).is_meta());
+    {
+      dtensor::MetaDeviceGuard inner; // nested: still meta, and undone once
+      REQUIRE(at::ones({2}).is_meta());
+    }
+    REQUIRE(at::empty({2}).is_meta());
+  }
+  const auto after = c10::impl::tls_local_dispatch_key_set();
+  CHECK(after.included_.raw_repr() == before.included_.raw_repr());
+  CHECK(after.excluded_.raw_repr() == before.excluded_.raw_repr());
+  // An op on a CPU tensor afterwards runs its CPU kernel (on LibTorch 2.9.1, undoing an
+  // Include guard left Meta's backend bit behind and this sum came out meta).
+  const at::Tensor sum = at::ones({3}).sum();
+  REQUIRE(sum.device().is_cpu());
+  CHECK(sum.item<float>() == 3.0F);
+}
+
 TEST_CASE("meta init: errors name what is wrong", "[meta_init][world1][world2]") {
   const DeviceMesh mesh = init_device_mesh(device_type(), {world()}, {"dp"});
   torch::nn::Linear lin{nullptr};

@@ -32,16 +32,23 @@ namespace dtensor {
 // sends a factory to the backend its TensorOptions name (the CPU by default), is skipped,
 // and the Meta key is added, so the Meta kernels run. Only module construction belongs in
 // its scope: an op on a real tensor there would run its Meta kernel too and compute
-// nothing.
+// nothing. The guard saves the thread's whole key set and restores it as it was: undoing
+// an Include guard of Meta by subtraction, as LibTorch 2.9.1's IncludeDispatchKeyGuard
+// does, keeps Meta's backend bit in the included set (DispatchKeySet's `-` leaves backend
+// bits), and every later op on a CPU tensor then ran its Meta kernel.
 class MetaDeviceGuard {
  public:
-  MetaDeviceGuard() = default;
+  MetaDeviceGuard() : keys_(with_meta(c10::impl::tls_local_dispatch_key_set())) {}
   MetaDeviceGuard(const MetaDeviceGuard&) = delete;
   MetaDeviceGuard& operator=(const MetaDeviceGuard&) = delete;
 
  private:
-  c10::impl::IncludeDispatchKeyGuard meta_{c10::DispatchKey::Meta};
-  c10::impl::ExcludeDispatchKeyGuard backend_select_{c10::DispatchKey::BackendSelect};
+  static c10::impl::LocalDispatchKeySet with_meta(c10::impl::LocalDispatchKeySet keys) {
+    keys.included_ = keys.included_ | c10::DispatchKeySet(c10::DispatchKey::Meta);
+    keys.excluded_ = keys.excluded_ | c10::DispatchKeySet(c10::DispatchKey::BackendSelect);
+    return keys;
+  }
+  c10::impl::ForceDispatchKeyGuard keys_;
 };
 
 // Moves every parameter and buffer of `module` (recursively) that is on the meta device to
