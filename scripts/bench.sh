@@ -5,7 +5,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 "$root/scripts/setup.sh" >/dev/null
 configure "$root/build" -Dcuda=disabled -Dbuildtype=debugoptimized
 ninja -C "$root/build" bench/bench_dispatch_overhead bench/bench_fsdp_step bench/bench_clip_grad_norm \
-  bench/bench_checkpoint_io bench/bench_fsdp_overlap
+  bench/bench_checkpoint_io bench/bench_fsdp_overlap bench/bench_meta_init_memory
 export TORCH_CPP_LOG_LEVEL=${TORCH_CPP_LOG_LEVEL:-WARNING}
 echo "## dispatch overhead, 1 rank"
 "$root/build/bench/bench_dispatch_overhead"
@@ -31,3 +31,6 @@ echo
 echo "## fully_shard step time vs PyTorch FSDP2, overlap on / off, 2 and 4 ranks (alternating)"
 "$root/.venv/bin/python" "$root/bench/fsdp_overlap.py" "$root/.venv/bin/torchrun" \
   "$root/build/bench/bench_fsdp_overlap" --rounds 5 --ranks 2 4 --dims 64 256 512 --tp-dims 64 256
+echo
+echo "## memory per rank: meta init and a training step, Transformer on 8 ranks"
+torchrun --standalone --nproc-per-node 8 --no-python "$root/build/bench/bench_meta_init_memory"
