@@ -120,6 +120,10 @@ def compare_record(mod, key, t, d, ref, tol):
             return "DIFFERS: dtensor's value is not the plain op's", \
                 f"max deviation {_dev(d['full'], ref):.3g} (PyTorch's {_dev(t['full'], ref):.3g})" \
                 if isinstance(t.get("full"), torch.Tensor) else ""
+    # A value record (no tensor) with a reference: dtensor's value must be it.
+    if ref is not None and "value" in d and "full" not in d and \
+            not isinstance(ref, torch.Tensor) and d["value"] != ref:
+        return "DIFFERS: dtensor's value is not the reference", f"{d['value']} vs {ref}"
     if t_err:
         if ref is not None:
             return "dtensor right, PyTorch raises", t["error"]

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-ORDER = ["redistribute", "ops", "submesh", "tp", "fsdp", "clip", "misuse"]
+ORDER = ["redistribute", "ops", "submesh", "tp", "fsdp", "clip", "misuse", "factories"]
 COLUMNS = ["identical", "within tolerance", "both raise", "dtensor right, PyTorch raises",
            "dtensor right, PyTorch wrong", "by design"]
 

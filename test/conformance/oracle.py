@@ -43,6 +43,11 @@ def name_of(p):
     return repr(p)  # _StridedShard and others: shown as PyTorch spells them
 
 
+def first_line(e):
+    """An exception's first line, at most 200 characters (empty for an empty message)."""
+    return (str(e).splitlines() or [""])[0][:200]
+
+
 def names_of(ps):
     return ",".join(name_of(p) for p in ps)
 
@@ -86,7 +91,7 @@ class Results:
         self.records[key] = rec
 
     def error(self, key, e):
-        text = e if isinstance(e, str) else type(e).__name__ + ": " + str(e).splitlines()[0][:200]
+        text = e if isinstance(e, str) else f"{type(e).__name__}: {first_line(e)}"
         self.records[key] = {"error": text}
 
     def value(self, key, v, mode=None):
@@ -123,7 +128,7 @@ class Ctx:
     def agree_error(self, err):
         """The first error any rank saw (as seen from rank r: "on rank r: ..."), or None."""
         seen = [None] * self.world
-        mine = None if err is None else f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+        mine = None if err is None else f"{type(err).__name__}: {first_line(err)}"
         dist.all_gather_object(seen, mine)
         for r, e in enumerate(seen):
             if e is not None:
