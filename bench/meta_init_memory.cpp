@@ -58,7 +58,9 @@ int64_t max_over_ranks(int64_t v) {
   return static_cast<int64_t>(t.item<double>());
 }
 
-double mb(int64_t bytes) { return static_cast<double>(bytes) / 1e6; }
+double mb(int64_t bytes) {
+  return static_cast<double>(bytes) / 1e6;
+}
 
 int64_t local_bytes(const at::Tensor& p) {
   return static_cast<int64_t>(
@@ -124,9 +126,9 @@ void run(const Layout& l, dtensor::testing::CountingCPUAllocator& memory) {
   // Steps: 2 to warm up (AdamW's state appears in the first), the third measured.
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
   const auto [index, parts] = dtensor::testing::batch_slice(dp);
-  const at::Tensor tokens = at::randint(bench_args().vocab_size(),
-                                        {kBatchPerRank * parts, bench_args().max_seq_len()},
-                                        at::TensorOptions().dtype(at::kLong));
+  const at::Tensor tokens =
+      at::randint(bench_args().vocab_size(), {kBatchPerRank * parts, bench_args().max_seq_len()},
+                  at::TensorOptions().dtype(at::kLong));
   const at::Tensor mine = tokens.narrow(0, index * kBatchPerRank, kBatchPerRank);
   int64_t step_peak = 0;
   int64_t fsdp_peak = 0;
@@ -135,8 +137,8 @@ void run(const Layout& l, dtensor::testing::CountingCPUAllocator& memory) {
     dtensor::reset_fsdp_peak_memory();
     opt.zero_grad(true);
     at::Tensor logits = dtensor::testing::whole(model->forward(mine));
-    at::Tensor loss = torch::nn::functional::cross_entropy(
-        logits.flatten(0, 1), mine.roll(-1, 1).flatten());
+    at::Tensor loss =
+        torch::nn::functional::cross_entropy(logits.flatten(0, 1), mine.roll(-1, 1).flatten());
     loss.backward();
     dtensor::clip_grad_norm_(model->parameters(), 1.0);
     opt.step();
@@ -161,9 +163,9 @@ void run(const Layout& l, dtensor::testing::CountingCPUAllocator& memory) {
     }
     std::printf("| %s (%s) | %.2f | %.3f / %.3f (%.0f%%) | %.3f (own %.3f) | %.2f | %.2f / %.2f "
                 "(%.0f%%) | %.2f |\n",
-                l.name.c_str(), where.c_str(), mb(whole), mb(r_init_peak),
-                mb(r_bound), 100.0 * static_cast<double>(r_init_peak) / static_cast<double>(r_bound),
-                mb(r_live), mb(r_own), mb(r_step), mb(r_fsdp), mb(fsdp_bound),
+                l.name.c_str(), where.c_str(), mb(whole), mb(r_init_peak), mb(r_bound),
+                100.0 * static_cast<double>(r_init_peak) / static_cast<double>(r_bound), mb(r_live),
+                mb(r_own), mb(r_step), mb(r_fsdp), mb(fsdp_bound),
                 100.0 * static_cast<double>(r_fsdp) / static_cast<double>(fsdp_bound),
                 mb(r_step - r_fsdp));
   }

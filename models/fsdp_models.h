@@ -36,6 +36,7 @@
 #include <torch/nn/modules/transformer.h>
 #include <torch/utils.h>
 
+#include <dtensor/activation_checkpoint.h>
 #include <dtensor/random.h>
 
 namespace dtensor::models {
@@ -59,6 +60,9 @@ struct ModelArgs {
   // (docs/random.md), in place of the Dropout modules' draws from each rank's generator;
   // attention weights are then not dropped (sdpa draws from the generator itself).
   TORCH_ARG(bool, layout_independent_dropout) = false;
+  // dtensor's addition: each TransformerBlock's forward checkpointed with these options
+  // (dtensor/activation_checkpoint.h; torchtitan's per-block activation checkpointing).
+  TORCH_ARG(std::optional<dtensor::CheckpointOptions>, activation_checkpoint) = std::nullopt;
 };
 
 // A Dropout module, or with `layout_independent` dtensor::dropout at the module's p.
@@ -187,7 +191,11 @@ struct TransformerImpl : torch::nn::Module {
     // positional embeddings of shape (seq_len, dim)
     h = apply_dropout(dropout, h + pos_embeddings(pos), model_args.layout_independent_dropout());
     for (const auto& layer : *layers) {
-      h = layer->as<TransformerBlockImpl>()->forward(h);
+      auto* block = layer->as<TransformerBlockImpl>();
+      h = model_args.activation_checkpoint()
+              ? dtensor::checkpoint([block](const torch::Tensor& x) { return block->forward(x); },
+                                    h, *model_args.activation_checkpoint())
+              : block->forward(h);
     }
     h = norm(h);
     torch::Tensor logits =

@@ -19,3 +19,4 @@
 #include <dtensor/tensor_parallel.h>
 #include <dtensor/clip_grad.h>
 #include <dtensor/grad_scaler.h>
+#include <dtensor/activation_checkpoint.h>

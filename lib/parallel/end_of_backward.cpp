@@ -33,9 +33,32 @@ bool EndOfBackward::queue(const std::function<void()>& after_failure,
   auto token = std::make_shared<int>(0);
   token_ = token;
   ran_ = false;
-  torch::autograd::Engine::get_default_engine().queue_callback(
-      [token, callback = std::move(callback)] { callback(); });
+  std::function<void()> run = [token, callback = std::move(callback)] { callback(); };
+  if (NestedBackwardScope* scope = NestedBackwardScope::current()) {
+    scope->defer(std::move(run)); // [Note: nested backward] in end_of_backward.h
+  } else {
+    torch::autograd::Engine::get_default_engine().queue_callback(std::move(run));
+  }
   return true;
 }
+
+namespace {
+thread_local NestedBackwardScope* innermost = nullptr;
+} // namespace
+
+NestedBackwardScope::NestedBackwardScope() : outer_(innermost) { innermost = this; }
+
+NestedBackwardScope::~NestedBackwardScope() {
+  innermost = outer_;
+  for (auto& callback : deferred_) {
+    if (outer_ != nullptr) {
+      outer_->defer(std::move(callback));
+    } else if (torch::autograd::get_current_graph_task_id() != -1) {
+      torch::autograd::Engine::get_default_engine().queue_callback(std::move(callback));
+    } // else: no backward to finish (it failed); the dropped token tells the next one
+  }
+}
+
+NestedBackwardScope* NestedBackwardScope::current() { return innermost; }
 
 } // namespace dtensor::detail

@@ -24,12 +24,11 @@ DTensor make(const Case& c, const dtensor::DeviceMesh& mesh) {
   const std::string fac = c.str("factory");
   const std::vector<int64_t> shape = c.ints("shape");
   const auto placements = conformance::placements(c.strings("placements"));
-  const at::TensorOptions options =
-      at::TensorOptions()
-          .dtype(c.str("dtype") == "float64" ? at::kDouble
-                 : c.str("dtype") == "int64" ? at::kLong
-                                              : at::kFloat)
-          .requires_grad(c["requires_grad"].toBool());
+  const at::TensorOptions options = at::TensorOptions()
+                                        .dtype(c.str("dtype") == "float64" ? at::kDouble
+                                               : c.str("dtype") == "int64" ? at::kLong
+                                                                           : at::kFloat)
+                                        .requires_grad(c["requires_grad"].toBool());
   if (fac == "zeros") {
     return dtensor::zeros(shape, mesh, placements, options);
   }

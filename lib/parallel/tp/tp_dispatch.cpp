@@ -296,7 +296,7 @@ std::shared_ptr<const TpTag> prepare_module_op(const OpArgs& args, const Classif
 // outputs get (nullptr: none).
 std::shared_ptr<const TpTag> tp_prepare(const OpArgs& args) {
   const Classified c = classify(args);
-  if (in_backward()) {
+  if (in_backward() && !in_recompute()) { // [Note: recompute is forward for tensor parallelism]
     prepare_backward(args, c);
     return nullptr;
   }

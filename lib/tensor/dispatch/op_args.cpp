@@ -58,6 +58,15 @@ bool in_backward() {
   return torch::autograd::get_current_graph_task_id() != -1;
 }
 
+namespace {
+thread_local bool recomputing = false;
+} // namespace
+
+bool in_recompute() { return recomputing; }
+
+RecomputeGuard::RecomputeGuard() : previous_(recomputing) { recomputing = true; }
+RecomputeGuard::~RecomputeGuard() { recomputing = previous_; }
+
 // [Note: per-op statics] What never changes for an operator once the library is loaded
 // (its full name here; how its rule reads Scalars in lib/tensor/dispatch/dispatch.cpp) is
 // computed on its first use on each thread and kept, keyed by the operator's schema (one per

@@ -56,6 +56,24 @@ at::Tensor as_replicate(const at::Tensor& plain, const DeviceMesh& mesh);
 // Whether autograd's engine is running a backward pass on this thread.
 bool in_backward();
 
+// [Note: recompute is forward for tensor parallelism] Activation checkpointing runs a
+// function's forward again inside backward (lib/train/activation_checkpoint/). While a
+// RecomputeGuard lives on the thread, in_recompute() is true: tensor parallelism then
+// treats ops as forward ops (the same redistributions and collectives as the first
+// forward), while fully_shard still sees a backward use of its units (in_backward()): the
+// recompute is where backward needs the unit unsharded, as FSDP2's pre-backward hook does.
+bool in_recompute();
+class RecomputeGuard {
+ public:
+  RecomputeGuard();
+  ~RecomputeGuard();
+  RecomputeGuard(const RecomputeGuard&) = delete;
+  RecomputeGuard& operator=(const RecomputeGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // "aten::add.Tensor": built once per operator and thread ([Note: per-op statics] in
 // lib/tensor/dispatch/op_args.cpp), so the dispatch path may ask for it on every op.
 const std::string& op_full_name(const c10::OperatorHandle& op);

@@ -98,6 +98,8 @@ Draw next_draw(const std::optional<at::Generator>& generator, const char* op_nam
   return Draw{cpu->current_seed(), cpu->random64()};
 }
 
+std::pair<int64_t, int64_t> current_batch_slice() { return {batch_slice.count, batch_slice.index}; }
+
 Box in_global_batch(const Box& box) {
   if (batch_slice.count == 1 || box.global_shape.empty()) {
     return box;
