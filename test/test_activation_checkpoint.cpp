@@ -3,7 +3,10 @@
 // the plain model without checkpointing on one process (losses, clipped gradients,
 // parameters over 3 AdamW steps); exact collective counts per step against the same layout
 // without checkpointing; the activation memory it saves, measured by a counting allocator.
+#include <cstdio>
 #include <optional>
+
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/utils/clip_grad.h>
@@ -203,4 +206,144 @@ TEST_CASE("activation checkpointing: every layout trains like the plain model, w
       CHECK(none.backward.at("dp reduce_scatter") == units);
     }
   }
+}
+
+namespace {
+
+struct Memory {
+  int64_t saved = 0; // what forward leaves allocated for backward
+  int64_t peak = 0;  // the peak over forward and backward
+};
+
+// One forward + backward of a larger plain Transformer, measured by the counting allocator
+// (relative to what lived before the forward).
+Memory measure(const std::optional<CheckpointOptions>& ac, int64_t layers) {
+  auto& memory = dtensor::testing::CountingCPUAllocator::install();
+  Transformer model(dtensor::models::ModelArgs()
+                        .n_layers(layers)
+                        .vocab_size(64)
+                        .max_seq_len(64)
+                        .dim(64)
+                        .n_heads(4)
+                        .dropout_p(0.1)
+                        .weight_tying(false)
+                        .layout_independent_dropout(true)
+                        .activation_checkpoint(ac));
+  at::manual_seed(7);
+  auto tokens = at::randint(64, {8, 64}, at::TensorOptions().dtype(at::kLong));
+  Memory m;
+  memory.mark();
+  auto loss = model->forward(tokens).square().mean();
+  m.saved = memory.window_live();
+  loss.backward();
+  m.peak = memory.window_peak();
+  return m;
+}
+
+} // namespace
+
+TEST_CASE("activation checkpointing: the activations it does not keep, measured",
+          "[activation_checkpoint][world1]") {
+  const int64_t layers = 4;
+  const Memory none = measure(std::nullopt, layers);
+  const Memory full = measure(CheckpointOptions(), layers);
+  const Memory sel = measure(selective(), layers);
+  const Memory one_block_none = measure(std::nullopt, 1);
+  const Memory zero_blocks = measure(std::nullopt, 0);
+  // A block's saved activations, from the difference of two models without checkpointing;
+  // what a checkpointed block keeps: its input [8, 64, 64] fp32, and the CPU generator's
+  // state for the replay (torch.get_rng_state()'s bytes).
+  const int64_t block = one_block_none.saved - zero_blocks.saved;
+  const int64_t input = 8 * 64 * 64 * 4;
+  const int64_t rng = at::detail::getDefaultCPUGenerator().get_state().nbytes();
+  std::printf("[activation_checkpoint] kept after forward (bytes): none %lld, full %lld, "
+              "selective %lld; without blocks %lld; one block's activations %lld\n"
+              "[activation_checkpoint] peak over forward + backward (bytes): none %lld, full "
+              "%lld, selective %lld\n",
+              static_cast<long long>(none.saved), static_cast<long long>(full.saved),
+              static_cast<long long>(sel.saved), static_cast<long long>(zero_blocks.saved),
+              static_cast<long long>(block), static_cast<long long>(none.peak),
+              static_cast<long long>(full.peak), static_cast<long long>(sel.peak));
+  // Full: exactly the activations outside the blocks, and per block its input and the
+  // random state.
+  CHECK(full.saved == zero_blocks.saved + layers * (input + rng));
+  // Selective keeps more (the matmuls' and attention's outputs), less than none.
+  CHECK(full.saved < sel.saved);
+  CHECK(sel.saved < none.saved);
+  // The peak: what full keeps, one block recomputed at a time, the transient of backward
+  // without checkpointing (the loss's and logits' gradients), and the gradients of the
+  // block's output and input that the checkpoint node holds while its inner backward runs.
+  CHECK(full.peak <= full.saved + block + (none.peak - none.saved) + 2 * input);
+  CHECK(full.peak < sel.peak);
+  CHECK(sel.peak < none.peak);
+}
+
+namespace {
+struct SmallBlockImpl : torch::nn::Module {
+  SmallBlockImpl() : lin(register_module("lin", torch::nn::Linear(8, 8))) {}
+  at::Tensor forward(const at::Tensor& x) { return torch::gelu(lin(x)) + x; }
+  torch::nn::Linear lin;
+};
+TORCH_MODULE(SmallBlock);
+} // namespace
+
+TEST_CASE("activation checkpointing: CheckpointWrapper in a Sequential",
+          "[activation_checkpoint][world1]") {
+  auto make = [](bool wrap) {
+    torch::manual_seed(3);
+    torch::nn::Sequential seq;
+    for (int i = 0; i < 3; ++i) {
+      SmallBlock block;
+      if (wrap) {
+        seq->push_back(dtensor::CheckpointWrapper(block));
+      } else {
+        seq->push_back(block);
+      }
+    }
+    return seq;
+  };
+  auto plain = make(false);
+  auto wrapped = make(true);
+  auto x = torch::randn({4, 8});
+  plain->forward(x).pow(2).sum().backward();
+  wrapped->forward(x).pow(2).sum().backward();
+  auto p = plain->named_parameters();
+  auto q = wrapped->named_parameters();
+  REQUIRE(p.size() == q.size());
+  for (size_t i = 0; i < p.size(); ++i) {
+    // checkpoint_wrapper's naming: the inner module under "module."
+    const std::string k = p[i].key();
+    const std::string expected =
+        k.substr(0, k.find('.') + 1) + "module." + k.substr(k.find('.') + 1);
+    CHECK(q[i].key() == expected);
+    CHECK(torch::equal(p[i].value().grad(), q[i].value().grad()));
+  }
+}
+
+TEST_CASE("activation checkpointing: errors name what is wrong",
+          "[activation_checkpoint][world1]") {
+  auto w = torch::randn({4, 4}, torch::requires_grad());
+  auto x = torch::randn({4, 4}, torch::requires_grad());
+  // A function that runs other ops in the recompute than in forward.
+  int calls = 0;
+  auto diverging = [&](const at::Tensor& a) {
+    ++calls;
+    return calls == 1 ? a.mm(w) : a.addmm(a, w);
+  };
+  auto y = dtensor::checkpoint(
+      diverging, x, CheckpointOptions().policy(dtensor::save_ops({"aten::mm", "aten::addmm"})));
+  REQUIRE_THROWS_WITH(
+      y.sum().backward(),
+      Catch::Matchers::Contains("the recompute ran aten::addmm where forward ran aten::mm"));
+  // An undefined output.
+  REQUIRE_THROWS_WITH(
+      dtensor::checkpoint([](const at::Tensor&) { return at::Tensor(); }, x),
+      Catch::Matchers::Contains("checkpoint: output 0 of the function is undefined"));
+  // Without grad mode nothing is saved or recomputed: the function runs once.
+  calls = 0;
+  {
+    at::NoGradGuard no_grad;
+    dtensor::checkpoint(diverging, x);
+  }
+  CHECK(calls == 1);
 }

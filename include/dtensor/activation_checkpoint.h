@@ -22,7 +22,6 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/arg.h>
 #include <torch/nn/module.h>
-#include <torch/nn/modules/container/any.h>
 #include <torch/nn/pimpl.h>
 
 namespace dtensor {
@@ -67,10 +66,12 @@ at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn,
 // checkpoint_wrapper's "_checkpoint_wrapped_module.").
 class CheckpointWrapperImpl : public torch::nn::Module {
  public:
+  // `inner`: any module whose forward takes and returns one tensor (a Sequential too).
   template <typename M>
   explicit CheckpointWrapperImpl(std::shared_ptr<M> inner, CheckpointOptions options = {})
       : options_(std::move(options)) {
-    inner_ = torch::nn::AnyModule(register_module("module", std::move(inner)));
+    register_module("module", inner);
+    forward_ = [inner](const at::Tensor& x) -> at::Tensor { return inner->forward(x); };
   }
   template <typename M>
   explicit CheckpointWrapperImpl(torch::nn::ModuleHolder<M> inner, CheckpointOptions options = {})
@@ -79,7 +80,7 @@ class CheckpointWrapperImpl : public torch::nn::Module {
   const CheckpointOptions& options() const { return options_; }
 
  private:
-  torch::nn::AnyModule inner_;
+  std::function<at::Tensor(const at::Tensor&)> forward_;
   CheckpointOptions options_;
 };
 TORCH_MODULE(CheckpointWrapper);

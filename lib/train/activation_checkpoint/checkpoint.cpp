@@ -99,7 +99,7 @@ std::vector<at::Tensor> run(CheckpointState& s, const std::vector<at::Tensor>& i
     return s.fn(inputs);
   }
   if (recompute) {
-    detail::SelectiveReplayGuard replay(s.saved);
+    detail::SelectiveReplayGuard replay(s.options.policy(), s.saved);
     auto out = s.fn(inputs);
     replay.finish();
     return out;
@@ -208,8 +208,7 @@ at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn,
 }
 
 at::Tensor CheckpointWrapperImpl::forward(const at::Tensor& x) {
-  return checkpoint([this](const at::Tensor& in) { return inner_.forward<at::Tensor>(in); }, x,
-                    options_);
+  return checkpoint(forward_, x, options_);
 }
 
 } // namespace dtensor

@@ -50,7 +50,7 @@ namespace detail {
 // _unsafe_view that shares the storage) is copied just before the write: the recompute
 // then gets the value the op gave, and writes it again itself. (PyTorch raises there.)
 struct SelectiveMode {
-  CheckpointPolicyFn policy; // empty when replaying
+  CheckpointPolicyFn policy;
   SavedOps* saved = nullptr;
   bool replay = false;
   c10::impl::LocalDispatchKeySet outside{c10::impl::tls_local_dispatch_key_set()};
@@ -170,10 +170,16 @@ void mode_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::j
     return;
   }
   SavedOps& s = *m->saved;
-  if (always_runs(op) || s.next >= s.entries.size() || s.entries[s.next].op != op.operator_name()) {
+  if (!saves(*m, op)) {
     run_below(*m, op, ks, stack);
     return;
   }
+  DTENSOR_CHECK(s.next < s.entries.size() && s.entries[s.next].op == op.operator_name(),
+                "checkpoint: the recompute ran {} where forward ran {} (saved op {} of {}); a "
+                "checkpointed function must run the same ops each time",
+                op_full_name(op),
+                s.next < s.entries.size() ? c10::toString(s.entries[s.next].op) : "nothing more",
+                s.next + 1, s.entries.size());
   torch::jit::drop(*stack, op.schema().arguments().size());
   for (auto& v : s.entries[s.next].outputs) {
     stack->push_back(std::move(v));
@@ -234,8 +240,8 @@ SelectiveRecordGuard::~SelectiveRecordGuard() {
   leave(*mode_);
 }
 
-SelectiveReplayGuard::SelectiveReplayGuard(SavedOps& saved)
-    : mode_(enter(nullptr, saved, /*replay=*/true)) {
+SelectiveReplayGuard::SelectiveReplayGuard(const CheckpointPolicyFn& policy, SavedOps& saved)
+    : mode_(enter(policy, saved, /*replay=*/true)) {
   saved.next = 0;
 }
 

@@ -38,10 +38,11 @@ class SelectiveRecordGuard {
   std::unique_ptr<SelectiveMode> mode_;
 };
 
-// While alive on this thread, the saved ops return their saved outputs, in order.
+// While alive on this thread, the ops `policy` saves return their saved outputs, in order
+// (checked: the same ops as in forward).
 class SelectiveReplayGuard {
  public:
-  explicit SelectiveReplayGuard(SavedOps& saved);
+  SelectiveReplayGuard(const CheckpointPolicyFn& policy, SavedOps& saved);
   ~SelectiveReplayGuard();
   SelectiveReplayGuard(const SelectiveReplayGuard&) = delete;
   SelectiveReplayGuard& operator=(const SelectiveReplayGuard&) = delete;
