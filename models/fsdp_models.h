@@ -62,7 +62,8 @@ struct ModelArgs {
   TORCH_ARG(bool, layout_independent_dropout) = false;
   // dtensor's addition: each TransformerBlock's forward checkpointed with these options
   // (dtensor/activation_checkpoint.h; torchtitan's per-block activation checkpointing).
-  TORCH_ARG(std::optional<dtensor::CheckpointOptions>, activation_checkpoint) = std::nullopt;
+  TORCH_ARG(std::optional<dtensor::ActivationCheckpointOptions>,
+            activation_checkpoint) = std::nullopt;
 };
 
 // A Dropout module, or with `layout_independent` dtensor::dropout at the module's p.
@@ -82,8 +83,7 @@ struct AttentionImpl : torch::nn::Module {
   explicit AttentionImpl(const ModelArgs& args)
       : head_dim(args.dim() / args.n_heads()), n_heads(args.n_heads()), dropout_p(args.dropout_p()),
         resid_dropout(register_module("resid_dropout", torch::nn::Dropout(args.dropout_p()))),
-        use_attn_mask(args.use_attn_mask()),
-        layout_independent(args.layout_independent_dropout()),
+        use_attn_mask(args.use_attn_mask()), layout_independent(args.layout_independent_dropout()),
         wq(register_module("wq", linear_no_bias(args.dim(), args.dim()))),
         wk(register_module("wk", linear_no_bias(args.dim(), args.dim()))),
         wv(register_module("wv", linear_no_bias(args.dim(), args.dim()))),
@@ -193,8 +193,9 @@ struct TransformerImpl : torch::nn::Module {
     for (const auto& layer : *layers) {
       auto* block = layer->as<TransformerBlockImpl>();
       h = model_args.activation_checkpoint()
-              ? dtensor::checkpoint([block](const torch::Tensor& x) { return block->forward(x); },
-                                    h, *model_args.activation_checkpoint())
+              ? dtensor::activation_checkpoint(
+                    [block](const torch::Tensor& x) { return block->forward(x); }, h,
+                    *model_args.activation_checkpoint())
               : block->forward(h);
     }
     h = norm(h);

@@ -16,7 +16,7 @@
 #include "support/prelude.h"
 #include "support/transformer_tp.h"
 
-using dtensor::CheckpointOptions;
+using dtensor::ActivationCheckpointOptions;
 using dtensor::CollectiveKind;
 using dtensor::CommDebugMode;
 using dtensor::DeviceMesh;
@@ -51,15 +51,15 @@ std::vector<Layout> layouts() {
 }
 
 // Selective checkpointing as torchtitan's "op" mode: matmuls and attention saved.
-CheckpointOptions selective() {
-  return CheckpointOptions().policy(
+ActivationCheckpointOptions selective() {
+  return ActivationCheckpointOptions().policy(
       dtensor::save_ops({"aten::mm", "aten::addmm", "aten::bmm",
                          "aten::_scaled_dot_product_flash_attention_for_cpu"}));
 }
 
-std::optional<CheckpointOptions> mode(const std::string& name) {
+std::optional<ActivationCheckpointOptions> mode(const std::string& name) {
   if (name == "full") {
-    return CheckpointOptions();
+    return ActivationCheckpointOptions();
   }
   if (name == "selective") {
     return selective();
@@ -68,7 +68,7 @@ std::optional<CheckpointOptions> mode(const std::string& name) {
 }
 
 Transformer build(const Layout& l, const std::optional<DeviceMesh>& mesh,
-                  const std::optional<CheckpointOptions>& ac) {
+                  const std::optional<ActivationCheckpointOptions>& ac) {
   Transformer model(small_transformer_args().activation_checkpoint(ac));
   model->to(options().device());
   if (l.tp) {
@@ -110,7 +110,7 @@ std::map<std::string, int64_t> by_kind(const CommDebugMode& m,
 
 // Three AdamW steps with clip and dropout: the losses, every clipped gradient and every
 // parameter against the plain model without checkpointing; returns the last step's counts.
-StepCounts train(const Layout& l, const std::optional<CheckpointOptions>& ac) {
+StepCounts train(const Layout& l, const std::optional<ActivationCheckpointOptions>& ac) {
   std::optional<DeviceMesh> mesh;
   if (!l.shape.empty()) {
     mesh = dtensor::init_device_mesh(device_type(), l.shape, l.names);
@@ -217,7 +217,7 @@ struct Memory {
 
 // One forward + backward of a larger plain Transformer, measured by the counting allocator
 // (relative to what lived before the forward).
-Memory measure(const std::optional<CheckpointOptions>& ac, int64_t layers) {
+Memory measure(const std::optional<ActivationCheckpointOptions>& ac, int64_t layers) {
   auto& memory = dtensor::testing::CountingCPUAllocator::install();
   Transformer model(dtensor::models::ModelArgs()
                         .n_layers(layers)
@@ -246,7 +246,7 @@ TEST_CASE("activation checkpointing: the activations it does not keep, measured"
           "[activation_checkpoint][world1]") {
   const int64_t layers = 4;
   const Memory none = measure(std::nullopt, layers);
-  const Memory full = measure(CheckpointOptions(), layers);
+  const Memory full = measure(ActivationCheckpointOptions(), layers);
   const Memory sel = measure(selective(), layers);
   const Memory one_block_none = measure(std::nullopt, 1);
   const Memory zero_blocks = measure(std::nullopt, 0);
@@ -330,20 +330,21 @@ TEST_CASE("activation checkpointing: errors name what is wrong",
     ++calls;
     return calls == 1 ? a.mm(w) : a.addmm(a, w);
   };
-  auto y = dtensor::checkpoint(
-      diverging, x, CheckpointOptions().policy(dtensor::save_ops({"aten::mm", "aten::addmm"})));
+  auto y = dtensor::activation_checkpoint(
+      diverging, x,
+      ActivationCheckpointOptions().policy(dtensor::save_ops({"aten::mm", "aten::addmm"})));
   REQUIRE_THROWS_WITH(
       y.sum().backward(),
       Catch::Matchers::Contains("the recompute ran aten::addmm where forward ran aten::mm"));
   // An undefined output.
   REQUIRE_THROWS_WITH(
-      dtensor::checkpoint([](const at::Tensor&) { return at::Tensor(); }, x),
-      Catch::Matchers::Contains("checkpoint: output 0 of the function is undefined"));
+      dtensor::activation_checkpoint([](const at::Tensor&) { return at::Tensor(); }, x),
+      Catch::Matchers::Contains("activation_checkpoint: output 0 of the function is undefined"));
   // Without grad mode nothing is saved or recomputed: the function runs once.
   calls = 0;
   {
     at::NoGradGuard no_grad;
-    dtensor::checkpoint(diverging, x);
+    dtensor::activation_checkpoint(diverging, x);
   }
   CHECK(calls == 1);
 }

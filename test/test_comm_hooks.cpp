@@ -54,7 +54,8 @@ Parallel make(Mode mode, bool wrapping, const dtensor::DeviceMesh& mesh,
               std::optional<c10::ScalarType> reduce_dtype = std::nullopt) {
   Parallel p;
   if (mode == Mode::NoShard) {
-    p.ddp = dtensor::replicate(*p.model, mesh, dtensor::ReplicateOptions().reduce_dtype(reduce_dtype));
+    p.ddp =
+        dtensor::replicate(*p.model, mesh, dtensor::ReplicateOptions().reduce_dtype(reduce_dtype));
     return p;
   }
   auto opts = FullyShardOptions().mesh(mesh).reshard_after_forward(mode == Mode::Reshard);
@@ -157,21 +158,22 @@ TEST_CASE("register_comm_hook: on the root, for every unit below it (seed 003)",
         p.ddp->register_comm_hook(CommHookState(), noisy_hook(noise, calls));
         REQUIRE(p.ddp->has_comm_hook());
         REQUIRE(has(error_of([&] { p.ddp->register_comm_hook({}, noisy_hook(noise, calls)); }),
-                         "A communication hook is already registered"));
+                    "A communication hook is already registered"));
       } else {
         for (auto& u : p.units) {
           REQUIRE_FALSE(u.has_comm_hook());
         }
         if (wrapping) {
-          REQUIRE(has(error_of([&] { p.units[0].register_comm_hook({}, noisy_hook(noise, calls)); }),
-                           "register_comm_hook can only be called on a root instance"));
+          REQUIRE(
+              has(error_of([&] { p.units[0].register_comm_hook({}, noisy_hook(noise, calls)); }),
+                  "register_comm_hook can only be called on a root instance"));
         }
         p.root().register_comm_hook(CommHookState(), noisy_hook(noise, calls));
         for (auto& u : p.units) {
           REQUIRE(u.has_comm_hook());
         }
         REQUIRE(has(error_of([&] { p.root().register_comm_hook({}, noisy_hook(noise, calls)); }),
-                         "A communication hook is already registered"));
+                    "A communication hook is already registered"));
       }
       for (int it = 0; it < 2; ++it) {
         p.model->zero_grad();
@@ -179,9 +181,11 @@ TEST_CASE("register_comm_hook: on the root, for every unit below it (seed 003)",
         CommDebugMode m;
         p.model->forward(batch()).sum().backward();
         // One call per unit (per bucket for replicate), each one collective.
-        const int64_t expected = p.ddp ? p.ddp->num_buckets() : static_cast<int64_t>(p.units.size());
+        const int64_t expected =
+            p.ddp ? p.ddp->num_buckets() : static_cast<int64_t>(p.units.size());
         REQUIRE(calls == expected);
-        REQUIRE(m.count(p.ddp ? CollectiveKind::AllReduce : CollectiveKind::ReduceScatter) == expected);
+        REQUIRE(m.count(p.ddp ? CollectiveKind::AllReduce : CollectiveKind::ReduceScatter) ==
+                expected);
         // Every rank added `noise` to its gradient before the mean: mean + noise.
         std::vector<at::Tensor> want;
         for (auto& g : mean) {
@@ -201,30 +205,60 @@ TEST_CASE("register_comm_hook: a unit below the root already has one; hooks of t
   inner.register_comm_hook({}, dtensor::default_comm_hook()); // a root while nothing wraps it
   auto root = dtensor::fully_shard(*model, FullyShardOptions().mesh(mesh));
   REQUIRE(has(error_of([&] { root.register_comm_hook({}, dtensor::default_comm_hook()); }),
-                   "A communication hook is already registered"));
+              "A communication hook is already registered"));
   REQUIRE_FALSE(root.has_comm_hook()); // nothing registered by the failed call
   CommHook only_all_reduce = dtensor::default_comm_hook();
   only_all_reduce.reduce_scatter = nullptr;
   REQUIRE(has(error_of([&] { root.register_comm_hook({}, only_all_reduce); }),
-                   "has no reduce_scatter"));
+              "has no reduce_scatter"));
   Net other;
   auto ddp = dtensor::replicate(*other, mesh);
   CommHook only_reduce_scatter = dtensor::default_comm_hook();
   only_reduce_scatter.all_reduce = nullptr;
-  REQUIRE(has(error_of([&] { ddp.register_comm_hook({}, only_reduce_scatter); }),
-                   "has no all_reduce"));
+  REQUIRE(
+      has(error_of([&] { ddp.register_comm_hook({}, only_reduce_scatter); }), "has no all_reduce"));
 }
 
-TEST_CASE("register_comm_hook: not supported for hybrid (HSDP) units (seed 003)",
-          "[comm_hooks][world4]") {
-  auto mesh = init_device_mesh(device_type(), {2, 2}, {"rep", "shard"});
+// Seed 003 (FSDP1) refuses hooks on hybrid strategies; dtensor runs the hook's
+// reduce_scatter over the shard dim and its all_reduce over the replicate dim (issue 27).
+TEST_CASE("register_comm_hook on HSDP units: reduce_scatter over shard, all_reduce over "
+          "replicate, the mean over every rank",
+          "[comm_hooks][world2][world4]") {
+  auto mesh = init_device_mesh(device_type(), {2, world() / 2}, {"rep", "shard"});
+  const auto mean = mean_grads();
+  for (bool bf16 : {false, true}) {
+    INFO("bf16 compression " << bf16);
+    Net model;
+    dtensor::fully_shard(*model->net, FullyShardOptions().mesh(mesh));
+    auto root = dtensor::fully_shard(*model, FullyShardOptions().mesh(mesh));
+    root.register_comm_hook({},
+                            bf16 ? dtensor::bf16_compress_hook() : dtensor::default_comm_hook());
+    CommDebugMode mode;
+    model->forward(batch()).sum().backward();
+    REQUIRE(mode.count("shard", CollectiveKind::ReduceScatter) == 2);
+    REQUIRE(mode.count("rep", CollectiveKind::AllReduce) == 2);
+    REQUIRE(mode.count(CollectiveKind::AllReduce) == 2);
+    for (const auto& rec : mode.records()) {
+      if (rec.kind == CollectiveKind::ReduceScatter || rec.kind == CollectiveKind::AllReduce) {
+        REQUIRE(rec.dtype == (bf16 ? c10::kBFloat16 : c10::kFloat));
+      }
+    }
+    if (bf16) {
+      require_close(grads(model), mean, 1e-2, 1e-2);
+    } else {
+      require_close(grads(model), mean);
+    }
+  }
+  // A hook without all_reduce cannot serve the replicate dim.
   Net model;
   dtensor::fully_shard(*model->net, FullyShardOptions().mesh(mesh));
   auto root = dtensor::fully_shard(*model, FullyShardOptions().mesh(mesh["shard"]));
-  const std::string e =
-      error_of([&] { root.register_comm_hook({}, dtensor::default_comm_hook()); });
-  REQUIRE(has(e, "Communication hook is not supported for hybrid strategies"));
+  CommHook only_reduce_scatter = dtensor::default_comm_hook();
+  only_reduce_scatter.all_reduce = nullptr;
+  const std::string e = error_of([&] { root.register_comm_hook({}, only_reduce_scatter); });
+  REQUIRE(has(e, "has no all_reduce, which HSDP unit"));
   REQUIRE(has(e, "Sequential")); // names the HSDP unit (net)
+  REQUIRE_FALSE(root.has_comm_hook());
 }
 
 TEST_CASE("fp16 / bf16 compression hooks equal mp_policy.reduce_dtype (seed 003)",
@@ -255,7 +289,7 @@ TEST_CASE("fp16 / bf16 compression hooks equal mp_policy.reduce_dtype (seed 003)
             REQUIRE(!m.records().empty());
             for (const auto& r : m.records()) {
               if (r.kind != CollectiveKind::AllGather) { // (the parameters' all-gathers)
-                REQUIRE(r.dtype == low); // the reduction ran compressed
+                REQUIRE(r.dtype == low);                 // the reduction ran compressed
                 REQUIRE(r.op == ReduceOp::Sum);
               }
             }
@@ -305,8 +339,9 @@ TEST_CASE("fully_shard: force-sum reductions and the divide factor (FSDP2)",
       {"bf16 reduce", [](FSDPModule&) {}, c10::kBFloat16, avg, 1.0},
       // fp16: SUM between a power-of-two pre-division and the post-division.
       {"fp16 reduce", [](FSDPModule&) {}, c10::kHalf, ReduceOp::Sum, 1.0},
-      {"fp16 reduce, divide by 2W", [](FSDPModule& u) { u.set_gradient_divide_factor(2.0 * world()); },
-       c10::kHalf, ReduceOp::Sum, 0.5},
+      {"fp16 reduce, divide by 2W",
+       [](FSDPModule& u) { u.set_gradient_divide_factor(2.0 * world()); }, c10::kHalf,
+       ReduceOp::Sum, 0.5},
   };
   for (const auto& c : cases) {
     INFO(c.name);

@@ -8,12 +8,12 @@
 // unsharded by backward (the all-gather backward does anyway), under tensor parallelism it
 // issues the same collectives as forward did.
 //
-//   h = dtensor::checkpoint([&](const at::Tensor& x) { return block->forward(x); }, h);
+//   h = dtensor::activation_checkpoint([&](const at::Tensor& x) { return block->forward(x); }, h);
 //
 // Selective checkpointing saves the outputs of the ops a policy picks (e.g. the matmuls)
 // and recomputes the rest:
 //
-//   auto opts = dtensor::CheckpointOptions().policy(dtensor::save_ops({"aten::mm"}));
+//   auto opts = dtensor::ActivationCheckpointOptions().policy(dtensor::save_ops({"aten::mm"}));
 #include <functional>
 #include <string>
 #include <vector>
@@ -42,7 +42,7 @@ using CheckpointPolicyFn = std::function<CheckpointPolicy(const c10::OperatorHan
 // "aten::add.Tensor") and recomputes everything else.
 CheckpointPolicyFn save_ops(std::vector<std::string> names);
 
-struct CheckpointOptions {
+struct ActivationCheckpointOptions {
   // Replay the random state in the recompute: dtensor's (dtensor/random.h), the CPU
   // generator, and the default generator of every other device an input lives on.
   TORCH_ARG(bool, preserve_rng_state) = true;
@@ -55,10 +55,12 @@ using CheckpointFn = std::function<std::vector<at::Tensor>(const std::vector<at:
 // Runs `fn(inputs)` keeping only `inputs` for backward; see the top of this file. Outputs
 // that require grad get gradients through the recompute; `inputs` may be plain tensors or
 // DTensors and need not require grad (parameters used inside still get theirs).
-std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, const std::vector<at::Tensor>& inputs,
-                                   const CheckpointOptions& options = {});
-at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn,
-                      const at::Tensor& input, const CheckpointOptions& options = {});
+std::vector<at::Tensor> activation_checkpoint(const CheckpointFn& fn,
+                                              const std::vector<at::Tensor>& inputs,
+                                              const ActivationCheckpointOptions& options = {});
+at::Tensor activation_checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn,
+                                 const at::Tensor& input,
+                                 const ActivationCheckpointOptions& options = {});
 
 // A module whose forward(x) is its inner module's forward(x), checkpointed: for stacks of
 // blocks held in a Sequential or ModuleList (torch.distributed's checkpoint_wrapper). The
@@ -68,20 +70,21 @@ class CheckpointWrapperImpl : public torch::nn::Module {
  public:
   // `inner`: any module whose forward takes and returns one tensor (a Sequential too).
   template <typename M>
-  explicit CheckpointWrapperImpl(std::shared_ptr<M> inner, CheckpointOptions options = {})
+  explicit CheckpointWrapperImpl(std::shared_ptr<M> inner, ActivationCheckpointOptions options = {})
       : options_(std::move(options)) {
     register_module("module", inner);
     forward_ = [inner](const at::Tensor& x) -> at::Tensor { return inner->forward(x); };
   }
   template <typename M>
-  explicit CheckpointWrapperImpl(torch::nn::ModuleHolder<M> inner, CheckpointOptions options = {})
+  explicit CheckpointWrapperImpl(torch::nn::ModuleHolder<M> inner,
+                                 ActivationCheckpointOptions options = {})
       : CheckpointWrapperImpl(inner.ptr(), std::move(options)) {}
   at::Tensor forward(const at::Tensor& x);
-  const CheckpointOptions& options() const { return options_; }
+  const ActivationCheckpointOptions& options() const { return options_; }
 
  private:
   std::function<at::Tensor(const at::Tensor&)> forward_;
-  CheckpointOptions options_;
+  ActivationCheckpointOptions options_;
 };
 TORCH_MODULE(CheckpointWrapper);
 

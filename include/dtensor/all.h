@@ -14,6 +14,7 @@
 #include <dtensor/comm_hooks.h>
 #include <dtensor/replicate.h>
 #include <dtensor/fully_shard.h>
+#include <dtensor/grad_hooks.h>
 #include <dtensor/materialize.h>
 #include <dtensor/state_dict.h>
 #include <dtensor/tensor_parallel.h>

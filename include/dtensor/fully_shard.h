@@ -6,9 +6,12 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
 #include <c10/core/ScalarType.h>
 #include <torch/arg.h>
 
@@ -29,17 +32,23 @@ struct FSDPParamGroup;
 // Mixed precision: parameters are all-gathered (and used in forward and backward) in
 // param_dtype; gradients are reduce-scattered in reduce_dtype (default: param_dtype) and
 // stored in the parameters' own dtype unless keep_low_precision_grads.
-// [Note: no input casting] C++ modules have no pre-forward hook, so the model's floating
-// inputs must already be in param_dtype: an op that mixes them with the unsharded
-// parameters is refused with an error naming both dtypes.
+// [Note: no input casting] C++ modules have no pre-forward hook: the casts FSDP2 makes
+// around a unit's forward (floating inputs to param_dtype when cast_forward_inputs,
+// floating outputs to output_dtype) happen when the unit is called through fsdp_forward()
+// below. Otherwise the model's floating inputs must already be in param_dtype: an op that
+// mixes them with the unsharded parameters is refused with an error naming both dtypes.
 struct MixedPrecisionPolicy {
   TORCH_ARG(std::optional<c10::ScalarType>, param_dtype) = std::nullopt;
   TORCH_ARG(std::optional<c10::ScalarType>, reduce_dtype) = std::nullopt;
+  TORCH_ARG(std::optional<c10::ScalarType>, output_dtype) = std::nullopt;
+  TORCH_ARG(bool, cast_forward_inputs) = true;
   TORCH_ARG(bool, keep_low_precision_grads) = false;
 };
 
 // Sharded parameters, gradients (and so optimizer state) live on the CPU; each all-gather
-// copies the shard to the mesh's device first. On a CPU mesh this changes nothing.
+// copies the shard to the mesh's device first. On a CPU mesh nothing moves. pin_memory:
+// the offloaded shards are page-locked, so the copies to the GPU are asynchronous; it needs
+// offload_to_cpu and a CUDA device (fully_shard refuses it otherwise, naming the module).
 struct OffloadPolicy {
   TORCH_ARG(bool, offload_to_cpu) = false;
   TORCH_ARG(bool, pin_memory) = false;
@@ -61,19 +70,59 @@ struct FullyShardOptions {
   TORCH_ARG(std::function<std::optional<Placement>(const at::Tensor&)>, shard_placement_fn);
 };
 
+// An all-gather started by FSDPModule::unshard(async_op = true) (FSDP2's UnshardHandle).
+// wait(): the all-gather has completed and the unsharded parameters are filled; forward
+// waits by itself when the unit is first used without it. Waiting twice, or on a handle of
+// a synchronous unshard, does nothing.
+class UnshardHandle {
+ public:
+  UnshardHandle() = default;
+  explicit UnshardHandle(std::shared_ptr<detail::FSDPParamGroup> group);
+  void wait();
+
+ private:
+  std::shared_ptr<detail::FSDPParamGroup> group_;
+};
+
 // The handle of a fully_shard unit (FSDP2's FSDPModule methods). Copies share the unit.
 class FSDPModule {
  public:
   FSDPModule() = default;
   explicit FSDPModule(std::shared_ptr<detail::FSDPParamGroup> group);
 
-  // All-gather this unit's parameters now / free them now.
-  void unshard();
+  // All-gather this unit's parameters now / free them now. async_op: return with the
+  // all-gather in flight (also with communication overlap off); the handle's wait(), or the
+  // unit's first use, completes it.
+  UnshardHandle unshard(bool async_op = false);
   void reshard();
   // false: backward accumulates unsharded gradients without communication (gradient
   // accumulation); the next backward with sync on reduce-scatters the sum. recurse: also
-  // every fully_shard unit inside this module.
+  // every fully_shard unit inside this module. Sets requires_all_reduce alike (FSDP2).
   void set_requires_gradient_sync(bool sync, bool recurse = true);
+  // HSDP: false keeps reduce-scattering each backward but skips the all-reduce over the
+  // replicate dim: the reduced shards are summed inside the unit, .grad is left as it is;
+  // the next backward with it on all-reduces the sum once and accumulates into .grad
+  // (docs/fsdp.md "Controls"). No effect on 1-D units.
+  void set_requires_all_reduce(bool requires_all_reduce, bool recurse = true);
+  // false (for every microbatch but the last): the end of backward does not wait for the
+  // reduce-scatters still in flight; they complete when the next reduce-scatter needs
+  // room, or at the end of the next backward with it true (the default). .grad of the
+  // units still reducing is not final until then. Set on any unit: it applies to its root's
+  // whole model and stays until set again.
+  void set_is_last_backward(bool is_last_backward);
+  // false: backward never all-gathers this unit (nor prefetches it): for units whose
+  // backward does not read the parameters (embeddings); their gradients are reduced as
+  // usual. A backward that does read them fails naming the unit. This unit only.
+  void set_unshard_in_backward(bool unshard_in_backward);
+  // FSDP2's post-optimizer event: the next forward of this unit's root model makes its
+  // device's current stream wait for `event` (recorded after the optimizer step) before
+  // its first all-gather, once; then the event is dropped. dtensor issues every collective
+  // on the current stream (c10d orders NCCL's stream after it), so this only matters when
+  // the optimizer ran on another stream. On a CPU mesh there are no streams: the event
+  // (device type cpu) is accepted and consumed by the next forward, and nothing waits.
+  // An event of another device type than the mesh's is refused.
+  void set_post_optim_event(c10::Event event);
+  bool has_post_optim_event() const; // set and not consumed by a forward yet
   void set_reshard_after_forward(bool reshard, bool recurse = true);
   void set_reshard_after_backward(bool reshard, bool recurse = true);
   // Units all-gathered (asynchronously) when this one is first used in forward / in
@@ -104,17 +153,19 @@ class FSDPModule {
   void set_custom_reduce_scatter(CustomReduceScatter comm);
   // Seed 003's communication hook: on the root, for the root and every unit below it. The
   // hook's reduce_scatter replaces each unit's reduce-scatter and division (it then also
-  // takes the place of a custom reduce-scatter). Errors: called on a nested unit, on a model
-  // with an HSDP (2-D) unit, with a hook without a reduce_scatter, or when any of the units
-  // already has a hook.
+  // takes the place of a custom reduce-scatter). HSDP units also call its all_reduce over
+  // the replicate dim (docs/comm_hooks.md). Errors: called on a nested unit, with a hook
+  // without a reduce_scatter (or without an all_reduce on a model with an HSDP unit), or
+  // when any of the units already has a hook.
   void register_comm_hook(CommHookState state, CommHook hook);
   bool has_comm_hook() const; // this unit's
   // dtensor::clip_grad_norm_ over every parameter of the module (root units only: a
   // nested unit would clip a part of the model with a partial norm).
-  at::Tensor clip_grad_norm_(double max_norm, double norm_type = 2.0, bool error_if_nonfinite = false);
+  at::Tensor clip_grad_norm_(double max_norm, double norm_type = 2.0,
+                             bool error_if_nonfinite = false);
 
   const DeviceMesh& mesh() const;
-  bool is_root() const;      // no enclosing fully_shard unit
+  bool is_root() const; // no enclosing fully_shard unit
   // The unsharded parameters are allocated and filled; a prefetch in flight is waited for.
   bool is_unsharded() const;
   // Bytes held by the storage of the unsharded parameters (0 when resharded).
@@ -134,6 +185,14 @@ class FSDPModule {
 // Every rank must hold the same initial parameter values.
 FSDPModule fully_shard(torch::nn::Module& module, const FullyShardOptions& options = {});
 
+// FSDP2's fully_shard([m1, m2, ...]): one unit over several modules, their parameters
+// all-gathered and reduce-scattered together; a parameter they share (a tied embedding and
+// output projection: torchtitan's [tok_embeddings, norm, output]) is managed once.
+// fsdp_module() of each module gives the unit. The modules are not nested in one another's
+// units; nested units inside them keep their parameters, as for one module.
+FSDPModule fully_shard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+                       const FullyShardOptions& options = {});
+
 // Memory fully_shard itself holds beyond the sharded state, over all units of this process:
 // unsharded parameters, and the all-gather / reduce-scatter buffers while they live. The
 // peak is since the last reset (benchmarks, docs/fsdp.md "Memory").
@@ -147,5 +206,53 @@ void reset_fsdp_peak_memory();
 
 // The unit made by fully_shard(module), if any.
 std::optional<FSDPModule> fsdp_module(const torch::nn::Module& module);
+
+namespace detail {
+// What fsdp_forward casts a unit's floating inputs / outputs to (nullopt: nothing).
+struct ForwardCasts {
+  std::optional<c10::ScalarType> inputs;
+  std::optional<c10::ScalarType> outputs;
+};
+ForwardCasts forward_casts(const torch::nn::Module& module);
+at::Tensor cast_floating(const at::Tensor& t, std::optional<c10::ScalarType> dtype);
+
+template <typename T>
+struct is_tuple : std::false_type {};
+template <typename... E>
+struct is_tuple<std::tuple<E...>> : std::true_type {};
+
+template <typename T>
+T cast_floating_all(T value, std::optional<c10::ScalarType> dtype) {
+  if constexpr (std::is_same_v<T, at::Tensor>) {
+    return cast_floating(value, dtype);
+  } else if constexpr (std::is_same_v<T, std::vector<at::Tensor>>) {
+    for (auto& t : value) {
+      t = cast_floating(t, dtype);
+    }
+    return value;
+  } else if constexpr (is_tuple<T>::value) {
+    return std::apply(
+        [&](auto&&... e) { return T(cast_floating_all<std::decay_t<decltype(e)>>(e, dtype)...); },
+        value);
+  } else {
+    return value;
+  }
+}
+} // namespace detail
+
+// Calls module->forward(args...) with FSDP2's pre- and post-forward casts of its unit's
+// mp_policy (C++ modules have no forward hooks, [Note: no input casting]): floating-point
+// tensor arguments to param_dtype when cast_forward_inputs (and param_dtype is set),
+// floating-point tensor outputs to output_dtype when set. Tensors, vectors of tensors and
+// tuples are cast; anything else passes through; a module that is not a unit runs as is.
+// Call the root this way (and any unit whose callers pass other dtypes):
+//   auto logits = dtensor::fsdp_forward(model, tokens);
+template <typename M, typename... Args>
+auto fsdp_forward(M& module, Args&&... args) {
+  const detail::ForwardCasts casts = detail::forward_casts(*module);
+  auto out = module->forward(
+      detail::cast_floating_all<std::decay_t<Args>>(std::forward<Args>(args), casts.inputs)...);
+  return detail::cast_floating_all<decltype(out)>(std::move(out), casts.outputs);
+}
 
 } // namespace dtensor

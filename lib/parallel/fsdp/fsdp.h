@@ -78,7 +78,8 @@ struct FSDPParam {
 // One fully_shard unit: its parameters, the flat shard, the unsharded buffer and the
 // collectives that move between them.
 struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
-  std::weak_ptr<torch::nn::Module> module;
+  std::weak_ptr<torch::nn::Module> module;               // the (first) module
+  std::vector<std::weak_ptr<torch::nn::Module>> modules; // all of a grouped unit's
   std::string name; // the module's name, for messages
   DeviceMesh mesh;
   Group shard_group;
@@ -100,9 +101,9 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
   at::Tensor unsharded_flat; // every parameter unsharded, one after another
   ShardState state = ShardState::Sharded;
   std::shared_ptr<PendingGather> gather; // while Unsharding
-  bool forward_used = false;  // touched by forward since it was last resharded
-  bool backward_used = false; // touched by the current backward
-  bool overlap = true;        // FSDPModule::set_communication_overlap
+  bool forward_used = false;             // touched by forward since it was last resharded
+  bool backward_used = false;            // touched by the current backward
+  bool overlap = true;                   // FSDPModule::set_communication_overlap
   // On a root, of the units under it ([Note: overlap]): the order in which forward first
   // used them, this forward's and the last complete one's, and the order in which it last
   // used them (FSDP2's post-forward order), this step.
@@ -113,6 +114,14 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
   std::optional<bool> reshard_after_forward;
   bool reshard_after_backward = true;
   bool requires_gradient_sync = true;
+  bool requires_all_reduce = true; // HSDP: [Note: partial reduce output] in reduce.cpp
+  bool unshard_in_backward = true;
+  bool is_last_backward = true;                 // read on the root
+  std::shared_ptr<c10::Event> post_optim_event; // on the root, until the next forward
+  // HSDP with requires_all_reduce false: the reduced shards so far, not all-reduced, and
+  // which parameters had a gradient in them.
+  at::Tensor partial_reduce_output;
+  std::vector<bool> partial_received;
   double gradient_divide_factor = 0;                // 0: the data-parallel size
   std::function<void(at::Tensor&)> all_reduce_hook; // FSDPModule::set_all_reduce_hook
   bool force_sum_reduction = false;
@@ -136,7 +145,8 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
   // One all-gather of the flat shard, copied out into the unsharded buffer. With `async`
   // (a prefetch, overlap on) it returns with the all-gather in flight (Unsharding);
   // finish_unshard() waits for it and copies out. unshard() on an Unsharding unit finishes.
-  void unshard(bool async = false);
+  // `background`: asynchronous even with overlap off (an explicit unshard(async_op)).
+  void unshard(bool async = false, bool background = false);
   void finish_unshard();
   bool gathers_in_place() const; // [Note: all-gather into place] in param_group.cpp
   // Frees the unsharded buffer's storage (views of it, saved by autograd, stay valid and
@@ -176,8 +186,10 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
                            const char* what) const;
   void copy_in_grads(at::Tensor& input) const;
   void start_reduce_flat(PendingReduce& pending); // the reduce-scatter, maybe in flight
-  void finish_reduce_flat(PendingReduce& pending); // HSDP's all-reduce, hook, division
-  at::Tensor reduce_with_hook(at::Tensor& input);  // register_comm_hook's path
+  // HSDP's all-reduce, hook, division; false: kept as a partial (requires_all_reduce off).
+  bool finish_reduce_flat(PendingReduce& pending);
+  at::Tensor reduce_with_hook(at::Tensor& input); // register_comm_hook's path
+  void all_reduce_with_hook(at::Tensor& output);  // ... and HSDP's all-reduce on it
   void run_all_reduce_hook(at::Tensor& output) const;
   void accumulate_shard_grads(at::Tensor output, const std::vector<bool>& received);
 };
@@ -193,6 +205,7 @@ struct FSDPRegistry {
   std::vector<std::pair<std::weak_ptr<torch::nn::Module>, std::shared_ptr<FSDPParamGroup>>> units;
   EndOfBackward end_of_backward; // [Note: failed backward] in lib/parallel/end_of_backward.cpp
   std::vector<InFlightReduce> reducing; // oldest first
+  size_t carried = 0; // of them, left in flight by an earlier backward ([Note: is_last_backward])
 };
 FSDPRegistry& fsdp_registry();
 std::vector<std::shared_ptr<FSDPParamGroup>> live_units();

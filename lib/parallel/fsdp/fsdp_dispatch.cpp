@@ -152,11 +152,13 @@ void check_input_dtypes(const OpArgs& args, const FSDPParamGroup& group, const s
     const c10::IValue& v = args[i];
     if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_floating_point() &&
         v.toTensor().dim() > 0) {
-      DTENSOR_CHECK(v.toTensor().scalar_type() == group.param_dtype,
-                    "{}: argument {} '{}' is {} but unit '{}' runs in mp_policy.param_dtype {}; "
-                    "cast the model's inputs to {} (C++ modules have no pre-forward hook to do it)",
-                    name, i, args.name_of(i), c10::toString(v.toTensor().scalar_type()), group.name,
-                    c10::toString(group.param_dtype), c10::toString(group.param_dtype));
+      DTENSOR_CHECK(
+          v.toTensor().scalar_type() == group.param_dtype,
+          "{}: argument {} '{}' is {} but unit '{}' runs in mp_policy.param_dtype {}; "
+          "call the module through dtensor::fsdp_forward (FSDP2's cast_forward_inputs) or "
+          "cast its inputs to {} (C++ modules have no pre-forward hook to do it)",
+          name, i, args.name_of(i), c10::toString(v.toTensor().scalar_type()), group.name,
+          c10::toString(group.param_dtype), c10::toString(group.param_dtype));
     }
   }
 }

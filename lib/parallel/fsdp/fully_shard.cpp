@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
 #include <torch/nn/module.h>
 
 #include <dtensor/clip_grad.h>
@@ -32,8 +33,11 @@ std::vector<std::shared_ptr<FSDPParamGroup>> live_units() {
   units.erase(
       std::remove_if(units.begin(), units.end(), [](const auto& u) { return u.first.expired(); }),
       units.end());
+  std::unordered_set<const FSDPParamGroup*> seen; // a grouped unit has an entry per module
   for (auto& u : units) {
-    out.push_back(u.second);
+    if (seen.insert(u.second.get()).second) {
+      out.push_back(u.second);
+    }
   }
   return out;
 }
@@ -134,8 +138,7 @@ OwnParams collect_params(const NamedModules& named, const ChildUnits& children,
   return out;
 }
 
-void check_params(const torch::nn::Module& module, const OwnParams& params,
-                  const DeviceMesh& mesh) {
+void check_params(const std::string& unit_name, const OwnParams& params, const DeviceMesh& mesh) {
   for (const auto& [fqn, p] : params.own) {
     auto it = params.in_children.find(p.unsafeGetTensorImpl());
     DTENSOR_CHECK(
@@ -143,10 +146,10 @@ void check_params(const torch::nn::Module& module, const OwnParams& params,
         "fully_shard({}): parameter '{}' is shared with '{}', which a nested fully_shard unit "
         "already manages; shared parameters must belong to one unit (fully_shard their "
         "common ancestor only)",
-        module.name(), fqn, it == params.in_children.end() ? "" : it->second);
+        unit_name, fqn, it == params.in_children.end() ? "" : it->second);
     DTENSOR_CHECK(detail::fsdp_tag(p) == nullptr,
                   "fully_shard({}): parameter '{}' is already managed by another unit",
-                  module.name(), fqn);
+                  unit_name, fqn);
     const detail::DTensorMeta* dm = detail::dtensor_meta(p);
     // [Note: FSDP x TP] in lib/parallel/fsdp/param_group.cpp: any DTensor on a 1-D mesh beside the
     // data-parallel one (parallelize_module's, distribute_module's, hand-distributed), with
@@ -155,48 +158,115 @@ void check_params(const torch::nn::Module& module, const OwnParams& params,
                   "fully_shard({}): parameter '{}' is already a DTensor ({}); fully_shard takes "
                   "plain parameters, or DTensors on a 1-D mesh (tensor parallelism) beside the "
                   "data-parallel mesh {}",
-                  module.name(), fqn, dm ? dm->spec.to_string() : "", mesh.to_string());
+                  unit_name, fqn, dm ? dm->spec.to_string() : "", mesh.to_string());
     for (const Placement& pl : dm ? dm->spec.placements : Placements{}) {
       DTENSOR_CHECK(!pl.is_partial(),
                     "fully_shard({}): parameter '{}' is a DTensor with placement {} ({}); a "
                     "parameter can be Shard or Replicate",
-                    module.name(), fqn, pl.to_string(), dm->spec.to_string());
+                    unit_name, fqn, pl.to_string(), dm->spec.to_string());
     }
     // Meta parameters (a module built on the meta device) stay without memory until
     // dtensor::to_empty; a unit is all meta or not at all.
     DTENSOR_CHECK(p.is_meta() || p.device().type() == mesh.device_type(),
                   "fully_shard({}): parameter '{}' is on {} but the mesh {} is a {} mesh",
-                  module.name(), fqn, p.device().str(), mesh.to_string(),
+                  unit_name, fqn, p.device().str(), mesh.to_string(),
                   c10::DeviceTypeName(mesh.device_type(), true));
     const auto& [first_fqn, first] = params.own.front();
     DTENSOR_CHECK(p.is_meta() == first.is_meta(),
                   "fully_shard({}): parameter '{}' is on {} but '{}' is on {}; a unit's "
                   "parameters are all on the meta device or none (call dtensor::to_empty on "
                   "the whole model after parallelizing it)",
-                  module.name(), fqn, p.device().str(), first_fqn, first.device().str());
+                  unit_name, fqn, p.device().str(), first_fqn, first.device().str());
   }
+}
+
+// [Note: pinned offload] in param_group.cpp: page-locked memory comes from an
+// accelerator's runtime; without one there is nothing to pin for (PyTorch fails later, in
+// pin_memory(), with a message about the accelerator).
+void check_offload_policy(const std::string& unit_name, const OffloadPolicy& policy) {
+  if (!policy.pin_memory()) {
+    return;
+  }
+  DTENSOR_CHECK(policy.offload_to_cpu(),
+                "fully_shard({}): OffloadPolicy pin_memory(true) without offload_to_cpu(true): "
+                "nothing is offloaded to pin",
+                unit_name);
+  DTENSOR_CHECK(at::globalContext().hasCUDA(),
+                "fully_shard({}): OffloadPolicy pin_memory(true) needs a CUDA device to pin the "
+                "offloaded shards for, and none is available (build with -Dcuda=enabled on a "
+                "machine with a GPU, or set pin_memory(false))",
+                unit_name);
 }
 
 } // namespace
 
-FSDPModule fully_shard(torch::nn::Module& module, const FullyShardOptions& options) {
+namespace {
+
+// The unit's name in messages: its module's name, or "[A, B]" for a grouped unit.
+std::string unit_name(const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
+  if (modules.size() == 1) {
+    return modules.front()->name();
+  }
+  std::string out = "[";
+  for (size_t i = 0; i < modules.size(); ++i) {
+    out += (i == 0 ? "" : ", ") + modules[i]->name();
+  }
+  return out + "]";
+}
+
+// The parameters of all `modules` not held by nested units (each once: a parameter the
+// modules share, a tied weight, is managed once), and those nested units.
+std::pair<OwnParams, ChildUnits> gather_params(
+    const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+    const FullyShardOptions& options) {
+  OwnParams params;
+  ChildUnits children;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  std::unordered_set<const detail::FSDPParamGroup*> seen_units;
+  for (size_t i = 0; i < modules.size(); ++i) {
+    const auto named = modules[i]->named_modules();
+    const ChildUnits c = find_child_units(named, *modules[i]);
+    OwnParams p = collect_params(named, c, options);
+    const std::string prefix = modules.size() == 1 ? "" : fmt::format("[{}].", i);
+    for (auto& [fqn, t] : p.own) {
+      if (seen.insert(t.unsafeGetTensorImpl()).second) {
+        params.own.emplace_back(prefix + fqn, t);
+      }
+    }
+    for (auto& [impl, fqn] : p.in_children) {
+      params.in_children.emplace(impl, prefix + fqn);
+    }
+    for (size_t k = 0; k < c.units.size(); ++k) {
+      if (seen_units.insert(c.units[k].get()).second) {
+        children.units.push_back(c.units[k]);
+      }
+    }
+  }
+  return {std::move(params), std::move(children)};
+}
+
+FSDPModule shard_modules(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+                         const FullyShardOptions& options) {
   using namespace detail;
   live_units(); // drops units of destroyed modules
-  DTENSOR_CHECK(
-      find_unit(&module) == nullptr,
-      "fully_shard: module '{}' is already fully sharded (call fully_shard once per module, "
-      "children before their parents)",
-      module.name());
+  const std::string name = unit_name(modules);
+  for (const auto& m : modules) {
+    DTENSOR_CHECK(find_unit(m.get()) == nullptr,
+                  "fully_shard: module '{}' is already fully sharded (call fully_shard once per "
+                  "module, children before their parents)",
+                  m->name());
+  }
   const DeviceMesh mesh = resolve_mesh(options);
-  std::shared_ptr<torch::nn::Module> self = owned_module(module, "fully_shard");
-  const auto named = self->named_modules();
-  const ChildUnits children = find_child_units(named, module);
-  OwnParams params = collect_params(named, children, options);
-  check_params(module, params, mesh);
+  check_offload_policy(name, options.offload_policy());
+  auto [params, children] = gather_params(modules, options);
+  check_params(name, params, mesh);
 
   auto group = std::make_shared<FSDPParamGroup>();
-  group->module = self;
-  group->name = module.name();
+  group->module = modules.front();
+  for (const auto& m : modules) {
+    group->modules.push_back(m);
+  }
+  group->name = name;
   group->mesh = mesh;
   group->options = options;
   group->reshard_after_forward = options.reshard_after_forward();
@@ -209,8 +279,29 @@ FSDPModule fully_shard(torch::nn::Module& module, const FullyShardOptions& optio
       child->parent = group;
     }
   }
-  fsdp_registry().units.emplace_back(self, group);
+  for (const auto& m : modules) {
+    fsdp_registry().units.emplace_back(m, group);
+  }
   return FSDPModule(group);
+}
+
+} // namespace
+
+FSDPModule fully_shard(torch::nn::Module& module, const FullyShardOptions& options) {
+  return shard_modules({detail::owned_module(module, "fully_shard")}, options);
+}
+
+FSDPModule fully_shard(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+                       const FullyShardOptions& options) {
+  DTENSOR_CHECK(!modules.empty(), "fully_shard: the list of modules to group is empty");
+  std::unordered_set<const torch::nn::Module*> seen;
+  for (size_t i = 0; i < modules.size(); ++i) {
+    DTENSOR_CHECK(modules[i] != nullptr, "fully_shard: module {} of the list is null", i);
+    DTENSOR_CHECK(seen.insert(modules[i].get()).second,
+                  "fully_shard: module {} of the list ('{}') is listed twice", i,
+                  modules[i]->name());
+  }
+  return shard_modules(modules, options);
 }
 
 std::optional<FSDPModule> fsdp_module(const torch::nn::Module& module) {
@@ -240,8 +331,43 @@ units_under(const std::shared_ptr<detail::FSDPParamGroup>& group, bool recurse) 
 
 } // namespace
 
-void FSDPModule::unshard() {
-  group_->unshard();
+namespace detail {
+
+ForwardCasts forward_casts(const torch::nn::Module& module) {
+  const std::shared_ptr<FSDPParamGroup> unit = find_unit(&module);
+  if (!unit) {
+    return {};
+  }
+  const MixedPrecisionPolicy& mp = unit->options.mp_policy();
+  ForwardCasts casts;
+  if (mp.cast_forward_inputs() && mp.param_dtype()) {
+    casts.inputs = mp.param_dtype();
+  }
+  casts.outputs = mp.output_dtype();
+  return casts;
+}
+
+at::Tensor cast_floating(const at::Tensor& t, std::optional<c10::ScalarType> dtype) {
+  if (!dtype || !t.defined() || !t.is_floating_point() || t.scalar_type() == *dtype) {
+    return t;
+  }
+  return t.to(*dtype); // differentiable: the gradient comes back in t's dtype
+}
+
+} // namespace detail
+
+UnshardHandle::UnshardHandle(std::shared_ptr<detail::FSDPParamGroup> group)
+    : group_(std::move(group)) {}
+
+void UnshardHandle::wait() {
+  if (group_) {
+    group_->finish_unshard();
+  }
+}
+
+UnshardHandle FSDPModule::unshard(bool async_op) {
+  group_->unshard(async_op, /*background=*/async_op);
+  return UnshardHandle(group_);
 }
 void FSDPModule::reshard() {
   group_->reshard();
@@ -250,7 +376,35 @@ void FSDPModule::reshard() {
 void FSDPModule::set_requires_gradient_sync(bool sync, bool recurse) {
   for (auto& g : units_under(group_, recurse)) {
     g->requires_gradient_sync = sync;
+    g->requires_all_reduce = sync;
   }
+}
+
+void FSDPModule::set_requires_all_reduce(bool requires_all_reduce, bool recurse) {
+  for (auto& g : units_under(group_, recurse)) {
+    g->requires_all_reduce = requires_all_reduce;
+  }
+}
+
+void FSDPModule::set_is_last_backward(bool is_last_backward) {
+  group_->root().is_last_backward = is_last_backward;
+}
+
+void FSDPModule::set_post_optim_event(c10::Event event) {
+  detail::FSDPParamGroup& root = group_->root();
+  DTENSOR_CHECK(event.device_type() == root.mesh.device_type(),
+                "set_post_optim_event: the event is a {} event but unit '{}' runs on a {} mesh",
+                c10::DeviceTypeName(event.device_type(), /*lower_case=*/true), root.name,
+                c10::DeviceTypeName(root.mesh.device_type(), /*lower_case=*/true));
+  root.post_optim_event = std::make_shared<c10::Event>(std::move(event));
+}
+
+bool FSDPModule::has_post_optim_event() const {
+  return group_->root().post_optim_event != nullptr;
+}
+
+void FSDPModule::set_unshard_in_backward(bool unshard_in_backward) {
+  group_->unshard_in_backward = unshard_in_backward;
 }
 
 void FSDPModule::set_reshard_after_forward(bool reshard, bool recurse) {
@@ -322,10 +476,10 @@ void FSDPModule::register_comm_hook(CommHookState state, CommHook hook) {
                 root.name, hook.name);
   const auto units = units_under(group_, /*recurse=*/true);
   for (const auto& g : units) {
-    DTENSOR_CHECK(!g->replicate_group,
-                  "register_comm_hook on unit '{}': Communication hook is not supported for "
-                  "hybrid strategies (unit '{}' is HSDP on {}); use set_all_reduce_hook",
-                  root.name, g->name, g->mesh.to_string());
+    DTENSOR_CHECK(!g->replicate_group || static_cast<bool>(hook.all_reduce),
+                  "register_comm_hook on unit '{}': hook '{}' has no all_reduce, which HSDP unit "
+                  "'{}' (on {}) needs for its replicate dim ([Note: communication hooks on HSDP])",
+                  root.name, hook.name, g->name, g->mesh.to_string());
     DTENSOR_CHECK(!g->comm_hook, "A communication hook is already registered (unit '{}' has '{}')",
                   g->name, g->comm_hook ? g->comm_hook->second.name : "");
   }
@@ -343,10 +497,19 @@ at::Tensor FSDPModule::clip_grad_norm_(double max_norm, double norm_type, bool e
                 "clip_grad_norm_ should only be called on the root FSDP instance; unit '{}' is "
                 "nested in another",
                 group_->name);
-  auto module = group_->module.lock();
-  DTENSOR_CHECK(module != nullptr, "clip_grad_norm_: the module of unit '{}' no longer exists",
-                group_->name);
-  return dtensor::clip_grad_norm_(module->parameters(), max_norm, norm_type, error_if_nonfinite);
+  std::vector<at::Tensor> params;
+  std::unordered_set<const c10::TensorImpl*> seen; // a grouped unit's modules may share some
+  for (const auto& weak : group_->modules) {
+    auto module = weak.lock();
+    DTENSOR_CHECK(module != nullptr,
+                  "clip_grad_norm_: a module of unit '{}' no longer exists", group_->name);
+    for (const auto& p : module->parameters()) {
+      if (seen.insert(p.unsafeGetTensorImpl()).second) {
+        params.push_back(p);
+      }
+    }
+  }
+  return dtensor::clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite);
 }
 
 const DeviceMesh& FSDPModule::mesh() const {

@@ -4,10 +4,10 @@
 #include <optional>
 
 #include <ATen/ATen.h>
-#include <torch/csrc/distributed/c10d/Work.hpp> // dtensor::Work held in pending collectives
 #include <c10/core/StorageImpl.h>
 #include <c10/util/accumulate.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/csrc/distributed/c10d/Work.hpp> // dtensor::Work held in pending collectives
 
 #include <dtensor/collectives.h>
 #include <dtensor/dtensor.h>
@@ -104,7 +104,9 @@ CommBuffer::CommBuffer(at::Tensor t)
   fsdp_memory().note_peak();
 }
 
-CommBuffer::~CommBuffer() { fsdp_memory().comm -= bytes; }
+CommBuffer::~CommBuffer() {
+  fsdp_memory().comm -= bytes;
+}
 
 // An all-gather in flight: its input is kept alive with the output until it completes
 // ([Note: overlap] in schedule.cpp).
@@ -143,8 +145,7 @@ Work FSDPParamGroup::gather_in_place(const at::Tensor& input, bool async) {
   std::vector<at::Tensor> inputs;
   std::vector<std::vector<at::Tensor>> outputs(static_cast<size_t>(shard_size));
   for (const FSDPParam& fp : params) {
-    inputs.push_back(
-        input.narrow(0, fp.offset, fp.segment_numel()).view(fp.chunk_shape(fp.chunk)));
+    inputs.push_back(input.narrow(0, fp.offset, fp.segment_numel()).view(fp.chunk_shape(fp.chunk)));
     for (int64_t r = 0; r < shard_size; ++r) {
       outputs[static_cast<size_t>(r)].push_back(
           fp.unsharded.narrow(fp.shard_dim, r * fp.chunk, fp.chunk));
@@ -260,10 +261,15 @@ FSDPParam FSDPParamGroup::plan_param(const std::string& fqn, const at::Tensor& p
 // each parameter's view of it. On the meta device (a module built there) neither holds
 // memory until to_empty.
 void FSDPParamGroup::allocate_buffers() {
-  const c10::Device shard_device =
-      options.offload_policy().offload_to_cpu() && !device.is_meta() ? c10::Device(c10::kCPU)
-                                                                       : device;
-  flat_shard = at::zeros({shard_numel}, at::TensorOptions().dtype(orig_dtype).device(shard_device));
+  const bool offload = options.offload_policy().offload_to_cpu() && !device.is_meta();
+  const c10::Device shard_device = offload ? c10::Device(c10::kCPU) : device;
+  // [Note: pinned offload] OffloadPolicy::pin_memory: the offloaded flat shard (and so
+  // every sharded parameter, a view of it) lives in page-locked memory, which the
+  // accelerator copies from asynchronously (fully_shard checked that there is one).
+  const bool pinned = offload && options.offload_policy().pin_memory();
+  flat_shard =
+      at::zeros({shard_numel},
+                at::TensorOptions().dtype(orig_dtype).device(shard_device).pinned_memory(pinned));
   int64_t total = 0;
   for (const FSDPParam& fp : params) {
     total += c10::multiply_integers(fp.shape);
@@ -377,7 +383,7 @@ at::Tensor FSDPParamGroup::allocate_comm(int64_t numel, c10::ScalarType dtype,
   return t.view({numel});
 }
 
-void FSDPParamGroup::unshard(bool async) {
+void FSDPParamGroup::unshard(bool async, bool explicit_background) {
   if (state == ShardState::Unsharding) {
     if (!async) {
       finish_unshard();
@@ -393,7 +399,7 @@ void FSDPParamGroup::unshard(bool async) {
   }
   at::NoGradGuard no_grad;
   auto pending = std::make_shared<PendingGather>(flat_shard.to(device, param_dtype));
-  const bool background = async && overlap;
+  const bool background = async && (overlap || explicit_background);
   if (gathers_in_place()) {
     pending->work = gather_in_place(pending->input, background);
   } else {

@@ -6,6 +6,7 @@
 
 #include <dtensor/collectives.h>
 #include <dtensor/dtensor.h>
+#include <dtensor/grad_hooks.h>
 
 #include "internal/check.h"
 #include "parallel/fsdp/fsdp.h"
@@ -21,9 +22,9 @@ namespace dtensor::detail {
 // until it completes, with what finishing needs.
 struct PendingReduce {
   explicit PendingReduce(at::Tensor in) : input(std::move(in)) {}
-  CommBuffer input;   // the unsharded gradients, one rank's part after another
-  at::Tensor output;  // this rank's reduced shard (reduce dtype)
-  Work work;          // the reduce-scatter (done already on synchronous paths)
+  CommBuffer input;  // the unsharded gradients, one rank's part after another
+  at::Tensor output; // this rank's reduced shard (reduce dtype)
+  Work work;         // the reduce-scatter (done already on synchronous paths)
   DivideFactors factors;
   std::vector<bool> received; // which parameters had a gradient
 };
@@ -143,9 +144,24 @@ at::Tensor FSDPParamGroup::reduce_with_hook(at::Tensor& input) {
                 "fully_shard unit '{}': communication hook '{}' must leave a reduced shard of {} "
                 "elements in `output`, got {}",
                 name, hook.name, shard_numel, output.defined() ? output.numel() : 0);
-  output = output.reshape({shard_numel});
-  run_all_reduce_hook(output);
-  return output;
+  return output.reshape({shard_numel});
+}
+
+// [Note: communication hooks on HSDP] FSDP1 refuses register_comm_hook for hybrid
+// strategies; here a hook serves HSDP units with both its halves: reduce_scatter over the
+// shard dim (state: the registered one, its group the shard group unless given) and
+// all_reduce over the replicate dim (state: the replicate group and its own divide
+// factors). With the built-in hooks each half averages over its dim, so together they
+// average over every data-parallel rank, as native HSDP does.
+void FSDPParamGroup::all_reduce_with_hook(at::Tensor& output) {
+  const auto& [registered, hook] = *comm_hook;
+  at::Tensor reduced = output;
+  hook.all_reduce(resolved_hook_state(CommHookState(), *replicate_group), reduced);
+  DTENSOR_CHECK(reduced.defined() && reduced.numel() == output.numel(),
+                "fully_shard unit '{}': communication hook '{}' must leave the all-reduced shard "
+                "of {} elements in its bucket, got {}",
+                name, hook.name, output.numel(), reduced.defined() ? reduced.numel() : 0);
+  output = reduced.reshape({output.numel()});
 }
 
 void FSDPParamGroup::start_reduce_flat(PendingReduce& pending) {
@@ -173,10 +189,42 @@ void FSDPParamGroup::start_reduce_flat(PendingReduce& pending) {
   }
 }
 
-void FSDPParamGroup::finish_reduce_flat(PendingReduce& pending) {
+// [Note: partial reduce output] FSDP2's set_requires_all_reduce(false), for HSDP gradient
+// accumulation that reduce-scatters every microbatch (freeing the unsharded gradients) but
+// all-reduces over the replicate dim once: each microbatch's reduced shard (pre-divided,
+// not all-reduced, not post-divided) is added into partial_reduce_output and .grad is left
+// alone; the first reduce with the all-reduce on adds the partial to its own shard and
+// all-reduces the sum. Every step is linear, so the result is the all-reduce of the sum.
+// As in FSDP2 the partial outlives optimizer steps and zero_grad: the last microbatch of a
+// step must have the all-reduce on.
+bool FSDPParamGroup::finish_reduce_flat(PendingReduce& pending) {
   pending.work.wait();
-  if (comm_hook) {
-    return; // the hook did the rest
+  if (replicate_group && !requires_all_reduce) {
+    if (partial_reduce_output.defined()) {
+      partial_reduce_output.add_(pending.output);
+      for (size_t i = 0; i < pending.received.size(); ++i) {
+        partial_received[i] = partial_received[i] || pending.received[i];
+      }
+    } else {
+      partial_reduce_output = pending.output;
+      partial_received = pending.received;
+    }
+    return false;
+  }
+  if (partial_reduce_output.defined()) {
+    pending.output.add_(partial_reduce_output);
+    for (size_t i = 0; i < pending.received.size(); ++i) {
+      pending.received[i] = pending.received[i] || partial_received[i];
+    }
+    partial_reduce_output = at::Tensor();
+    partial_received.clear();
+  }
+  if (comm_hook) { // the hook divided; [Note: communication hooks on HSDP]
+    if (replicate_group) {
+      all_reduce_with_hook(pending.output);
+    }
+    run_all_reduce_hook(pending.output);
+    return true;
   }
   const DivideFactors& f = pending.factors;
   if (replicate_group) {
@@ -186,6 +234,7 @@ void FSDPParamGroup::finish_reduce_flat(PendingReduce& pending) {
   if (f.post != 1) {
     pending.output.div_(f.post);
   }
+  return true;
 }
 
 void FSDPParamGroup::accumulate_shard_grads(at::Tensor output, const std::vector<bool>& received) {
@@ -213,6 +262,11 @@ void FSDPParamGroup::accumulate_shard_grads(at::Tensor output, const std::vector
       g = make_dtensor(local, spec);
     }
   }
+  for (size_t i = 0; i < params.size(); ++i) { // FSDP2: once .grad is final
+    if (received[i]) {
+      run_post_accumulate_grad_hooks(params[i].param);
+    }
+  }
 }
 
 void FSDPParamGroup::reduce_grads() {
@@ -237,8 +291,9 @@ void FSDPParamGroup::reduce_grads() {
 
 void FSDPParamGroup::finish_reduce(PendingReduce& pending) {
   at::NoGradGuard no_grad;
-  finish_reduce_flat(pending);
-  accumulate_shard_grads(pending.output, pending.received);
+  if (finish_reduce_flat(pending)) {
+    accumulate_shard_grads(pending.output, pending.received);
+  }
 }
 
 } // namespace dtensor::detail

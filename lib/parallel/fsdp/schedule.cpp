@@ -2,6 +2,9 @@
 // backward use the units, prefetching, and the reduce-scatters in flight.
 #include <algorithm>
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include "internal/check.h"
 #include "parallel/fsdp/fsdp.h"
 
 namespace dtensor::detail {
@@ -96,7 +99,7 @@ void prefetch(FSDPParamGroup& group, bool in_backward) {
   const auto& listed = in_backward ? group.backward_prefetch : group.forward_prefetch;
   if (!listed.empty()) {
     for (const auto& w : listed) {
-      if (auto g = w.lock()) {
+      if (auto g = w.lock(); g && (!in_backward || g->unshard_in_backward)) {
         g->unshard(/*async=*/true);
       }
     }
@@ -106,6 +109,9 @@ void prefetch(FSDPParamGroup& group, bool in_backward) {
     return;
   }
   if (auto g = implicit_target(group, in_backward); g && g.get() != &group) {
+    if (in_backward && !g->unshard_in_backward) {
+      return; // FSDPModule::set_unshard_in_backward(false)
+    }
     g->unshard(/*async=*/true);
   }
 }
@@ -123,16 +129,35 @@ void reshard_finished_units(const FSDPParamGroup& group) {
 void finish_oldest_reduce(FSDPRegistry& reg) {
   InFlightReduce r = std::move(reg.reducing.front());
   reg.reducing.erase(reg.reducing.begin());
+  reg.carried = reg.carried > 0 ? reg.carried - 1 : 0;
   r.group->finish_reduce(*r.pending);
 }
 
+// [Note: is_last_backward] FSDPModule::set_is_last_backward(false) on a root: its
+// reduce-scatters still in flight at the end of a backward stay in flight (FSDP2 leaves
+// the streams unsynchronized); the next reduce that needs room, or the end of a backward
+// with it true, completes them. `carried` counts them (the oldest of `reducing`), so that
+// a failed backward after one drops only its own.
+bool waits_at_end(const std::vector<InFlightReduce>& reducing) {
+  for (const auto& r : reducing) {
+    if (r.group->root().is_last_backward) {
+      return true;
+    }
+  }
+  return false;
+}
+
 void end_of_backward() {
-  fsdp_registry().end_of_backward.ran();
+  FSDPRegistry& reg = fsdp_registry();
+  reg.end_of_backward.ran();
   auto units = live_units();
   for (auto& g : units) {
     g->end_backward();
   }
-  fsdp_finish_reduces();
+  if (waits_at_end(reg.reducing)) {
+    fsdp_finish_reduces();
+  }
+  reg.carried = reg.reducing.size();
   for (auto& g : units) {
     g->backward_used = false;
     if (g->reshard_after_backward) {
@@ -170,6 +195,9 @@ namespace {
 // collective's Work is declared after its buffers: destroyed first, it waits for the
 // collective before they go (errors are printed, not thrown).
 void discard_failed_backward(FSDPRegistry& reg) {
+  while (reg.carried > 0) {
+    finish_oldest_reduce(reg); // from an earlier backward ([Note: is_last_backward])
+  }
   reg.reducing.clear();
   for (auto& g : live_units()) {
     g->drop_backward_state();
@@ -183,13 +211,36 @@ void fsdp_queue_final_callback() {
   reg.end_of_backward.queue([&reg] { discard_failed_backward(reg); }, end_of_backward);
 }
 
+namespace {
+
+// FSDPModule::set_post_optim_event: the current stream waits for it before forward's first
+// all-gather (collectives run on the current stream), once.
+void wait_for_post_optim_event(FSDPParamGroup& root) {
+  if (!root.post_optim_event) {
+    return;
+  }
+  const std::shared_ptr<c10::Event> event = std::move(root.post_optim_event);
+  root.post_optim_event = nullptr;
+  if (event->was_marked_for_recording()) { // else there is nothing to wait for
+    event->block(c10::impl::getDeviceGuardImpl(event->device_type())->getStream(event->device()));
+  }
+}
+
+} // namespace
+
 void fsdp_before_use(FSDPParamGroup& group, bool in_backward) {
   bool first_use = false;
   if (in_backward) {
+    DTENSOR_CHECK(group.unshard_in_backward,
+                  "fully_shard unit '{}': backward reads its parameters, but the unit was set "
+                  "not to unshard in backward (set_unshard_in_backward(false)); only a unit whose "
+                  "backward needs no parameter values (an embedding) may skip it",
+                  group.name);
     fsdp_queue_final_callback();
     first_use = !group.backward_used;
     group.backward_used = true;
   } else {
+    wait_for_post_optim_event(group.root());
     reshard_finished_units(group);
     first_use = !group.forward_used;
     group.forward_used = true;

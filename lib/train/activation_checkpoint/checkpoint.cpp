@@ -1,5 +1,5 @@
-// dtensor::checkpoint (dtensor/activation_checkpoint.h): a function's activations dropped
-// after forward and recomputed in backward.
+// dtensor::activation_checkpoint (dtensor/activation_checkpoint.h): a function's activations
+// dropped after forward and recomputed in backward.
 #include <dtensor/activation_checkpoint.h>
 
 #include <optional>
@@ -81,7 +81,7 @@ struct RandomStates {
 
 struct CheckpointState : torch::CustomClassHolder {
   CheckpointFn fn;
-  CheckpointOptions options;
+  ActivationCheckpointOptions options;
   std::optional<RandomStates> random;
   detail::SavedOps saved; // selective checkpointing's saved outputs
   // The batch slice dtensor's random ops drew for in forward ([Note: batch slices] in
@@ -119,7 +119,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     }
     std::vector<at::Tensor> outputs = run(*state, inputs, /*recompute=*/false);
     for (size_t i = 0; i < outputs.size(); ++i) {
-      DTENSOR_CHECK(outputs[i].defined(), "checkpoint: output {} of the function is undefined", i);
+      DTENSOR_CHECK(outputs[i].defined(),
+                    "activation_checkpoint: output {} of the function is undefined", i);
     }
     ctx->save_for_backward(inputs);
     ctx->saved_data["state"] = c10::IValue::make_capsule(state);
@@ -155,8 +156,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       }
     }
     DTENSOR_CHECK(outputs.size() == grads.size(),
-                  "checkpoint: the recompute gave {} outputs, forward gave {}", outputs.size(),
-                  grads.size());
+                  "activation_checkpoint: the recompute gave {} outputs, forward gave {}",
+                  outputs.size(), grads.size());
     std::vector<at::Tensor> roots;
     std::vector<at::Tensor> root_grads;
     for (size_t i = 0; i < outputs.size(); ++i) {
@@ -181,9 +182,10 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 
 } // namespace
 
-std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, const std::vector<at::Tensor>& inputs,
-                                   const CheckpointOptions& options) {
-  DTENSOR_CHECK(fn != nullptr, "checkpoint: no function");
+std::vector<at::Tensor> activation_checkpoint(const CheckpointFn& fn,
+                                              const std::vector<at::Tensor>& inputs,
+                                              const ActivationCheckpointOptions& options) {
+  DTENSOR_CHECK(fn != nullptr, "activation_checkpoint: no function");
   if (!at::GradMode::is_enabled()) {
     return fn(inputs); // nothing will be differentiated: nothing to save or drop
   }
@@ -197,18 +199,19 @@ std::vector<at::Tensor> checkpoint(const CheckpointFn& fn, const std::vector<at:
   return CheckpointFunction::apply(at::TensorList(args), state);
 }
 
-at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn,
-                      const at::Tensor& input, const CheckpointOptions& options) {
-  DTENSOR_CHECK(fn != nullptr, "checkpoint: no function");
+at::Tensor activation_checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn,
+                                 const at::Tensor& input,
+                                 const ActivationCheckpointOptions& options) {
+  DTENSOR_CHECK(fn != nullptr, "activation_checkpoint: no function");
   // `fn` by value: the recompute calls it after this returns.
-  auto outs = checkpoint(
+  auto outs = activation_checkpoint(
       [fn](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{fn(in[0])}; },
       {input}, options);
   return outs[0];
 }
 
 at::Tensor CheckpointWrapperImpl::forward(const at::Tensor& x) {
-  return checkpoint(forward_, x, options_);
+  return activation_checkpoint(forward_, x, options_);
 }
 
 } // namespace dtensor

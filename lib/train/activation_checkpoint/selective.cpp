@@ -1,4 +1,4 @@
-// Selective activation checkpointing: the op mode behind CheckpointOptions::policy.
+// Selective activation checkpointing: the op mode behind ActivationCheckpointOptions::policy.
 #include "train/activation_checkpoint/selective.h"
 
 #include <mutex>
@@ -174,12 +174,13 @@ void mode_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::j
     run_below(*m, op, ks, stack);
     return;
   }
-  DTENSOR_CHECK(s.next < s.entries.size() && s.entries[s.next].op == op.operator_name(),
-                "checkpoint: the recompute ran {} where forward ran {} (saved op {} of {}); a "
-                "checkpointed function must run the same ops each time",
-                op_full_name(op),
-                s.next < s.entries.size() ? c10::toString(s.entries[s.next].op) : "nothing more",
-                s.next + 1, s.entries.size());
+  DTENSOR_CHECK(
+      s.next < s.entries.size() && s.entries[s.next].op == op.operator_name(),
+      "activation_checkpoint: the recompute ran {} where forward ran {} (saved op {} of {}); a "
+      "checkpointed function must run the same ops each time",
+      op_full_name(op),
+      s.next < s.entries.size() ? c10::toString(s.entries[s.next].op) : "nothing more", s.next + 1,
+      s.entries.size());
   torch::jit::drop(*stack, op.schema().arguments().size());
   for (auto& v : s.entries[s.next].outputs) {
     stack->push_back(std::move(v));
@@ -251,11 +252,12 @@ SelectiveReplayGuard::~SelectiveReplayGuard() {
 
 void SelectiveReplayGuard::finish() {
   const SavedOps& s = *mode_->saved;
-  DTENSOR_CHECK(s.next == s.entries.size(),
-                "checkpoint: the recompute used {} of the {} saved op outputs (next: {}); the "
-                "function must run the same ops in the recompute as in forward",
-                s.next, s.entries.size(),
-                s.next < s.entries.size() ? c10::toString(s.entries[s.next].op) : "");
+  DTENSOR_CHECK(
+      s.next == s.entries.size(),
+      "activation_checkpoint: the recompute used {} of the {} saved op outputs (next: {}); the "
+      "function must run the same ops in the recompute as in forward",
+      s.next, s.entries.size(),
+      s.next < s.entries.size() ? c10::toString(s.entries[s.next].op) : "");
 }
 
 } // namespace detail

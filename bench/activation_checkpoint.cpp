@@ -1,0 +1,139 @@
+// Training step time and peak memory of the Transformer under fully_shard with activation
+// checkpointing none / full / selective: the dtensor side of bench/activation_checkpoint.py,
+// which runs PyTorch FSDP2 + checkpoint_wrapper on the same model alternately with it.
+// Run under torchrun. Model: models/fsdp_models.h's Transformer (PyTorch's test
+// Transformer), fully_shard per block and the root over all ranks, AdamW + clip, random
+// tokens [batch, seq] per rank, dropout 0.1.
+// Flags: --ac none|full|selective, --dim D, --layers L, --seq S, --batch B, --steps N,
+// --warmup N.
+// Rank 0 prints "RESULT <json>": per-step times (ms) and the peak bytes allocated during
+// one more (untimed) step beyond what lived at its start, counted by a CPU allocator that
+// wraps LibTorch's (every tensor allocation of the process).
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/adamw.h>
+
+#include <dtensor/all.h>
+
+#include <models/fsdp_models.h>
+#include <support/cpu_memory.h>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Flags {
+  std::string ac = "none";
+  int64_t dim = 256, layers = 4, seq = 128, batch = 8;
+  int steps = 5, warmup = 2;
+};
+
+Flags parse(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    const char* v = argv[i + 1];
+    if (k == "--ac") {
+      f.ac = v;
+    } else if (k == "--dim" || k == "--layers" || k == "--seq" || k == "--batch") {
+      int64_t& x = k == "--dim"      ? f.dim
+                   : k == "--layers" ? f.layers
+                   : k == "--seq"    ? f.seq
+                                     : f.batch;
+      x = std::atoll(v);
+    } else if (k == "--steps") {
+      f.steps = std::atoi(v);
+    } else if (k == "--warmup") {
+      f.warmup = std::atoi(v);
+    } else {
+      std::fprintf(stderr, "bench_activation_checkpoint: unknown flag %s\n", k.c_str());
+      std::exit(2);
+    }
+  }
+  return f;
+}
+
+std::optional<dtensor::ActivationCheckpointOptions> ac_options(const std::string& mode) {
+  if (mode == "full") {
+    return dtensor::ActivationCheckpointOptions();
+  }
+  if (mode == "selective") { // torchtitan's "op" mode: matmuls and attention saved
+    return dtensor::ActivationCheckpointOptions().policy(
+        dtensor::save_ops({"aten::mm", "aten::addmm", "aten::bmm",
+                           "aten::_scaled_dot_product_flash_attention_for_cpu"}));
+  }
+  if (mode != "none") {
+    std::fprintf(stderr, "bench_activation_checkpoint: --ac none|full|selective, not %s\n",
+                 mode.c_str());
+    std::exit(2);
+  }
+  return std::nullopt;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  const Flags f = parse(argc, argv);
+  at::set_num_threads(1);
+  auto& memory = dtensor::testing::CountingCPUAllocator::install();
+  dtensor::init_process_group();
+  const int world = dtensor::get_world_size();
+  auto mesh = dtensor::init_device_mesh(c10::kCPU, {world}, {"dp"});
+  const int64_t vocab = 256;
+  torch::manual_seed(0);
+  dtensor::models::Transformer model(dtensor::models::ModelArgs()
+                                         .vocab_size(vocab)
+                                         .max_seq_len(f.seq)
+                                         .dim(f.dim)
+                                         .n_layers(f.layers)
+                                         .n_heads(4)
+                                         .dropout_p(0.1)
+                                         .activation_checkpoint(ac_options(f.ac)));
+  for (auto& layer : *model->layers) {
+    dtensor::fully_shard(*layer, dtensor::FullyShardOptions().mesh(mesh));
+  }
+  auto root = dtensor::fully_shard(*model, dtensor::FullyShardOptions().mesh(mesh));
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  const int rank = dtensor::get_rank();
+  auto step = [&](int i) {
+    opt.zero_grad();
+    at::manual_seed(100 + i + 7 * rank);
+    auto tokens = at::randint(vocab, {f.batch, f.seq}, at::kLong);
+    auto targets = at::randint(vocab, {f.batch, f.seq}, at::kLong);
+    torch::nn::functional::cross_entropy(model->forward(tokens).view({-1, vocab}), targets.view(-1))
+        .backward();
+    root.clip_grad_norm_(1.0);
+    opt.step();
+  };
+  for (int i = 0; i < f.warmup; ++i) {
+    step(i);
+  }
+  std::vector<double> ms;
+  for (int i = 0; i < f.steps; ++i) {
+    dtensor::barrier(dtensor::world_group());
+    const auto t0 = Clock::now();
+    step(f.warmup + i);
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  dtensor::barrier(dtensor::world_group());
+  memory.mark();
+  step(f.warmup + f.steps);
+  const int64_t peak = memory.window_peak();
+  if (rank == 0) {
+    std::string list;
+    for (double m : ms) {
+      list += (list.empty() ? "" : ", ") + std::to_string(m);
+    }
+    std::printf("RESULT {\"step_ms\": [%s], \"peak_bytes\": %lld}\n", list.c_str(),
+                static_cast<long long>(peak));
+    std::fflush(stdout);
+  }
+  return 0;
+}
