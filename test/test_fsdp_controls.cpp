@@ -398,8 +398,8 @@ TORCH_MODULE(TiedOut);
 struct TiedImpl : torch::nn::Module {
   TiedImpl()
       : tok(register_module("tok", torch::nn::Embedding(12, 8))),
-        blocks(register_module("blocks", torch::nn::Sequential(torch::nn::Linear(8, 8),
-                                                                torch::nn::Linear(8, 8)))),
+        blocks(register_module(
+            "blocks", torch::nn::Sequential(torch::nn::Linear(8, 8), torch::nn::Linear(8, 8)))),
         out(register_module("out", TiedOut(tok->weight))) {}
   at::Tensor forward(const at::Tensor& tokens) { return out(blocks->forward(tok(tokens))); }
   torch::nn::Embedding tok;
@@ -423,8 +423,8 @@ TEST_CASE("fsdp controls: fully_shard over a group of modules manages a tied wei
   for (auto& block : model->blocks->children()) {
     dtensor::fully_shard(*block, FullyShardOptions().mesh(dp));
   }
-  auto ends = dtensor::fully_shard({model->tok.ptr(), model->out.ptr()},
-                                   FullyShardOptions().mesh(dp));
+  auto ends =
+      dtensor::fully_shard({model->tok.ptr(), model->out.ptr()}, FullyShardOptions().mesh(dp));
   auto root = dtensor::fully_shard(*model, FullyShardOptions().mesh(dp));
   REQUIRE(ends.managed_parameters().size() == 1); // the tied weight, once
   REQUIRE(dtensor::fsdp_module(*model->out)->managed_parameters()[0].is_same(model->tok->weight));
@@ -474,8 +474,88 @@ TEST_CASE("fsdp controls: fully_shard over a group of modules manages a tied wei
     }
   }
   torch::nn::Linear lone(2, 2);
-  REQUIRE_THROWS_WITH(dtensor::fully_shard({lone.ptr(), lone.ptr()}),
-                      contains("is listed twice"));
+  REQUIRE_THROWS_WITH(dtensor::fully_shard({lone.ptr(), lone.ptr()}), contains("is listed twice"));
   REQUIRE_THROWS_WITH(dtensor::fully_shard(std::vector<std::shared_ptr<torch::nn::Module>>{}),
                       contains("the list of modules to group is empty"));
+}
+
+namespace {
+
+// A unit's padded flat shard, in elements: per parameter ceil(dim0 / S) rows (torch.chunk).
+int64_t flat_shard_numel(const FSDPModule& unit, int64_t shard_size) {
+  int64_t n = 0;
+  for (const auto& p : unit.managed_parameters()) {
+    const auto shape = p.sizes().vec(); // a DTensor's sizes are the global ones
+    const int64_t rows = shape[0];
+    const int64_t row_numel = rows == 0 ? 0 : c10::multiply_integers(shape) / rows;
+    n += (rows + shard_size - 1) / shard_size * row_numel;
+  }
+  return n;
+}
+
+} // namespace
+
+TEST_CASE("fsdp controls: reshard_after_forward as an int reshards to a smaller group",
+          "[fsdp_controls][world4]") {
+  auto dp = init_device_mesh(device_type(), {world()}, {"dp"});
+  const int64_t S = world();
+  for (int k : {2, 1, 4}) {
+    INFO("reshard_after_forward " << k);
+    Job j = make_job(FullyShardOptions().mesh(dp).reshard_after_forward(k));
+    torch::optim::SGD opt(j.model->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::SGD ref_opt(j.plain->parameters(), torch::optim::SGDOptions(0.1));
+    for (int step = 0; step < 2; ++step) {
+      // (Relative: earlier cases' units may still hold unsharded bytes in this process.)
+      const int64_t before = dtensor::fsdp_memory_stats().unsharded_bytes;
+      at::Tensor loss;
+      {
+        CommDebugMode fwd;
+        loss = loss_of(j.model, batch(rank(), step));
+        REQUIRE(fwd.count("dp", CollectiveKind::AllGather) == 4);
+      }
+      // After forward each block keeps S / k of its flat shards (k = 2: two of four), the
+      // root stays unsharded; k = 1: blocks stay whole; k = S: nothing kept.
+      int64_t expected = j.root.unsharded_storage_bytes();
+      for (auto& b : j.blocks) {
+        const int64_t kept = k == 1 ? b.unsharded_storage_bytes() : 0;
+        REQUIRE((kept > 0) == (k == 1));
+        expected += k == 2 ? (S / k) * flat_shard_numel(b, S) * 4 : kept;
+      }
+      REQUIRE(dtensor::fsdp_memory_stats().unsharded_bytes - before == expected);
+      CommDebugMode bwd;
+      loss.backward();
+      if (k == 2) { // backward gathers the blocks over pairs of ranks, with S / k shards each
+        REQUIRE(bwd.count("post_forward", CollectiveKind::AllGather) == 3);
+        REQUIRE(bwd.count("dp", CollectiveKind::AllGather) == 0);
+        size_t b = 3;
+        for (const auto& rec : bwd.records()) {
+          if (rec.group == "post_forward") {
+            --b;
+            REQUIRE(rec.ranks == std::vector<int>{rank() / 2 * 2, rank() / 2 * 2 + 1});
+            REQUIRE(rec.bytes_in == (S / k) * flat_shard_numel(j.blocks[b], S) * 4);
+          }
+        }
+      } else {
+        REQUIRE(bwd.count(CollectiveKind::AllGather) == (k == S ? 3 : 0));
+      }
+      REQUIRE(bwd.count("dp", CollectiveKind::ReduceScatter) == 4); // over all S ranks
+      REQUIRE(dtensor::fsdp_memory_stats().unsharded_bytes == before);
+      plain_backward(j, step);
+      require_grads_match(j);
+      opt.step();
+      ref_opt.step();
+      opt.zero_grad();
+      ref_opt.zero_grad();
+    }
+    auto p = j.model->parameters();
+    auto q = j.plain->parameters();
+    for (size_t i = 0; i < p.size(); ++i) {
+      REQUIRE(close(full_value(p[i]), q[i]));
+    }
+  }
+  torch::nn::Linear lin(4, 4);
+  lin->to(options().device());
+  REQUIRE_THROWS_WITH(
+      dtensor::fully_shard(*lin, FullyShardOptions().mesh(dp).reshard_after_forward(3)),
+      contains("a factor of the shard dim's size 4; got 3"));
 }

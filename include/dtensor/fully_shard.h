@@ -54,13 +54,32 @@ struct OffloadPolicy {
   TORCH_ARG(bool, pin_memory) = false;
 };
 
+// FSDP2's reshard_after_forward: a bool, or an int k, the size of the group the unit is
+// resharded to after forward: each rank keeps the piece that it and its k - 1 neighbouring
+// shard ranks rebuild the unit from, so backward all-gathers over k ranks (one host's, say)
+// instead of all of them, holding S / k of the unit per rank meanwhile (S: the shard dim's
+// size). k must divide S; 1 means false, S means true. docs/fsdp.md "Options".
+class ReshardAfterForward {
+ public:
+  ReshardAfterForward(bool reshard) : reshard_(reshard) {} // NOLINT(google-explicit-constructor)
+  ReshardAfterForward(int group_size) : group_size_(group_size) {}     // NOLINT
+  ReshardAfterForward(int64_t group_size) : group_size_(group_size) {} // NOLINT
+  bool is_group_size() const { return group_size_ >= 0; }
+  int64_t group_size() const { return group_size_; }
+  bool reshard() const { return reshard_; }
+
+ private:
+  bool reshard_ = true;
+  int64_t group_size_ = -1; // -1: a bool
+};
+
 struct FullyShardOptions {
   // 1-D: FSDP, parameters Shard(0) over the mesh. 2-D: HSDP, (Replicate, Shard(0)):
   // sharded over dim 1, replicated over dim 0. Default: a 1-D mesh over the world.
   TORCH_ARG(DeviceMesh, mesh);
   // Free the unsharded parameters after this unit's forward (default: true, except for
-  // the root, which backward needs first).
-  TORCH_ARG(std::optional<bool>, reshard_after_forward) = std::nullopt;
+  // the root, which backward needs first); or an int: ReshardAfterForward above.
+  TORCH_ARG(std::optional<ReshardAfterForward>, reshard_after_forward) = std::nullopt;
   TORCH_ARG(MixedPrecisionPolicy, mp_policy);
   TORCH_ARG(OffloadPolicy, offload_policy);
   // Parameters left as they are: not sharded, gradients not reduced.

@@ -43,10 +43,13 @@ struct FsdpTag {
 
 // Unsharding: the unit's all-gather is in flight (a prefetch); its unsharded buffer is
 // filled when the unit is first needed ([Note: overlap] in lib/parallel/fsdp/schedule.cpp).
-enum class ShardState { Sharded, Unsharding, Unsharded };
+// ShardedPostForward: freed after forward but for the piece a smaller group rebuilds it
+// from ([Note: reshard to a smaller group] in post_forward.cpp).
+enum class ShardState { Sharded, ShardedPostForward, Unsharding, Unsharded };
 
-struct PendingGather; // an all-gather in flight (param_group.cpp)
-struct PendingReduce; // a reduce-scatter in flight (reduce.cpp)
+struct PendingGather;    // an all-gather in flight (param_group.cpp)
+struct PendingReduce;    // a reduce-scatter in flight (reduce.cpp)
+struct PostForwardPiece; // what a unit keeps after forward to a smaller group (post_forward.cpp)
 
 // One managed parameter: where its shard sits in the unit's flat shard, and its unsharded
 // view in the unit's unsharded buffer.
@@ -80,7 +83,7 @@ struct FSDPParam {
 struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
   std::weak_ptr<torch::nn::Module> module;               // the (first) module
   std::vector<std::weak_ptr<torch::nn::Module>> modules; // all of a grouped unit's
-  std::string name; // the module's name, for messages
+  std::string name;                                      // the module's name, for messages
   DeviceMesh mesh;
   Group shard_group;
   std::optional<Group> replicate_group; // HSDP
@@ -112,6 +115,11 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
   std::vector<std::weak_ptr<FSDPParamGroup>> post_order;
 
   std::optional<bool> reshard_after_forward;
+  // reshard_after_forward as an int k (1 < k < shard_size): the k ranks that rebuild the
+  // unit after forward, and this rank's piece while it is ShardedPostForward.
+  int64_t post_forward_size = 0;
+  Group post_forward_group;
+  std::shared_ptr<PostForwardPiece> post_forward_piece;
   bool reshard_after_backward = true;
   bool requires_gradient_sync = true;
   bool requires_all_reduce = true; // HSDP: [Note: partial reduce output] in reduce.cpp
@@ -152,6 +160,13 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
   // Frees the unsharded buffer's storage (views of it, saved by autograd, stay valid and
   // are refilled by the next unshard).
   void reshard();
+  // After this unit's forward: reshard(), or with an int reshard_after_forward keep the
+  // piece for the smaller group (post_forward.cpp).
+  void reshard_after_forward_step();
+  void init_post_forward(int64_t k); // validates k; 1 and shard_size mean false and true
+  void drop_post_forward_piece();
+  at::Tensor take_post_forward_piece();
+  int64_t post_forward_bytes() const;
   int64_t unsharded_storage_bytes() const;
   // What the ops of forward and backward use for params[index]: its unsharded view, or
   // for a tensor-parallel parameter a DTensor over it.

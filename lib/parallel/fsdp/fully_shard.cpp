@@ -148,8 +148,8 @@ void check_params(const std::string& unit_name, const OwnParams& params, const D
         "common ancestor only)",
         unit_name, fqn, it == params.in_children.end() ? "" : it->second);
     DTENSOR_CHECK(detail::fsdp_tag(p) == nullptr,
-                  "fully_shard({}): parameter '{}' is already managed by another unit",
-                  unit_name, fqn);
+                  "fully_shard({}): parameter '{}' is already managed by another unit", unit_name,
+                  fqn);
     const detail::DTensorMeta* dm = detail::dtensor_meta(p);
     // [Note: FSDP x TP] in lib/parallel/fsdp/param_group.cpp: any DTensor on a 1-D mesh beside the
     // data-parallel one (parallelize_module's, distribute_module's, hand-distributed), with
@@ -216,9 +216,9 @@ std::string unit_name(const std::vector<std::shared_ptr<torch::nn::Module>>& mod
 
 // The parameters of all `modules` not held by nested units (each once: a parameter the
 // modules share, a tied weight, is managed once), and those nested units.
-std::pair<OwnParams, ChildUnits> gather_params(
-    const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
-    const FullyShardOptions& options) {
+std::pair<OwnParams, ChildUnits>
+gather_params(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+              const FullyShardOptions& options) {
   OwnParams params;
   ChildUnits children;
   std::unordered_set<const c10::TensorImpl*> seen;
@@ -269,11 +269,17 @@ FSDPModule shard_modules(const std::vector<std::shared_ptr<torch::nn::Module>>& 
   group->name = name;
   group->mesh = mesh;
   group->options = options;
-  group->reshard_after_forward = options.reshard_after_forward();
   if (!params.own.empty()) {
     group->device = params.own.front().second.device();
   }
   group->init_sharded(std::move(params.own));
+  if (const auto& raf = options.reshard_after_forward()) {
+    if (raf->is_group_size()) {
+      group->init_post_forward(raf->group_size());
+    } else {
+      group->reshard_after_forward = raf->reshard();
+    }
+  }
   for (auto& child : children.units) {
     if (child->parent.expired()) {
       child->parent = group;
@@ -410,6 +416,7 @@ void FSDPModule::set_unshard_in_backward(bool unshard_in_backward) {
 void FSDPModule::set_reshard_after_forward(bool reshard, bool recurse) {
   for (auto& g : units_under(group_, recurse)) {
     g->reshard_after_forward = reshard;
+    g->post_forward_size = 0; // a bool replaces an int given to fully_shard
   }
 }
 
@@ -501,8 +508,8 @@ at::Tensor FSDPModule::clip_grad_norm_(double max_norm, double norm_type, bool e
   std::unordered_set<const c10::TensorImpl*> seen; // a grouped unit's modules may share some
   for (const auto& weak : group_->modules) {
     auto module = weak.lock();
-    DTENSOR_CHECK(module != nullptr,
-                  "clip_grad_norm_: a module of unit '{}' no longer exists", group_->name);
+    DTENSOR_CHECK(module != nullptr, "clip_grad_norm_: a module of unit '{}' no longer exists",
+                  group_->name);
     for (const auto& p : module->parameters()) {
       if (seen.insert(p.unsafeGetTensorImpl()).second) {
         params.push_back(p);

@@ -398,18 +398,23 @@ void FSDPParamGroup::unshard(bool async, bool explicit_background) {
     return;
   }
   at::NoGradGuard no_grad;
-  auto pending = std::make_shared<PendingGather>(flat_shard.to(device, param_dtype));
+  // From the piece kept after forward, over its k ranks ([Note: reshard to a smaller
+  // group] in post_forward.cpp), or from the flat shard over the shard group.
+  const bool post_forward = state == ShardState::ShardedPostForward;
+  auto pending = std::make_shared<PendingGather>(post_forward ? take_post_forward_piece()
+                                                              : flat_shard.to(device, param_dtype));
+  const Group& group = post_forward ? post_forward_group : shard_group;
   const bool background = async && (overlap || explicit_background);
-  if (gathers_in_place()) {
+  if (!post_forward && gathers_in_place()) {
     pending->work = gather_in_place(pending->input, background);
   } else {
     pending->buffer.emplace(allocate_comm(shard_size * shard_numel, param_dtype,
                                           custom_all_gather.allocate, "all-gather"));
     at::Tensor& gathered = pending->buffer->tensor;
     if (custom_all_gather.call) {
-      custom_all_gather.call(gathered, pending->input, shard_group);
+      custom_all_gather.call(gathered, pending->input, group);
     } else {
-      pending->work = all_gather_into_tensor(gathered, pending->input, shard_group,
+      pending->work = all_gather_into_tensor(gathered, pending->input, group,
                                              CollectiveOptions().async_op(background));
     }
   }
@@ -450,6 +455,11 @@ void FSDPParamGroup::finish_unshard() {
 
 void FSDPParamGroup::reshard() {
   forward_used = false;
+  drop_post_forward_piece();
+  if (state == ShardState::ShardedPostForward) {
+    state = ShardState::Sharded;
+    return;
+  }
   if (state == ShardState::Unsharding) {
     std::shared_ptr<PendingGather> pending = std::move(gather);
     state = ShardState::Sharded;

@@ -121,7 +121,7 @@ void reshard_finished_units(const FSDPParamGroup& group) {
   for (auto& other : live_units()) {
     if (other.get() != &group && other->forward_used && other->state == ShardState::Unsharded &&
         other->effective_reshard_after_forward() && !other->is_ancestor_of(group)) {
-      other->reshard();
+      other->reshard_after_forward_step();
     }
   }
 }
