@@ -6,9 +6,9 @@
 // tokens [batch, seq] per rank, dropout 0.1.
 // Flags: --ac none|full|selective, --dim D, --layers L, --seq S, --batch B, --steps N,
 // --warmup N.
-// Rank 0 prints "RESULT <json>": per-step times (ms) and the peak bytes allocated during
-// one more (untimed) step beyond what lived at its start, counted by a CPU allocator that
-// wraps LibTorch's (every tensor allocation of the process).
+// Rank 0 prints "RESULT <json>": per-step times (ms) and the peak bytes allocated (net of
+// frees) during one more (untimed) step beyond what lived at its start, counted by a CPU
+// allocator that wraps LibTorch's (every tensor allocation of the process).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -123,9 +123,12 @@ int main(int argc, char** argv) {
     ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   }
   dtensor::barrier(dtensor::world_group());
-  memory.mark();
+  // The peak of what is allocated, net of frees (the previous step's gradients go in
+  // zero_grad), above what lived at the step's start: PyTorch's side measures the same.
+  const int64_t before = memory.live();
+  memory.reset_peak();
   step(f.warmup + f.steps);
-  const int64_t peak = memory.window_peak();
+  const int64_t peak = memory.peak() - before;
   if (rank == 0) {
     std::string list;
     for (double m : ms) {

@@ -11,7 +11,8 @@ The model and step are those of bench/activation_checkpoint.cpp: PyTorch's test 
 selective: torchtitan's "op" policy, matmuls and attention saved) and then fully_shard,
 fully_shard on the root, AdamW + clip_grad_norm_. Time: median of a run's timed steps;
 tables give the median over rounds and the spread (min-max). Memory: the peak of bytes
-allocated on the CPU during one more step beyond what lived at its start. PyTorch side:
+allocated on the CPU (net of frees) during one more step beyond what lived at its start
+(the previous step's gradients, freed by zero_grad, count as freed). PyTorch side:
 the profiler's memory events (torch.profiler, profile_memory=True: "Total Allocated" of the
 CPU allocator's reports); dtensor side: a counting allocator wrapping LibTorch's.
 """

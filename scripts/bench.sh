@@ -34,3 +34,7 @@ echo "## fully_shard step time vs PyTorch FSDP2, overlap on / off, 2 and 4 ranks
 echo
 echo "## memory per rank: meta init and a training step, Transformer on 8 ranks"
 torchrun --standalone --nproc-per-node 8 --no-python "$root/build/bench/bench_meta_init_memory"
+echo
+echo "## activation checkpointing none / full / selective vs PyTorch FSDP2 + checkpoint_wrapper, 2 and 4 ranks"
+"$root/.venv/bin/python" "$root/bench/activation_checkpoint.py" "$root/.venv/bin/torchrun" \
+  "$root/build/bench/bench_activation_checkpoint" --rounds 3 --ranks 2 4

@@ -16,7 +16,20 @@ struct Model {
   std::function<at::Tensor(const at::Tensor&)> forward;
 };
 
-Model make_model(const std::string& name) {
+// "fp32 ac=full" / "fp32 ac=selective": activation checkpointing per block (sc_fsdp.py).
+std::optional<dtensor::ActivationCheckpointOptions> ac_of(const std::string& dtype) {
+  if (dtype.find("ac=full") != std::string::npos) {
+    return dtensor::ActivationCheckpointOptions();
+  }
+  if (dtype.find("ac=selective") != std::string::npos) { // torchtitan's "op" policy
+    return dtensor::ActivationCheckpointOptions().policy(
+        dtensor::save_ops({"aten::mm", "aten::addmm", "aten::bmm",
+                           "aten::_scaled_dot_product_flash_attention_for_cpu"}));
+  }
+  return std::nullopt;
+}
+
+Model make_model(const std::string& name, const std::string& dtype) {
   using namespace dtensor::models;
   if (name == "mlp") {
     auto seq = mlp_stack(16);
@@ -26,7 +39,14 @@ Model make_model(const std::string& name) {
     }
     return m;
   }
-  Transformer t(ModelArgs().n_layers(2).vocab_size(8).max_seq_len(16).dim(16).n_heads(4).dropout_p(0.0));
+  Transformer t(ModelArgs()
+                    .n_layers(2)
+                    .vocab_size(8)
+                    .max_seq_len(16)
+                    .dim(16)
+                    .n_heads(4)
+                    .dropout_p(0.0)
+                    .activation_checkpoint(ac_of(dtype)));
   Model m{t.ptr(), {}, [t](const at::Tensor& x) mutable { return t->forward(x); }};
   for (const auto& layer : t->layers->children()) {
     m.blocks.push_back(layer);
@@ -48,7 +68,7 @@ void load_init(torch::nn::Module& module, const Case& c) {
 void run(Ctx& ctx) {
   for (const Case& c : ctx.cases) {
     const std::string key = c.str("key");
-    Model m = make_model(c.str("model"));
+    Model m = make_model(c.str("model"), c.str("dtype"));
     load_init(*m.module, c);
     const bool hsdp = c.str("layout") == "hsdp";
     auto mesh = hsdp ? ctx.mesh({2, ctx.world / 2}, {"replicate", "shard"})

@@ -1,6 +1,7 @@
 """fully_shard training: MLPStack and the toy Transformer (PyTorch's own test models, from
 torch.testing._internal), several AdamW steps, 1-D FSDP and HSDP, bf16 mixed precision,
-reshard after forward on and off. Per step: each rank's loss, the step's collective counts,
+reshard after forward on and off, activation checkpointing per block (full and selective:
+checkpoint_wrapper in PyTorch, ModelArgs::activation_checkpoint in dtensor). Per step: each rank's loss, the step's collective counts,
 every gradient and every parameter after the step. The reference is the plain model on one
 process stepping on the mean of the ranks' losses."""
 import warnings
@@ -31,10 +32,31 @@ def blocks(model, name):
 
 def configs(world):
     out = [("mlp", "1d", True, "fp32"), ("mlp", "1d", False, "fp32"), ("mlp", "1d", True, "bf16"),
-           ("transformer", "1d", True, "fp32"), ("transformer", "1d", False, "bf16")]
+           ("transformer", "1d", True, "fp32"), ("transformer", "1d", False, "bf16"),
+           ("transformer", "1d", True, "fp32 ac=full"), ("transformer", "1d", True, "fp32 ac=selective")]
     if world == 4:
-        out += [("mlp", "hsdp", True, "fp32"), ("transformer", "hsdp", True, "fp32")]
+        out += [("mlp", "hsdp", True, "fp32"), ("transformer", "hsdp", True, "fp32"),
+                ("transformer", "hsdp", True, "fp32 ac=full")]
     return out
+
+
+# Selective activation checkpointing: torchtitan's "op" policy, the matmuls and attention saved.
+SAVED_OPS = ("mm", "addmm", "bmm", "_scaled_dot_product_flash_attention_for_cpu")
+
+
+def checkpointed(block, ac):
+    """The block under checkpoint_wrapper (non-reentrant), as torchtitan applies AC."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl, checkpoint_wrapper)
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    if ac == "full":
+        return checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+    saved = {getattr(torch.ops.aten, n).default for n in SAVED_OPS}
+
+    def policy(ctx, op, *a, **k):
+        return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
+    return checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+                              context_fn=lambda: create_selective_checkpoint_contexts(policy))
 
 
 def inputs(name, world, step):
@@ -89,7 +111,11 @@ def run_torch(ctx, cases):
             mesh = ctx.mesh([ctx.world], ["dp"])
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
             if c["dtype"] == "bf16" else MixedPrecisionPolicy()
-        for b in blocks(model, name):
+        ac = c["dtype"].split("ac=")[1] if "ac=" in c["dtype"] else None
+        for i, b in enumerate(blocks(model, name)):
+            if ac:  # AC first, then fully_shard of the wrapper (torchtitan's order)
+                b = checkpointed(b, ac)
+                model.layers[i] = b
             fully_shard(b, mesh=mesh, reshard_after_forward=c["reshard"], mp_policy=mp)
         fully_shard(model, mesh=mesh, reshard_after_forward=c["reshard"], mp_policy=mp)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -101,7 +127,20 @@ def run_torch(ctx, cases):
                 loss = model(x).sum()
                 loss.backward()
             ctx.results.tensor(k + " loss#0", loss.float(), m)
-            ctx.results.step(k, model, opt)
+            step(ctx, k, model, opt)
+
+
+def step(ctx, key, model, opt):
+    """Results.step, with checkpoint_wrapper's "_checkpoint_wrapped_module." left out of the
+    names (dtensor checkpoints inside the block: its names do not change)."""
+    def named():
+        return [(n.replace("_checkpoint_wrapped_module.", ""), p)
+                for n, p in model.named_parameters()]
+    for n, p in named():
+        ctx.results.tensor(f"{key} grad {n}#0", p.grad)
+    opt.step()
+    for n, p in named():
+        ctx.results.tensor(f"{key} param {n}#0", p)
 
 
 LAST_UNIT = ("reshard after forward: dtensor frees a unit when forward moves on to another "

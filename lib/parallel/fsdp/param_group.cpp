@@ -125,8 +125,14 @@ struct PendingGather {
 // pieces can name their final places instead: rank r's piece i is parameter i's rows
 // [r * chunk, (r + 1) * chunk) in the unsharded buffer, and Gloo's allgather_coalesced
 // copies each piece there itself, on its own thread, while compute goes on. One copy
-// fewer, no communication buffer, same collective count. Elsewhere (padding, NCCL, a
-// custom all-gather) the buffer and copy-out stay.
+// fewer, no communication buffer, same collective count. Only for an all-gather waited for
+// where it is issued: while one is in flight (a prefetch), allgather_coalesced holds flat
+// temporaries of its input and output besides the unsharded buffer it fills, about 2.5
+// units where the buffer path holds one -- measured at the start of backward, where the
+// activations peak, as 4.7 MB above PyTorch FSDP2's peak for the d = 256 Transformer of
+// bench/activation_checkpoint (docs/benchmarks.md); with the buffer path the peaks are
+// equal to the byte. Elsewhere (prefetches, padding, NCCL, a custom all-gather) the buffer
+// and copy-out stay.
 bool FSDPParamGroup::gathers_in_place() const {
   if (custom_all_gather.call || shard_group.backend_type() != BackendType::Gloo ||
       at::isComplexType(param_dtype)) {
@@ -405,7 +411,7 @@ void FSDPParamGroup::unshard(bool async, bool explicit_background) {
                                                               : flat_shard.to(device, param_dtype));
   const Group& group = post_forward ? post_forward_group : shard_group;
   const bool background = async && (overlap || explicit_background);
-  if (!post_forward && gathers_in_place()) {
+  if (!post_forward && !background && gathers_in_place()) {
     pending->work = gather_in_place(pending->input, background);
   } else {
     pending->buffer.emplace(allocate_comm(shard_size * shard_numel, param_dtype,
