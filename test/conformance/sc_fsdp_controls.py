@@ -16,6 +16,7 @@ from torch.distributed.tensor.debug import CommDebugMode  # noqa: E402
 from torch.testing._internal.common_fsdp import MLPStack  # noqa: E402
 
 from cases_util import gen  # noqa: E402
+from sc_fsdp import ONE_RANK  # noqa: E402  (the same one-rank rule as the fsdp scenario)
 
 STEPS = 2
 MICRO = 3
@@ -152,8 +153,6 @@ LAST_UNIT = ("reshard after forward: dtensor frees a unit when forward moves on 
              "one, so the last unit stays unsharded into backward, which uses it first: one "
              "all-gather fewer per forward (PyTorch frees it after forward and gathers it again)")
 
-ONE_RANK = ("one-rank mesh: PyTorch's FSDP skips its all-gathers (the shard is the whole "
-            "parameter); dtensor issues them as local copies")
 
 
 NOT_LAST = ("set_is_last_backward(false): PyTorch keeps its post-forward order across such "
