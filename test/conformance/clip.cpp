@@ -9,14 +9,7 @@ namespace {
 
 torch::nn::Sequential sharded_model(Ctx& ctx, const Case& c) {
   auto m = dtensor::models::mlp_stack(16);
-  {
-    const c10::IValue init = c["init"];
-    const auto dict = init.toGenericDict();
-    torch::NoGradGuard no_grad;
-    for (auto& item : m->named_parameters()) {
-      item.value().copy_(dict.at(item.key()).toTensor());
-    }
-  }
+  load_init(*m, c);
   auto mesh = c.str("layout") == "hsdp" ? ctx.mesh({2, ctx.world / 2}, {"replicate", "shard"})
                                         : ctx.mesh({ctx.world}, {"dp"});
   const auto opts = dtensor::FullyShardOptions().mesh(mesh);

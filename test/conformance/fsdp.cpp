@@ -54,31 +54,23 @@ Model make_model(const std::string& name, const std::string& dtype) {
   return m;
 }
 
-// The Python's initial values, by parameter name.
-void load_init(torch::nn::Module& module, const Case& c) {
-  const c10::IValue init = c["init"];
-  const auto dict = init.toGenericDict();
-  torch::NoGradGuard no_grad;
-  for (auto& item : module.named_parameters()) {
-    TORCH_CHECK(dict.contains(item.key()), "no initial value for ", item.key());
-    item.value().copy_(dict.at(item.key()).toTensor());
-  }
-}
-
 void run(Ctx& ctx) {
   for (const Case& c : ctx.cases) {
     const std::string key = c.str("key");
     Model m = make_model(c.str("model"), c.str("dtype"));
     load_init(*m.module, c);
     const bool hsdp = c.str("layout") == "hsdp";
-    auto mesh = hsdp ? ctx.mesh({2, ctx.world / 2}, {"replicate", "shard"})
-                     : ctx.mesh({ctx.world}, {"dp"});
+    auto mesh =
+        hsdp ? ctx.mesh({2, ctx.world / 2}, {"replicate", "shard"}) : ctx.mesh({ctx.world}, {"dp"});
     dtensor::MixedPrecisionPolicy mp;
     const bool bf16 = c.str("dtype") == "bf16";
     if (bf16) {
       mp.param_dtype(at::kBFloat16).reduce_dtype(at::kFloat);
     }
-    auto opts = dtensor::FullyShardOptions().mesh(mesh).reshard_after_forward(c["reshard"].toBool()).mp_policy(mp);
+    auto opts = dtensor::FullyShardOptions()
+                    .mesh(mesh)
+                    .reshard_after_forward(c["reshard"].toBool())
+                    .mp_policy(mp);
     for (auto& b : m.blocks) {
       dtensor::fully_shard(*b, opts);
     }

@@ -13,16 +13,6 @@ namespace {
 
 constexpr double kLr = 1e-2;
 
-// The Python's initial values, by parameter name.
-void load_init(torch::nn::Module& module, const Case& c) {
-  const auto dict = c["init"].toGenericDict();
-  torch::NoGradGuard no_grad;
-  for (auto& item : module.named_parameters()) {
-    TORCH_CHECK(dict.contains(item.key()), "no initial value for ", item.key());
-    item.value().copy_(dict.at(item.key()).toTensor());
-  }
-}
-
 void set_flags(dtensor::FSDPModule& root, const std::string& mode, bool last) {
   if (mode == "no_sync") {
     root.set_requires_gradient_sync(last);

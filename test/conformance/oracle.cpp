@@ -73,11 +73,10 @@ std::string name_of(const dtensor::Placement& p) {
     return "R";
   }
   if (p.is_partial()) {
-    static const std::map<dtensor::ReduceOp, std::string> ops = {
-        {dtensor::ReduceOp::Sum, "P"},
-        {dtensor::ReduceOp::Avg, "Pavg"},
-        {dtensor::ReduceOp::Max, "Pmax"},
-        {dtensor::ReduceOp::Min, "Pmin"}};
+    static const std::map<dtensor::ReduceOp, std::string> ops = {{dtensor::ReduceOp::Sum, "P"},
+                                                                 {dtensor::ReduceOp::Avg, "Pavg"},
+                                                                 {dtensor::ReduceOp::Max, "Pmax"},
+                                                                 {dtensor::ReduceOp::Min, "Pmin"}};
     auto it = ops.find(p.reduce_op());
     return it != ops.end() ? it->second : p.to_string();
   }
@@ -183,8 +182,8 @@ void Results::save(const std::string& path) const {
 
 dtensor::DeviceMesh Ctx::mesh(const std::vector<int64_t>& shape, std::vector<std::string> names) {
   if (names.empty()) {
-    names = shape.size() == 1 ? std::vector<std::string>{"x"}
-                              : std::vector<std::string>{"dp", "tp"};
+    names =
+        shape.size() == 1 ? std::vector<std::string>{"x"} : std::vector<std::string>{"dp", "tp"};
   }
   std::string key;
   for (auto s : shape) {
@@ -226,6 +225,15 @@ std::vector<Case> read_cases(const std::string& path) {
 bool register_scenario(const std::string& name, Scenario run) {
   scenarios()[name] = std::move(run);
   return true;
+}
+
+void load_init(torch::nn::Module& module, const Case& c) {
+  const auto dict = c["init"].toGenericDict();
+  torch::NoGradGuard no_grad;
+  for (auto& item : module.named_parameters()) {
+    TORCH_CHECK(dict.contains(item.key()), "no initial value for ", item.key());
+    item.value().copy_(dict.at(item.key()).toTensor());
+  }
 }
 
 } // namespace conformance

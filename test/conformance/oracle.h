@@ -64,12 +64,15 @@ struct Ctx {
   std::vector<Case> cases;
   Results results;
   // A mesh of `shape` over all ranks, named like oracle.py's (x; dp, tp), made once.
-  dtensor::DeviceMesh mesh(const std::vector<int64_t>& shape,
-                           std::vector<std::string> names = {});
+  dtensor::DeviceMesh mesh(const std::vector<int64_t>& shape, std::vector<std::string> names = {});
 
  private:
   std::map<std::string, dtensor::DeviceMesh> meshes_;
 };
+
+// Copies the case's "init" (the Python model's initial values, by parameter name) into
+// `module`'s parameters; a parameter without a value is an error naming it.
+void load_init(torch::nn::Module& module, const Case& c);
 
 using Scenario = std::function<void(Ctx&)>;
 bool register_scenario(const std::string& name, Scenario run);
