@@ -5,7 +5,7 @@
 // Transformer), fully_shard per block and the root over all ranks, AdamW + clip, random
 // tokens [batch, seq] per rank, dropout 0.1.
 // Flags: --ac none|full|selective, --dim D, --layers L, --seq S, --batch B, --steps N,
-// --warmup N.
+// --warmup N, --overlap on|off (FSDPModule::set_communication_overlap; default on).
 // Rank 0 prints "RESULT <json>": per-step times (ms) and the peak bytes allocated (net of
 // frees) during one more (untimed) step beyond what lived at its start, counted by a CPU
 // allocator that wraps LibTorch's (every tensor allocation of the process).
@@ -33,6 +33,7 @@ struct Flags {
   std::string ac = "none";
   int64_t dim = 256, layers = 4, seq = 128, batch = 8;
   int steps = 5, warmup = 2;
+  bool overlap = true;
 };
 
 Flags parse(int argc, char** argv) {
@@ -42,6 +43,8 @@ Flags parse(int argc, char** argv) {
     const char* v = argv[i + 1];
     if (k == "--ac") {
       f.ac = v;
+    } else if (k == "--overlap") {
+      f.overlap = std::string(v) != "off";
     } else if (k == "--dim" || k == "--layers" || k == "--seq" || k == "--batch") {
       int64_t& x = k == "--dim"      ? f.dim
                    : k == "--layers" ? f.layers
@@ -100,6 +103,7 @@ int main(int argc, char** argv) {
     dtensor::fully_shard(*layer, dtensor::FullyShardOptions().mesh(mesh));
   }
   auto root = dtensor::fully_shard(*model, dtensor::FullyShardOptions().mesh(mesh));
+  root.set_communication_overlap(f.overlap);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
   const int rank = dtensor::get_rank();
   auto step = [&](int i) {

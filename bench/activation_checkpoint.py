@@ -141,23 +141,27 @@ def driver(args):
     print(f"Transformer dim {args.dim}, {args.layers} blocks, 4 heads, seq {args.seq}, "
           f"batch {args.batch} per rank, vocab 256; {args.rounds} rounds\n")
     print("| ranks | AC | PyTorch FSDP2 ms | dtensor ms | dtensor / PyTorch | PyTorch peak MiB "
-          "| dtensor peak MiB | dtensor / PyTorch peak |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "| dtensor peak MiB | dtensor / PyTorch peak | overlap off: dtensor / PyTorch "
+          "| overlap off: peak / PyTorch |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for ranks in args.ranks:
         tr = [args.torchrun, "--standalone", "--nproc-per-node", str(ranks)]
         for ac in ("none", "full", "selective"):
-            t, d, tm, dm = [], [], [], []
+            t, d, o, tm, dm, om = [], [], [], [], [], []
             for _ in range(args.rounds):
-                ms, mem = run(tr + [__file__, "--worker", "--ac", ac] + common)
-                t.append(ms)
-                tm.append(mem)
-                ms, mem = run(tr + ["--no-python", args.binary, "--ac", ac] + common)
-                d.append(ms)
-                dm.append(mem)
+                for times, mems, cmd in (
+                        (t, tm, [__file__, "--worker"]),
+                        (d, dm, ["--no-python", args.binary]),
+                        (o, om, ["--no-python", args.binary, "--overlap", "off"])):
+                    ms, mem = run(tr + cmd + ["--ac", ac] + common)
+                    times.append(ms)
+                    mems.append(mem)
             ratio = statistics.median([x / y for x, y in zip(d, t)])
+            off_ratio = statistics.median([x / y for x, y in zip(o, t)])
             mem_ratio = statistics.median(dm) / statistics.median(tm)
+            off_mem_ratio = statistics.median(om) / statistics.median(tm)
             print(f"| {ranks} | {ac} | {fmt(t)} | {fmt(d)} | {ratio:.2f}x | {mib(tm)} | {mib(dm)} "
-                  f"| {mem_ratio:.2f}x |", flush=True)
+                  f"| {mem_ratio:.2f}x | {off_ratio:.2f}x | {off_mem_ratio:.2f}x |", flush=True)
 
 
 def main():

@@ -312,6 +312,10 @@ Work all_gather_into_pieces(std::vector<std::vector<at::Tensor>>& outputs,
              });
 }
 
+bool reduce_scatter_input_free_at_issue(const Group& group) {
+  return group.backend_type() == BackendType::Gloo; // [Note: reduce-scatter input released at issue]
+}
+
 } // namespace detail
 
 at::Tensor all_gather_tensor(const at::Tensor& input, int64_t gather_dim, const Group& group) {

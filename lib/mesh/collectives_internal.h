@@ -18,4 +18,12 @@ Work all_gather_into_pieces(std::vector<std::vector<at::Tensor>>& outputs,
                             std::vector<at::Tensor>& inputs, const Group& group,
                             const CollectiveOptions& options = {});
 
+// [Note: reduce-scatter input released at issue]
+// ProcessGroupGloo's reduce_scatter_tensor clones its input when it is called (it all-reduces
+// the clone and copies this rank's chunk out in wait()), in 2.9.1 and 2.15 alike: the caller
+// may free the input as soon as the call returns, while the collective is still in flight.
+// NCCL reads the input on its stream until the collective completes. True for the first,
+// false for the second (and for any other backend).
+bool reduce_scatter_input_free_at_issue(const Group& group);
+
 } // namespace dtensor::detail

@@ -1,6 +1,8 @@
 // A fully_shard unit's gradients: received unsharded from autograd, reduce-scattered once
 // per backward (maybe left in flight, [Note: overlap] in schedule.cpp), accumulated into
 // the parameters' Shard gradients.
+#include <optional>
+
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Work.hpp> // dtensor::Work held in pending collectives
 
@@ -9,6 +11,7 @@
 #include <dtensor/grad_hooks.h>
 
 #include "internal/check.h"
+#include "mesh/collectives_internal.h"
 #include "parallel/fsdp/fsdp.h"
 #include "parallel/fsdp/memory.h"
 #include "parallel/grad_reduce.h"
@@ -21,8 +24,10 @@ namespace dtensor::detail {
 // A reduce-scatter issued and not finished: the buffers it reads and writes live here
 // until it completes, with what finishing needs.
 struct PendingReduce {
-  explicit PendingReduce(at::Tensor in) : input(std::move(in)) {}
-  CommBuffer input;  // the unsharded gradients, one rank's part after another
+  explicit PendingReduce(at::Tensor in) { input.emplace(std::move(in)); }
+  // The unsharded gradients, one rank's part after another; released at issue where the
+  // backend copied them ([Note: reduce-scatter input released at issue]).
+  std::optional<CommBuffer> input;
   at::Tensor output; // this rank's reduced shard (reduce dtype)
   Work work;         // the reduce-scatter (done already on synchronous paths)
   DivideFactors factors;
@@ -165,7 +170,7 @@ void FSDPParamGroup::all_reduce_with_hook(at::Tensor& output) {
 }
 
 void FSDPParamGroup::start_reduce_flat(PendingReduce& pending) {
-  at::Tensor& input = pending.input.tensor;
+  at::Tensor& input = pending.input->tensor;
   if (comm_hook) {
     pending.output = reduce_with_hook(input);
     return;
@@ -186,6 +191,9 @@ void FSDPParamGroup::start_reduce_flat(PendingReduce& pending) {
   } else {
     pending.work = reduce_scatter_tensor_into(pending.output, input, f.reduce_scatter_op,
                                               shard_group, CollectiveOptions().async_op(overlap));
+    if (reduce_scatter_input_free_at_issue(shard_group)) {
+      pending.input.reset(); // one unit less in flight at the start of backward
+    }
   }
 }
 
@@ -275,7 +283,7 @@ void FSDPParamGroup::reduce_grads() {
   const CommAllocator& allocate = comm_hook ? CommAllocator() : custom_reduce_scatter.allocate;
   auto pending = std::make_shared<PendingReduce>(
       allocate_comm(shard_size * shard_numel, reduce_dtype, allocate, "reduce-scatter"));
-  copy_in_grads(pending->input.tensor);
+  copy_in_grads(pending->input->tensor);
   for (FSDPParam& fp : params) {
     pending->received.push_back(fp.unsharded_grad.defined());
     fp.unsharded_grad = at::Tensor(); // copied in: its memory goes now
