@@ -5,7 +5,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 "$root/scripts/setup.sh" >/dev/null
 configure "$root/build" -Dcuda=disabled -Dbuildtype=debugoptimized
 ninja -C "$root/build" bench/bench_dispatch_overhead bench/bench_fsdp_step bench/bench_clip_grad_norm \
-  bench/bench_checkpoint_io bench/bench_fsdp_overlap bench/bench_meta_init_memory
+  bench/bench_checkpoint_io bench/bench_fsdp_overlap bench/bench_meta_init_memory \
+  bench/bench_activation_checkpoint bench/bench_loss_parallel
 export TORCH_CPP_LOG_LEVEL=${TORCH_CPP_LOG_LEVEL:-WARNING}
 echo "## dispatch overhead, 1 rank"
 "$root/build/bench/bench_dispatch_overhead"
@@ -38,3 +39,7 @@ echo
 echo "## activation checkpointing none / full / selective vs PyTorch FSDP2 + checkpoint_wrapper, 2 and 4 ranks"
 "$root/.venv/bin/python" "$root/bench/activation_checkpoint.py" "$root/.venv/bin/torchrun" \
   "$root/build/bench/bench_activation_checkpoint" --rounds 3 --ranks 2 4
+echo
+echo "## loss parallelism: TP step, vocabulary 32000, LossParallel off / on, 2 and 4 ranks"
+torchrun --standalone --nproc-per-node 2 --no-python "$root/build/bench/bench_loss_parallel"
+torchrun --standalone --nproc-per-node 4 --no-python "$root/build/bench/bench_loss_parallel" | grep -v '^Trans\|^$\|^| ranks\|^| ---'

@@ -117,4 +117,24 @@ using PartitionFn =
 void distribute_module(torch::nn::Module& module, const DeviceMesh& mesh,
                        const PartitionFn& partition_fn = nullptr);
 
+// Loss parallelism, after torch.distributed.tensor.parallel.loss_parallel: while a
+// LossParallel lives (in any thread: the autograd engine's included), cross-entropy --
+// torch::nn::functional::cross_entropy, i.e. log_softmax + nll_loss -- on logits [N, C]
+// (or [C]) whose class dim is Shard on exactly one mesh dim runs on the local shards, and
+// the logits are never gathered. Forward: two all-reduces of N elements for the
+// log-softmax (row max, row sum of exponentials) and one of a scalar for the loss (N
+// elements with reduction none); backward: none. Other mesh dims may shard the batch (a
+// DTensor target then carries the same layout) or replicate. Differences from PyTorch
+// (docs/tensor_parallel.md "Loss parallelism"): reduction mean on a batch-sharded mesh is
+// the global mean (one more scalar all-reduce per batch mesh dim; PyTorch refuses it), and
+// the gradient stays right when the log-probabilities also feed something besides nll_loss.
+class LossParallel {
+ public:
+  LossParallel();
+  ~LossParallel();
+  LossParallel(const LossParallel&) = delete;
+  LossParallel& operator=(const LossParallel&) = delete;
+};
+bool loss_parallel_enabled();
+
 } // namespace dtensor

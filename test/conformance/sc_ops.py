@@ -322,8 +322,6 @@ GATHER_DIM = ("dtensor gathers the reduced dim of max.dim / prod / any: PyTorch'
               "dtensor has no Partial(product) / Partial(or) placement")
 LOSS = ("dtensor computes a mean loss on the whole batch; PyTorch's Partial(avg) of per-shard "
         "means is only right for even batch shards")
-EMBEDDING = ("dtensor gathers a vocabulary-sharded embedding table used outside "
-             "RowwiseParallel; PyTorch uses its MaskPartial placement (no collective). Same value")
 STRIDED = ("PyTorch 2.15 keeps a dimension merged from a sharded one as its _StridedShard placement "
            "(no collective); dtensor has no strided shard yet and gathers the merged dimension "
            "(one all-gather). Same value")
@@ -363,8 +361,6 @@ def by_design(key, t, d, what):
         return GATHER_DIM
     if op in ("cross_entropy", "nll_loss"):
         return LOSS
-    if op == "embedding" and layout[0].split(",")[0] == "S0":
-        return EMBEDDING
     if sum(dc.values()) < sum(tc.values()):
         return FEWER
     if op in ("addmm", "linear", "cat0", "stack", "gather", "index_select", "mul_bcast",

@@ -1,4 +1,4 @@
-// Neural-network ops: softmax / log_softmax, layer norm, embedding, nll_loss (what
+// Neural-network ops: softmax / log_softmax, layer norm, attention, nll_loss (what
 // cross_entropy decomposes to), and their backward kernels.
 #include "internal/check.h"
 #include "tensor/ops/sharding.h"
@@ -154,67 +154,6 @@ OpSharding flash_attention_backward_rule(const OpInfo& info) {
   return s;
 }
 
-// embedding(weight [V, E], indices, ...): a column-sharded (embedding-dim) weight gives an
-// output sharded on its last dim; sharded indices give an output sharded the same way. A
-// vocabulary-sharded weight is gathered (masked partial lookups are not implemented).
-OpSharding embedding_rule(const OpInfo& info) {
-  const DTensorSpec& w = *info.specs[0];
-  const DTensorSpec& idx = *info.specs[1];
-  const size_t n = static_cast<size_t>(info.mesh_ndim());
-  Placements want_w(n, Placement::replicate());
-  Placements want_i(n, Placement::replicate());
-  Placements out(n, Placement::replicate());
-  for (size_t i = 0; i < n; ++i) {
-    if (w.placements[i].is_shard(1) && !idx.placements[i].is_shard()) {
-      want_w[i] = w.placements[i];
-      out[i] = Placement::shard(idx.ndim());
-    } else if (idx.placements[i].is_shard()) {
-      want_i[i] = idx.placements[i];
-      out[i] = idx.placements[i];
-    }
-  }
-  OpSharding s;
-  s.inputs.resize(info.num_args());
-  s.inputs[0] = want_w;
-  s.inputs[1] = want_i;
-  s.outputs.push_back(out);
-  std::vector<int64_t> shape = idx.shape;
-  shape.push_back(w.shape[1]);
-  s.output_shapes.push_back(shape);
-  return s;
-}
-
-// embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale) -> [V, E]
-OpSharding embedding_backward_rule(const OpInfo& info) {
-  const DTensorSpec& g = *info.specs[0];
-  const DTensorSpec& idx = *info.specs[1];
-  const size_t n = static_cast<size_t>(info.mesh_ndim());
-  Placements want_g(n, Placement::replicate());
-  Placements want_i(n, Placement::replicate());
-  Placements out(n, Placement::replicate());
-  for (size_t i = 0; i < n; ++i) {
-    const Placement& gp = g.placements[i];
-    if (gp.is_shard(g.ndim() - 1) && !idx.placements[i].is_shard()) {
-      want_g[i] = gp; // embedding dim sharded: the weight gradient is column-sharded
-      out[i] = Placement::shard(1);
-    } else if (idx.placements[i].is_shard() && gp == idx.placements[i]) {
-      want_g[i] = gp; // rows of the batch split over ranks: partial sums of the gradient
-      want_i[i] = gp;
-      out[i] = Placement::partial(ReduceOp::Sum);
-    } else if (gp.is_partial() && !idx.placements[i].is_shard()) {
-      want_g[i] = gp; // linear in grad_output
-      out[i] = gp;
-    }
-  }
-  OpSharding s;
-  s.inputs.resize(info.num_args());
-  s.inputs[0] = want_g;
-  s.inputs[1] = want_i;
-  s.outputs.push_back(out);
-  s.output_shapes.push_back({info.arg(2).toInt(), g.shape.back()});
-  return s;
-}
-
 } // namespace
 
 // nll_loss_forward / nll_loss_backward (and 2d): all_replicate, computed on whole tensors (a
@@ -226,12 +165,10 @@ void register_nn_ops() {
   register_rule("aten::_log_softmax_backward_data", softmax_backward_rule);
   register_rule("aten::native_layer_norm", layer_norm_rule);
   register_rule("aten::native_layer_norm_backward", layer_norm_backward_rule);
-  register_rule("aten::embedding", embedding_rule);
   register_rule("aten::_fused_sdp_choice", sdp_choice_rule);
   register_rule("aten::_scaled_dot_product_flash_attention_for_cpu", flash_attention_rule);
   register_rule("aten::_scaled_dot_product_flash_attention_for_cpu_backward",
                 flash_attention_backward_rule);
-  register_rule("aten::embedding_dense_backward", embedding_backward_rule);
   register_rule("aten::nll_loss_forward", all_replicate);
   register_rule("aten::nll_loss_backward", all_replicate);
   register_rule("aten::nll_loss2d_forward", all_replicate);

@@ -53,6 +53,7 @@ void register_builtin_rules() {
   register_matmul_ops();
   register_view_ops();
   register_nn_ops();
+  register_embedding_ops();
   register_list_ops();
   register_dim_ops();
   register_random_ops();

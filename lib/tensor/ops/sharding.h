@@ -93,7 +93,8 @@ void register_pointwise_ops(); // unary / binary / ternary, in-place and out=
 void register_reduction_ops(); // sum, mean, amax, amin, linalg_vector_norm
 void register_matmul_ops();   // mm, addmm, bmm, baddbmm
 void register_view_ops();     // t, transpose, view-like
-void register_nn_ops();       // softmax, layer norm, embedding, nll_loss (+ backward)
+void register_nn_ops();       // softmax, layer norm, attention, nll_loss (+ backward)
+void register_embedding_ops(); // embedding (+ backward), vocab-sharded lookups
 void register_list_ops();     // cat, stack, split, unbind
 void register_dim_ops();      // cumsum, sort, topk, var, prod, any, index_select, gather, ...
 void register_random_ops();   // uniform_, normal_, bernoulli, dropout, ... (lib/tensor/random/)
