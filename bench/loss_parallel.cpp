@@ -66,7 +66,8 @@ std::shared_ptr<dtensor::ParallelStyle> style(const dtensor::ParallelStyle& s) {
   if (const auto* c = dynamic_cast<const dtensor::ColwiseParallel*>(&s)) {
     return std::make_shared<dtensor::ColwiseParallel>(*c);
   }
-  return std::make_shared<dtensor::RowwiseParallel>(dynamic_cast<const dtensor::RowwiseParallel&>(s));
+  return std::make_shared<dtensor::RowwiseParallel>(
+      dynamic_cast<const dtensor::RowwiseParallel&>(s));
 }
 
 struct Measured {
@@ -110,8 +111,8 @@ Measured run(const Flags& f, const dtensor::DeviceMesh& tp, bool loss_parallel,
     const bool measured = i == f.warmup + f.steps; // counts and memory: one more step
     at::manual_seed(100 + i);
     auto tokens = at::randint(f.vocab, {f.batch, f.seq}, at::kLong);
-    auto target = dtensor::distribute_tensor(at::randint(f.vocab, {f.batch * f.seq}, at::kLong),
-                                             tp, {dtensor::Placement::replicate()});
+    auto target = dtensor::distribute_tensor(at::randint(f.vocab, {f.batch * f.seq}, at::kLong), tp,
+                                             {dtensor::Placement::replicate()});
     dtensor::barrier(tp.get_group());
     const int64_t before = memory.live();
     memory.reset_peak();
@@ -160,8 +161,10 @@ int main(int argc, char** argv) {
                 static_cast<long long>(f.dim), static_cast<long long>(f.layers),
                 static_cast<long long>(f.vocab), static_cast<long long>(f.batch),
                 static_cast<long long>(f.seq));
-    std::printf("| ranks | LossParallel | collectives / step | of them all-gathers | MB of collective outputs / step "
-                "| peak MiB | step ms | loss |\n| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    std::printf("| ranks | LossParallel | collectives / step | of them all-gathers | MB of "
+                "collective outputs / step "
+                "| peak MiB | step ms | loss |\n| ---: | --- | ---: | ---: | ---: | ---: | ---: | "
+                "---: |\n");
   }
   for (bool on : {false, true}) {
     const Measured m = run(f, tp, on, memory);

@@ -72,6 +72,15 @@ int64_t all_reduce_numel(const CommDebugMode& mode, size_t i) {
   return sizes.at(i);
 }
 
+// On (dp=2, tp=2): logits Shard(0) on dp, Shard(1) on tp; the target Shard(0) on dp.
+struct DpTp {
+  DeviceMesh mesh = init_device_mesh(device_type(), {2, 2}, {"dp", "tp"});
+  Logits l = make_logits(mesh, {Placement::shard(0), Placement::shard(1)});
+  at::Tensor target_plain = target_value();
+  at::Tensor target =
+      dtensor::distribute_tensor(target_plain, mesh, {Placement::shard(0), Placement::replicate()});
+};
+
 } // namespace
 
 TEST_CASE("loss parallel: cross_entropy on class-sharded logits, 1-D mesh",
@@ -112,17 +121,14 @@ TEST_CASE("loss parallel: cross_entropy on class-sharded logits, 1-D mesh",
 
 TEST_CASE("loss parallel: batch sharded on dp, classes on tp; mean is the global mean",
           "[loss_parallel][world4]") {
-  auto mesh = init_device_mesh(device_type(), {2, 2}, {"dp", "tp"});
-  Logits l = make_logits(mesh, {Placement::shard(0), Placement::shard(1)});
-  at::Tensor target_plain = target_value();
-  at::Tensor target = dtensor::distribute_tensor(target_plain, mesh,
-                                                 {Placement::shard(0), Placement::replicate()});
-  at::Tensor want = F::cross_entropy(l.plain, target_plain, ce_options(1, true));
+  DpTp j;
+  Logits& l = j.l;
+  at::Tensor want = F::cross_entropy(l.plain, j.target_plain, ce_options(1, true));
   want.backward();
 
   LossParallel scope;
   CommDebugMode forward;
-  at::Tensor loss = F::cross_entropy(l.dist, target, ce_options(1, true));
+  at::Tensor loss = F::cross_entropy(l.dist, j.target, ce_options(1, true));
   // tp: row max, row sum, the loss; dp: the pair (loss sum, weight total) for the mean.
   REQUIRE(forward.count(CollectiveKind::AllReduce) == 4);
   REQUIRE(forward.total_count() == 4);
@@ -135,23 +141,19 @@ TEST_CASE("loss parallel: batch sharded on dp, classes on tp; mean is the global
   REQUIRE(close(full_value(l.dist.grad()), l.plain.grad()));
 
   // A plain target cannot say how the batch is split.
-  REQUIRE_THROWS_WITH(F::cross_entropy(l.dist, target_plain),
-                      contains("target is a plain tensor") &&
-                          contains("(Shard(0), Replicate())"));
+  REQUIRE_THROWS_WITH(F::cross_entropy(l.dist, j.target_plain),
+                      contains("target is a plain tensor") && contains("(Shard(0), Replicate())"));
 }
 
 TEST_CASE("loss parallel: reduction sum leaves the batch mesh dim Partial",
           "[loss_parallel][world4]") {
-  auto mesh = init_device_mesh(device_type(), {2, 2}, {"dp", "tp"});
-  Logits l = make_logits(mesh, {Placement::shard(0), Placement::shard(1)});
-  at::Tensor target_plain = target_value();
-  at::Tensor target = dtensor::distribute_tensor(target_plain, mesh,
-                                                 {Placement::shard(0), Placement::replicate()});
-  at::Tensor want = F::cross_entropy(l.plain, target_plain, ce_options(2, false));
+  DpTp j;
+  Logits& l = j.l;
+  at::Tensor want = F::cross_entropy(l.plain, j.target_plain, ce_options(2, false));
   want.backward();
   LossParallel scope;
   CommDebugMode mode;
-  at::Tensor loss = F::cross_entropy(l.dist, target, ce_options(2, false));
+  at::Tensor loss = F::cross_entropy(l.dist, j.target, ce_options(2, false));
   REQUIRE(mode.count(CollectiveKind::AllReduce) == 3); // over tp only
   REQUIRE(DTensor(loss).placements() ==
           Placements{Placement::partial(ReduceOp::Sum), Placement::replicate()});
@@ -203,8 +205,8 @@ TEST_CASE("loss parallel: without the scope the logits are gathered (same values
   // Outside the scope a plain target does not mix with DTensors (nor in PyTorch).
   REQUIRE_THROWS_WITH(F::cross_entropy(l.dist, target), contains("mixes DTensors with plain"));
   CommDebugMode mode;
-  at::Tensor loss = F::cross_entropy(
-      l.dist, dtensor::distribute_tensor(target, tp, {Placement::replicate()}));
+  at::Tensor loss =
+      F::cross_entropy(l.dist, dtensor::distribute_tensor(target, tp, {Placement::replicate()}));
   REQUIRE(mode.count(CollectiveKind::AllGather) == 1); // the N x C logits
   REQUIRE(close(full_value(loss), want));
 }

@@ -21,3 +21,4 @@
 #include <dtensor/clip_grad.h>
 #include <dtensor/grad_scaler.h>
 #include <dtensor/activation_checkpoint.h>
+#include <dtensor/user_rules.h>

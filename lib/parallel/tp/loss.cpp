@@ -3,6 +3,7 @@
 // cross_entropy is made of -- _log_softmax, nll_loss_forward and their backwards -- on the
 // local shards with small all-reduces over the mesh dim that shards the classes.
 #include <atomic>
+#include <optional>
 
 #include <ATen/ATen.h>
 #include <ATen/WrapDimUtils.h>
@@ -23,9 +24,15 @@ namespace {
 std::atomic<int> loss_parallel_scopes{0};
 } // namespace
 
-LossParallel::LossParallel() { ++loss_parallel_scopes; }
-LossParallel::~LossParallel() { --loss_parallel_scopes; }
-bool loss_parallel_enabled() { return loss_parallel_scopes.load() > 0; }
+LossParallel::LossParallel() {
+  ++loss_parallel_scopes;
+}
+LossParallel::~LossParallel() {
+  --loss_parallel_scopes;
+}
+bool loss_parallel_enabled() {
+  return loss_parallel_scopes.load() > 0;
+}
 
 } // namespace dtensor
 
@@ -116,8 +123,9 @@ bool all_replicate(const Placements& ps) {
 at::Tensor local_in(const char* op, const char* what, const at::Tensor& t, const DeviceMesh& mesh,
                     const Placements& placements) {
   if (const DTensorMeta* m = dtensor_meta(t)) {
-    DTENSOR_CHECK(m->spec.mesh == mesh, "{} under LossParallel: {} is a DTensor on {}, the logits on {}",
-                  op, what, m->spec.mesh.to_string(), mesh.to_string());
+    DTENSOR_CHECK(m->spec.mesh == mesh,
+                  "{} under LossParallel: {} is a DTensor on {}, the logits on {}", op, what,
+                  m->spec.mesh.to_string(), mesh.to_string());
     return m->spec.placements == placements ? m->local
                                             : redistribute_local(m->local, m->spec, placements);
   }
@@ -189,8 +197,8 @@ bool log_softmax_backward(torch::jit::Stack* stack) {
     return false;
   }
   const at::Tensor& grad_arg = args[0].toTensor();
-  at::Tensor grad = compute_dtype(
-      local_in(op, "grad_output", grad_arg, out->spec.mesh, out->spec.placements));
+  at::Tensor grad =
+      compute_dtype(local_in(op, "grad_output", grad_arg, out->spec.mesh, out->spec.placements));
   at::Tensor row_sums;
   const DTensorMeta* g = dtensor_meta(grad_arg);
   auto tag = g != nullptr ? g->extension<NllGradRowSums>() : nullptr;
@@ -208,32 +216,46 @@ bool log_softmax_backward(torch::jit::Stack* stack) {
   return true;
 }
 
-// What nll_loss's forward and backward share: each row's target, where it lies, its weight.
+// What nll_loss's forward and backward share: the log-probabilities, and for each row
+// where its target lies and its weight.
 struct Rows {
+  const DTensorMeta* x = nullptr; // the log-probabilities
+  int64_t ch = 0;                 // their class dim
+  ClassShard c;
+  at::Tensor lp;       // x's local tensor in the computation dtype
   at::Tensor valid;    // target != ignore_index
   at::Tensor in_range; // the target class lies on this rank (and the row is valid)
   at::Tensor local;    // the target's local class index (0 where not in range)
   at::Tensor weight;   // w[target] where valid, 0 elsewhere (dtype of the computation)
 };
 
-Rows rows_of(const char* op, const DTensorMeta& x, const ClassShard& c, int64_t class_dim,
-             const c10::IValue& target, const c10::IValue& weight, int64_t ignore_index,
-             at::ScalarType dtype) {
-  const DeviceMesh& mesh = x.spec.mesh;
+// nullopt when `self` is not a class-sharded DTensor (not loss parallelism's).
+std::optional<Rows> rows_of(const char* op, const c10::IValue& self, const c10::IValue& target,
+                            const c10::IValue& weight, int64_t ignore_index) {
   Rows r;
+  r.x = dtensor_meta(self.toTensor());
+  if (r.x == nullptr) {
+    return std::nullopt;
+  }
+  r.ch = r.x->spec.ndim() >= 2 ? 1 : 0;
+  r.c = class_shard(op, r.x->spec, r.ch);
+  if (r.c.mesh_dim < 0) {
+    return std::nullopt;
+  }
+  const DeviceMesh& mesh = r.x->spec.mesh;
+  r.lp = compute_dtype(r.x->local);
   at::Tensor t = local_in(op, "target", target.toTensor(), mesh,
-                          row_placements(x.spec, class_dim, c.mesh_dim));
+                          row_placements(r.x->spec, r.ch, r.c.mesh_dim));
   r.valid = t != ignore_index;
   at::Tensor safe = at::where(r.valid, t, 0);
-  r.in_range = r.valid & (safe >= c.offset) & (safe < c.offset + c.length);
-  r.local = at::where(r.in_range, safe - c.offset, 0);
-  at::Tensor w = r.valid.to(dtype);
+  r.in_range = r.valid & (safe >= r.c.offset) & (safe < r.c.offset + r.c.length);
+  r.local = at::where(r.in_range, safe - r.c.offset, 0);
+  r.weight = r.valid.to(r.lp.scalar_type());
   if (weight.isTensor() && weight.toTensor().defined()) {
     const Placements whole(static_cast<size_t>(mesh.ndim()), Placement::replicate());
-    at::Tensor full = local_in(op, "weight", weight.toTensor(), mesh, whole).to(dtype);
-    w = w * full.index_select(0, safe.flatten()).view(safe.sizes());
+    at::Tensor full = local_in(op, "weight", weight.toTensor(), mesh, whole).to(r.lp.scalar_type());
+    r.weight = r.weight * full.index_select(0, safe.flatten()).view(safe.sizes());
   }
-  r.weight = w;
   return r;
 }
 
@@ -241,18 +263,16 @@ Rows rows_of(const char* op, const DTensorMeta& x, const ClassShard& c, int64_t 
 bool nll_loss_forward(torch::jit::Stack* stack) {
   const char* op = "aten::nll_loss_forward";
   auto args = torch::jit::last(*stack, 5);
-  const DTensorMeta* x = dtensor_meta(args[0].toTensor());
-  if (x == nullptr) {
+  const std::optional<Rows> rows_or = rows_of(op, args[0], args[1], args[2], args[4].toInt());
+  if (!rows_or) {
     return false;
   }
-  const int64_t ch = x->spec.ndim() >= 2 ? 1 : 0;
-  const ClassShard c = class_shard(op, x->spec, ch);
-  if (c.mesh_dim < 0) {
-    return false;
-  }
+  const Rows& r = *rows_or;
+  const DTensorMeta* x = r.x;
+  const int64_t ch = r.ch;
+  const ClassShard& c = r.c;
+  const at::Tensor& lp = r.lp;
   const int64_t reduction = args[3].toInt();
-  at::Tensor lp = compute_dtype(x->local);
-  const Rows r = rows_of(op, *x, c, ch, args[1], args[2], args[4].toInt(), lp.scalar_type());
   at::Tensor picked = c.length > 0 ? lp.gather(ch, r.local.unsqueeze(ch)).squeeze(ch)
                                    : at::zeros(r.local.sizes(), lp.options());
   at::Tensor loss = -at::where(r.in_range, picked, 0) * r.weight;
@@ -297,22 +317,20 @@ bool nll_loss_forward(torch::jit::Stack* stack) {
 bool nll_loss_backward(torch::jit::Stack* stack) {
   const char* op = "aten::nll_loss_backward";
   auto args = torch::jit::last(*stack, 7);
-  const DTensorMeta* x = dtensor_meta(args[1].toTensor());
-  if (x == nullptr) {
+  const std::optional<Rows> rows_or = rows_of(op, args[1], args[2], args[3], args[5].toInt());
+  if (!rows_or) {
     return false;
   }
-  const int64_t ch = x->spec.ndim() >= 2 ? 1 : 0;
-  const ClassShard c = class_shard(op, x->spec, ch);
-  if (c.mesh_dim < 0) {
-    return false;
-  }
+  const Rows& r = *rows_or;
+  const DTensorMeta* x = r.x;
+  const int64_t ch = r.ch;
+  const ClassShard& c = r.c;
+  const at::Tensor& lp = r.lp;
   const int64_t reduction = args[4].toInt();
   const DeviceMesh& mesh = x->spec.mesh;
-  at::Tensor lp = compute_dtype(x->local);
-  const Rows r = rows_of(op, *x, c, ch, args[2], args[3], args[5].toInt(), lp.scalar_type());
   const Placements whole(static_cast<size_t>(mesh.ndim()), Placement::replicate());
-  const Placements rows = reduction == at::Reduction::None ? row_placements(x->spec, ch, c.mesh_dim)
-                                                           : whole;
+  const Placements rows =
+      reduction == at::Reduction::None ? row_placements(x->spec, ch, c.mesh_dim) : whole;
   at::Tensor g = local_in(op, "grad_output", args[0].toTensor(), mesh, rows).to(lp.scalar_type());
   if (reduction == at::Reduction::Mean) {
     g = g / local_in(op, "total_weight", args[6].toTensor(), mesh, whole).to(lp.scalar_type());
@@ -353,9 +371,10 @@ bool loss_parallel_run(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     return nll_loss_backward(stack);
   }
   if (name.name == "aten::nll_loss2d_forward" || name.name == "aten::nll_loss2d_backward") {
-    const DTensorMeta* x = dtensor_meta(torch::jit::peek(*stack, name.name == "aten::nll_loss2d_forward" ? 0 : 1,
-                                                          op.schema().arguments().size())
-                                            .toTensor());
+    const DTensorMeta* x =
+        dtensor_meta(torch::jit::peek(*stack, name.name == "aten::nll_loss2d_forward" ? 0 : 1,
+                                      op.schema().arguments().size())
+                         .toTensor());
     DTENSOR_CHECK(x == nullptr || class_shard(name.name.c_str(), x->spec, 1).mesh_dim < 0,
                   "{} under LossParallel: logits {} with the class dim sharded {}; flatten them "
                   "to [N, C] (and the target to [N]) first",
