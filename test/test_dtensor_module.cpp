@@ -117,14 +117,25 @@ TEST_CASE("ops without a rule, plain tensors and other meshes give clear errors"
   REQUIRE_THROWS_WITH(a + b, contains("aten::add.Tensor: DTensor arguments live on different meshes"));
   REQUIRE_THROWS_WITH(a + at::ones({4, 4}, options()),
                       contains("aten::add.Tensor: mixes DTensors with plain tensors (argument 1 'other'"));
-  REQUIRE_THROWS_WITH(at::roll(a, {1}, {0}), contains("aten::roll"));
-  REQUIRE_THROWS_WITH(at::roll(a, {1}, {0}), contains("no sharding rule is registered for it"));
-  REQUIRE_THROWS_WITH(at::roll(a, {1}, {0}), contains("(Shard(0))"));
+  // renorm has no rule and its own CPU kernel (no decomposition to fall back on).
+  REQUIRE_THROWS_WITH(at::renorm(a, 2, 0, 1.0), contains("aten::renorm"));
+  REQUIRE_THROWS_WITH(at::renorm(a, 2, 0, 1.0), contains("no sharding rule is registered for it"));
+  REQUIRE_THROWS_WITH(at::renorm(a, 2, 0, 1.0), contains("(Shard(0))"));
   // Without a rule, an op still runs on DTensors that are Replicate everywhere.
-  DTensor rep = dtensor::distribute_tensor(at::arange(6, options()).view({2, 3}), mesh, {Placement::replicate()});
-  at::Tensor cs = at::roll(rep, {1}, {1});
-  REQUIRE(DTensor(cs).placements() == Placements{Placement::replicate()});
-  REQUIRE(dtensor::testing::same(DTensor(cs).full_tensor(), at::roll(at::arange(6, options()).view({2, 3}), {1}, {1})));
+  const at::Tensor full = at::arange(6, options()).view({2, 3});
+  DTensor rep = dtensor::distribute_tensor(full, mesh, {Placement::replicate()});
+  at::Tensor rn = at::renorm(rep, 2, 0, 1.0);
+  REQUIRE(DTensor(rn).placements() == Placements{Placement::replicate()});
+  REQUIRE(dtensor::testing::same(DTensor(rn).full_tensor(), at::renorm(full, 2, 0, 1.0)));
+  // An op without a rule but with a composite kernel runs it: view_copy = view + clone,
+  // each with its rule (the shard stays, no collective).
+  DTensor wide = dtensor::distribute_tensor(at::arange(32, options()).view({8, 4}), mesh,
+                                            {Placement::shard(0)});
+  dtensor::CommDebugMode counts;
+  at::Tensor vc = at::view_copy(wide, {8, 2, 2});
+  REQUIRE(counts.total_count() == 0);
+  REQUIRE(DTensor(vc).placements() == Placements{Placement::shard(0)});
+  REQUIRE(dtensor::testing::same(DTensor(vc).full_tensor(), at::arange(32, options()).view({8, 2, 2})));
   // Scalars and 0-dim tensors mix implicitly.
   at::Tensor c = a * 2 + at::scalar_tensor(1.0, options());
   REQUIRE(dtensor::testing::same(DTensor(c).full_tensor(), at::full({4, 4}, 3.0, options())));

@@ -5,6 +5,9 @@ build/test/conformance/summary (one JSON per scenario and world size).
   .venv/bin/python test/conformance/docs.py build/test/conformance/summary --update docs/conformance.md
 
 --update replaces what lies between the <!-- results --> and <!-- /results --> markers.
+The operator sweep's summaries (scripts/sweep.sh) fill the <!-- sweep --> section:
+
+  .venv/bin/python test/conformance/docs.py DIR --sweep docs/conformance.md
 """
 import contextlib
 import io
@@ -26,6 +29,8 @@ def main():
     for path in glob.glob(os.path.join(directory, "*.json")):
         with open(path) as f:
             data = json.load(f)
+        if data["scenario"].startswith("sweep"):
+            continue  # per overload, not per record: sweep_table()
         counts = collections.Counter()
         for outcome, n in data["tally"].items():
             if outcome.startswith("by design: "):
@@ -54,16 +59,68 @@ def main():
         print(f"- **{scenario}** ({n}): {reason}")
 
 
+STATUS = {"right": 0, "raises": 1, "wrong": 2}
+
+
+def _status(counts):
+    if counts.get("wrong"):
+        return "wrong"
+    return "right" if set(counts) == {"right"} else "raises"
+
+
+def sweep_table():
+    """Every overload of the sweep summaries in DIR, merged over world sizes (a side is right
+    on an overload when it is right on every case of every run)."""
+    runs, merged = [], {}
+    for path in sorted(glob.glob(os.path.join(sys.argv[1], "sweep*.json"))):
+        with open(path) as f:
+            data = json.load(f)
+        runs.append(f"{data['scenario']} on {data['world']} ranks")
+        for op, o in data["overloads"].items():
+            m = merged.setdefault(op, {"dtensor": "right", "torch": "right", "cases": 0, "why": ""})
+            m["cases"] += o["cases"]
+            for side in ("dtensor", "torch"):
+                st = _status(o[side])
+                if STATUS[st] > STATUS[m[side]]:
+                    m[side] = st
+            if not m["why"] and o["why"]:
+                m["why"] = o["why"]
+    n = len(merged)
+    d_right = sum(1 for m in merged.values() if m["dtensor"] == "right")
+    t_right = sum(1 for m in merged.values() if m["torch"] == "right")
+    t_only = sorted(op for op, m in merged.items() if m["torch"] == "right" and m["dtensor"] != "right")
+    print(f"Runs: {', '.join(runs)}. {n} overloads, {sum(m['cases'] for m in merged.values())} "
+          f"cases. dtensor right on {d_right} ({100.0 * d_right / n:.1f}%), PyTorch "
+          f"{torch_version()} on {t_right} ({100.0 * t_right / n:.1f}%); right in PyTorch "
+          f"and not in dtensor: {', '.join(t_only) or 'none'}.")
+    print()
+    print("| overload | dtensor | PyTorch | cases | first case dtensor is not right on |")
+    print("|---|---|---|---|---|")
+    for op in sorted(merged):
+        m = merged[op]
+        why = m["why"].replace("|", "/")[:160] if m["dtensor"] != "right" else ""
+        print(f"| `{op}` | {m['dtensor']} | {m['torch']} | {m['cases']} | {why} |")
+
+
+def torch_version():
+    import torch  # noqa: PLC0415 - only for the table's header line
+    return torch.__version__.split("+")[0]
+
+
+def _replace(path, marker, text):
+    with open(path) as f:
+        doc = f.read()
+    head, rest = doc.split(f"<!-- {marker} -->", 1)
+    _, tail = rest.split(f"<!-- /{marker} -->", 1)
+    with open(path, "w") as f:
+        f.write(head + f"<!-- {marker} -->\n" + text + f"<!-- /{marker} -->" + tail)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[2] == "--update":
+    if len(sys.argv) == 4 and sys.argv[2] in ("--update", "--sweep"):
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
-            main()
-        with open(sys.argv[3]) as f:
-            text = f.read()
-        head, rest = text.split("<!-- results -->", 1)
-        _, tail = rest.split("<!-- /results -->", 1)
-        with open(sys.argv[3], "w") as f:
-            f.write(head + "<!-- results -->\n" + buf.getvalue() + "<!-- /results -->" + tail)
+            (main if sys.argv[2] == "--update" else sweep_table)()
+        _replace(sys.argv[3], "results" if sys.argv[2] == "--update" else "sweep", buf.getvalue())
     else:
         main()

@@ -43,6 +43,7 @@ dtensor::Placement placement(const std::string& name) {
       {"S0", Placement::shard(0)},
       {"S1", Placement::shard(1)},
       {"S2", Placement::shard(2)},
+      {"S3", Placement::shard(3)},
       {"R", Placement::replicate()},
       {"P", Placement::partial(ReduceOp::Sum)},
       {"Pavg", Placement::partial(ReduceOp::Avg)},
@@ -197,6 +198,22 @@ dtensor::DeviceMesh Ctx::mesh(const std::vector<int64_t>& shape, std::vector<std
     it = meshes_.emplace(key, dtensor::init_device_mesh(c10::kCPU, shape, names)).first;
   }
   return it->second;
+}
+
+std::optional<std::string> Ctx::agree_error(const std::optional<std::string>& mine) {
+  at::Tensor flags = at::zeros({world}, at::kFloat);
+  if (mine) {
+    flags[rank] = 1;
+  }
+  const at::Tensor seen = dtensor::DTensor::from_local(flags, mesh({world}),
+                                                       {dtensor::Placement::partial()})
+                              .full_tensor();
+  for (int64_t r = 0; r < world; ++r) {
+    if (seen[r].item<float>() > 0) {
+      return r == rank ? *mine : "on rank " + std::to_string(r) + ": (its error)";
+    }
+  }
+  return std::nullopt;
 }
 
 namespace {

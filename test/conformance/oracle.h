@@ -6,6 +6,7 @@
 // read back with torch.load), in the record format of oracle.py.
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,9 @@ struct Ctx {
   Results results;
   // A mesh of `shape` over all ranks, named like oracle.py's (x; dp, tp), made once.
   dtensor::DeviceMesh mesh(const std::vector<int64_t>& shape, std::vector<std::string> names = {});
+  // The first error any rank saw (another rank's as "on rank r: ..."), or none: one
+  // all-reduce over all ranks, so every rank leaves with the same verdict.
+  std::optional<std::string> agree_error(const std::optional<std::string>& mine);
 
  private:
   std::map<std::string, dtensor::DeviceMesh> meshes_;

@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard  # noqa:
 from torch.distributed.tensor.debug import CommDebugMode  # noqa: E402
 
 # Canonical placement names, shared with oracle.cpp.
-NAMES = {"S0": Shard(0), "S1": Shard(1), "S2": Shard(2), "R": Replicate(),
+NAMES = {"S0": Shard(0), "S1": Shard(1), "S2": Shard(2), "S3": Shard(3), "R": Replicate(),
          "P": Partial("sum"), "Pavg": Partial("avg"), "Pmax": Partial("max"),
          "Pmin": Partial("min")}
 

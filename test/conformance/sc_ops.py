@@ -328,9 +328,10 @@ STRIDED = ("PyTorch 2.15 keeps a dimension merged from a sharded one as its _Str
 SPREAD = ("PyTorch 2.15 gathers the dimension the op needs whole and shards the output over a "
           "mesh dimension that was Replicate (a free local chunk); dtensor leaves that mesh "
           "dimension Replicate. The same collectives, the same value")
-DECOMPOSE = ("PyTorch 2.15 runs ops without a sharding rule through their decomposition; "
-             "dtensor's decomposition fallback comes with the operator-coverage work and "
-             "until then names the op without a rule")
+DECOMPOSE = ("PyTorch 2.15 runs ops without a sharding rule through their Python "
+             "decomposition; dtensor's decomposition fallback runs C++ composite kernels, "
+             "and mse_loss has its own CPU kernel (no composite one), so dtensor names the "
+             "op without a rule")
 STRATEGY = ("another sharding strategy with the same value: dtensor's rule follows the "
             "operands' own shards, PyTorch picks the cheapest of its strategies")
 

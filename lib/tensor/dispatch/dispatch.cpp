@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "internal/check.h"
+#include "tensor/dispatch/decompose.h"
 #include "tensor/dispatch/interceptors.h"
 #include "tensor/dispatch/op_args.h"
 #include "tensor/dtensor_impl.h"
@@ -39,6 +40,8 @@ struct Cached {
   // The same for their global strides, when the meta run gave them (empty otherwise: the
   // strides then follow the local result's layout: [Note: global strides]).
   std::vector<std::vector<std::vector<int64_t>>> out_strides;
+  // No rule: the op runs its composite kernel ([Note: the decomposition fallback]).
+  bool decompose = false;
 };
 
 // [Note: decision keys] A decision is cached under a flat list of integers that spells out
@@ -204,7 +207,7 @@ void infer_output_shapes(const c10::OperatorHandle& op, const OpInfo& info, Cach
   } catch (const c10::Error& e) {
     for (const auto& placements : out.sharding.outputs) {
       for (const auto& p : placements) {
-        if (p.is_shard()) {
+        if (p.is_shard() && p.dim() >= out.sharding.leading_dims_from_input) {
           fail_unsupported(info,
                            fmt::format("its output shape could not be inferred on meta tensors "
                                        "and its rule gives none ({})",
@@ -367,8 +370,14 @@ std::shared_ptr<const Cached> make_decision(const c10::OperatorHandle& op, const
     // mesh dimension: each rank computes the same result from the same inputs, so the
     // outputs are Replicate, with no communication. Anything else needs a rule.
     if (!all_replicated(info)) {
-      fail_unsupported(info, "no sharding rule is registered for it (ops without a rule "
-                             "only run on DTensors that are Replicate everywhere)");
+      if (has_decomposition(op, info.mesh->device_type())) {
+        auto made = std::make_shared<Cached>();
+        made->decompose = true;
+        return made;
+      }
+      fail_unsupported(info, "no sharding rule is registered for it and it has no "
+                             "decomposition (ops without either only run on DTensors that "
+                             "are Replicate everywhere)");
     }
     rule = all_replicate;
   }
@@ -465,6 +474,13 @@ DTensorSpec output_spec(const OpInfo& info, const Cached& decision, size_t r, si
   if (decision.shapes_from_local) {
     s.shape = local.sizes().vec();
     s.stride = local.strides().vec();
+    const auto lead = std::min<int64_t>(decision.sharding.leading_dims_from_input,
+                                        static_cast<int64_t>(s.shape.size()));
+    if (lead > 0) {
+      std::copy(info.specs[0]->shape.begin(), info.specs[0]->shape.begin() + lead,
+                s.shape.begin());
+      s.stride = dense_strides_like(local, s.shape);
+    }
   } else {
     s.shape = decision.out_shapes[r][element];
     s.stride = r < decision.out_strides.size() && element < decision.out_strides[r].size()
@@ -548,6 +564,10 @@ void handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   info.args = &args;
   collect_specs(info, a);
   const std::shared_ptr<const Cached> decision = decide(op, info);
+  if (decision->decompose) {
+    run_decomposition(op, info.mesh->device_type(), stack);
+    return;
+  }
   unwrap_args(info, decision->sharding, a);
   if (decision->sharding.local_kernel != nullptr) {
     decision->sharding.local_kernel(info, decision->sharding, stack);

@@ -98,7 +98,11 @@ OpSharding along_dim_rule(const OpInfo& info) {
   const DTensorSpec& in = *info.specs[0];
   const DimArgs d = dim_args(info, in.ndim());
   const Placements want = keep_other_shards(in, d.named);
-  return single_input(info, want, want, num_tensor_returns(info));
+  OpSharding s = single_input(info, want, want, num_tensor_returns(info));
+  if (info.name.rfind("aten::cummax", 0) == 0 || info.name.rfind("aten::cummin", 0) == 0) {
+    s.output_shapes.assign(s.outputs.size(), in.shape); // no meta kernel (_cummax_helper)
+  }
+  return s;
 }
 
 // var / std / prod / logsumexp / argmax / any ...: the named dims whole; they leave the

@@ -118,6 +118,13 @@ std::optional<PartialUse> partial_use(const OpInfo& info, const std::vector<Tens
   u.scalar_other = info.num_args() > 1 && info.arg(1).isScalar();
   u.partial_first = args[0].index == 0 && args[0].spec->placements[i].is_partial();
   u.lin = linearity(base);
+  // div with a rounding mode (floor, trunc) is not linear in its numerator.
+  const auto& schema_args = info.op->schema().arguments();
+  for (size_t a = 0; a < schema_args.size() && a < info.num_args(); ++a) {
+    if (schema_args[a].name() == "rounding_mode" && !info.arg(a).isNone()) {
+      u.lin = Linearity::None;
+    }
+  }
   return u;
 }
 
@@ -315,12 +322,11 @@ OpSharding pointwise_rule(const OpInfo& info) {
   for (const auto& t : args) {
     s.inputs[t.index] = input_placements(t, out, bc, lin);
   }
-  s.outputs.push_back(out);
   // Some pointwise kernels have no Meta kernel in C++ (relu): the broadcast shape is known.
-  // Boolean/complex ops returning more than one tensor are not pointwise.
-  if (info.op->schema().returns().size() == 1) {
-    s.output_shapes.push_back(bc.out_shape);
-  }
+  // Ops returning more than one tensor (frexp) return them all of that shape.
+  const size_t nret = info.op->schema().returns().size();
+  s.outputs.assign(nret, out);
+  s.output_shapes.assign(nret, bc.out_shape);
   return s;
 }
 
@@ -382,6 +388,44 @@ void register_pointwise_ops() {
       "asinh",
       "acosh",
       "atanh",
+      "digamma",
+      "lgamma",
+      "i0",
+      "isneginf",
+      "isposinf",
+      "log10",
+      "sinc",
+      "logit",
+      "angle",
+      "deg2rad",
+      "rad2deg",
+      "hardshrink",
+      "softshrink",
+      "hardsigmoid",
+      "hardswish",
+      "celu",
+      "threshold",
+      "polygamma",
+      "mvlgamma",
+      "special_airy_ai",
+      "special_bessel_j0",
+      "special_bessel_j1",
+      "special_bessel_y0",
+      "special_bessel_y1",
+      "special_entr",
+      "special_erfcx",
+      "special_i0e",
+      "special_i1",
+      "special_i1e",
+      "special_log_ndtr",
+      "special_modified_bessel_i0",
+      "special_modified_bessel_i1",
+      "special_modified_bessel_k0",
+      "special_modified_bessel_k1",
+      "special_ndtri",
+      "special_scaled_modified_bessel_k0",
+      "special_scaled_modified_bessel_k1",
+      "special_spherical_bessel_j0",
       // binary
       "add",
       "sub",
@@ -411,6 +455,29 @@ void register_pointwise_ops() {
       "copysign",
       "xlogy",
       "masked_fill",
+      "heaviside",
+      "igamma",
+      "igammac",
+      "logaddexp",
+      "logaddexp2",
+      "nextafter",
+      "floor_divide",
+      "ldexp",
+      "frexp",
+      "special_xlog1py",
+      "special_zeta",
+      "special_chebyshev_polynomial_t",
+      "special_chebyshev_polynomial_u",
+      "special_chebyshev_polynomial_v",
+      "special_chebyshev_polynomial_w",
+      "special_shifted_chebyshev_polynomial_t",
+      "special_shifted_chebyshev_polynomial_u",
+      "special_shifted_chebyshev_polynomial_v",
+      "special_shifted_chebyshev_polynomial_w",
+      "special_hermite_polynomial_h",
+      "special_hermite_polynomial_he",
+      "special_laguerre_polynomial_l",
+      "special_legendre_polynomial_p",
       // ternary
       "where",
       "lerp",

@@ -56,6 +56,7 @@ void register_builtin_rules() {
   register_embedding_ops();
   register_list_ops();
   register_dim_ops();
+  register_whole_ops();
   register_random_ops();
 }
 
@@ -78,9 +79,13 @@ const ShapeArgs* shape_args_of(const std::string& schema_name) {
 OpSharding all_replicate(const OpInfo& info) {
   OpSharding s;
   s.inputs.resize(info.num_args());
+  s.list_inputs.resize(info.num_args());
   for (size_t a = 0; a < info.num_args(); ++a) {
     if (info.specs[a]) {
       s.inputs[a] = replicate_all(info.mesh_ndim());
+    }
+    if (!info.list_specs[a].empty()) {
+      s.list_inputs[a] = replicate_all(info.mesh_ndim());
     }
   }
   for (size_t r = 0; r < info.op->schema().returns().size(); ++r) {

@@ -59,6 +59,10 @@ struct OpSharding {
   std::vector<std::vector<int64_t>> output_shapes;
   // Optional: runs instead of the op on the local arguments.
   LocalKernel local_kernel = nullptr;
+  // Optional, for ops over trailing windows that have no C++ meta kernel (adaptive pools,
+  // max_unpool2d): output dims [0, n) are input 0's dims with its global sizes, the others
+  // are not sharded, so the local result gives their sizes.
+  int64_t leading_dims_from_input = 0;
 };
 
 // This rank's local shape of a tensor of global `shape` laid out as `placements` on `mesh`.
@@ -97,6 +101,7 @@ void register_nn_ops();       // softmax, layer norm, attention, nll_loss (+ bac
 void register_embedding_ops(); // embedding (+ backward), vocab-sharded lookups
 void register_list_ops();     // cat, stack, split, unbind
 void register_dim_ops();      // cumsum, sort, topk, var, prod, any, index_select, gather, ...
+void register_whole_ops();    // pooling, upsampling, tril, flip, roll, linalg, scatter, ...
 void register_random_ops();   // uniform_, normal_, bernoulli, dropout, ... (lib/tensor/random/)
 
 // Helpers shared by rules.

@@ -41,6 +41,16 @@ OpSharding fill_rule(const OpInfo& info) {
   return same_as_self(info);
 }
 
+// fill(self, value): a new tensor of self's shape holding value everywhere: self's shards,
+// never Partial (each rank holds the value itself); a DTensor value (0-dim) is Replicate.
+OpSharding fill_functional_rule(const OpInfo& info) {
+  OpSharding s = like_factory(info);
+  if (info.num_args() > 1 && info.specs[1]) {
+    s.inputs[1] = replicate_all(info.mesh_ndim());
+  }
+  return s;
+}
+
 // [Note: _to_copy with a device] A dtype cast often names the device it stays on (autograd
 // casting a gradient back to its input's dtype passes the full TensorOptions): a device of
 // the mesh's type is that one. Another device type would move the local shard off the mesh.
@@ -53,7 +63,18 @@ OpSharding to_copy_rule(const OpInfo& info) {
                        "moving a DTensor to another device is not supported; the mesh fixes it");
     }
   }
-  return same_as_self(info);
+  OpSharding s = same_as_self(info);
+  // A cast to an integer or bool type does not commute with a partial sum (each piece would
+  // be rounded): the input is reduced first. Among floating types it does, up to rounding.
+  const auto& args = info.op->schema().arguments();
+  for (size_t i = 1; i < info.num_args() && i < args.size(); ++i) {
+    if (args[i].name() == "dtype" && info.arg(i).isInt() &&
+        !c10::isFloatingType(static_cast<c10::ScalarType>(info.arg(i).toInt()))) {
+      s.inputs[0] = without_partial(info.specs[0]->placements);
+      s.outputs[0] = *s.inputs[0];
+    }
+  }
+  return s;
 }
 
 // new_empty / new_zeros / new_ones / new_full / new_empty_strided(self, size, [stride,] ...):
@@ -86,7 +107,7 @@ void register_tensor_ops() {
     register_rule(name, like_factory);
   }
   register_rule("aten::fill_", fill_rule);
-  register_rule("aten::fill", fill_rule);
+  register_rule("aten::fill", fill_functional_rule);
   register_rule("aten::zero_", same_as_self); // zeros stay zero under any reduction
   register_rule("aten::_to_copy", to_copy_rule);
   register_rule("aten::_local_scalar_dense", all_replicate); // item(): the whole value
