@@ -33,9 +33,7 @@ FLOATS = (torch.float32, torch.float64)
 
 # Overloads that PyTorch's DTensor gets right and dtensor does not, with the reason. The
 # coverage goal is that this stays empty.
-INDICES = ("its indices are a list of optional tensors (Tensor?[]), which the dispatch "
-           "handler does not look into yet: DTensor indices reach the local kernel unconverted")
-GAPS = {"aten::index.Tensor": INDICES, "aten::index_put": INDICES}
+GAPS = {}
 
 
 def _fit(name, t):

@@ -171,6 +171,11 @@ void fill_key(DecisionKey& key, const OpInfo& info) {
       for (const auto& s : info.list_specs[i]) {
         append_spec(key, s);
       }
+      if (!info.arg(i).isTensorList()) { // Tensor?[]: where the Nones are
+        for (const c10::IValue& x : info.arg(i).toListRef()) {
+          key.push_back(x.isNone() ? 0 : 1);
+        }
+      }
     } else {
       append_value(key, info.arg(i), sign_only && schema_args[i].type()->kind() == c10::TypeKind::NumberType);
     }
@@ -192,6 +197,14 @@ void infer_output_shapes(const c10::OperatorHandle& op, const OpInfo& info, Cach
       c10::List<at::Tensor> l;
       for (const auto& s : info.list_specs[i]) {
         l.push_back(meta_of(s));
+      }
+      meta.emplace_back(l);
+    } else if (!info.list_specs[i].empty()) { // Tensor?[], DTensors in order
+      c10::List<std::optional<at::Tensor>> l;
+      size_t k = 0;
+      for (const c10::IValue& x : v.toListRef()) {
+        l.push_back(x.isTensor() ? std::optional<at::Tensor>(meta_of(info.list_specs[i][k++]))
+                                 : std::nullopt);
       }
       meta.emplace_back(l);
     } else if (v.isTensor() && v.toTensor().defined()) {
@@ -436,16 +449,28 @@ void unwrap_args(const OpInfo& info, const OpSharding& sharding, const OpArgs& a
       }
       slot = local;
     } else if (!info.list_specs[i].empty()) {
-      c10::List<at::Tensor> locals;
-      for (const at::Tensor& t : info.arg(i).toTensorVector()) {
+      auto local_of = [&](const at::Tensor& t) {
         const DTensorMeta* m = dtensor_meta(t);
         at::Tensor local = m->local;
         if (sharding.list_inputs[i] && *sharding.list_inputs[i] != m->spec.placements) {
           local = redistribute_local(local, m->spec, *sharding.list_inputs[i]);
         }
-        locals.push_back(local);
+        return local;
+      };
+      if (info.arg(i).isTensorList()) {
+        c10::List<at::Tensor> locals;
+        for (const at::Tensor& t : info.arg(i).toTensorVector()) {
+          locals.push_back(local_of(t));
+        }
+        slot = locals;
+      } else { // Tensor?[]
+        c10::List<std::optional<at::Tensor>> locals;
+        for (const c10::IValue& x : info.arg(i).toListRef()) {
+          locals.push_back(x.isTensor() ? std::optional<at::Tensor>(local_of(x.toTensor()))
+                                        : std::nullopt);
+        }
+        slot = locals;
       }
-      slot = locals;
     }
     if (sharding.local_args[i]) {
       slot = *sharding.local_args[i];

@@ -21,6 +21,15 @@ OpArgs::OpArgs(const c10::OperatorHandle& op, torch::jit::Stack* s)
     v = value;
     return;
   }
+  if (!v.isTensorList()) { // Tensor?[]
+    c10::List<std::optional<at::Tensor>> values;
+    for (const c10::IValue& x : v.toListRef()) {
+      values.push_back(x.isTensor() ? std::optional<at::Tensor>(x.toTensor()) : std::nullopt);
+    }
+    values.set(static_cast<size_t>(element), value);
+    v = values;
+    return;
+  }
   std::vector<at::Tensor> values = v.toTensorVector();
   values[static_cast<size_t>(element)] = value;
   v = c10::List<at::Tensor>(values);

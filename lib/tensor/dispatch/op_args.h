@@ -22,7 +22,8 @@ struct OpArgs {
 
   c10::IValue& operator[](size_t i) const { return (*stack)[base + i]; }
   // Calls f(arg, element, tensor) for every tensor argument (element -1) and every element
-  // of a tensor-list argument (element = its index).
+  // of a tensor-list argument (element = its index; in a list of optional tensors, Tensor?[]
+  // as index's indices, the index among all entries, None ones skipped).
   template <class F>
   void for_each_tensor(F&& f) const {
     for (size_t i = 0; i < count; ++i) {
@@ -33,6 +34,14 @@ struct OpArgs {
         int64_t e = 0;
         for (const at::Tensor& t : v.toTensorVector()) {
           f(i, e++, t);
+        }
+      } else if (v.isList() && !v.isIntList()) {
+        int64_t e = 0;
+        for (const c10::IValue& x : v.toListRef()) {
+          if (x.isTensor()) {
+            f(i, e, x.toTensor());
+          }
+          ++e;
         }
       }
     }

@@ -253,7 +253,9 @@ void register_whole_ops() {
         "aten::_histogramdd_from_bin_cts", "aten::_histogramdd_from_bin_tensors",
         "aten::repeat_interleave.Tensor", "aten::nonzero_static", "aten::searchsorted.Scalar",
         "aten::_trilinear", "aten::block_diag", "aten::linalg_matrix_sqrth", "aten::linalg_polar",
-        "aten::linalg_lstsq", "aten::_embedding_bag_forward_only"}) {
+        "aten::linalg_lstsq", "aten::_embedding_bag_forward_only", "aten::index.Tensor",
+        "aten::index_put", "aten::_unsafe_masked_index",
+        "aten::_unsafe_masked_index_put_accumulate", "aten::_index_put_impl"}) {
     register_rule(name, replicate_functional);
   }
 }
