@@ -241,3 +241,27 @@ TEST_CASE("sharding rules on a 2-D mesh", "[dtensor][rules][world4]") {
     run(c, mesh);
   }
 }
+
+TEST_CASE("_foreach_ ops run element by element on differently sharded lists",
+          "[dtensor][rules][world1][world2][world4]") {
+  auto mesh = init_device_mesh(device_type(), {world()}, {"x"});
+  const at::Tensor a = at::arange(24, options()).view({4, 6}) / 5.0;
+  const at::Tensor b = at::arange(12, options()).view({6, 2}) / 3.0;
+  // Parameters sharded differently, as fully_shard and TP leave them.
+  std::vector<at::Tensor> xs{dtensor::distribute_tensor(a, mesh, {Placement::shard(0)}),
+                             dtensor::distribute_tensor(b, mesh, {Placement::shard(1)})};
+  std::vector<at::Tensor> ys{dtensor::distribute_tensor(a * 2, mesh, {Placement::shard(0)}),
+                             dtensor::distribute_tensor(b - 1, mesh, {Placement::shard(1)})};
+  CommDebugMode mode;
+  std::vector<at::Tensor> sums = at::_foreach_add(xs, ys, 0.5);
+  std::vector<at::Tensor> scaled = at::_foreach_mul(xs, at::ArrayRef<at::Scalar>{2.0, -1.0});
+  at::_foreach_addcmul_(xs, ys, ys, 0.25);
+  REQUIRE(mode.total_count() == 0); // every element keeps its own shards
+  REQUIRE(DTensor(sums[1]).placements() == Placements{Placement::shard(1)});
+  REQUIRE(close(DTensor(sums[0]).full_tensor(), a + 0.5 * (a * 2)));
+  REQUIRE(close(DTensor(sums[1]).full_tensor(), b + 0.5 * (b - 1)));
+  REQUIRE(close(DTensor(scaled[0]).full_tensor(), a * 2.0));
+  REQUIRE(close(DTensor(scaled[1]).full_tensor(), b * -1.0));
+  REQUIRE(close(DTensor(xs[0]).full_tensor(), a + 0.25 * (a * 2) * (a * 2)));
+  REQUIRE(close(DTensor(xs[1]).full_tensor(), b + 0.25 * (b - 1) * (b - 1)));
+}

@@ -22,3 +22,4 @@
 #include <dtensor/grad_scaler.h>
 #include <dtensor/activation_checkpoint.h>
 #include <dtensor/user_rules.h>
+#include <dtensor/register_sharding.h>

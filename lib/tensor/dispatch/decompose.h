@@ -10,7 +10,8 @@
 // runs qualify (an op with its own CPU / CUDA kernel would run that kernel on the
 // DTensor), and only functional ones: views and in-place / out= ops decompose into
 // as_strided and metadata updates that a DTensor's global strides do not describe. An op
-// that qualifies for neither keeps its error naming it.
+// that qualifies for neither keeps its error naming it. The _foreach_ ops decompose element
+// by element ([Note: _foreach_ ops, element by element], decompose.cpp).
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 

@@ -4,6 +4,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <map>
 #include <mutex>
 #include <cstring>
 #include <unordered_map>
@@ -621,6 +622,12 @@ size_t decision_cache_size() {
   return cache.entries.size();
 }
 
+void clear_decision_cache() {
+  DecisionCache& cache = decision_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  cache.entries.clear();
+}
+
 size_t decision_cache_bound() {
   return kMaxCachedDecisions;
 }
@@ -655,6 +662,37 @@ void ensure_dispatch_registered() {
               torch::CppFunction::makeFromBoxedFunction<&reshape_alias_as_view>());
     register_builtin_rules();
   });
+}
+
+void route_to_handler(const std::string& op) {
+  static std::mutex mutex;
+  static std::map<std::string, std::unique_ptr<torch::Library>> libraries; // by namespace
+  const auto colon = op.find("::");
+  const auto dot = op.find('.');
+  const std::string base = op.substr(0, dot);
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (name.name != base ||
+        (dot != std::string::npos && name.overload_name != op.substr(dot + 1))) {
+      continue;
+    }
+    auto h = c10::Dispatcher::singleton().findOp(name);
+    // [Note: what reaches the handler]: a composite kernel would otherwise run on the DTensor.
+    if (!h || h->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+        !(h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+          h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))) {
+      continue;
+    }
+    const std::string ns = base.substr(0, colon);
+    auto& lib = libraries[ns];
+    if (lib == nullptr) {
+      lib = std::make_unique<torch::Library>(torch::Library::IMPL, ns,
+                                             c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+    }
+    const std::string local = name.name.substr(colon + 2) +
+                              (name.overload_name.empty() ? "" : "." + name.overload_name);
+    lib->impl(local.c_str(), torch::CppFunction::makeFromBoxedFunction<&handler>());
+  }
 }
 
 } // namespace dtensor::detail

@@ -46,6 +46,15 @@ ShardingRule find_rule(const std::string& full_name, const std::string& base_nam
   return e == nullptr ? nullptr : e->rule;
 }
 
+ShardingRule exact_rule(const std::string& name) {
+  auto it = rules().find(name);
+  return it == rules().end() ? nullptr : it->second.rule;
+}
+
+void unregister_rule(const std::string& name) {
+  rules().erase(name);
+}
+
 void register_builtin_rules() {
   register_tensor_ops();
   register_pointwise_ops();

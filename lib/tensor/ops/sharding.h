@@ -89,6 +89,13 @@ using ShardingRule = OpSharding (*)(const OpInfo& info);
 void register_rule(const std::string& name, ShardingRule rule, bool scalar_sign_only = false);
 bool rule_reads_scalar_sign_only(const std::string& full_name, const std::string& base_name);
 ShardingRule find_rule(const std::string& full_name, const std::string& base_name);
+ShardingRule exact_rule(const std::string& name); // registered under exactly this name
+void unregister_rule(const std::string& name);
+// Drops every cached decision (a rule changed: register_sharding).
+void clear_decision_cache();
+// Registers the handler on PrivateUse1 for `op` ("ns::name" or with an overload) where a
+// composite kernel would run on DTensors instead (a custom op given a rule).
+void route_to_handler(const std::string& op);
 void register_builtin_rules(); // calls the register_* of every op family once
 
 // Families (lib/tensor/ops/*.cpp).

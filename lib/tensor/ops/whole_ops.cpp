@@ -1,8 +1,8 @@
 // Ops that mix whole dimensions: windows over the last k dims (pooling, upsampling, padding,
 // pixel and channel shuffles, tril / triu, diagonals, batched linear algebra), ops along
-// named dims (flip, roll, glu), and ops computed on whole tensors (scatter / index_add families, batch norm,
-// histograms, linalg ops with vector operands, ...). Shards on the dims an op does not mix
-// stay; the dims it mixes are gathered; Partial inputs are reduced (none of these is linear).
+// named dims (flip, roll, glu), and ops computed on whole tensors (scatter / index_add families,
+// batch norm, histograms, linalg ops with vector operands, ...). Shards on the dims an op does not
+// mix stay; the dims it mixes are gathered; Partial inputs are reduced (none of these is linear).
 // Only functional overloads are registered: a rule here may redistribute an argument, which
 // an op writing that argument cannot take (its write would land in the copy).
 #include <algorithm>
@@ -146,8 +146,9 @@ OpSharding named_dims_whole(const OpInfo& info) {
       continue;
     }
     const c10::IValue& v = info.arg(a);
-    std::vector<int64_t> dims = v.isInt() ? std::vector<int64_t>{v.toInt()}
-                                          : (v.isIntList() ? v.toIntVector() : std::vector<int64_t>{});
+    std::vector<int64_t> dims = v.isInt()
+                                    ? std::vector<int64_t>{v.toInt()}
+                                    : (v.isIntList() ? v.toIntVector() : std::vector<int64_t>{});
     for (int64_t d : dims) {
       whole[static_cast<size_t>(wrap_dim(d, in.ndim()))] = true;
       named = true;
@@ -188,8 +189,8 @@ void register_whole_ops() {
   for (const char* name :
        {"aten::max_pool2d_with_indices", "aten::max_pool2d_with_indices_backward",
         "aten::avg_pool2d", "aten::avg_pool2d_backward", "aten::_adaptive_avg_pool2d",
-        "aten::_adaptive_avg_pool2d_backward", "aten::adaptive_max_pool2d",
-        "aten::max_unpool2d", "aten::fractional_max_pool2d", "aten::upsample_nearest2d",
+        "aten::_adaptive_avg_pool2d_backward", "aten::adaptive_max_pool2d", "aten::max_unpool2d",
+        "aten::fractional_max_pool2d", "aten::upsample_nearest2d",
         "aten::_upsample_nearest_exact2d", "aten::upsample_bilinear2d",
         "aten::_upsample_bilinear2d_aa", "aten::upsample_bicubic2d", "aten::tril", "aten::triu",
         // batched linear algebra on the last two dims
@@ -197,18 +198,18 @@ void register_whole_ops() {
         "aten::_linalg_solve_ex", "aten::linalg_inv_ex", "aten::linalg_cholesky_ex",
         "aten::linalg_lu", "aten::linalg_lu_factor_ex", "aten::linalg_ldl_factor_ex",
         "aten::linalg_qr", "aten::linalg_matrix_exp", "aten::linalg_solve_triangular",
-        "aten::triangular_solve", "aten::cholesky_solve", "aten::cholesky_inverse",
-        "aten::geqrf", "aten::linalg_pinv.atol_rtol_tensor"}) {
+        "aten::triangular_solve", "aten::cholesky_solve", "aten::cholesky_inverse", "aten::geqrf",
+        "aten::linalg_pinv.atol_rtol_tensor"}) {
     register_rule(name, last_dims<2>);
   }
-  for (const char* name : {"aten::max_pool3d_with_indices", "aten::_adaptive_avg_pool3d",
-                           "aten::adaptive_max_pool3d", "aten::pixel_shuffle",
-                           "aten::pixel_unshuffle", "aten::upsample_nearest3d",
-                           "aten::upsample_trilinear3d", "aten::im2col"}) {
+  for (const char* name :
+       {"aten::max_pool3d_with_indices", "aten::_adaptive_avg_pool3d", "aten::adaptive_max_pool3d",
+        "aten::pixel_shuffle", "aten::pixel_unshuffle", "aten::upsample_nearest3d",
+        "aten::upsample_trilinear3d", "aten::im2col"}) {
     register_rule(name, last_dims<3>);
   }
-  for (const char* name : {"aten::upsample_nearest1d", "aten::_upsample_nearest_exact1d",
-                           "aten::upsample_linear1d"}) {
+  for (const char* name :
+       {"aten::upsample_nearest1d", "aten::_upsample_nearest_exact1d", "aten::upsample_linear1d"}) {
     register_rule(name, last_dims<1>);
   }
   for (const char* name : {"aten::reflection_pad1d", "aten::replication_pad1d"}) {
@@ -229,33 +230,86 @@ void register_whole_ops() {
     register_rule(name, named_dims_whole);
   }
   // Computed on whole tensors (PyTorch's replicate strategy for these).
-  for (const char* name :
-       {"aten::scatter.src", "aten::scatter.value", "aten::scatter.reduce",
-        "aten::scatter.value_reduce", "aten::scatter_add", "aten::scatter_reduce.two",
-        "aten::index_add", "aten::index_copy", "aten::index_reduce", "aten::index_fill.int_Scalar",
-        "aten::index_fill.int_Tensor", "aten::masked_scatter", "aten::put", "aten::take",
-        "aten::histc", "aten::bucketize.Tensor", "aten::isin.Tensor_Tensor", "aten::trace",
-        "aten::vdot", "aten::addmv", "aten::addr", "aten::nansum", "aten::count_nonzero",
-        "aten::count_nonzero.dim_IntList", "aten::aminmax", "aten::nanmedian",
-        "aten::nanmedian.dim", "aten::kthvalue", "aten::native_batch_norm",
-        "aten::_native_batch_norm_legit.no_stats", "aten::native_group_norm",
-        "aten::_prelu_kernel", "aten::log_sigmoid_forward", "aten::huber_loss",
-        "aten::linalg_cross", "aten::norm.ScalarOpt_dim", "aten::narrow_copy",
-        "aten::grid_sampler_2d", "aten::linalg_householder_product", "aten::ormqr",
-        "aten::lu_unpack", "aten::linalg_lu_solve", "aten::linalg_ldl_solve",
-        "aten::_euclidean_dist", "aten::_cdist_forward", "aten::_pdist_forward",
-        "aten::searchsorted.Tensor", "aten::unique_consecutive", "aten::unique_dim",
-        "aten::_unique2", "aten::nonzero", "aten::masked_select", "aten::segment_reduce",
-        "aten::binary_cross_entropy", "aten::binary_cross_entropy_with_logits",
-        "aten::smooth_l1_loss", "aten::soft_margin_loss", "aten::multi_margin_loss",
-        "aten::multilabel_margin_loss_forward", "aten::diagonal_scatter",
-        "aten::select_scatter", "aten::addbmm", "aten::histogram", "aten::_histogramdd_bin_edges",
-        "aten::_histogramdd_from_bin_cts", "aten::_histogramdd_from_bin_tensors",
-        "aten::repeat_interleave.Tensor", "aten::nonzero_static", "aten::searchsorted.Scalar",
-        "aten::_trilinear", "aten::block_diag", "aten::linalg_matrix_sqrth", "aten::linalg_polar",
-        "aten::linalg_lstsq", "aten::_embedding_bag_forward_only", "aten::index.Tensor",
-        "aten::index_put", "aten::_unsafe_masked_index",
-        "aten::_unsafe_masked_index_put_accumulate", "aten::_index_put_impl"}) {
+  for (const char* name : {"aten::scatter.src",
+                           "aten::scatter.value",
+                           "aten::scatter.reduce",
+                           "aten::scatter.value_reduce",
+                           "aten::scatter_add",
+                           "aten::scatter_reduce.two",
+                           "aten::index_add",
+                           "aten::index_copy",
+                           "aten::index_reduce",
+                           "aten::index_fill.int_Scalar",
+                           "aten::index_fill.int_Tensor",
+                           "aten::masked_scatter",
+                           "aten::put",
+                           "aten::take",
+                           "aten::histc",
+                           "aten::bucketize.Tensor",
+                           "aten::isin.Tensor_Tensor",
+                           "aten::trace",
+                           "aten::vdot",
+                           "aten::addmv",
+                           "aten::addr",
+                           "aten::nansum",
+                           "aten::count_nonzero",
+                           "aten::count_nonzero.dim_IntList",
+                           "aten::aminmax",
+                           "aten::nanmedian",
+                           "aten::nanmedian.dim",
+                           "aten::kthvalue",
+                           "aten::native_batch_norm",
+                           "aten::_native_batch_norm_legit.no_stats",
+                           "aten::native_group_norm",
+                           "aten::_prelu_kernel",
+                           "aten::log_sigmoid_forward",
+                           "aten::huber_loss",
+                           "aten::linalg_cross",
+                           "aten::norm.ScalarOpt_dim",
+                           "aten::narrow_copy",
+                           "aten::grid_sampler_2d",
+                           "aten::linalg_householder_product",
+                           "aten::ormqr",
+                           "aten::lu_unpack",
+                           "aten::linalg_lu_solve",
+                           "aten::linalg_ldl_solve",
+                           "aten::_euclidean_dist",
+                           "aten::_cdist_forward",
+                           "aten::_pdist_forward",
+                           "aten::searchsorted.Tensor",
+                           "aten::unique_consecutive",
+                           "aten::unique_dim",
+                           "aten::_unique2",
+                           "aten::nonzero",
+                           "aten::masked_select",
+                           "aten::segment_reduce",
+                           "aten::binary_cross_entropy",
+                           "aten::binary_cross_entropy_with_logits",
+                           "aten::smooth_l1_loss",
+                           "aten::soft_margin_loss",
+                           "aten::multi_margin_loss",
+                           "aten::multilabel_margin_loss_forward",
+                           "aten::diagonal_scatter",
+                           "aten::select_scatter",
+                           "aten::addbmm",
+                           "aten::histogram",
+                           "aten::_histogramdd_bin_edges",
+                           "aten::_histogramdd_from_bin_cts",
+                           "aten::_histogramdd_from_bin_tensors",
+                           "aten::repeat_interleave.Tensor",
+                           "aten::nonzero_static",
+                           "aten::searchsorted.Scalar",
+                           "aten::_trilinear",
+                           "aten::block_diag",
+                           "aten::linalg_matrix_sqrth",
+                           "aten::linalg_polar",
+                           "aten::linalg_lstsq",
+                           "aten::_embedding_bag_forward_only",
+                           "aten::index.Tensor",
+                           "aten::index_put",
+                           "aten::_unsafe_masked_index",
+                           "aten::_unsafe_masked_index_put_accumulate",
+                           "aten::_index_put_impl"}) {
     register_rule(name, replicate_functional);
   }
 }
