@@ -127,6 +127,11 @@ class Ctx:
 
     def agree_error(self, err):
         """The first error any rank saw (as seen from rank r: "on rank r: ..."), or None."""
+        # One small all-reduce when no rank failed (the common case); the messages only then.
+        flag = torch.tensor([0 if err is None else 1])
+        dist.all_reduce(flag)
+        if int(flag) == 0:
+            return None
         seen = [None] * self.world
         mine = None if err is None else f"{type(err).__name__}: {first_line(err)}"
         dist.all_gather_object(seen, mine)

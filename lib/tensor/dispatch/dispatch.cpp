@@ -2,6 +2,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
+#include <c10/util/accumulate.h>
 
 #include <algorithm>
 #include <map>
@@ -525,7 +526,18 @@ void wrap_outputs(const c10::OperatorHandle& op, const OpInfo& info, const Cache
   const size_t nret = schema.returns().size();
   const size_t rbase = stack->size() - nret;
   auto wrap = [&](size_t r, size_t element, const at::Tensor& local) {
-    at::Tensor out = make_dtensor(local, output_spec(info, decision, r, element, local));
+    DTensorSpec spec = output_spec(info, decision, r, element, local);
+    // [Note: empty shards] Some kernels return an input with no elements as it is
+    // (pixel_unshuffle on an empty batch shard): no values are lost by giving it the shape
+    // the output's spec says this rank holds, also empty.
+    at::Tensor piece = local;
+    if (local.numel() == 0) {
+      const std::vector<int64_t> want = spec.local_shape();
+      if (want != local.sizes().vec() && c10::multiply_integers(want) == 0) {
+        piece = at::empty(want, local.options());
+      }
+    }
+    at::Tensor out = make_dtensor(piece, std::move(spec));
     for (const auto& finish : finishers) {
       finish(out);
     }

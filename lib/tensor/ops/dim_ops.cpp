@@ -49,18 +49,6 @@ DimArgs dim_args(const OpInfo& info, int64_t ndim) {
   return d;
 }
 
-// Input 0 with every dim in `whole` gathered and Partial reduced (none of these ops is
-// linear); the other shards stay.
-Placements keep_other_shards(const DTensorSpec& in, const std::vector<bool>& whole) {
-  Placements want = in.placements;
-  for (auto& p : want) {
-    if (p.is_partial() || (p.is_shard() && whole[static_cast<size_t>(p.dim())])) {
-      p = Placement::replicate();
-    }
-  }
-  return want;
-}
-
 // Output placements of input placements `want` when input dim d becomes output dim to[d]
 // (-1: gone).
 Placements mapped(const Placements& want, const std::vector<int64_t>& to) {

@@ -116,6 +116,16 @@ Placements normalize_placements(const Placements& placements, const std::vector<
   return out;
 }
 
+Placements keep_other_shards(const DTensorSpec& in, const std::vector<bool>& whole) {
+  Placements want = in.placements;
+  for (auto& p : want) {
+    if (p.is_partial() || (p.is_shard() && whole[static_cast<size_t>(p.dim())])) {
+      p = Placement::replicate();
+    }
+  }
+  return want;
+}
+
 Placements without_partial(const Placements& p) {
   Placements out;
   for (const auto& x : p) {

@@ -124,6 +124,9 @@ Placements normalize_placements(const Placements& placements, const std::vector<
                                 const char* what);
 // `p` with Partial placements replaced by Replicate.
 Placements without_partial(const Placements& p);
+// `in`'s placements with every dim in `whole` gathered and Partial reduced (for ops that
+// are not linear); shards on the other dims stay.
+Placements keep_other_shards(const DTensorSpec& in, const std::vector<bool>& whole);
 // The error for an op the rule cannot shard as given.
 [[noreturn]] void fail_unsupported(const OpInfo& info, const std::string& why);
 std::string describe_args(const OpInfo& info); // "(Shard(0), Replicate()) Float[8, 4], 2.0, ..."

@@ -28,15 +28,13 @@ OpSharding replicate_functional(const OpInfo& info) {
   return all_replicate(info);
 }
 
-// `p` keeping shards on dims in [0, keep) only.
-Placements keep_below(const Placements& p, int64_t keep) {
-  Placements out = p;
-  for (auto& x : out) {
-    if (x.is_partial() || (x.is_shard() && x.dim() >= keep)) {
-      x = Placement::replicate();
-    }
+// Dims [keep, ndim) marked whole.
+std::vector<bool> dims_from(int64_t ndim, int64_t keep) {
+  std::vector<bool> whole(static_cast<size_t>(ndim));
+  for (int64_t d = 0; d < ndim; ++d) {
+    whole[static_cast<size_t>(d)] = d >= keep;
   }
-  return out;
+  return whole;
 }
 
 // Every DTensor argument laid out as `want` (they share input 0's leading dims), every
@@ -69,7 +67,7 @@ OpSharding leading_dims(const OpInfo& info, int64_t keep) {
       return all_replicate(info);
     }
   }
-  OpSharding s = leading_layout(info, keep_below(in.placements, keep));
+  OpSharding s = leading_layout(info, keep_other_shards(in, dims_from(in.ndim(), keep)));
   s.leading_dims_from_input = std::max<int64_t>(keep, 0);
   return s;
 }
@@ -157,12 +155,7 @@ OpSharding named_dims_whole(const OpInfo& info) {
   if (!named) {
     std::fill(whole.begin(), whole.end(), true);
   }
-  Placements want = in.placements;
-  for (auto& p : want) {
-    if (p.is_partial() || (p.is_shard() && whole[static_cast<size_t>(p.dim())])) {
-      p = Placement::replicate();
-    }
-  }
+  const Placements want = keep_other_shards(in, whole);
   OpSharding s;
   s.inputs.resize(info.num_args());
   s.inputs[0] = want;
