@@ -1,6 +1,8 @@
 // View and shape ops: t, transpose, permute, view / _unsafe_view / _reshape_alias,
 // unsqueeze, squeeze, expand, slice, select. Shards follow their dimension; a shard that
 // the view would cut across is gathered first.
+#include <ATen/ops/squeeze.h>
+
 #include "internal/check.h"
 #include "tensor/ops/sharding.h"
 
@@ -70,7 +72,8 @@ OpSharding unsqueeze_rule(const OpInfo& info) {
   return map_dims(info, m);
 }
 
-OpSharding squeeze_rule(const OpInfo& info) {
+// The dims squeeze drops: those named (all when none are) whose global size is 1.
+std::vector<bool> squeezed(const OpInfo& info) {
   const DTensorSpec& in = *info.specs[0];
   int64_t n = in.ndim();
   std::vector<bool> drop(static_cast<size_t>(n), false);
@@ -87,6 +90,29 @@ OpSharding squeeze_rule(const OpInfo& info) {
       drop[static_cast<size_t>(d)] = in.shape[static_cast<size_t>(d)] == 1;
     }
   }
+  return drop;
+}
+
+// [Note: squeeze by the global shape] A shard can have size 1 where the global dim does
+// not (3 rows over 2 ranks: 2 + 1), and a local squeeze would drop it on that rank only.
+// The local op squeezes exactly the dims the global op drops.
+void squeeze_local(const OpInfo& info, const OpSharding&, torch::jit::Stack* stack) {
+  const std::vector<bool> drop = squeezed(info);
+  std::vector<int64_t> dims;
+  for (size_t d = 0; d < drop.size(); ++d) {
+    if (drop[d]) {
+      dims.push_back(static_cast<int64_t>(d));
+    }
+  }
+  const size_t nargs = info.op->schema().arguments().size();
+  const at::Tensor self = (*stack)[stack->size() - nargs].toTensor();
+  stack->erase(stack->end() - static_cast<std::ptrdiff_t>(nargs), stack->end());
+  stack->emplace_back(at::squeeze(self, dims));
+}
+
+OpSharding squeeze_rule(const OpInfo& info) {
+  const std::vector<bool> drop = squeezed(info);
+  const int64_t n = info.specs[0]->ndim();
   std::vector<int64_t> m(static_cast<size_t>(n), -1);
   int64_t o = 0;
   for (int64_t d = 0; d < n; ++d) {
@@ -94,7 +120,9 @@ OpSharding squeeze_rule(const OpInfo& info) {
       m[static_cast<size_t>(d)] = o++;
     }
   }
-  return map_dims(info, m);
+  OpSharding s = map_dims(info, m);
+  s.local_kernel = squeeze_local;
+  return s;
 }
 
 OpSharding expand_rule(const OpInfo& info) {

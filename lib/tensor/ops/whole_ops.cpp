@@ -67,7 +67,21 @@ OpSharding leading_dims(const OpInfo& info, int64_t keep) {
       return all_replicate(info);
     }
   }
-  OpSharding s = leading_layout(info, keep_other_shards(in, dims_from(in.ndim(), keep)));
+  // Window kernels refuse inputs with an empty dim (pooling, upsampling): a dim that would
+  // leave some rank an empty shard is gathered too.
+  std::vector<bool> whole = dims_from(in.ndim(), keep);
+  for (size_t i = 0; i < in.placements.size(); ++i) {
+    const Placement& p = in.placements[i];
+    if (p.is_shard() && p.dim() < in.ndim()) {
+      const int64_t size = in.shape[static_cast<size_t>(p.dim())];
+      const int64_t n = info.mesh->size(static_cast<int64_t>(i));
+      const int64_t chunk = (size + n - 1) / n;
+      if (chunk * (n - 1) >= size) {
+        whole[static_cast<size_t>(p.dim())] = true;
+      }
+    }
+  }
+  OpSharding s = leading_layout(info, keep_other_shards(in, whole));
   s.leading_dims_from_input = std::max<int64_t>(keep, 0);
   return s;
 }
