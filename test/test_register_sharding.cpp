@@ -41,6 +41,12 @@ TORCH_LIBRARY_IMPL(dtensor_test, Meta, m) {
 TORCH_LIBRARY_IMPL(dtensor_test, CompositeExplicitAutograd, m) {
   m.impl("twice", &twice);
 }
+// No autograd formula: LibTorch 2.9.1 has no autograd fallback for PrivateUse1 (2.15 does), so
+// the op says it has nothing to do there.
+TORCH_LIBRARY_IMPL(dtensor_test, AutogradPrivateUse1, m) {
+  m.impl("scale_rows", torch::CppFunction::makeFallthrough());
+  m.impl("twice", torch::CppFunction::makeFallthrough());
+}
 
 namespace {
 

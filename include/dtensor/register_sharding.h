@@ -42,7 +42,9 @@ using ShardingFn = std::function<std::vector<AcceptableSharding>(const ShardingA
 // sharding whose lists do not match the op's schema, none that fits. A custom op whose
 // kernel is CompositeExplicitAutograd is routed to dtensor's handler from then on (before,
 // its kernel ran on the DTensors). Register and unregister before other threads run ops
-// on DTensors (the rule table is not locked for them).
+// on DTensors (the rule table is not locked for them). With LibTorch 2.9.1 a custom op also
+// needs an autograd kernel, or a fallthrough for AutogradPrivateUse1, to reach DTensors
+// (2.15 has an autograd fallback there).
 void register_sharding(const std::string& op, ShardingFn fn);
 // Removes the function registered for `op`; dtensor's own rule (if any) applies again.
 void unregister_sharding(const std::string& op);
