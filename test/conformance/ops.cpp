@@ -146,12 +146,18 @@ c10::OperatorHandle find_op(const std::string& name) {
       name.substr(0, dot).c_str(), dot == std::string::npos ? "" : name.substr(dot + 1).c_str());
 }
 
+// The case's key; with CONFORMANCE_TRACE set, each rank says which case it starts.
+std::string case_key(const Ctx& ctx, const Case& c) {
+  std::string key = c.str("key");
+  if (std::getenv("CONFORMANCE_TRACE") != nullptr) {
+    std::fprintf(stderr, "[rank %ld] %s\n", static_cast<long>(ctx.rank), key.c_str());
+  }
+  return key;
+}
+
 void run(Ctx& ctx) {
   for (const Case& c : ctx.cases) {
-    const std::string key = c.str("key");
-    if (std::getenv("CONFORMANCE_TRACE") != nullptr) {
-      std::fprintf(stderr, "[rank %ld] %s\n", static_cast<long>(ctx.rank), key.c_str());
-    }
+    const std::string key = case_key(ctx, c);
     auto mesh = ctx.mesh(c.ints("mesh"));
     const auto op = find_op(c.str("op"));
     std::vector<at::Tensor> tensors = make_inputs(ctx, c, mesh);
@@ -177,13 +183,9 @@ void run(Ctx& ctx) {
 // shard only: the others must not go on to the next case's collectives alone).
 void sweep(Ctx& ctx) {
   for (const Case& c : ctx.cases) {
-    const std::string key = c.str("key");
-    if (std::getenv("CONFORMANCE_TRACE") != nullptr) {
-      std::fprintf(stderr, "[rank %ld] %s\n", static_cast<long>(ctx.rank), key.c_str());
-    }
+    const std::string key = case_key(ctx, c);
     auto mesh = ctx.mesh(c.ints("mesh"));
     std::vector<c10::IValue> outs;
-    std::vector<at::Tensor> fulls;
     std::optional<std::string> err;
     try {
       const auto op = find_op(c.str("op"));
