@@ -72,7 +72,9 @@ c10::IValue decode(const c10::IValue& v, const c10::TypePtr& type,
     return typed(v, type);
   }
   const auto d = v.toGenericDict();
-  const auto tensor = [&](const c10::IValue& i) { return tensors.at(static_cast<size_t>(i.toInt())); };
+  const auto tensor = [&](const c10::IValue& i) {
+    return tensors.at(static_cast<size_t>(i.toInt()));
+  };
   if (d.contains("t")) {
     return tensor(d.at("t"));
   }
@@ -225,8 +227,8 @@ void sweep(Ctx& ctx) {
 }
 
 [[maybe_unused]] const bool registered = register_scenario("ops", run) &&
-                                          register_scenario("sweep", sweep) &&
-                                          register_scenario("sweep_full", sweep);
+                                         register_scenario("sweep", sweep) &&
+                                         register_scenario("sweep_full", sweep);
 
 } // namespace
 } // namespace conformance
