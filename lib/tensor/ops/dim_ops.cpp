@@ -62,20 +62,6 @@ Placements mapped(const Placements& want, const std::vector<int64_t>& to) {
   return out;
 }
 
-OpSharding single_input(const OpInfo& info, const Placements& want, const Placements& out,
-                        size_t num_outputs) {
-  OpSharding s;
-  s.inputs.resize(info.num_args());
-  s.inputs[0] = want;
-  for (size_t a = 1; a < info.num_args(); ++a) {
-    if (info.specs[a]) {
-      s.inputs[a] = replicate_all(info.mesh_ndim());
-    }
-  }
-  s.outputs.assign(num_outputs, out);
-  return s;
-}
-
 size_t num_tensor_returns(const OpInfo& info) {
   return info.op->schema().returns().size();
 }

@@ -126,6 +126,20 @@ Placements keep_other_shards(const DTensorSpec& in, const std::vector<bool>& who
   return want;
 }
 
+OpSharding single_input(const OpInfo& info, const Placements& want, const Placements& out,
+                        size_t num_outputs) {
+  OpSharding s;
+  s.inputs.resize(info.num_args());
+  s.inputs[0] = want;
+  for (size_t a = 1; a < info.num_args(); ++a) {
+    if (info.specs[a]) {
+      s.inputs[a] = replicate_all(info.mesh_ndim());
+    }
+  }
+  s.outputs.assign(num_outputs, out);
+  return s;
+}
+
 Placements without_partial(const Placements& p) {
   Placements out;
   for (const auto& x : p) {

@@ -127,6 +127,10 @@ Placements without_partial(const Placements& p);
 // `in`'s placements with every dim in `whole` gathered and Partial reduced (for ops that
 // are not linear); shards on the other dims stay.
 Placements keep_other_shards(const DTensorSpec& in, const std::vector<bool>& whole);
+// Ops on one tensor (argument 0) laid out as `want`; any other DTensor argument Replicate;
+// `num_outputs` outputs laid out as `out`.
+OpSharding single_input(const OpInfo& info, const Placements& want, const Placements& out,
+                        size_t num_outputs);
 // The error for an op the rule cannot shard as given.
 [[noreturn]] void fail_unsupported(const OpInfo& info, const std::string& why);
 std::string describe_args(const OpInfo& info); // "(Shard(0), Replicate()) Float[8, 4], 2.0, ..."

@@ -125,11 +125,7 @@ OpSharding diagonal_rule(const OpInfo& info) {
       out[i] = Placement::shard(d - (d > d1 ? 1 : 0) - (d > d2 ? 1 : 0));
     }
   }
-  OpSharding s;
-  s.inputs.resize(info.num_args());
-  s.inputs[0] = want;
-  s.outputs.push_back(out);
-  return s;
+  return single_input(info, want, out, 1);
 }
 
 // diag_embed(self, offset, dim1, dim2): with the new dims last (the default), the input's
@@ -170,10 +166,7 @@ OpSharding named_dims_whole(const OpInfo& info) {
     std::fill(whole.begin(), whole.end(), true);
   }
   const Placements want = keep_other_shards(in, whole);
-  OpSharding s;
-  s.inputs.resize(info.num_args());
-  s.inputs[0] = want;
-  s.outputs.assign(info.op->schema().returns().size(), want);
+  OpSharding s = single_input(info, want, want, info.op->schema().returns().size());
   const std::string_view n = info.name;
   if (n.rfind("aten::roll", 0) == 0 || n.rfind("aten::flip", 0) == 0 ||
       n.rfind("aten::logcumsumexp", 0) == 0) {
