@@ -265,3 +265,68 @@ TEST_CASE("_foreach_ ops run element by element on differently sharded lists",
   REQUIRE(close(DTensor(xs[0]).full_tensor(), a + 0.25 * (a * 2) * (a * 2)));
   REQUIRE(close(DTensor(xs[1]).full_tensor(), b + 0.25 * (b - 1) * (b - 1)));
 }
+
+// [Note: convolution layouts]: batch shards and output-channel shards stay local, values and
+// gradients as the plain convolution; other shards are gathered.
+TEST_CASE("convolution on DTensors", "[dtensor][rules][conv][world1][world2][world4]") {
+  auto mesh = init_device_mesh(device_type(), {world()}, {"x"});
+  at::manual_seed(21);
+  const at::Tensor img = rnd({4, 4, 6, 5});
+  const at::Tensor w = rnd({8, 4, 3, 3});
+  const at::Tensor b = rnd({8});
+  auto conv = [](auto& a) { return at::conv2d(a[0], a[1], a[2], {2, 1}, {1, 0}); };
+  std::vector<Case> cs;
+  cs.push_back({"conv2d batch", {{img, {S(0)}}, {w, {R}}, {b, {R}}}, conv, {S(0)}, true});
+  cs.push_back({"conv2d out channels", {{img, {R}}, {w, {S(0)}}, {b, {S(0)}}}, conv, {S(1)}, true});
+  cs.push_back({"conv2d in channels gathered", {{img, {S(1)}}, {w, {R}}, {b, {R}}}, conv, {R}, true});
+  cs.push_back({"conv2d groups", {{img, {R}}, {w.narrow(1, 0, 2), {S(0)}}, {b, {R}}},
+                [](auto& a) { return at::conv2d(a[0], a[1], a[2], 1, 1, 1, 2); }, {R}, true});
+  cs.push_back({"conv_transpose1d batch", {{rnd({4, 8, 7}), {S(0)}}, {rnd({8, 3, 2}), {R}}},
+                [](auto& a) { return at::conv_transpose1d(a[0], a[1], {}, 2, 1, 1); }, {S(0)}, true});
+  cs.push_back({"conv1d unbatched out channels", {{rnd({4, 9}), {R}}, {rnd({8, 4, 3}), {S(0)}}},
+                [](auto& a) { return at::conv1d(a[0], a[1]); }, {S(0)}, true});
+  for (const auto& c : cs) {
+    run(c, mesh);
+  }
+  if (world() == 4) {
+    auto m2 = init_device_mesh(device_type(), {2, 2}, {"dp", "tp"});
+    run({"conv2d batch x out channels", {{img, {S(0), R}}, {w, {R, S(0)}}, {b, {R, S(0)}}}, conv,
+         {S(0), S(1)}, true},
+        m2);
+    CommDebugMode mode;
+    DTensor x = dtensor::distribute_tensor(img, m2, {S(0), R});
+    DTensor k = dtensor::distribute_tensor(w, m2, {R, S(0)});
+    mode.reset();
+    DTensor y(at::conv2d(x, k));
+    REQUIRE(mode.total_count() == 0);
+    REQUIRE(y.placements() == Placements{S(0), S(1)});
+  }
+}
+
+// [Note: in-place view ops]: the DTensor takes the view's spec; other handles keep theirs.
+TEST_CASE("in-place view ops on DTensors", "[dtensor][rules][views][world1][world2][world4]") {
+  auto mesh = init_device_mesh(device_type(), {world()}, {"x"});
+  const at::Tensor x = at::arange(32, options()).view({4, 1, 8}) / 3.0;
+  DTensor d = dtensor::distribute_tensor(x, mesh, {S(2)});
+  const at::Tensor alias = d.detach();
+  CommDebugMode mode;
+  d.squeeze_(1);
+  REQUIRE(d.sizes().vec() == std::vector<int64_t>{4, 8});
+  REQUIRE(d.placements() == Placements{S(1)});
+  REQUIRE(d.to_local().sizes().vec() == std::vector<int64_t>{4, 8 / world()});
+  REQUIRE(close(d.full_tensor(), x.squeeze(1)));
+  REQUIRE(alias.sizes().vec() == std::vector<int64_t>{4, 1, 8});
+  REQUIRE(DTensor(alias).placements() == Placements{S(2)});
+  mode.reset();
+  d.unsqueeze_(0);
+  REQUIRE(d.placements() == Placements{S(2)});
+  d.transpose_(0, 2);
+  REQUIRE(d.sizes().vec() == std::vector<int64_t>{8, 4, 1});
+  REQUIRE(d.placements() == Placements{S(0)});
+  d.squeeze_();
+  d.t_();
+  REQUIRE(d.placements() == Placements{S(1)});
+  REQUIRE(mode.total_count() == 0);
+  REQUIRE(close(d.full_tensor(), x.squeeze(1)));
+  REQUIRE(close(DTensor(alias).full_tensor(), x)); // the same data, its own view
+}

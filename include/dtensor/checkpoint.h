@@ -15,6 +15,7 @@
 // torch.distributed.checkpoint.load(..., storage_reader=HuggingFaceStorageReader(dir)) reads it
 // into any PyTorch layout, and load() reads what PyTorch's HuggingFaceStorageWriter writes.
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,10 @@ struct ConsolidateOptions {
   // Names starting with one of these are left out (by default the optimizer's state).
   TORCH_ARG(std::vector<std::string>, exclude_prefixes) =
       std::vector<std::string>{"state.", "param_groups."};
+  // Further files written into `out` beside the weights, by name, before it is published
+  // (a Hugging Face config.json).
+  using Files = std::map<std::string, std::string>; // name -> content
+  TORCH_ARG(Files, extra_files) = {};
 };
 
 // Writes the full (unsharded) tensors of the checkpoint in `dir` as one Hugging Face-style

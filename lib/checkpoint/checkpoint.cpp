@@ -237,6 +237,11 @@ void consolidate(const std::string& dir_name, const std::string& out_name,
     f << nlohmann::json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2);
     DTENSOR_CHECK(f.good(), "checkpoint::consolidate: cannot write {}", (tmp / "model.safetensors.index.json").string());
   }
+  for (const auto& [file, content] : options.extra_files()) {
+    std::ofstream f(tmp / file);
+    f << content;
+    DTENSOR_CHECK(f.good(), "checkpoint::consolidate: cannot write {}", (tmp / file).string());
+  }
   publish(tmp, out, true);
 }
 

@@ -34,9 +34,7 @@ FLOATS = (torch.float32, torch.float64)
 
 # Overloads that PyTorch's DTensor gets right and dtensor does not, with the reason. The
 # coverage goal is that this stays empty.
-GAPS = {"aten::squeeze_.dim": (
-    "an in-place view op (it changes the DTensor's own shape): dtensor has no rule for "
-    "squeeze_ / unsqueeze_ / transpose_ yet; the functional squeeze is covered")}
+GAPS = {}
 
 
 def _fit(name, t):

@@ -12,6 +12,7 @@
 
 #include "internal/check.h"
 #include "tensor/dispatch/decompose.h"
+#include "tensor/dispatch/handler.h"
 #include "tensor/dispatch/interceptors.h"
 #include "tensor/dispatch/op_args.h"
 #include "tensor/dtensor_impl.h"
@@ -21,16 +22,6 @@
 namespace dtensor::detail {
 
 namespace {
-
-// [Note: what reaches the handler]
-// DTensors carry the PrivateUse1 backend bit, so the dispatcher sends every op on them,
-// after autograd, to PrivateUse1. The boxed fallback below catches ops without a kernel
-// there. But an op with a CompositeExplicitAutograd(NonFunctional) kernel would run that
-// kernel on the DTensor instead (views become as_strided with global strides, structured
-// ops allocate plain outputs), so the same handler is registered directly on PrivateUse1
-// for every such aten op that has no CompositeImplicitAutograd kernel (those decompose
-// above autograd into ops we do see, e.g. linear -> t + addmm). The list is read from the
-// dispatcher when the first DTensor is made.
 
 struct Cached {
   OpSharding sharding;
@@ -503,9 +494,14 @@ DTensorSpec output_spec(const OpInfo& info, const Cached& decision, size_t r, si
     s.stride = local.strides().vec();
     const auto lead = std::min<int64_t>(decision.sharding.leading_dims_from_input,
                                         static_cast<int64_t>(s.shape.size()));
-    if (lead > 0) {
-      std::copy(info.specs[0]->shape.begin(), info.specs[0]->shape.begin() + lead,
-                s.shape.begin());
+    bool resized = false;
+    for (const auto& p : s.placements) {
+      if (p.is_shard() && p.dim() < lead) {
+        s.shape[p.dim()] = info.specs[0]->shape[p.dim()];
+        resized = true;
+      }
+    }
+    if (resized) {
       s.stride = dense_strides_like(local, s.shape);
     }
   } else {
@@ -575,6 +571,8 @@ bool has_dtensor(const OpArgs& a) {
   return any;
 }
 
+} // namespace
+
 // [Note: the handler's steps] As PyTorch's OpDispatcher: interceptors, then unwrap (specs)
 // -> decide (rule, cached) -> redistribute the arguments -> run the local op -> wrap.
 void handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -615,19 +613,6 @@ void handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   wrap_outputs(op, info, *decision, stack, finishers);
 }
 
-// [Note: _reshape_alias]
-// reshape() of a viewable tensor calls _reshape_alias(self, size, stride) with strides
-// computed from the global sizes and strides. The local tensor needs strides computed from
-// its own: the op runs as view(self, size), whose rule and local kernel do exactly that.
-void reshape_alias_as_view(const c10::OperatorHandle&, torch::jit::Stack* stack) {
-  static const c10::OperatorHandle view =
-      c10::Dispatcher::singleton().findSchemaOrThrow("aten::view", "");
-  stack->pop_back(); // stride
-  view.callBoxed(*stack);
-}
-
-} // namespace
-
 size_t decision_cache_size() {
   DecisionCache& cache = decision_cache();
   std::lock_guard<std::mutex> lock(cache.mutex);
@@ -644,78 +629,4 @@ size_t decision_cache_bound() {
   return kMaxCachedDecisions;
 }
 
-void ensure_dispatch_registered() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    static std::unique_ptr<torch::Library> lib = std::make_unique<torch::Library>(
-        torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
-    auto& d = c10::Dispatcher::singleton();
-    for (const auto& name : d.getAllOpNames()) {
-      if (name.name.rfind("aten::", 0) != 0) {
-        continue;
-      }
-      auto h = d.findOp(name);
-      if (!h) {
-        continue;
-      }
-      bool explicit_composite =
-          h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-          h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
-      if (!explicit_composite ||
-          h->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
-          h->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
-        continue;
-      }
-      std::string op =
-          name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-      lib->impl(op.c_str(), torch::CppFunction::makeFromBoxedFunction<&handler>());
-    }
-    lib->impl("_reshape_alias",
-              torch::CppFunction::makeFromBoxedFunction<&reshape_alias_as_view>());
-    register_builtin_rules();
-  });
-}
-
-void route_to_handler(const std::string& op) {
-  static std::mutex mutex;
-  static std::map<std::string, std::unique_ptr<torch::Library>> libraries; // by namespace
-  const auto colon = op.find("::");
-  const auto dot = op.find('.');
-  const std::string base = op.substr(0, dot);
-  std::lock_guard<std::mutex> lock(mutex);
-  for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
-    if (name.name != base ||
-        (dot != std::string::npos && name.overload_name != op.substr(dot + 1))) {
-      continue;
-    }
-    auto h = c10::Dispatcher::singleton().findOp(name);
-    // [Note: what reaches the handler]: a composite kernel would otherwise run on the DTensor.
-    if (!h || h->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
-        !(h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-          h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))) {
-      continue;
-    }
-    const std::string ns = base.substr(0, colon);
-    auto& lib = libraries[ns];
-    if (lib == nullptr) {
-      lib = std::make_unique<torch::Library>(torch::Library::IMPL, ns,
-                                             c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
-    }
-    const std::string local = name.name.substr(colon + 2) +
-                              (name.overload_name.empty() ? "" : "." + name.overload_name);
-    lib->impl(local.c_str(), torch::CppFunction::makeFromBoxedFunction<&handler>());
-  }
-}
-
 } // namespace dtensor::detail
-
-namespace {
-// Loading the library registers the handler and the rules (LibTorch, loaded first, has
-// registered every aten op by then); nothing has to happen when a DTensor is made.
-[[maybe_unused]] const bool dispatch_registered =
-    (dtensor::detail::ensure_dispatch_registered(), true);
-} // namespace
-
-TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&dtensor::detail::handler>());
-}

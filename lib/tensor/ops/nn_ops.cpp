@@ -1,4 +1,4 @@
-// Neural-network ops: softmax / log_softmax, layer norm, attention, nll_loss (what
+// Neural-network ops: softmax / log_softmax, layer norm, nll_loss (what
 // cross_entropy decomposes to), and their backward kernels.
 #include "internal/check.h"
 #include "tensor/ops/sharding.h"
@@ -102,58 +102,6 @@ OpSharding layer_norm_backward_rule(const OpInfo& info) {
   return s;
 }
 
-// Attention on [batch, heads, seq, head_dim] (the CPU flash kernels that
-// scaled_dot_product_attention picks): batch or head shards stay local, sequence and
-// head_dim are gathered. Outputs: out like the query, logsumexp [batch, heads, seq].
-Placements attention_placements(const DTensorSpec& q) {
-  Placements p;
-  for (const auto& x : q.placements) {
-    p.push_back(x.is_shard() && (x.dim() == 0 || x.dim() == 1) ? x : Placement::replicate());
-  }
-  return p;
-}
-
-OpSharding attention_inputs(const OpInfo& info, std::initializer_list<size_t> sharded,
-                            const Placements& p) {
-  OpSharding s;
-  s.inputs.resize(info.num_args());
-  for (size_t a = 0; a < info.num_args(); ++a) {
-    if (info.specs[a]) {
-      s.inputs[a] = replicate_all(info.mesh_ndim()); // masks
-    }
-  }
-  for (size_t a : sharded) {
-    if (info.specs[a]) {
-      s.inputs[a] = p;
-    }
-  }
-  return s;
-}
-
-// _fused_sdp_choice(q, k, v, ...) -> int: only picks a kernel.
-OpSharding sdp_choice_rule(const OpInfo& info) {
-  return attention_inputs(info, {0, 1, 2}, attention_placements(*info.specs[0]));
-}
-
-// _scaled_dot_product_flash_attention_for_cpu(q, k, v, ...) -> (output, logsumexp)
-OpSharding flash_attention_rule(const OpInfo& info) {
-  const DTensorSpec& q = *info.specs[0];
-  Placements p = attention_placements(q);
-  OpSharding s = attention_inputs(info, {0, 1, 2}, p);
-  s.outputs = {p, p};
-  s.output_shapes = {q.shape, {q.shape[0], q.shape[1], q.shape[2]}};
-  return s;
-}
-
-// ..._backward(grad_out, q, k, v, out, logsumexp, ...) -> (grad_q, grad_k, grad_v)
-OpSharding flash_attention_backward_rule(const OpInfo& info) {
-  Placements p = attention_placements(*info.specs[1]);
-  OpSharding s = attention_inputs(info, {0, 1, 2, 3, 4, 5}, p);
-  s.outputs = {p, p, p};
-  s.output_shapes = {info.specs[1]->shape, info.specs[2]->shape, info.specs[3]->shape};
-  return s;
-}
-
 } // namespace
 
 // nll_loss_forward / nll_loss_backward (and 2d): all_replicate, computed on whole tensors (a
@@ -165,10 +113,6 @@ void register_nn_ops() {
   register_rule("aten::_log_softmax_backward_data", softmax_backward_rule);
   register_rule("aten::native_layer_norm", layer_norm_rule);
   register_rule("aten::native_layer_norm_backward", layer_norm_backward_rule);
-  register_rule("aten::_fused_sdp_choice", sdp_choice_rule);
-  register_rule("aten::_scaled_dot_product_flash_attention_for_cpu", flash_attention_rule);
-  register_rule("aten::_scaled_dot_product_flash_attention_for_cpu_backward",
-                flash_attention_backward_rule);
   register_rule("aten::nll_loss_forward", all_replicate);
   register_rule("aten::nll_loss_backward", all_replicate);
   register_rule("aten::nll_loss2d_forward", all_replicate);

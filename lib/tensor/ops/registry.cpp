@@ -62,6 +62,8 @@ void register_builtin_rules() {
   register_matmul_ops();
   register_view_ops();
   register_nn_ops();
+  register_attention_ops();
+  register_conv_ops();
   register_embedding_ops();
   register_list_ops();
   register_dim_ops();

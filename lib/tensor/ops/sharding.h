@@ -59,9 +59,9 @@ struct OpSharding {
   std::vector<std::vector<int64_t>> output_shapes;
   // Optional: runs instead of the op on the local arguments.
   LocalKernel local_kernel = nullptr;
-  // Optional, for ops over trailing windows that have no C++ meta kernel (adaptive pools,
-  // max_unpool2d): output dims [0, n) are input 0's dims with its global sizes, the others
-  // are not sharded, so the local result gives their sizes.
+  // Optional, for ops that have no C++ meta kernel (adaptive pools, max_unpool2d, CUDA
+  // attention): outputs are sharded on dims [0, n) only, where their global sizes are input
+  // 0's; every other size is the local result's.
   int64_t leading_dims_from_input = 0;
 };
 
@@ -104,7 +104,9 @@ void register_pointwise_ops(); // unary / binary / ternary, in-place and out=
 void register_reduction_ops(); // sum, mean, amax, amin, linalg_vector_norm
 void register_matmul_ops();   // mm, addmm, bmm, baddbmm
 void register_view_ops();     // t, transpose, view-like
-void register_nn_ops();       // softmax, layer norm, attention, nll_loss (+ backward)
+void register_nn_ops();       // softmax, layer norm, nll_loss (+ backward)
+void register_attention_ops(); // the attention kernels of CPU and CUDA (+ backward)
+void register_conv_ops();     // convolution (+ backward)
 void register_embedding_ops(); // embedding (+ backward), vocab-sharded lookups
 void register_list_ops();     // cat, stack, split, unbind
 void register_dim_ops();      // cumsum, sort, topk, var, prod, any, index_select, gather, ...

@@ -1,0 +1,54 @@
+"""The judge of test_attention_kernels' output shapes: PyTorch's meta kernels.
+
+Writes, for every case the test runs, the shapes PyTorch's meta kernels (torch/_meta_registrations.py,
+the venv's torch) give each output of the CUDA attention kernels, forward and backward. The
+C++ test runs the same cases on DTensors through CPU analogues of the kernels and checks every
+DTensor output's global shape against these.
+"""
+import json
+import sys
+
+import torch
+
+aten = torch.ops.aten
+B, H, L, S, E = 4, 4, 6, 8, 8
+
+
+def shapes(results):
+    return [list(r.shape) if isinstance(r, torch.Tensor) else None for r in results]
+
+
+def meta(*shape):
+    return torch.empty(*shape, device="meta")
+
+
+def case(op, ev, bias, flag):
+    q, k, v = meta(B, H, L, E), meta(B, H, S, E), meta(B, H, S, ev)
+    b = meta(B, H, L, S) if bias else None
+    if op == "efficient":
+        fwd = aten._scaled_dot_product_efficient_attention(q, k, v, b, flag)
+        g = meta(*fwd[0].shape)
+        bwd = aten._scaled_dot_product_efficient_attention_backward(
+            g, q, k, v, b, fwd[0], fwd[1], fwd[2], fwd[3], 0.0, [True, True, True, bias])
+    elif op == "flash":
+        fwd = aten._scaled_dot_product_flash_attention(q, k, v, return_debug_mask=flag)
+        g = meta(*fwd[0].shape)
+        bwd = aten._scaled_dot_product_flash_attention_backward(
+            g, q, k, v, fwd[0], fwd[1], fwd[2], fwd[3], fwd[4], fwd[5], 0.0, False, fwd[6], fwd[7])
+    else:
+        fwd = aten._scaled_dot_product_cudnn_attention(q, k, v, b, flag)
+        g = meta(*fwd[0].shape)
+        bwd = aten._scaled_dot_product_cudnn_attention_backward(
+            g, q, k, v, fwd[0], fwd[1], fwd[6], fwd[7], b, fwd[2], fwd[3], fwd[4], fwd[5], 0.0, False)
+    return {"op": op, "dims": [B, H, L, S, E, ev], "bias": bias, "flag": flag,
+            "forward": shapes(fwd), "backward": shapes(bwd)}
+
+
+cases = []
+for flag in (True, False):  # compute_log_sumexp (efficient, cuDNN) / return_debug_mask (flash)
+    cases.append(case("flash", E, False, flag))
+    for bias in (True, False):
+        cases.append(case("efficient", 6, bias, flag))
+        cases.append(case("cudnn", 6, bias, flag))
+with open(sys.argv[1], "w") as f:
+    json.dump({"torch": torch.__version__, "cases": cases}, f, indent=1)

@@ -1,0 +1,108 @@
+// The Llama-3 recipe's model (models/llama3.h, issue 29): built on the meta device,
+// tensor-parallel as torchtitan's apply_tp (sequence-parallel norms, column / row-wise
+// projections, row-wise embedding) and fully sharded over (dp_replicate, dp_shard), its
+// init_weights run after sharding. Judged against the plain model on one process: every
+// initial parameter, the logits and the gradients of one backward pass.
+#include <torch/nn/functional/loss.h>
+
+#include <models/llama3.h>
+
+#include "support/prelude.h"
+
+using dtensor::models::Llama3;
+using dtensor::models::Llama3Args;
+using dtensor::testing::near;
+
+namespace {
+
+constexpr int64_t kVocab = 256;
+constexpr int64_t kBatch = 4;
+constexpr int64_t kSeq = 8;
+
+Llama3Args small_args() {
+  return Llama3Args()
+      .dim(64)
+      .n_layers(2)
+      .n_heads(4)
+      .n_kv_heads(2)
+      .vocab_size(kVocab)
+      .multiple_of(32)
+      .rope_theta(10000.0)
+      .rope_scaling(std::nullopt)
+      .max_seq_len(16);
+}
+
+// (dp_replicate, dp_shard, tp): 2x2x2 on 8 ranks, 1x2x2 on 4, 1x1x2 on 2, 1x1x1 on 1.
+std::vector<int64_t> mesh_shape() {
+  switch (world()) {
+  case 8:
+    return {2, 2, 2};
+  case 4:
+    return {1, 2, 2};
+  case 2:
+    return {1, 1, 2};
+  default:
+    return {1, 1, 1};
+  }
+}
+
+// Built on meta, parallelized, materialized, initialized: only this rank's shards, ever.
+Llama3 build(const DeviceMesh& mesh, const dtensor::RngState& seed) {
+  Llama3 model{nullptr};
+  {
+    dtensor::MetaDeviceGuard meta;
+    model = Llama3(small_args());
+  }
+  dtensor::models::parallelize_llama3(model, mesh, /*loss_parallel=*/false);
+  dtensor::to_empty(*model, options().device());
+  dtensor::set_rng_state(seed);
+  model->init_weights();
+  return model;
+}
+
+at::Tensor whole(const at::Tensor& t) {
+  return dtensor::is_dtensor(t) ? DTensor(t).full_tensor() : t;
+}
+
+} // namespace
+
+TEST_CASE("llama3: meta init, TP x HSDP, equals the plain model (parameters, logits, gradients)",
+          "[llama3][world1][world2][world4][world8]") {
+  const DeviceMesh mesh =
+      init_device_mesh(device_type(), mesh_shape(), {"dp_replicate", "dp_shard", "tp"});
+  INFO("mesh " << mesh.to_string());
+  const dtensor::RngState seed{true, 7, 0};
+  Llama3 model = build(mesh, seed);
+  Llama3 ref(small_args());
+  ref->to(options().device());
+  dtensor::set_rng_state(seed);
+  ref->init_weights();
+
+  auto p = model->named_parameters();
+  auto q = ref->named_parameters();
+  REQUIRE(p.size() == q.size());
+  for (size_t i = 0; i < p.size(); ++i) {
+    INFO("initial " << p[i].key());
+    REQUIRE(p[i].key() == q[i].key());
+    REQUIRE(same(full_value(p[i].value()), q[i].value().detach()));
+  }
+
+  at::manual_seed(100); // the same batch on every rank
+  const at::Tensor tokens = at::randint(kVocab, {kBatch, kSeq}, options(at::kLong));
+  const at::Tensor targets = at::randint(kVocab, {kBatch, kSeq}, options(at::kLong));
+  const at::Tensor logits = whole(model->forward(tokens));
+  const at::Tensor want = ref->forward(tokens);
+  REQUIRE(logits.sizes().vec() == std::vector<int64_t>{kBatch, kSeq, kVocab});
+  REQUIRE(near(logits.detach(), want.detach()));
+
+  auto loss = torch::nn::functional::cross_entropy(logits.view({-1, kVocab}), targets.reshape(-1));
+  auto ref_loss =
+      torch::nn::functional::cross_entropy(want.view({-1, kVocab}), targets.reshape(-1));
+  loss.backward();
+  ref_loss.backward();
+  for (size_t i = 0; i < p.size(); ++i) {
+    INFO("gradient of " << p[i].key());
+    REQUIRE(p[i].value().grad().defined());
+    REQUIRE(near(full_value(p[i].value().grad()), q[i].value().grad()));
+  }
+}
