@@ -233,7 +233,8 @@ struct Llama3AttentionImpl : torch::nn::Module {
                 "Llama3: n_heads must be a multiple of n_kv_heads");
     TORCH_CHECK(head_dim % 2 == 0, "Llama3: rotary embeddings need an even head_dim");
   }
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& freqs_cis) {
+  at::Tensor forward(const at::Tensor& input, const at::Tensor& freqs_cis) {
+    const at::Tensor x = dtensor::prepare_module_input(*this, input); // TP: gathered once
     const int64_t bs = x.size(0);
     const int64_t seqlen = x.size(1);
     // [Note: -1 heads] As torchtitan: -1, not n_heads / n_kv_heads, so the view also fits a
@@ -277,7 +278,8 @@ struct Llama3FeedForwardImpl : torch::nn::Module {
       : w1(register_module("w1", llama3_detail::linear(dim, hidden_dim))),
         w2(register_module("w2", llama3_detail::linear(hidden_dim, dim))),
         w3(register_module("w3", llama3_detail::linear(dim, hidden_dim))) {}
-  at::Tensor forward(const at::Tensor& x) {
+  at::Tensor forward(const at::Tensor& input) {
+    const at::Tensor x = dtensor::prepare_module_input(*this, input); // TP: gathered once
     return w2->forward(at::silu(w1->forward(x)) * w3->forward(x));
   }
   // torchtitan: w1 trunc_normal_(std 0.02), w2 / w3 trunc_normal_(init_std).
@@ -396,15 +398,11 @@ TORCH_MODULE(Llama3);
 
 // torchtitan's apply_tp as one plan (no Float8, no context parallel): tok_embeddings row-wise
 // to Shard(1), so the residual stream is sequence-sharded between blocks; the norms
-// SequenceParallel; wq / wk / wv / w1 / w3 column-wise from a Shard(1) input gathered to
-// Replicate; wo / w2 row-wise, reduce-scattered to Shard(1); output column-wise from Shard(1),
-// to Shard(-1) DTensor logits with loss_parallel (for dtensor::LossParallel), else Replicate.
-// TODO(api): torchtitan's PrepareModuleInput((Shard(1), None) -> (Replicate(), None)) on
-// `attention` / `feed_forward` has no equivalent: dtensor's PrepareModuleInput only edits the
-// layouts of a module whose own parameters another style distributed, and takes one input.
-// Expressed by input_layouts(Shard(1)) on the projections instead; the gather to Replicate is
-// not cached per activation (TpLeft keeps only the output-layout conversion), so expect one
-// all-gather per projection (wq, wk, wv, w1, w3) where torchtitan has one per module.
+// SequenceParallel; attention / feed_forward gather their Shard(1) input once
+// (PrepareModuleInput, which their forward applies: [Note: module inputs without hooks]);
+// wq / wk / wv / w1 / w3 column-wise; wo / w2 row-wise, reduce-scattered to Shard(1); output
+// column-wise from Shard(1), to Shard(-1) DTensor logits with loss_parallel (for
+// dtensor::LossParallel), else Replicate.
 inline dtensor::ParallelizePlan llama3_tp_plan(bool loss_parallel) {
   using dtensor::ColwiseParallel;
   using dtensor::Replicate;
@@ -414,7 +412,8 @@ inline dtensor::ParallelizePlan llama3_tp_plan(bool loss_parallel) {
   auto style = [](auto s) -> std::shared_ptr<dtensor::ParallelStyle> {
     return std::make_shared<decltype(s)>(std::move(s));
   };
-  const auto gathered = ColwiseParallel().input_layouts(Shard(1));
+  const auto gathered =
+      dtensor::PrepareModuleInput().input_layouts(Shard(1)).desired_input_layouts(Replicate());
   const auto scattered = RowwiseParallel().output_layouts(Shard(1));
   return {
       {"tok_embeddings",
@@ -427,10 +426,12 @@ inline dtensor::ParallelizePlan llama3_tp_plan(bool loss_parallel) {
                            .output_layouts(loss_parallel ? Shard(-1) : Replicate())
                            .use_local_output(!loss_parallel))},
       {"layers.*.attention_norm", style(SequenceParallel())},
-      {"layers.*.attention.w[qkv]", style(gathered)},
+      {"layers.*.attention", style(gathered)},
+      {"layers.*.attention.w[qkv]", style(ColwiseParallel())},
       {"layers.*.attention.wo", style(scattered)},
       {"layers.*.ffn_norm", style(SequenceParallel())},
-      {"layers.*.feed_forward.w[13]", style(gathered)},
+      {"layers.*.feed_forward", style(gathered)},
+      {"layers.*.feed_forward.w[13]", style(ColwiseParallel())},
       {"layers.*.feed_forward.w2", style(scattered)},
   };
 }

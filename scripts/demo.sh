@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
-# The main job: set up (idempotent), build, and train a small Transformer on 4 CPU ranks as a
-# (dp=2, tp=2) mesh (examples/train.cpp). Extra arguments go to the trainer (--steps, --dim, ...).
+# The main job: set up (idempotent), build, and train the Llama 3 recipe (examples/train,
+# models/llama3.h) on NPROC CPU ranks (default 8, as a 2x2x2 (dp_replicate, dp_shard, tp)
+# mesh), then draw its loss curve. Extra arguments go to the trainer (--steps, --mesh, --dim,
+# --export-hf DIR, --model gpt, ...). Output goes to train-out/ (metrics.jsonl, loss.png).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 "$root/scripts/setup.sh"
-configure "$root/build" -Dcuda=disabled
-ninja -C "$root/build" examples/train
+configure "$root/build" -Dcuda=disabled >/dev/null
+ninja -C "$root/build" examples/train >/dev/null
 export TORCH_CPP_LOG_LEVEL=${TORCH_CPP_LOG_LEVEL:-WARNING}
 # torchrun imports torch, which warns that NumPy is missing (dtensor never needs it).
 export PYTHONWARNINGS=${PYTHONWARNINGS:-ignore::UserWarning}
-exec torchrun --standalone --nproc-per-node "${NPROC:-4}" --no-python "$root/build/examples/train" "$@"
+out=${DEMO_OUT:-$PWD/train-out}
+mkdir -p "$out"
+torchrun --standalone --nproc-per-node "${NPROC:-8}" --no-python "$root/build/examples/train" \
+  --metrics "$out/metrics.jsonl" "$@"
+if [[ -s $out/metrics.jsonl ]]; then
+  "$venv/bin/python" "$root/scripts/plot_metrics.py" "$out/metrics.jsonl" "$out/loss.png"
+fi

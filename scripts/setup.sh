@@ -16,6 +16,7 @@ numpy_version=2.3.5          # for the conformance suite's oracle (torch.distrib
 expecttest_version=0.3.0     # ... and its test models (torch.testing._internal imports it)
 safetensors_version=0.8.0    # checkpoint interop tests (PyTorch's HuggingFaceStorageReader/Writer)
 transformers_version=5.24.0  # the judge of the Llama-3 model's Hugging Face exchange (tests only)
+matplotlib_version=3.11.2    # the main job's loss curve (scripts/plot_metrics.py)
 
 log() { printf '[setup] %s\n' "$*"; }
 
@@ -68,7 +69,7 @@ install_venv() {
 
 install_venv "$venv" "torch==$torch_version" "meson==$meson_version" "ninja==$ninja_version" \
   "numpy==$numpy_version" "expecttest==$expecttest_version" "safetensors==$safetensors_version" \
-  "transformers==$transformers_version"
+  "transformers==$transformers_version" "matplotlib==$matplotlib_version"
 if [[ ${DTENSOR_SKIP_OLD_TORCH:-0} != 1 ]]; then
   install_venv "$venv_old_torch" "torch==$old_torch_version"
 fi

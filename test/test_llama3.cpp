@@ -90,7 +90,25 @@ TEST_CASE("llama3: meta init, TP x HSDP, equals the plain model (parameters, log
   at::manual_seed(100); // the same batch on every rank
   const at::Tensor tokens = at::randint(kVocab, {kBatch, kSeq}, options(at::kLong));
   const at::Tensor targets = at::randint(kVocab, {kBatch, kSeq}, options(at::kLong));
+  CommDebugMode mode;
   const at::Tensor logits = whole(model->forward(tokens));
+  // torchtitan's forward: per block, attention's and feed_forward's sequence-sharded input
+  // gathered once each and wo / w2 reduce-scattered; the embedding's masked partial
+  // reduce-scattered; the final norm's output gathered for `output`, and the logits. Each
+  // fully_shard unit (2 blocks + the root) gathered over dp_shard.
+  const auto counts = mode.counts_by_group();
+  const int64_t layers = small_args().n_layers();
+  auto count = [&](const std::string& group, CollectiveKind kind) {
+    auto g = counts.find(group);
+    return g == counts.end() || g->second.count(kind) == 0 ? 0 : g->second.at(kind);
+  };
+  const bool tp = mesh.size(2) > 1;
+  CHECK(count("tp", CollectiveKind::AllGather) == (tp ? 2 * layers + 2 : 0));
+  CHECK(count("tp", CollectiveKind::ReduceScatter) == (tp ? 2 * layers + 1 : 0));
+  CHECK(count("dp_shard", CollectiveKind::AllGather) == layers + 1); // also on one rank
+  CHECK(mode.total_count() == count("tp", CollectiveKind::AllGather) +
+                                  count("tp", CollectiveKind::ReduceScatter) +
+                                  count("dp_shard", CollectiveKind::AllGather));
   const at::Tensor want = ref->forward(tokens);
   REQUIRE(logits.sizes().vec() == std::vector<int64_t>{kBatch, kSeq, kVocab});
   REQUIRE(near(logits.detach(), want.detach()));

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
 #include <torch/arg.h>
 
 #include <dtensor/device_mesh.h>
@@ -70,8 +71,11 @@ class SequenceParallel : public ParallelStyle {
   void apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const override;
 };
 
-// Only the input layout of a module's (first) input: DTensor inputs are redistributed from
-// input_layouts to desired_input_layouts by the first op that uses the module's parameters.
+// Only the input layout of a module's (first) input. On a module whose own parameters
+// another style parallelized: DTensor inputs are redistributed from input_layouts to
+// desired_input_layouts by the first op that uses those parameters. On any other module
+// (torchtitan's attention / feed_forward): the module converts its input itself by calling
+// prepare_module_input at the start of its forward ([Note: module inputs without hooks]).
 class PrepareModuleInput : public ParallelStyle {
  public:
   TORCH_ARG(Placement, input_layouts) = Placement::replicate();
@@ -80,6 +84,16 @@ class PrepareModuleInput : public ParallelStyle {
   std::string name() const override { return "PrepareModuleInput"; }
   void apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const override;
 };
+
+// [Note: module inputs without hooks] LibTorch modules have no forward pre-hooks, so a
+// module that a PrepareModuleInput style applies to calls this on its input where PyTorch's
+// hook would run: a DTensor is redistributed from its placements to desired_input_layouts, a
+// plain tensor is first taken as this rank's piece in input_layouts (DTensor::from_local);
+// both differentiable, so the gradient takes the reverse path (all-gather forward,
+// reduce-scatter backward for Shard(1) -> Replicate). With use_local_output the local tensor
+// is returned. `input` is returned unchanged where no such style applies to `module`, so the
+// same model code runs plain and parallelized.
+at::Tensor prepare_module_input(const torch::nn::Module& module, const at::Tensor& input);
 
 // Only the output layout: the module's outputs are redistributed from output_layouts to
 // desired_output_layouts when they leave the module.

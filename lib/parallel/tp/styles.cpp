@@ -3,6 +3,9 @@
 
 #include <fnmatch.h>
 
+#include <map>
+#include <mutex>
+
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/embedding.h>
@@ -28,8 +31,9 @@ struct Layouts {
 
 std::shared_ptr<const TpTag> make_tag(const torch::nn::Module& module, const std::string& style,
                                       const Layouts& l) {
-  return detail::make_tp_tags(&module, style, module.name(),
-                              detail::TpLayouts{l.input, l.desired_input, l.output, l.local_output});
+  return detail::make_tp_tags(
+      &module, style, module.name(),
+      detail::TpLayouts{l.input, l.desired_input, l.output, l.local_output});
 }
 
 void check_mesh(const DeviceMesh& mesh, const std::string& style) {
@@ -95,8 +99,9 @@ std::vector<std::shared_ptr<detail::TpLayouts>> existing_layouts(torch::nn::Modu
 
 void ColwiseParallel::apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const {
   check_mesh(tp_mesh, name());
-  auto tag = make_tag(module, name(),
-                      {input_layouts(), Placement::replicate(), output_layouts(), use_local_output()});
+  auto tag =
+      make_tag(module, name(),
+               {input_layouts(), Placement::replicate(), output_layouts(), use_local_output()});
   if (dynamic_cast<torch::nn::LinearImpl*>(&module) != nullptr) {
     distribute_all(
         module, tp_mesh, [](const std::string&) { return Placement::shard(0); }, tag);
@@ -111,8 +116,9 @@ void ColwiseParallel::apply(torch::nn::Module& module, const DeviceMesh& tp_mesh
 void RowwiseParallel::apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const {
   check_mesh(tp_mesh, name());
   if (dynamic_cast<torch::nn::LinearImpl*>(&module) != nullptr) {
-    auto tag = make_tag(module, name(), {input_layouts(), Placement::shard(-1), output_layouts(),
-                                         use_local_output()});
+    auto tag =
+        make_tag(module, name(),
+                 {input_layouts(), Placement::shard(-1), output_layouts(), use_local_output()});
     distribute_all(
         module, tp_mesh,
         [](const std::string& n) {
@@ -141,12 +147,77 @@ void SequenceParallel::apply(torch::nn::Module& module, const DeviceMesh& tp_mes
       module, tp_mesh, [](const std::string&) { return Placement::replicate(); }, tag);
 }
 
+namespace {
+
+// [Note: module inputs without hooks]: the modules that convert their own input, by address
+// (the weak pointer tells a live module from a new one at a freed module's address).
+struct ModuleInput {
+  std::weak_ptr<torch::nn::Module> module;
+  DeviceMesh mesh;
+  PrepareModuleInput style;
+};
+
+std::mutex& module_inputs_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::map<const torch::nn::Module*, ModuleInput>& module_inputs() {
+  static std::map<const torch::nn::Module*, ModuleInput> m;
+  return m;
+}
+
+bool has_own_tp_parameters(const torch::nn::Module& module) {
+  for (const auto& p : module.named_parameters(/*recurse=*/false)) {
+    if (detail::tp_tag(p.value())) {
+      return true;
+    }
+  }
+  return false;
+}
+
+} // namespace
+
 void PrepareModuleInput::apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const {
   check_mesh(tp_mesh, name());
+  if (!has_own_tp_parameters(module)) {
+    auto owned = detail::owned_module(module, "PrepareModuleInput");
+    std::lock_guard<std::mutex> lock(module_inputs_mutex());
+    module_inputs()[&module] = ModuleInput{owned, tp_mesh, *this};
+    return;
+  }
   for (const auto& layouts : existing_layouts(module, name())) {
     layouts->input = input_layouts();
     layouts->desired_input = desired_input_layouts();
   }
+}
+
+at::Tensor prepare_module_input(const torch::nn::Module& module, const at::Tensor& input) {
+  std::optional<ModuleInput> entry;
+  {
+    std::lock_guard<std::mutex> lock(module_inputs_mutex());
+    auto it = module_inputs().find(&module);
+    if (it != module_inputs().end()) {
+      auto live = it->second.module.lock();
+      if (live.get() == &module) {
+        entry = it->second;
+      } else {
+        module_inputs().erase(it);
+      }
+    }
+  }
+  if (!entry || !input.defined()) {
+    return input;
+  }
+  const PrepareModuleInput& style = entry->style;
+  DTensor d = is_dtensor(input) ? DTensor(input)
+                                : DTensor::from_local(input, entry->mesh, {style.input_layouts()});
+  DTENSOR_CHECK(d.device_mesh() == entry->mesh,
+                "prepare_module_input({}): the input is on {}, the style's mesh is {}",
+                module.name(), d.device_mesh().to_string(), entry->mesh.to_string());
+  const Placements want{style.desired_input_layouts().normalized(d.dim())};
+  DTensor out = d.placements() == want ? d : d.redistribute(want);
+  return style.use_local_output() ? out.to_local() : at::Tensor(out);
 }
 
 void PrepareModuleOutput::apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const {

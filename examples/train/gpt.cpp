@@ -1,10 +1,11 @@
-// The main job: trains a small GPT-style Transformer (character level, on an embedded text)
+// `train --model gpt`: trains a small GPT-style Transformer (character level, on an embedded text)
 // with tensor parallelism on attention and MLP, fully_shard on each block and the root,
 // AdamW and clip_grad_norm_, on a (dp, tp) mesh. Prints every few steps: loss, tokens/s, total
 // gradient norm, and the step's collectives (CommDebugMode); at the end a greedy sample of
 // generated text.
 //
-//   torchrun --standalone --nproc-per-node 4 --no-python build/examples/train --dp 2 --tp 2
+//   torchrun --standalone --nproc-per-node 4 --no-python build/examples/train --model gpt --dp 2
+//   --tp 2
 //
 // Flags: --dp N --tp N (default: tp = min(2, world), dp = world / tp), --steps N, --dim N,
 // --layers N, --heads N, --seq N, --batch N, --lr X, --max-norm X, --norm-type X (inf ok),
@@ -41,40 +42,22 @@
 
 #include <models/fsdp_models.h> // common_dtensor's Transformer (also used by the tests)
 
-namespace {
+#include "common.h"
 
-const char* kCorpus =
-    "It was the best of times, it was the worst of times, it was the age of wisdom, it was the "
-    "age of foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the "
-    "season of Light, it was the season of Darkness, it was the spring of hope, it was the winter "
-    "of despair, we had everything before us, we had nothing before us, we were all going direct "
-    "to Heaven, we were all going direct the other way - in short, the period was so far like the "
-    "present period, that some of its noisiest authorities insisted on its being received, for "
-    "good or for evil, in the superlative degree of comparison only. ";
+namespace dtensor::train {
+
+namespace {
 
 struct Flags {
   int64_t dp = 0, tp = 0, steps = 300, dim = 64, layers = 2, heads = 4, seq = 32, batch = 8;
   int64_t log_every = 25;
   double lr = 1e-2, max_norm = 1.0, norm_type = 2.0;
   bool fp16 = false;
-  bool memory = false; // --memory: resident memory and cache sizes with each log line
-  std::string compress; // "", "bf16" or "fp16"
+  bool memory = false;      // --memory: resident memory and cache sizes with each log line
+  std::string compress;     // "", "bf16" or "fp16"
   std::string save, resume; // checkpoint directories
   int64_t save_every = 0;   // 0: at the end only
 };
-
-// Resident set size of this process in MiB (Linux /proc).
-double resident_mib() {
-  long pages = 0;
-  long resident = 0;
-  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
-    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) {
-      resident = 0;
-    }
-    std::fclose(f);
-  }
-  return static_cast<double>(resident) * 4096.0 / (1024.0 * 1024.0);
-}
 
 Flags parse(int argc, char** argv) {
   Flags f;
@@ -130,32 +113,6 @@ Flags parse(int argc, char** argv) {
   }
   return f;
 }
-
-// Gloo prints a "[Gloo] Rank N is connected to ..." line on stdout for every group it
-// connects; the example keeps its own output clean by muting stdout while groups are made.
-class MutedStdout {
- public:
-  MutedStdout() : saved_(dup(STDOUT_FILENO)) {
-    std::fflush(stdout);
-    const int null = open("/dev/null", O_WRONLY);
-    if (null >= 0) {
-      dup2(null, STDOUT_FILENO);
-      close(null);
-    }
-  }
-  ~MutedStdout() {
-    std::fflush(stdout);
-    if (saved_ >= 0) {
-      dup2(saved_, STDOUT_FILENO);
-      close(saved_);
-    }
-  }
-  MutedStdout(const MutedStdout&) = delete;
-  MutedStdout& operator=(const MutedStdout&) = delete;
-
- private:
-  int saved_;
-};
 
 // GPT-2-style initialisation: weights N(0, 0.02), the projections back into the residual
 // stream (attention.wo, feed_forward.w2) N(0, 0.02 / sqrt(2 * layers)), biases 0, norms 1.
@@ -246,7 +203,9 @@ std::shared_ptr<dtensor::ParallelStyle> style(T s) {
   return std::make_shared<T>(std::move(s));
 }
 
-int run(int argc, char** argv) {
+} // namespace
+
+int run_gpt(int argc, char** argv) {
   at::set_num_threads(1);
   Flags f = parse(argc, argv);
   std::optional<MutedStdout> muted;
@@ -327,7 +286,8 @@ int run(int argc, char** argv) {
   if (!f.resume.empty()) {
     start = resume(f.resume, *model, opt, scaler);
     if (rank == 0) {
-      std::printf("resumed from %s at step %lld\n", f.resume.c_str(), static_cast<long long>(start));
+      std::printf("resumed from %s at step %lld\n", f.resume.c_str(),
+                  static_cast<long long>(start));
     }
   }
   auto save = [&](int64_t step) {
@@ -417,7 +377,8 @@ int run(int argc, char** argv) {
         std::fflush(stdout);
       }
     }
-    if (!f.save.empty() && f.save_every > 0 && (step + 1) % f.save_every == 0 && step + 1 < f.steps) {
+    if (!f.save.empty() && f.save_every > 0 && (step + 1) % f.save_every == 0 &&
+        step + 1 < f.steps) {
       save(step + 1);
     }
   }
@@ -438,14 +399,4 @@ int run(int argc, char** argv) {
   return ok ? 0 : 1;
 }
 
-} // namespace
-
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "train: error on rank %d: %s\n",
-                 dtensor::is_initialized() ? dtensor::get_rank() : -1, e.what());
-    return 1;
-  }
-}
+} // namespace dtensor::train

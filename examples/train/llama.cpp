@@ -1,0 +1,449 @@
+// `train` (the default, `--model llama`): torchtitan's Llama 3 recipe in C++ on the model of
+// models/llama3.h. Built on the meta device, parallelized on a (dp_replicate, dp_shard, tp)
+// mesh (tensor and sequence parallelism over tp with a vocab-parallel loss, fully_shard over
+// the rest: HSDP when dp_replicate > 1), materialized and initialized only in this rank's
+// shards; activation checkpointing per block, bf16 parameters with fp32 gradient
+// reductions, AdamW and clip_grad_norm_. Each step prints (every --log-every) and writes to
+// the metrics file (JSON lines): loss, tokens/s, total gradient norm, collectives, peak
+// resident memory. At the end a greedy sample of text.
+//
+//   torchrun --standalone --nproc-per-node 8 --no-python build/examples/train --mesh 2x2x2
+//
+// Flags: --mesh AxBxC (dp_replicate x dp_shard x tp; default from the world size: 8 ->
+// 2x2x2, 4 -> 1x2x2, 2 -> 1x1x2), --steps N, --dim N, --layers N, --heads N, --kv-heads N,
+// --seq N, --batch N (per data-parallel rank), --lr X, --max-norm X, --ac full|selective|none,
+// --precision bf16|fp32, --metrics FILE (JSON lines; default train-out/metrics.jsonl),
+// --log-every N, --export-hf DIR (Hugging Face LlamaForCausalLM directory at the end),
+// --init-from-hf DIR (start from one; its config.json gives the model's shape), --save DIR,
+// --save-every N, --resume DIR (checkpoints, docs/checkpoint.md).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <optional>
+#include <string>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <nlohmann/json.hpp>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/adamw.h>
+
+#include <dtensor/all.h>
+#include <dtensor/checkpoint.h>
+#include <dtensor/optim_state_dict.h>
+
+#include <models/llama3.h>
+#include <models/llama3_hf.h>
+
+#include "common.h"
+
+namespace dtensor::train {
+
+namespace {
+
+using models::Llama3;
+using models::Llama3Args;
+
+struct Flags {
+  std::vector<int64_t> mesh; // empty: from the world size
+  int64_t steps = 200, dim = 64, layers = 2, heads = 4, kv_heads = 2, seq = 32, batch = 8;
+  int64_t log_every = 20, save_every = 0;
+  double lr = 3e-3, max_norm = 1.0;
+  std::string ac = "full", precision = "bf16";
+  std::string metrics = "train-out/metrics.jsonl";
+  std::string export_hf, init_from_hf, save, resume;
+};
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr, "train: %s (see the flags at the top of examples/train/llama.cpp)\n",
+               why.c_str());
+  std::exit(2);
+}
+
+std::vector<int64_t> parse_mesh(const std::string& s) {
+  std::vector<int64_t> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    const size_t x = s.find('x', start);
+    out.push_back(std::stoll(s.substr(start, x - start)));
+    if (x == std::string::npos) {
+      break;
+    }
+    start = x + 1;
+  }
+  if (out.size() != 3) {
+    usage("--mesh takes dp_replicate x dp_shard x tp, e.g. 2x2x2; got " + s);
+  }
+  return out;
+}
+
+Flags parse(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; i += 2) {
+    const std::string k = argv[i];
+    if (i + 1 >= argc) {
+      usage("flag " + k + " needs a value");
+    }
+    const std::string v = argv[i + 1];
+    auto num = [&] { return std::stoll(v); };
+    if (k == "--mesh")
+      f.mesh = parse_mesh(v);
+    else if (k == "--steps")
+      f.steps = num();
+    else if (k == "--dim")
+      f.dim = num();
+    else if (k == "--layers")
+      f.layers = num();
+    else if (k == "--heads")
+      f.heads = num();
+    else if (k == "--kv-heads")
+      f.kv_heads = num();
+    else if (k == "--seq")
+      f.seq = num();
+    else if (k == "--batch")
+      f.batch = num();
+    else if (k == "--log-every")
+      f.log_every = std::max<int64_t>(1, num());
+    else if (k == "--save-every")
+      f.save_every = num();
+    else if (k == "--lr")
+      f.lr = std::stod(v);
+    else if (k == "--max-norm")
+      f.max_norm = std::stod(v);
+    else if (k == "--ac" && (v == "full" || v == "selective" || v == "none"))
+      f.ac = v;
+    else if (k == "--precision" && (v == "bf16" || v == "fp32"))
+      f.precision = v;
+    else if (k == "--metrics")
+      f.metrics = v;
+    else if (k == "--export-hf")
+      f.export_hf = v;
+    else if (k == "--init-from-hf")
+      f.init_from_hf = v;
+    else if (k == "--save")
+      f.save = v;
+    else if (k == "--resume")
+      f.resume = v;
+    else
+      usage("unknown flag or value: " + k + " " + v);
+  }
+  return f;
+}
+
+// torchtitan's usual shape for a world size: tp 2 where possible, then dp_shard 2, the rest
+// replicated (8 -> 2x2x2, 4 -> 1x2x2, 2 -> 1x1x2, 6 -> 1x3x2).
+std::vector<int64_t> default_mesh(int64_t world) {
+  const int64_t tp = world % 2 == 0 ? 2 : 1;
+  const int64_t rest = world / tp;
+  const int64_t shard = rest % 2 == 0 ? 2 : rest;
+  return {rest / shard, shard, tp};
+}
+
+std::optional<ActivationCheckpointOptions> ac_options(const std::string& ac) {
+  if (ac == "none") {
+    return std::nullopt;
+  }
+  ActivationCheckpointOptions o;
+  if (ac == "selective") { // torchtitan's "op" mode: matmuls and attention kept
+    o.policy(save_ops({"aten::mm", "aten::addmm", "aten::bmm",
+                       "aten::_scaled_dot_product_flash_attention_for_cpu",
+                       "aten::_scaled_dot_product_flash_attention",
+                       "aten::_scaled_dot_product_efficient_attention"}));
+  }
+  return o;
+}
+
+Llama3Args model_args(const Flags& f, int64_t vocab) {
+  if (!f.init_from_hf.empty()) {
+    Llama3Args a = models::args_from_hf(f.init_from_hf);
+    if (a.vocab_size() < vocab) {
+      usage(f.init_from_hf + " has a vocabulary of " + std::to_string(a.vocab_size()) +
+            ", the text needs " + std::to_string(vocab));
+    }
+    return a.max_seq_len(std::max(a.max_seq_len(), f.seq)).activation_checkpoint(ac_options(f.ac));
+  }
+  return Llama3Args()
+      .dim(f.dim)
+      .n_layers(f.layers)
+      .n_heads(f.heads)
+      .n_kv_heads(f.kv_heads)
+      .vocab_size((vocab + 7) / 8 * 8) // padded, as torchtitan pads its vocabularies
+      .multiple_of(32)
+      .rope_theta(10000.0)
+      .rope_scaling(std::nullopt)
+      .max_seq_len(f.seq)
+      .activation_checkpoint(ac_options(f.ac));
+}
+
+// The whole logits of a forward (a vocab-sharded DTensor with the loss-parallel plan).
+at::Tensor full_logits(const at::Tensor& logits) {
+  return is_dtensor(logits) ? DTensor(logits).full_tensor() : logits;
+}
+
+// Greedy continuation of `prompt` (every rank runs the same forward passes).
+std::string sample(Llama3& model, const CharVocab& vocab, const std::string& prompt, int64_t n,
+                   int64_t seq, const at::Device& device) {
+  c10::NoGradGuard no_grad;
+  std::vector<int64_t> ids = vocab.encode(prompt);
+  for (int64_t k = 0; k < n; ++k) {
+    const auto len = std::min<int64_t>(static_cast<int64_t>(ids.size()), seq);
+    std::vector<int64_t> window(ids.end() - len, ids.end());
+    at::Tensor x = at::tensor(window, at::kLong).view({1, len}).to(device);
+    at::Tensor last = full_logits(model->forward(x))[0][len - 1].narrow(0, 0, vocab.size());
+    ids.push_back(last.argmax().item<int64_t>());
+  }
+  return vocab.decode(ids);
+}
+
+StateDict train_state(Llama3& model, torch::optim::Optimizer& opt, int64_t step,
+                      StateDict* model_part, StateDict* optim_part) {
+  *model_part = get_model_state_dict(*model);
+  model_part->erase("freqs_cis"); // recomputed, not trained
+  *optim_part = get_optimizer_state_dict(*model, opt);
+  StateDict all = *model_part;
+  for (const auto& item : *optim_part) {
+    all.insert(item.key(), item.value());
+  }
+  all.insert("step", at::scalar_tensor(step, at::kLong));
+  return all;
+}
+
+int64_t resume(const std::string& dir, Llama3& model, torch::optim::Optimizer& opt) {
+  StateDict m, o;
+  StateDict all = train_state(model, opt, 0, &m, &o);
+  checkpoint::load(all, dir);
+  m.insert("freqs_cis", model->freqs_cis);
+  set_model_state_dict(*model, m);
+  set_optimizer_state_dict(*model, opt, o);
+  return all["step"].item<int64_t>();
+}
+
+// The training loop: one batch per data-parallel rank per step (drawn from a per-step seed,
+// so a resumed run sees the same data), the loss on vocab-sharded logits (LossParallel).
+struct Loop {
+  const Flags& f;
+  const DeviceMesh& mesh;
+  const DeviceMesh& dp;
+  const at::Device& device;
+  Llama3& model;
+  torch::optim::AdamW& opt;
+  const at::Tensor& data;
+  int64_t text_vocab;
+  double first = 0, last = 0;
+
+  // This rank's index among the data-parallel ranks (row-major over dp_replicate, dp_shard).
+  int64_t dp_index() const { return dp.get_local_rank(0) * dp.size(1) + dp.get_local_rank(1); }
+
+  std::pair<at::Tensor, at::Tensor> batch(int64_t step) const {
+    at::manual_seed(1000 + 31 * step + dp_index());
+    at::Tensor starts = at::randint(data.size(0) - f.seq - 1, {f.batch}, at::kLong);
+    std::vector<at::Tensor> xs, ys;
+    for (int64_t b = 0; b < f.batch; ++b) {
+      const int64_t s = starts[b].item<int64_t>();
+      xs.push_back(data.narrow(0, s, f.seq));
+      ys.push_back(data.narrow(0, s + 1, f.seq));
+    }
+    return {at::stack(xs).to(device), at::stack(ys).to(device)};
+  }
+
+  // One step; returns this rank's loss and the total gradient norm (both as computed).
+  std::pair<at::Tensor, at::Tensor> step(int64_t index) {
+    auto [x, y] = batch(index);
+    opt.zero_grad();
+    at::Tensor logits = model->forward(x);
+    at::Tensor loss;
+    {
+      LossParallel vocab_parallel; // the logits stay vocab-sharded ([Note] in loss.cpp)
+      loss = torch::nn::functional::cross_entropy(logits.to(at::kFloat).flatten(0, 1), y.flatten());
+      loss.backward();
+    }
+    at::Tensor norm = clip_grad_norm_(model->parameters(), f.max_norm);
+    opt.step();
+    return {loss.detach(), norm};
+  }
+
+  // The loss averaged over the data-parallel ranks and the norm, for the log only (after
+  // the step's counted collectives).
+  static std::pair<double, double> values(const at::Tensor& loss, const at::Tensor& norm) {
+    at::Tensor l = is_dtensor(loss) ? DTensor(loss).to_local() : loss;
+    l = all_reduce(l.reshape({1}).to(at::kDouble), ReduceOp::Avg, world_group());
+    const at::Tensor n = is_dtensor(norm) ? DTensor(norm).to_local() : norm;
+    return {l.item<double>(), n.item<double>()};
+  }
+
+  bool run(int64_t start) {
+    const int rank = get_rank();
+    std::ofstream metrics;
+    if (rank == 0) {
+      const auto dir = std::filesystem::path(f.metrics).parent_path();
+      if (!dir.empty()) {
+        std::filesystem::create_directories(dir);
+      }
+      metrics.open(f.metrics, start > 0 ? std::ios::app : std::ios::trunc);
+      std::printf("%5s %8s %10s %10s %9s  %s\n", "step", "loss", "tokens/s", "grad norm",
+                  "peak MiB", "collectives (count by kind)");
+    }
+    std::vector<double> losses;
+    for (int64_t s = start; s < f.steps; ++s) {
+      const auto t0 = std::chrono::steady_clock::now();
+      std::optional<CommDebugMode> mode(std::in_place);
+      const auto [loss_t, norm_t] = step(s);
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const std::map<CollectiveKind, int64_t> counts = mode->comm_counts();
+      mode.reset();
+      const auto [loss, norm] = values(loss_t, norm_t);
+      losses.push_back(loss);
+      log(s, loss, norm, secs, counts, metrics);
+      if (!f.save.empty() && f.save_every > 0 && (s + 1) % f.save_every == 0 && s + 1 < f.steps) {
+        save(s + 1);
+      }
+    }
+    if (!f.save.empty()) {
+      save(f.steps);
+    }
+    // Mean of the first and last few steps: falling unless training failed.
+    const size_t k = std::min<size_t>(5, std::max<size_t>(1, losses.size() / 4));
+    if (losses.empty()) {
+      return true;
+    }
+    first = std::accumulate(losses.begin(), losses.begin() + k, 0.0) / static_cast<double>(k);
+    last = std::accumulate(losses.end() - k, losses.end(), 0.0) / static_cast<double>(k);
+    return start > 0 ? last < std::log(static_cast<double>(text_vocab)) : last < first;
+  }
+
+  void log(int64_t s, double loss, double norm, double secs,
+           const std::map<CollectiveKind, int64_t>& comm_counts, std::ofstream& metrics) const {
+    const double tokens = static_cast<double>(f.batch * f.seq * dp.size()) / secs;
+    at::Tensor peak = at::full({1}, peak_resident_mib(), at::kDouble).to(device);
+    peak = all_reduce(peak, ReduceOp::Max, world_group()); // the largest rank's
+    if (get_rank() != 0) {
+      return;
+    }
+    nlohmann::json counts = nlohmann::json::object();
+    std::string text;
+    for (const auto& [kind, n] : comm_counts) {
+      counts[to_string(kind)] = n;
+      text += to_string(kind) + "=" + std::to_string(n) + " ";
+    }
+    metrics << nlohmann::json{{"step", s},
+                              {"loss", loss},
+                              {"tokens_per_s", tokens},
+                              {"grad_norm", norm},
+                              {"step_s", secs},
+                              {"peak_resident_mib", peak.item<double>()},
+                              {"collectives", counts}}
+                   .dump()
+            << "\n";
+    metrics.flush();
+    if (s % f.log_every == 0 || s + 1 == f.steps) {
+      std::printf("%5lld %8.4f %10.0f %10.4f %9.0f  %s\n", static_cast<long long>(s), loss, tokens,
+                  norm, peak.item<double>(), text.c_str());
+      std::fflush(stdout);
+    }
+  }
+
+  void save(int64_t s) {
+    StateDict m, o;
+    const auto t0 = std::chrono::steady_clock::now();
+    checkpoint::save(train_state(model, opt, s, &m, &o), f.save);
+    if (get_rank() == 0) {
+      std::printf("saved step %lld to %s in %.2f s\n", static_cast<long long>(s), f.save.c_str(),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+};
+
+} // namespace
+
+int run_llama(int argc, char** argv) {
+  at::set_num_threads(1);
+  Flags f = parse(argc, argv);
+  std::optional<MutedStdout> muted;
+  muted.emplace();
+  init_process_group();
+  const int64_t world = get_world_size();
+  const int rank = get_rank();
+  if (f.mesh.empty()) {
+    f.mesh = default_mesh(world);
+  }
+  if (f.mesh[0] * f.mesh[1] * f.mesh[2] != world) {
+    usage("--mesh " + std::to_string(f.mesh[0]) + "x" + std::to_string(f.mesh[1]) + "x" +
+          std::to_string(f.mesh[2]) + " does not cover the " + std::to_string(world) + " ranks");
+  }
+  const bool cuda = get_backend() == BackendType::Nccl;
+  const at::Device device =
+      cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(get_local_rank()))
+           : at::Device(at::kCPU);
+  const DeviceMesh mesh =
+      init_device_mesh(cuda ? c10::kCUDA : c10::kCPU, f.mesh, {"dp_replicate", "dp_shard", "tp"});
+  const DeviceMesh dp = mesh[{"dp_replicate", "dp_shard"}];
+  for (const char* dim : {"dp_replicate", "dp_shard", "tp"}) {
+    mesh[dim].get_group(); // every group now, while Gloo's connection lines are muted
+  }
+  barrier(world_group());
+  muted.reset();
+
+  const CharVocab vocab(kCorpus);
+  at::Tensor data = at::tensor(vocab.encode(kCorpus), at::kLong);
+  const Llama3Args args = model_args(f, vocab.size());
+  Llama3 model{nullptr};
+  {
+    MetaDeviceGuard meta; // nothing is allocated until to_empty, and then only shards
+    model = Llama3(args);
+  }
+  auto fsdp = FullyShardOptions();
+  if (f.precision == "bf16") {
+    fsdp.mp_policy(MixedPrecisionPolicy().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat));
+  }
+  models::parallelize_llama3(model, mesh, /*loss_parallel=*/true, fsdp);
+  to_empty(*model, device);
+  if (f.init_from_hf.empty()) {
+    set_rng_state({true, 0, 0}); // the same values on every layout (docs/random.md)
+    model->init_weights();
+  } else {
+    models::load_hf(model, f.init_from_hf);
+  }
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(f.lr).weight_decay(0.1));
+  int64_t start = 0;
+  if (!f.resume.empty()) {
+    start = resume(f.resume, model, opt);
+    if (rank == 0) {
+      std::printf("resumed from %s at step %lld\n", f.resume.c_str(),
+                  static_cast<long long>(start));
+    }
+  }
+  if (rank == 0) {
+    std::printf("dtensor train (Llama 3 recipe): %lld ranks as (dp_replicate=%lld, dp_shard=%lld, "
+                "tp=%lld) on %s; vocab %lld, dim %lld, %lld layers, %lld/%lld heads, batch %lld x "
+                "%lld per dp rank, %s, AC %s, AdamW lr %g, clip %g\n",
+                static_cast<long long>(world), static_cast<long long>(f.mesh[0]),
+                static_cast<long long>(f.mesh[1]), static_cast<long long>(f.mesh[2]),
+                cuda ? "cuda" : "cpu", static_cast<long long>(args.vocab_size()),
+                static_cast<long long>(args.dim()), static_cast<long long>(args.n_layers()),
+                static_cast<long long>(args.n_heads()), static_cast<long long>(args.kv_heads()),
+                static_cast<long long>(f.batch), static_cast<long long>(f.seq),
+                f.precision == "bf16" ? "bf16 parameters, fp32 reductions" : "fp32", f.ac.c_str(),
+                f.lr, f.max_norm);
+  }
+  Loop loop{f, mesh, dp, device, model, opt, data, vocab.size()};
+  const bool ok = loop.run(start);
+  const std::string text = sample(model, vocab, "It was the ", 60, f.seq, device);
+  if (!f.export_hf.empty()) {
+    models::export_hf(model, f.export_hf);
+  }
+  if (rank == 0) {
+    std::printf("sample: \"%s\"\n", text.c_str());
+    std::printf("loss %.4f -> %.4f (%s); metrics in %s%s%s\n", loop.first, loop.last,
+                ok ? "falling" : "NOT falling", f.metrics.c_str(),
+                f.export_hf.empty() ? "" : "; Hugging Face model in ", f.export_hf.c_str());
+  }
+  return ok ? 0 : 1;
+}
+
+} // namespace dtensor::train

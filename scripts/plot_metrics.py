@@ -1,0 +1,37 @@
+#!/usr/bin/env python3
+"""The main job's loss curve: reads the metrics file examples/train writes (JSON lines, one
+object per step) and draws loss and tokens/s against the step into a PNG.
+
+usage: plot_metrics.py METRICS.jsonl OUT.png
+"""
+import json
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main():
+    metrics, out = sys.argv[1:3]
+    rows = [json.loads(line) for line in open(metrics) if line.strip()]
+    if not rows:
+        raise SystemExit(f"plot_metrics: {metrics} holds no steps")
+    steps = [r["step"] for r in rows]
+    fig, loss_ax = plt.subplots(figsize=(7, 4))
+    loss_ax.plot(steps, [r["loss"] for r in rows], color="tab:blue", label="loss")
+    loss_ax.set_xlabel("step")
+    loss_ax.set_ylabel("loss (cross-entropy)", color="tab:blue")
+    speed_ax = loss_ax.twinx()
+    speed_ax.plot(steps, [r["tokens_per_s"] for r in rows], color="tab:gray", alpha=0.5,
+                  linewidth=0.8, label="tokens/s")
+    speed_ax.set_ylabel("tokens/s", color="tab:gray")
+    loss_ax.set_title("dtensor: Llama 3 recipe")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    print(f"loss curve: {out}")
+
+
+if __name__ == "__main__":
+    main()
