@@ -235,6 +235,7 @@ struct Loop {
   const at::Tensor& data;
   int64_t text_vocab;
   double first = 0, last = 0;
+  std::map<std::string, std::map<CollectiveKind, int64_t>> by_group; // the last step's
 
   // This rank's index among the data-parallel ranks (row-major over dp_replicate, dp_shard).
   int64_t dp_index() const { return dp.get_local_rank(0) * dp.size(1) + dp.get_local_rank(1); }
@@ -296,6 +297,7 @@ struct Loop {
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const std::map<CollectiveKind, int64_t> counts = mode->comm_counts();
+      by_group = mode->counts_by_group();
       mode.reset();
       const auto [loss, norm] = values(loss_t, norm_t);
       losses.push_back(loss);
@@ -331,13 +333,20 @@ struct Loop {
       counts[to_string(kind)] = n;
       text += to_string(kind) + "=" + std::to_string(n) + " ";
     }
+    nlohmann::json groups = nlohmann::json::object();
+    for (const auto& [group, kinds] : by_group) {
+      for (const auto& [kind, n] : kinds) {
+        groups[group][to_string(kind)] = n;
+      }
+    }
     metrics << nlohmann::json{{"step", s},
                               {"loss", loss},
                               {"tokens_per_s", tokens},
                               {"grad_norm", norm},
                               {"step_s", secs},
                               {"peak_resident_mib", peak.item<double>()},
-                              {"collectives", counts}}
+                              {"collectives", counts},
+                              {"collectives_by_group", groups}}
                    .dump()
             << "\n";
     metrics.flush();
@@ -431,7 +440,7 @@ int run_llama(int argc, char** argv) {
                 f.precision == "bf16" ? "bf16 parameters, fp32 reductions" : "fp32", f.ac.c_str(),
                 f.lr, f.max_norm);
   }
-  Loop loop{f, mesh, dp, device, model, opt, data, vocab.size()};
+  Loop loop{f, mesh, dp, device, model, opt, data, vocab.size(), 0, 0, {}};
   const bool ok = loop.run(start);
   const std::string text = sample(model, vocab, "It was the ", 60, f.seq, device);
   if (!f.export_hf.empty()) {
