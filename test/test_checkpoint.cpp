@@ -30,7 +30,9 @@ at::Tensor seeded(std::vector<int64_t> shape, uint64_t seed, at::ScalarType dtyp
   return at::randn(shape, at::kFloat).to(dtype);
 }
 
-dtensor::DeviceMesh mesh_1d() { return dtensor::init_device_mesh(device_type(), {world()}); }
+dtensor::DeviceMesh mesh_1d() {
+  return dtensor::init_device_mesh(device_type(), {world()});
+}
 
 // The layouts a 2-D tensor is saved from and loaded into.
 std::vector<std::pair<dtensor::DeviceMesh, dtensor::Placements>> layouts() {
@@ -52,7 +54,8 @@ std::vector<std::pair<dtensor::DeviceMesh, dtensor::Placements>> layouts() {
 
 // `full` laid out as `placements` (Partial through Replicate: PyTorch's distribute_tensor
 // refuses Partial too).
-at::Tensor laid_out(const at::Tensor& full, const dtensor::DeviceMesh& mesh, const dtensor::Placements& placements) {
+at::Tensor laid_out(const at::Tensor& full, const dtensor::DeviceMesh& mesh,
+                    const dtensor::Placements& placements) {
   dtensor::Placements no_partial = placements;
   for (auto& p : no_partial) {
     if (p.is_partial()) {
@@ -67,7 +70,8 @@ at::Tensor laid_out(const at::Tensor& full, const dtensor::DeviceMesh& mesh, con
 dtensor::StateDict part(const dtensor::StateDict& state, bool optimizer) {
   dtensor::StateDict out;
   for (const auto& item : state) {
-    const bool is_opt = item.key().rfind("state.", 0) == 0 || item.key().rfind("param_groups.", 0) == 0;
+    const bool is_opt =
+        item.key().rfind("state.", 0) == 0 || item.key().rfind("param_groups.", 0) == 0;
     if (is_opt == optimizer && item.key() != "step") {
       out.insert(item.key(), item.value());
     }
@@ -102,7 +106,8 @@ std::string shard_file(const std::string& dir, int r) {
 TEST_CASE("checkpoint: every layout loads into every layout, uneven and empty shards",
           "[checkpoint][world1][world2][world4]") {
   // 9 x 7: uneven on 2 and 4 ranks; 3 x 5 on 4 ranks: rank 3 holds nothing of Shard(0).
-  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{9, 7}, std::vector<int64_t>{3, 5}}) {
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{9, 7}, std::vector<int64_t>{3, 5}}) {
     const at::Tensor full = seeded(shape, 1).to(options().device());
     for (const auto& [mesh, placements] : layouts()) {
       const std::string dir = fresh_dir("layouts");
@@ -112,8 +117,9 @@ TEST_CASE("checkpoint: every layout loads into every layout, uneven and empty sh
       state.insert("bias", seeded({5}, 2, at::kBFloat16).to(options().device()));
       dtensor::checkpoint::save(state, dir);
       for (const auto& [mesh2, placements2] : layouts()) {
-        INFO("saved " << dtensor::to_string(placements) << " loaded " << dtensor::to_string(placements2)
-                      << " shape " << shape[0] << "x" << shape[1]);
+        INFO("saved " << dtensor::to_string(placements) << " loaded "
+                      << dtensor::to_string(placements2) << " shape " << shape[0] << "x"
+                      << shape[1]);
         dtensor::StateDict target;
         target.insert("w", laid_out(at::zeros(shape, options()), mesh2, placements2));
         target.insert("step", at::scalar_tensor(0, at::kLong));
@@ -139,24 +145,30 @@ TEST_CASE("checkpoint: each distinct chunk written once, by one of its holders",
   const std::string dir = fresh_dir("bytes");
   auto m = mesh_1d();
   dtensor::StateDict state;
-  state.insert("sharded", dtensor::distribute_tensor(seeded({16, 8}, 3).to(options().device()), m, {Shard(0)}));
-  state.insert("replicated", dtensor::distribute_tensor(seeded({6, 4}, 4).to(options().device()), m, {Replicate()}));
+  state.insert("sharded", dtensor::distribute_tensor(seeded({16, 8}, 3).to(options().device()), m,
+                                                     {Shard(0)}));
+  state.insert("replicated", dtensor::distribute_tensor(seeded({6, 4}, 4).to(options().device()), m,
+                                                        {Replicate()}));
   state.insert("plain", seeded({10}, 5, at::kDouble).to(options().device()));
   state.insert("plain2", seeded({10}, 6, at::kDouble).to(options().device()));
   if (world() == 4) {
     auto m2 = dtensor::init_device_mesh(device_type(), {2, 2});
-    state.insert("hsdp", dtensor::distribute_tensor(seeded({8, 8}, 7).to(options().device()), m2, {Replicate(), Shard(0)}));
+    state.insert("hsdp", dtensor::distribute_tensor(seeded({8, 8}, 7).to(options().device()), m2,
+                                                    {Replicate(), Shard(0)}));
     // On a sub-mesh: ranks (0, 2) and (1, 3) hold the same pieces on two different meshes.
     auto named = dtensor::init_device_mesh(device_type(), {2, 2}, {"dp", "tp"});
-    state.insert("submesh", dtensor::distribute_tensor(seeded({6, 3}, 11).to(options().device()), named["dp"], {Shard(0)}));
+    state.insert("submesh", dtensor::distribute_tensor(seeded({6, 3}, 11).to(options().device()),
+                                                       named["dp"], {Shard(0)}));
   }
   int64_t state_bytes = 0;
   for (const auto& item : state) {
-    state_bytes += full_value(item.value()).numel() * static_cast<int64_t>(item.value().element_size());
+    state_bytes +=
+        full_value(item.value()).numel() * static_cast<int64_t>(item.value().element_size());
   }
   const auto result = dtensor::checkpoint::save(state, dir);
   at::Tensor mine = at::full({1}, result.data_bytes, at::kLong);
-  const int64_t written = dtensor::all_reduce(mine, dtensor::ReduceOp::Sum, dtensor::world_group()).item<int64_t>();
+  const int64_t written =
+      dtensor::all_reduce(mine, dtensor::ReduceOp::Sum, dtensor::world_group()).item<int64_t>();
   CHECK(written == state_bytes);
   CHECK(data_bytes_on_disk(dir) == state_bytes);
   if (!result.file.empty()) {
@@ -174,7 +186,8 @@ TEST_CASE("checkpoint: replicated values are spread over the ranks holding them"
   const std::string dir = fresh_dir("spread");
   dtensor::StateDict state; // world() plain tensors of 64 floats: one per rank
   for (int i = 0; i < world(); ++i) {
-    state.insert("t" + std::to_string(i), seeded({64}, 20 + static_cast<uint64_t>(i)).to(options().device()));
+    state.insert("t" + std::to_string(i),
+                 seeded({64}, 20 + static_cast<uint64_t>(i)).to(options().device()));
   }
   const auto result = dtensor::checkpoint::save(state, dir);
   CHECK(result.data_bytes == 64 * 4);
@@ -208,8 +221,10 @@ TEST_CASE("checkpoint: damaged or mismatched checkpoints are refused, naming fil
                         contains("'layer.weight' has shape [8, 4] but the target has [4, 8]"));
     dtensor::StateDict dtype;
     dtype.insert("step", at::scalar_tensor(0, at::kInt));
-    REQUIRE_THROWS_WITH(dtensor::checkpoint::load(dtype, dir), contains("'step' is Long but the target is Int"));
-    REQUIRE_THROWS_WITH(dtensor::checkpoint::load(target, dir + "-nowhere"), contains("no checkpoint at"));
+    REQUIRE_THROWS_WITH(dtensor::checkpoint::load(dtype, dir),
+                        contains("'step' is Long but the target is Int"));
+    REQUIRE_THROWS_WITH(dtensor::checkpoint::load(target, dir + "-nowhere"),
+                        contains("no checkpoint at"));
   }
   SECTION("truncated file") {
     if (rank() == 0) {
@@ -217,7 +232,8 @@ TEST_CASE("checkpoint: damaged or mismatched checkpoints are refused, naming fil
     }
     dtensor::barrier(dtensor::world_group());
     REQUIRE_THROWS_WITH(dtensor::checkpoint::load(target, dir),
-                        contains("shard-00001-model-00001-of-00001.safetensors") && contains("truncated"));
+                        contains("shard-00001-model-00001-of-00001.safetensors") &&
+                            contains("truncated"));
     untouched();
   }
   SECTION("corrupt header") {
@@ -228,7 +244,8 @@ TEST_CASE("checkpoint: damaged or mismatched checkpoints are refused, naming fil
     }
     dtensor::barrier(dtensor::world_group());
     REQUIRE_THROWS_WITH(dtensor::checkpoint::load(target, dir),
-                        contains("shard-00001-model-00001-of-00001.safetensors") && contains("corrupt header"));
+                        contains("shard-00001-model-00001-of-00001.safetensors") &&
+                            contains("corrupt header"));
     untouched();
   }
   SECTION("corrupt data") {
@@ -240,7 +257,8 @@ TEST_CASE("checkpoint: damaged or mismatched checkpoints are refused, naming fil
     }
     dtensor::barrier(dtensor::world_group());
     REQUIRE_THROWS_WITH(dtensor::checkpoint::load(target, dir),
-                        contains("shard-00001-model-00001-of-00001.safetensors") && contains("is corrupt (xxh3"));
+                        contains("shard-00001-model-00001-of-00001.safetensors") &&
+                            contains("is corrupt (xxh3"));
     untouched();
     // Without verification the damaged chunk loads: the last bytes of rank 0's file are the
     // step's (written by rank 0, the first of the ranks with the fewest bytes).
@@ -276,7 +294,8 @@ TEST_CASE("checkpoint: a rank failing mid-save leaves the previous checkpoint",
   const int failing = world() - 1;
   ::setenv("DTENSOR_CHECKPOINT_FAULT", (std::to_string(failing) + ":throw").c_str(), 1);
   REQUIRE_THROWS_WITH(dtensor::checkpoint::save(next, dir),
-                      contains("rank " + std::to_string(failing) + ": injected fault") && contains("writing"));
+                      contains("rank " + std::to_string(failing) + ": injected fault") &&
+                          contains("writing"));
   ::unsetenv("DTENSOR_CHECKPOINT_FAULT");
   dtensor::StateDict target;
   target.insert("w", dtensor::distribute_tensor(at::zeros({8, 4}, options()), m, {Shard(0)}));
@@ -291,6 +310,65 @@ TEST_CASE("checkpoint: a rank failing mid-save leaves the previous checkpoint",
     hidden += e.path().filename().string().rfind(".atomic", 0) == 0 ? 1 : 0;
   }
   REQUIRE(hidden == 0);
+}
+
+// [Note: asynchronous save]: the files equal a synchronous save of the same state, byte for
+// byte, although the state changes while they are written; a failing background write
+// leaves the previous checkpoint and raises from wait() on every rank.
+TEST_CASE("checkpoint: async_save writes the state as it was at the call",
+          "[checkpoint][async][world1][world2][world4]") {
+  using dtensor::Shard;
+  auto m = mesh_1d();
+  const std::string sync_dir = fresh_dir("sync");
+  const std::string async_dir = fresh_dir("async");
+  const at::Tensor value = seeded({8, 6}, 3).to(options().device());
+  dtensor::StateDict state;
+  state.insert("w", dtensor::distribute_tensor(value, m, {Shard(0)}));
+  state.insert(
+      "b", dtensor::distribute_tensor(value.narrow(1, 0, 1).squeeze(1), m, {dtensor::Replicate()}));
+  state.insert("step", at::scalar_tensor(7, at::kLong));
+  const auto sync =
+      dtensor::checkpoint::save(state, sync_dir, dtensor::checkpoint::SaveOptions().fsync(false));
+  dtensor::checkpoint::AsyncSave pending = dtensor::checkpoint::async_save(
+      state, async_dir, dtensor::checkpoint::SaveOptions().fsync(false));
+  {
+    c10::NoGradGuard no_grad; // training goes on: the state changes during the write
+    state["w"].mul_(-3.0).add_(1.0);
+    state["b"].zero_();
+  }
+  const auto written = pending.wait();
+  REQUIRE(pending.done());
+  REQUIRE(written.data_bytes == sync.data_bytes);
+  REQUIRE(written.file_bytes == sync.file_bytes);
+  if (!sync.file.empty()) { // this rank's file, byte for byte
+    std::ifstream a(sync.file, std::ios::binary), b(written.file, std::ios::binary);
+    const std::string sa((std::istreambuf_iterator<char>(a)), {}),
+        sb((std::istreambuf_iterator<char>(b)), {});
+    REQUIRE(!sa.empty());
+    REQUIRE(sa == sb);
+  }
+  dtensor::StateDict target;
+  target.insert("w", dtensor::distribute_tensor(at::zeros({8, 6}, options()), m, {Shard(1)}));
+  dtensor::checkpoint::load(target, async_dir);
+  REQUIRE(same(full_value(target["w"]), value));
+
+  // A background write failing on one rank: wait() raises on every rank, the previous
+  // checkpoint stays; the next async_save replaces it.
+  const int failing = world() - 1;
+  ::setenv("DTENSOR_CHECKPOINT_FAULT", (std::to_string(failing) + ":throw").c_str(), 1);
+  auto failed = dtensor::checkpoint::async_save(state, async_dir);
+  REQUIRE_THROWS_WITH(failed.wait(),
+                      contains("rank " + std::to_string(failing) + ": injected fault") &&
+                          contains("writing"));
+  ::unsetenv("DTENSOR_CHECKPOINT_FAULT");
+  dtensor::checkpoint::load(target, async_dir);
+  REQUIRE(same(full_value(target["w"]), value));
+  auto next = dtensor::checkpoint::async_save(state, async_dir);
+  auto after = dtensor::checkpoint::async_save(state, async_dir); // waits for `next` first
+  next.wait();
+  after.wait();
+  dtensor::checkpoint::load(target, async_dir);
+  REQUIRE(same(full_value(target["w"]), full_value(state["w"])));
 }
 
 TEST_CASE("checkpoint: fully_shard model and AdamW state resume like the uninterrupted run",

@@ -11,11 +11,15 @@
 //
 // Flags: --mesh AxBxC (dp_replicate x dp_shard x tp; default from the world size: 8 ->
 // 2x2x2, 4 -> 1x2x2, 2 -> 1x1x2), --steps N, --dim N, --layers N, --heads N, --kv-heads N,
-// --seq N, --batch N (per data-parallel rank), --lr X, --max-norm X, --ac full|selective|none,
+// --seq N, --batch N (the global batch, split over the data-parallel ranks, so that runs on
+// other meshes see the same data), --lr X, --max-norm X, --ac full|selective|none,
 // --precision bf16|fp32, --metrics FILE (JSON lines; default train-out/metrics.jsonl),
 // --log-every N, --export-hf DIR (Hugging Face LlamaForCausalLM directory at the end),
 // --init-from-hf DIR (start from one; its config.json gives the model's shape), --save DIR,
-// --save-every N, --resume DIR (checkpoints, docs/checkpoint.md).
+// --save-every N, --resume DIR (checkpoints, docs/checkpoint.md), --async-save (checkpoints
+// written in the background while training goes on), --auto-resume (continue from --save DIR
+// when it holds a checkpoint: a job restarted by torchrun --max-restarts after a rank died
+// picks up from its last complete checkpoint).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -51,12 +55,14 @@ using models::Llama3Args;
 
 struct Flags {
   std::vector<int64_t> mesh; // empty: from the world size
-  int64_t steps = 200, dim = 64, layers = 2, heads = 4, kv_heads = 2, seq = 32, batch = 8;
+  int64_t steps = 200, dim = 64, layers = 2, heads = 4, kv_heads = 2, seq = 32, batch = 32;
   int64_t log_every = 20, save_every = 0;
   double lr = 3e-3, max_norm = 1.0;
   std::string ac = "full", precision = "bf16";
   std::string metrics = "train-out/metrics.jsonl";
   std::string export_hf, init_from_hf, save, resume;
+  bool async_save = false;  // checkpoints written in the background ([Note: asynchronous save])
+  bool auto_resume = false; // continue from --save DIR when it holds a checkpoint
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -86,6 +92,11 @@ Flags parse(int argc, char** argv) {
   Flags f;
   for (int i = 1; i < argc; i += 2) {
     const std::string k = argv[i];
+    if (k == "--async-save" || k == "--auto-resume") {
+      (k == "--async-save" ? f.async_save : f.auto_resume) = true;
+      --i; // takes no value
+      continue;
+    }
     if (i + 1 >= argc) {
       usage("flag " + k + " needs a value");
     }
@@ -236,15 +247,18 @@ struct Loop {
   int64_t text_vocab;
   double first = 0, last = 0;
   std::map<std::string, std::map<CollectiveKind, int64_t>> by_group; // the last step's
+  std::optional<checkpoint::AsyncSave> pending;                      // --async-save
 
   // This rank's index among the data-parallel ranks (row-major over dp_replicate, dp_shard).
   int64_t dp_index() const { return dp.get_local_rank(0) * dp.size(1) + dp.get_local_rank(1); }
 
+  // This rank's rows of the step's global batch (the same global batch on every mesh).
   std::pair<at::Tensor, at::Tensor> batch(int64_t step) const {
-    at::manual_seed(1000 + 31 * step + dp_index());
-    at::Tensor starts = at::randint(data.size(0) - f.seq - 1, {f.batch}, at::kLong);
+    at::manual_seed(1000 + 31 * step);
+    const at::Tensor starts = at::randint(data.size(0) - f.seq - 1, {f.batch}, at::kLong);
+    const int64_t rows = f.batch / dp.size();
     std::vector<at::Tensor> xs, ys;
-    for (int64_t b = 0; b < f.batch; ++b) {
+    for (int64_t b = dp_index() * rows; b < (dp_index() + 1) * rows; ++b) {
       const int64_t s = starts[b].item<int64_t>();
       xs.push_back(data.narrow(0, s, f.seq));
       ys.push_back(data.narrow(0, s + 1, f.seq));
@@ -308,6 +322,7 @@ struct Loop {
     }
     if (!f.save.empty()) {
       save(f.steps);
+      finish_saves();
     }
     // Mean of the first and last few steps: falling unless training failed.
     const size_t k = std::min<size_t>(5, std::max<size_t>(1, losses.size() / 4));
@@ -321,7 +336,7 @@ struct Loop {
 
   void log(int64_t s, double loss, double norm, double secs,
            const std::map<CollectiveKind, int64_t>& comm_counts, std::ofstream& metrics) const {
-    const double tokens = static_cast<double>(f.batch * f.seq * dp.size()) / secs;
+    const double tokens = static_cast<double>(f.batch * f.seq) / secs;
     at::Tensor peak = at::full({1}, peak_resident_mib(), at::kDouble).to(device);
     peak = all_reduce(peak, ReduceOp::Max, world_group()); // the largest rank's
     if (get_rank() != 0) {
@@ -360,10 +375,26 @@ struct Loop {
   void save(int64_t s) {
     StateDict m, o;
     const auto t0 = std::chrono::steady_clock::now();
-    checkpoint::save(train_state(model, opt, s, &m, &o), f.save);
+    if (f.async_save) { // waits for the previous save, stages this one, returns
+      if (pending) {
+        pending->wait();
+      }
+      pending = checkpoint::async_save(train_state(model, opt, s, &m, &o), f.save);
+    } else {
+      checkpoint::save(train_state(model, opt, s, &m, &o), f.save);
+    }
     if (get_rank() == 0) {
-      std::printf("saved step %lld to %s in %.2f s\n", static_cast<long long>(s), f.save.c_str(),
+      std::printf("%s step %lld to %s in %.2f s\n", f.async_save ? "saving" : "saved",
+                  static_cast<long long>(s), f.save.c_str(),
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      std::fflush(stdout);
+    }
+  }
+
+  void finish_saves() {
+    if (pending) {
+      pending->wait();
+      pending.reset();
     }
   }
 };
@@ -384,6 +415,10 @@ int run_llama(int argc, char** argv) {
   if (f.mesh[0] * f.mesh[1] * f.mesh[2] != world) {
     usage("--mesh " + std::to_string(f.mesh[0]) + "x" + std::to_string(f.mesh[1]) + "x" +
           std::to_string(f.mesh[2]) + " does not cover the " + std::to_string(world) + " ranks");
+  }
+  if (f.batch % (f.mesh[0] * f.mesh[1]) != 0) {
+    usage("--batch " + std::to_string(f.batch) + " is not a multiple of the " +
+          std::to_string(f.mesh[0] * f.mesh[1]) + " data-parallel ranks");
   }
   const bool cuda = get_backend() == BackendType::Nccl;
   const at::Device device =
@@ -420,6 +455,9 @@ int run_llama(int argc, char** argv) {
   }
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(f.lr).weight_decay(0.1));
   int64_t start = 0;
+  if (f.auto_resume && !f.save.empty() && std::filesystem::exists(f.save)) {
+    f.resume = f.save; // a complete checkpoint: saves are published atomically
+  }
   if (!f.resume.empty()) {
     start = resume(f.resume, model, opt);
     if (rank == 0) {
@@ -430,7 +468,7 @@ int run_llama(int argc, char** argv) {
   if (rank == 0) {
     std::printf("dtensor train (Llama 3 recipe): %lld ranks as (dp_replicate=%lld, dp_shard=%lld, "
                 "tp=%lld) on %s; vocab %lld, dim %lld, %lld layers, %lld/%lld heads, batch %lld x "
-                "%lld per dp rank, %s, AC %s, AdamW lr %g, clip %g\n",
+                "%lld (global), %s, AC %s, AdamW lr %g, clip %g\n",
                 static_cast<long long>(world), static_cast<long long>(f.mesh[0]),
                 static_cast<long long>(f.mesh[1]), static_cast<long long>(f.mesh[2]),
                 cuda ? "cuda" : "cpu", static_cast<long long>(args.vocab_size()),
@@ -440,7 +478,7 @@ int run_llama(int argc, char** argv) {
                 f.precision == "bf16" ? "bf16 parameters, fp32 reductions" : "fp32", f.ac.c_str(),
                 f.lr, f.max_norm);
   }
-  Loop loop{f, mesh, dp, device, model, opt, data, vocab.size(), 0, 0, {}};
+  Loop loop{f, mesh, dp, device, model, opt, data, vocab.size(), 0, 0, {}, std::nullopt};
   const bool ok = loop.run(start);
   const std::string text = sample(model, vocab, "It was the ", 60, f.seq, device);
   if (!f.export_hf.empty()) {

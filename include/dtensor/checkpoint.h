@@ -16,6 +16,7 @@
 // into any PyTorch layout, and load() reads what PyTorch's HuggingFaceStorageWriter writes.
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,29 @@ struct SaveResult {
 // which replaces `dir` by one atomic rename once every rank's files are synced: a failed or
 // killed save leaves the previous checkpoint in `dir` untouched.
 SaveResult save(const StateDict& state, const std::string& dir, const SaveOptions& options = {});
+
+// save() with the writing in the background ([Note: asynchronous save] in
+// lib/checkpoint/checkpoint.cpp), as torchtitan's async checkpointing: the call plans the
+// save and copies this rank's chunks to host memory, then returns; `state` may change from
+// then on. A background thread writes the files and publishes the checkpoint atomically. At
+// most one save is in flight: a new async_save first waits for the previous one. Collective
+// like save(); every rank must wait() (or start the next async_save) before the process
+// ends. A failed write raises from wait() on every rank and leaves the previous checkpoint
+// in `dir` untouched.
+class AsyncSave {
+ public:
+  // Whether the background write has finished (successfully or not).
+  bool done() const;
+  // Blocks until it has; returns save()'s result or raises its error (the same on every rank).
+  SaveResult wait();
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+  friend AsyncSave async_save(const StateDict&, const std::string&, const SaveOptions&);
+};
+AsyncSave async_save(const StateDict& state, const std::string& dir, const SaveOptions& options = {});
 
 // Fills the tensors of `state` in place from the checkpoint in `dir`, whatever layout wrote
 // it: each rank reads the parts of the stored chunks that overlap its own piece (other world

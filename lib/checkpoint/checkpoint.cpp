@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +14,8 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <thread>
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -25,6 +28,7 @@
 #include "checkpoint/safetensors.h"
 #include "internal/check.h"
 #include "mesh/agree.h"
+#include "mesh/process_group_state.h"
 #include "tensor/dtensor_impl.h"
 
 namespace dtensor::checkpoint {
@@ -46,10 +50,12 @@ fs::path temp_dir_of(const fs::path& dir) {
 
 void fsync_dir(const fs::path& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  DTENSOR_CHECK(fd >= 0, "checkpoint: cannot open directory {}: {}", dir.string(), std::strerror(errno));
+  DTENSOR_CHECK(fd >= 0, "checkpoint: cannot open directory {}: {}", dir.string(),
+                std::strerror(errno));
   const int rc = ::fsync(fd);
   ::close(fd);
-  DTENSOR_CHECK(rc == 0, "checkpoint: cannot sync directory {}: {}", dir.string(), std::strerror(errno));
+  DTENSOR_CHECK(rc == 0, "checkpoint: cannot sync directory {}: {}", dir.string(),
+                std::strerror(errno));
 }
 
 void publish(const fs::path& tmp, const fs::path& dir, bool sync) {
@@ -110,85 +116,201 @@ fs::path checkpoint_path(const std::string& name) {
   return p.filename().empty() ? p.parent_path() : p;
 }
 
-// This rank's file of the plan, written into `tmp` (nothing when it owns no chunk).
-SaveResult write_own_file(const std::vector<detail::SavedTensor>& tensors, const detail::WritePlan& plan,
-                          const fs::path& tmp, const fs::path& dir, const SaveOptions& options) {
-  const int rank = get_rank();
-  SaveResult result;
-  const std::vector<detail::WriteChunk>& mine = plan.chunks[static_cast<size_t>(rank)];
-  if (mine.empty()) {
-    return result;
-  }
+// This rank's chunks of the plan, ready to write: their header items and data. `copy`:
+// the data are copies in host memory, so that the state may change while they are written
+// ([Note: asynchronous save]); otherwise they may view the state's own CPU tensors.
+struct Staged {
   std::vector<st::Item> items;
   std::vector<at::Tensor> data;
-  for (const detail::WriteChunk& c : mine) {
-    data.push_back(detail::chunk_data(tensors[c.tensor]));
-    const at::Tensor& d = data.back();
+  std::vector<std::string> listed_files;
+  int64_t data_bytes = 0;
+};
+
+Staged stage_own_chunks(const std::vector<detail::SavedTensor>& tensors,
+                        const detail::WritePlan& plan, const SaveOptions& options, bool copy) {
+  Staged staged;
+  for (const detail::WriteChunk& c : plan.chunks[static_cast<size_t>(get_rank())]) {
+    at::Tensor d = detail::chunk_data(tensors[c.tensor]);
+    staged.data.push_back(copy ? d.clone() : d);
     st::Item item{tensors[c.tensor].key, d.scalar_type(), d.sizes().vec(), c.offsets, {}};
     if (options.checksums()) {
       item.hash = st::hash_of(d.data_ptr(), static_cast<int64_t>(d.nbytes()));
     }
-    result.data_bytes += static_cast<int64_t>(d.nbytes());
-    items.push_back(std::move(item));
+    staged.data_bytes += static_cast<int64_t>(d.nbytes());
+    staged.items.push_back(std::move(item));
   }
-  st::WriteOptions wo;
   for (int r : plan.writers) {
-    wo.listed_files.push_back(file_name(r));
+    staged.listed_files.push_back(file_name(r));
   }
+  return staged;
+}
+
+// This rank's file, written into `tmp` (nothing when it owns no chunk).
+SaveResult write_staged(const Staged& staged, const fs::path& tmp, const fs::path& dir,
+                        const SaveOptions& options) {
+  SaveResult result;
+  if (staged.items.empty()) {
+    return result;
+  }
+  const int rank = get_rank();
+  st::WriteOptions wo;
+  wo.listed_files = staged.listed_files;
   wo.fsync = options.fsync();
+  result.data_bytes = staged.data_bytes;
   result.file = (dir / file_name(rank)).string();
-  result.file_bytes = st::write_file((tmp / file_name(rank)).string(), items, [&](size_t i) { return data[i]; }, wo);
+  result.file_bytes = st::write_file((tmp / file_name(rank)).string(), staged.items,
+                                     [&](size_t i) { return staged.data[i]; }, wo);
   return result;
 }
 
-} // namespace
-
-SaveResult save(const StateDict& state, const std::string& dir_name, const SaveOptions& options) {
-  at::NoGradGuard no_grad;
-  const Group world = world_group();
+// Writes the staged file, agrees over `group` and publishes: the part of a save after the
+// data are staged (on the caller's thread for save, in the background for async_save).
+SaveResult write_and_publish(const Staged& staged, const fs::path& tmp, const fs::path& dir,
+                             const SaveOptions& options, const Group& group) {
   const int rank = get_rank();
-  const fs::path dir = checkpoint_path(dir_name);
-  const fs::path tmp = temp_dir_of(dir);
-
-  std::vector<detail::SavedTensor> tensors;
-  std::string error = attempt([&] { tensors = detail::saved_tensors(state); });
-  detail::agree_on_errors("checkpoint::save(" + dir.string() + ")", error, world);
-  const detail::WritePlan plan = detail::plan_writes(tensors, "checkpoint::save(" + dir.string() + ")");
-  detail::reduce_partials(tensors);
-
-  error = attempt([&] {
-    if (rank == 0) {
-      fs::remove_all(tmp);
-      fs::create_directories(tmp);
-    }
-  });
-  detail::agree_on_errors("checkpoint::save(" + dir.string() + "): preparing " + tmp.string(), error, world);
-
   SaveResult result;
-  error = attempt([&] {
-    result = write_own_file(tensors, plan, tmp, dir, options);
+  std::string error = attempt([&] {
+    result = write_staged(staged, tmp, dir, options);
     injected_fault(rank);
   });
   if (!error.empty() && rank == 0) {
     std::error_code ignored;
     fs::remove_all(tmp, ignored);
   }
-  detail::agree_on_errors("checkpoint::save(" + dir.string() + "): writing", error, world);
-
+  detail::agree_on_errors("checkpoint::save(" + dir.string() + "): writing", error, group);
   error = attempt([&] {
     if (rank == 0) {
       publish(tmp, dir, options.fsync());
     }
   });
-  detail::agree_on_errors("checkpoint::save(" + dir.string() + "): publishing", error, world);
+  detail::agree_on_errors("checkpoint::save(" + dir.string() + "): publishing", error, group);
   return result;
+}
+
+// Everything before the write: the plan, Partial pieces reduced, the temporary directory
+// made. Collective over the world.
+struct Prepared {
+  std::vector<detail::SavedTensor> tensors;
+  detail::WritePlan plan;
+  fs::path dir, tmp;
+};
+
+Prepared prepare_save(const StateDict& state, const std::string& dir_name) {
+  const Group world = world_group();
+  Prepared p;
+  p.dir = checkpoint_path(dir_name);
+  p.tmp = temp_dir_of(p.dir);
+  const std::string what = "checkpoint::save(" + p.dir.string() + ")";
+  std::string error = attempt([&] { p.tensors = detail::saved_tensors(state); });
+  detail::agree_on_errors(what, error, world);
+  p.plan = detail::plan_writes(p.tensors, what);
+  detail::reduce_partials(p.tensors);
+  error = attempt([&] {
+    if (get_rank() == 0) {
+      fs::remove_all(p.tmp);
+      fs::create_directories(p.tmp);
+    }
+  });
+  detail::agree_on_errors(what + ": preparing " + p.tmp.string(), error, world);
+  return p;
+}
+
+} // namespace
+
+SaveResult save(const StateDict& state, const std::string& dir_name, const SaveOptions& options) {
+  at::NoGradGuard no_grad;
+  const Prepared p = prepare_save(state, dir_name);
+  return write_and_publish(stage_own_chunks(p.tensors, p.plan, options, /*copy=*/false), p.tmp,
+                           p.dir, options, world_group());
+}
+
+// [Note: asynchronous save] As torchtitan's async checkpointing (DCP's async_save): the
+// caller's thread plans the save, reduces Partial pieces and copies this rank's chunks to
+// host memory (collectives of the training's own communicators, in step with every rank);
+// a background thread then writes the file, agrees and publishes atomically, its
+// collectives on a communicator of its own ([Note: background groups]) so that they never
+// interleave with the training's. At most one save is in flight: a new one first waits for
+// the previous. A failed or killed background write leaves the previous checkpoint in place.
+struct AsyncSave::State {
+  std::thread worker;
+  SaveResult result;
+  std::string error;
+  std::atomic<bool> finished{false};
+};
+
+namespace {
+
+std::mutex& in_flight_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::shared_ptr<AsyncSave::State>& in_flight() {
+  static std::shared_ptr<AsyncSave::State> s;
+  return s;
+}
+
+const Group& background_group() {
+  static const Group g = detail::new_background_group("checkpoint");
+  return g;
+}
+
+} // namespace
+
+bool AsyncSave::done() const {
+  return state_ == nullptr || state_->finished.load();
+}
+
+SaveResult AsyncSave::wait() {
+  DTENSOR_CHECK(state_ != nullptr,
+                "checkpoint::AsyncSave::wait: no save (default-constructed or already waited for)");
+  std::shared_ptr<State> s = std::move(state_);
+  {
+    std::lock_guard<std::mutex> lock(in_flight_mutex());
+    if (s->worker.joinable()) {
+      s->worker.join();
+    }
+    if (in_flight() == s) {
+      in_flight().reset();
+    }
+  }
+  DTENSOR_CHECK(s->error.empty(), "{}", s->error);
+  return s->result;
+}
+
+AsyncSave async_save(const StateDict& state, const std::string& dir_name,
+                     const SaveOptions& options) {
+  at::NoGradGuard no_grad;
+  {
+    std::lock_guard<std::mutex> lock(in_flight_mutex());
+    if (auto previous = in_flight(); previous != nullptr && previous->worker.joinable()) {
+      previous->worker.join(); // at most one in flight; its outcome is its handle's to report
+    }
+  }
+  const Group& group = background_group();
+  Prepared p = prepare_save(state, dir_name);
+  auto staged =
+      std::make_shared<Staged>(stage_own_chunks(p.tensors, p.plan, options, /*copy=*/true));
+  auto s = std::make_shared<AsyncSave::State>();
+  s->worker = std::thread([s, staged, tmp = p.tmp, dir = p.dir, options, group] {
+    s->error = attempt([&] { s->result = write_and_publish(*staged, tmp, dir, options, group); });
+    s->finished = true;
+  });
+  {
+    std::lock_guard<std::mutex> lock(in_flight_mutex());
+    in_flight() = s;
+  }
+  AsyncSave handle;
+  handle.state_ = s;
+  return handle;
 }
 
 void load(const StateDict& state, const std::string& dir_name, const LoadOptions& options) {
   at::NoGradGuard no_grad;
   const fs::path dir = checkpoint_path(dir_name);
   detail::LoadPlan plan;
-  const std::string error = attempt([&] { plan = detail::plan_reads(state, dir.string(), options.verify()); });
+  const std::string error =
+      attempt([&] { plan = detail::plan_reads(state, dir.string(), options.verify()); });
   detail::agree_on_errors("checkpoint::load(" + dir.string() + ")", error, world_group());
   detail::execute_reads(plan);
 }
@@ -209,11 +331,13 @@ void consolidate(const std::string& dir_name, const std::string& out_name,
   const detail::CheckpointIndex index = detail::read_checkpoint(checkpoint_path(dir_name).string());
   std::vector<st::Item> items;
   for (const auto& [key, entry] : index.tensors) {
-    const bool excluded = std::any_of(options.exclude_prefixes().begin(), options.exclude_prefixes().end(),
-                                      [&](const std::string& p) { return key.rfind(p, 0) == 0; });
+    const bool excluded =
+        std::any_of(options.exclude_prefixes().begin(), options.exclude_prefixes().end(),
+                    [&](const std::string& p) { return key.rfind(p, 0) == 0; });
     if (!excluded) {
       detail::check_coverage(index, key);
-      items.push_back({key, entry.dtype, entry.shape, std::vector<int64_t>(entry.shape.size(), 0), {}});
+      items.push_back(
+          {key, entry.dtype, entry.shape, std::vector<int64_t>(entry.shape.size(), 0), {}});
     }
   }
   const std::string name = "model-00001-of-00001.safetensors";
@@ -235,7 +359,8 @@ void consolidate(const std::string& dir_name, const std::string& out_name,
   {
     std::ofstream f(tmp / "model.safetensors.index.json");
     f << nlohmann::json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2);
-    DTENSOR_CHECK(f.good(), "checkpoint::consolidate: cannot write {}", (tmp / "model.safetensors.index.json").string());
+    DTENSOR_CHECK(f.good(), "checkpoint::consolidate: cannot write {}",
+                  (tmp / "model.safetensors.index.json").string());
   }
   for (const auto& [file, content] : options.extra_files()) {
     std::ofstream f(tmp / file);

@@ -2,6 +2,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <numeric>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -100,8 +101,8 @@ std::shared_ptr<const detail::GroupState> make_group(const c10::intrusive_ptr<c1
       state->backend = detail::wrap_for_debug(state->backend, store, group_rank, size, timeout);
     }
   } catch (const c10::Error& e) {
-    DTENSOR_FAIL("creating the {} group over ranks {} (group rank {}) failed: {}",
-                 to_string(type), ranks, group_rank, e.what_without_backtrace());
+    DTENSOR_FAIL("creating the {} group over ranks {} (group rank {}) failed: {}", to_string(type),
+                 ranks, group_rank, e.what_without_backtrace());
   }
   state->ranks = std::move(ranks);
   state->rank = group_rank;
@@ -113,8 +114,9 @@ std::shared_ptr<const detail::GroupState> make_group(const c10::intrusive_ptr<c1
 
 World& initialized_world(const char* what) {
   World& w = world_state();
-  DTENSOR_CHECK(w.initialized, "{}: the process group is not initialized; call "
-                               "dtensor::init_process_group() first",
+  DTENSOR_CHECK(w.initialized,
+                "{}: the process group is not initialized; call "
+                "dtensor::init_process_group() first",
                 what);
   return w;
 }
@@ -144,9 +146,8 @@ std::string to_string(BackendType backend) {
 Group::Group(std::shared_ptr<const detail::GroupState> state, std::string label)
     : state_(std::move(state)), label_(std::move(label)) {}
 
-#define DTENSOR_GROUP_DEFINED(what)                                                      \
-  DTENSOR_CHECK(state_ != nullptr, "Group::{}: undefined group (this rank is not a member)", \
-                what)
+#define DTENSOR_GROUP_DEFINED(what)                                                                \
+  DTENSOR_CHECK(state_ != nullptr, "Group::{}: undefined group (this rank is not a member)", what)
 
 int Group::rank() const {
   DTENSOR_GROUP_DEFINED("rank");
@@ -194,8 +195,7 @@ void init_process_group(const ProcessGroupOptions& options) {
   int world_size = options.world_size().value_or(env_world.value_or(1));
   DTENSOR_CHECK(world_size >= 1, "init_process_group: world size {} must be >= 1", world_size);
   DTENSOR_CHECK(rank >= 0 && rank < world_size,
-                "init_process_group: rank {} is out of range for world size {}", rank,
-                world_size);
+                "init_process_group: rank {} is out of range for world size {}", rank, world_size);
   DTENSOR_CHECK(options.timeout().count() > 0, "init_process_group: timeout {} ms must be > 0",
                 options.timeout().count());
   std::string addr = options.master_addr().value_or(env("MASTER_ADDR").value_or("127.0.0.1"));
@@ -260,19 +260,41 @@ void destroy_process_group() {
   w.initialized = false;
 }
 
-int get_rank() { return initialized_world("get_rank").world->rank; }
+int get_rank() {
+  return initialized_world("get_rank").world->rank;
+}
 
 int get_world_size() {
   return static_cast<int>(initialized_world("get_world_size").world->ranks.size());
 }
 
-int get_local_rank() { return initialized_world("get_local_rank").local_rank; }
+int get_local_rank() {
+  return initialized_world("get_local_rank").local_rank;
+}
 
-BackendType get_backend() { return initialized_world("get_backend").world->type; }
+BackendType get_backend() {
+  return initialized_world("get_backend").world->type;
+}
 
-Group world_group() { return Group(initialized_world("world_group").world, "world"); }
+Group world_group() {
+  return Group(initialized_world("world_group").world, "world");
+}
 
-int64_t num_groups_created() { return initialized_world("num_groups_created").num_created; }
+int64_t num_groups_created() {
+  return initialized_world("num_groups_created").num_created;
+}
+
+Group detail::new_background_group(const std::string& label) {
+  World& w = initialized_world("new_background_group");
+  std::lock_guard<std::mutex> lock(w.mutex);
+  std::vector<int> all(w.world->ranks.size());
+  std::iota(all.begin(), all.end(), 0);
+  auto prefix = fmt::format("dtensor/background/{}/", label);
+  auto state = make_group(c10::make_intrusive<c10d::PrefixStore>(prefix, w.store), all,
+                          w.world->rank, BackendType::Gloo, w.world->timeout);
+  ++w.num_created;
+  return Group(state, label);
+}
 
 Group new_group(const std::vector<int>& ranks, std::string label) {
   World& w = initialized_world("new_group");
@@ -281,9 +303,11 @@ Group new_group(const std::vector<int>& ranks, std::string label) {
   DTENSOR_CHECK(!ranks.empty(), "new_group: empty rank list");
   std::vector<bool> seen(static_cast<size_t>(world_size), false);
   for (int r : ranks) {
-    DTENSOR_CHECK(r >= 0 && r < world_size, "new_group: rank {} in {} is out of range for world size {}",
-                  r, ranks, world_size);
-    DTENSOR_CHECK(!seen[static_cast<size_t>(r)], "new_group: rank {} appears twice in {}", r, ranks);
+    DTENSOR_CHECK(r >= 0 && r < world_size,
+                  "new_group: rank {} in {} is out of range for world size {}", r, ranks,
+                  world_size);
+    DTENSOR_CHECK(!seen[static_cast<size_t>(r)], "new_group: rank {} appears twice in {}", r,
+                  ranks);
     seen[static_cast<size_t>(r)] = true;
   }
   if (label.empty()) {

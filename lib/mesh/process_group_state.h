@@ -38,6 +38,12 @@ c10::intrusive_ptr<c10d::Backend> wrap_for_debug(const c10::intrusive_ptr<c10d::
                                                  std::chrono::milliseconds timeout);
 // TORCH_DISTRIBUTED_DEBUG is DETAIL (read once).
 bool debug_detail();
+// [Note: background groups] A communicator of its own over every rank, on Gloo whatever the
+// world's backend, neither cached nor shared with any mesh: for a background thread whose
+// collectives must not interleave with the main thread's on the same communicator
+// (checkpoint::async_save). Collective: every rank calls it with the same label, in the same
+// order relative to other group creations.
+Group new_background_group(const std::string& label);
 bool nccl_available();   // built with NCCL
 int cuda_device_count(); // 0 without CUDA
 
