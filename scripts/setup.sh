@@ -22,7 +22,7 @@ log() { printf '[setup] %s\n' "$*"; }
 
 # --- Debian packages ---------------------------------------------------------------------
 apt_pkgs=(build-essential pkg-config python3-venv ccache catch2 libfmt-dev libgloo-dev
-          nlohmann-json3-dev libxxhash-dev)
+          nlohmann-json3-dev libxxhash-dev libsentencepiece-dev)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -5,14 +5,16 @@
 // shards; activation checkpointing per block, bf16 parameters with fp32 gradient
 // reductions, AdamW and clip_grad_norm_. Each step prints (every --log-every) and writes to
 // the metrics file (JSON lines): loss, tokens/s, total gradient norm, collectives, peak
-// resident memory. At the end a greedy sample of text.
+// resident memory. The text is tokenized by a SentencePiece BPE model trained on it at
+// start-up (examples/train/tokenizer.h). At the end a greedy sample, decoded through it.
 //
 //   torchrun --standalone --nproc-per-node 8 --no-python build/examples/train --mesh 2x2x2
 //
 // Flags: --mesh AxBxC (dp_replicate x dp_shard x tp; default from the world size: 8 ->
 // 2x2x2, 4 -> 1x2x2, 2 -> 1x1x2), --steps N, --dim N, --layers N, --heads N, --kv-heads N,
-// --seq N, --batch N (the global batch, split over the data-parallel ranks, so that runs on
-// other meshes see the same data), --lr X, --max-norm X, --ac full|selective|none,
+// --seq N, --vocab N (the tokenizer's pieces, 128), --batch N (the global batch, split over the
+// data-parallel ranks, so that runs on other meshes see the same data), --lr X, --max-norm X, --ac
+// full|selective|none,
 // --precision bf16|fp32, --metrics FILE (JSON lines; default train-out/metrics.jsonl),
 // --log-every N, --export-hf DIR (Hugging Face LlamaForCausalLM directory at the end),
 // --init-from-hf DIR (start from one; its config.json gives the model's shape), --save DIR,
@@ -45,6 +47,7 @@
 #include <models/llama3_hf.h>
 
 #include "common.h"
+#include "tokenizer.h"
 
 namespace dtensor::train {
 
@@ -56,7 +59,7 @@ using models::Llama3Args;
 struct Flags {
   std::vector<int64_t> mesh; // empty: from the world size
   int64_t steps = 200, dim = 64, layers = 2, heads = 4, kv_heads = 2, seq = 32, batch = 32;
-  int64_t log_every = 20, save_every = 0;
+  int64_t log_every = 20, save_every = 0, vocab = 128;
   double lr = 3e-3, max_norm = 1.0;
   std::string ac = "full", precision = "bf16";
   std::string metrics = "train-out/metrics.jsonl";
@@ -197,7 +200,7 @@ at::Tensor full_logits(const at::Tensor& logits) {
 }
 
 // Greedy continuation of `prompt` (every rank runs the same forward passes).
-std::string sample(Llama3& model, const CharVocab& vocab, const std::string& prompt, int64_t n,
+std::string sample(Llama3& model, const Tokenizer& vocab, const std::string& prompt, int64_t n,
                    int64_t seq, const at::Device& device) {
   c10::NoGradGuard no_grad;
   std::vector<int64_t> ids = vocab.encode(prompt);
@@ -433,7 +436,7 @@ int run_llama(int argc, char** argv) {
   barrier(world_group());
   muted.reset();
 
-  const CharVocab vocab(kCorpus);
+  const Tokenizer vocab(kCorpus, static_cast<int>(f.vocab)); // [Note: the recipe's tokenizer]
   at::Tensor data = at::tensor(vocab.encode(kCorpus), at::kLong);
   const Llama3Args args = model_args(f, vocab.size());
   Llama3 model{nullptr};
@@ -480,7 +483,7 @@ int run_llama(int argc, char** argv) {
   }
   Loop loop{f, mesh, dp, device, model, opt, data, vocab.size(), 0, 0, {}, std::nullopt};
   const bool ok = loop.run(start);
-  const std::string text = sample(model, vocab, "It was the ", 60, f.seq, device);
+  const std::string text = sample(model, vocab, "It was the ", 24, f.seq, device);
   if (!f.export_hf.empty()) {
     models::export_hf(model, f.export_hf);
   }

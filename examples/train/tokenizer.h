@@ -1,0 +1,31 @@
+#pragma once
+
+// The recipe's tokenizer: a SentencePiece BPE model (Debian's libsentencepiece) trained at
+// start-up on the text, in memory, the same on every rank (one thread: deterministic).
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace sentencepiece {
+class SentencePieceProcessor;
+} // namespace sentencepiece
+
+namespace dtensor::train {
+
+class Tokenizer {
+ public:
+  // Trains on `text`, split into sentences at ", " and ". "; `vocab_size` pieces at most.
+  Tokenizer(const std::string& text, int vocab_size);
+  ~Tokenizer();
+  Tokenizer(const Tokenizer&) = delete;
+  Tokenizer& operator=(const Tokenizer&) = delete;
+
+  std::vector<int64_t> encode(const std::string& text) const;
+  std::string decode(const std::vector<int64_t>& ids) const;
+  int64_t size() const;
+
+ private:
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> processor_;
+};
+
+} // namespace dtensor::train
