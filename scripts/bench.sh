@@ -6,7 +6,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 configure "$root/build" -Dcuda=disabled -Dbuildtype=debugoptimized
 ninja -C "$root/build" bench/bench_dispatch_overhead bench/bench_fsdp_step bench/bench_clip_grad_norm \
   bench/bench_checkpoint_io bench/bench_fsdp_overlap bench/bench_meta_init_memory \
-  bench/bench_activation_checkpoint bench/bench_loss_parallel
+  bench/bench_activation_checkpoint bench/bench_loss_parallel examples/train
 export TORCH_CPP_LOG_LEVEL=${TORCH_CPP_LOG_LEVEL:-WARNING}
 echo "## dispatch overhead, 1 rank"
 "$root/build/bench/bench_dispatch_overhead"
@@ -43,3 +43,7 @@ echo
 echo "## loss parallelism: TP step, vocabulary 32000, LossParallel off / on, 2 and 4 ranks"
 torchrun --standalone --nproc-per-node 2 --no-python "$root/build/bench/bench_loss_parallel"
 torchrun --standalone --nproc-per-node 4 --no-python "$root/build/bench/bench_loss_parallel" | grep -v '^Trans\|^$\|^| ranks\|^| ---'
+echo
+echo "## the Llama 3 recipe against PyTorch (FSDP2 + TP + loss_parallel + checkpoint_wrapper), 8 and 4 ranks (alternating)"
+"$root/.venv/bin/python" "$root/bench/llama3_recipe.py" "$root/.venv/bin/torchrun" \
+  "$root/build/examples/train" --rounds 3 --steps 12 --meshes 2x2x2 1x2x2

@@ -35,7 +35,9 @@ for t in json.load(sys.stdin):
             names.add(c)
 print("\n".join(sorted(names)))
 ' | sed "s|^$dir/||")
-ninja -C "$dir" "${targets[@]}" # (they link the library, which comes first)
+# (they link the library, which comes first; test_attention_kernels reads the meta shapes
+# that the venv's torch gives at build time)
+ninja -C "$dir" "${targets[@]}" test/attention_meta_shapes.json
 echo "[old-torch] build: $((SECONDS - start)) s"
 tests=()
 for t in "${WORLD2[@]}"; do

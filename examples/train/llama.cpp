@@ -121,6 +121,8 @@ Flags parse(int argc, char** argv) {
       f.seq = num();
     else if (k == "--batch")
       f.batch = num();
+    else if (k == "--vocab")
+      f.vocab = num();
     else if (k == "--log-every")
       f.log_every = std::max<int64_t>(1, num());
     else if (k == "--save-every")

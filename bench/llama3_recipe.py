@@ -1,0 +1,255 @@
+#!/usr/bin/env python3
+"""The Llama 3 recipe, dtensor against PyTorch (docs/benchmarks.md "Llama 3 recipe").
+
+usage: llama3_recipe.py TORCHRUN TRAIN [--rounds R] [--steps N] [--configs small large]
+                        [--meshes 2x2x2 1x2x2]
+Runs the same recipe alternately in dtensor (examples/train, the Llama 3 recipe) and in
+PyTorch (this file run as a torchrun worker: a Llama 3 model written here for the benchmark,
+parallelized with the pinned PyTorch's public API as torchtitan does it: tensor and sequence
+parallelism with PrepareModuleInput and loss_parallel, checkpoint_wrapper per block,
+fully_shard with bf16 parameters and fp32 reductions over (dp_replicate, dp_shard), AdamW,
+clip_grad_norm_), built on the meta device. Per run: the median step time of the steps after
+the first few, tokens/s of the global batch, and the largest rank's peak resident memory
+(VmHWM / ru_maxrss). Prints a markdown table: medians over rounds and their spread.
+"""
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+CONFIGS = {  # dim, layers, heads, kv_heads, seq, global batch
+    "small": (64, 2, 4, 2, 32, 32),
+    "large": (256, 4, 8, 4, 64, 32),
+}
+VOCAB = 128
+WARMUP = 4
+
+
+# ---------------------------------------------------------------------------------------
+# The PyTorch side (a torchrun worker)
+# ---------------------------------------------------------------------------------------
+
+def torch_worker(cfg_name, mesh_shape, steps, out):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
+                                                   RowwiseParallel, SequenceParallel,
+                                                   loss_parallel, parallelize_module)
+
+    dim, layers, heads, kv_heads, seq, batch = CONFIGS[cfg_name]
+    head_dim = dim // heads
+    hidden = 32 * math.ceil(int(2 * 4 * dim / 3) / 32)
+    torch.set_num_threads(1)
+
+    class RMSNorm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(dim))
+
+        def forward(self, x):
+            h = x.float()
+            return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)).type_as(x) * self.weight
+
+    def rotate(x, cos, sin):  # interleaved pairs, real arithmetic
+        pairs = x.float().unflatten(-1, (-1, 2))
+        re, im = pairs[..., 0], pairs[..., 1]
+        return torch.stack((re * cos - im * sin, re * sin + im * cos), -1).flatten(3).type_as(x)
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wq = nn.Linear(dim, heads * head_dim, bias=False)
+            self.wk = nn.Linear(dim, kv_heads * head_dim, bias=False)
+            self.wv = nn.Linear(dim, kv_heads * head_dim, bias=False)
+            self.wo = nn.Linear(heads * head_dim, dim, bias=False)
+
+        def forward(self, x, cos, sin):
+            bs, n = x.shape[:2]
+            q = rotate(self.wq(x).view(bs, n, -1, head_dim), cos, sin)
+            k = rotate(self.wk(x).view(bs, n, -1, head_dim), cos, sin)
+            v = self.wv(x).view(bs, n, -1, head_dim)
+            rep = q.shape[2] // k.shape[2]
+            k, v = (t.repeat_interleave(rep, dim=2) for t in (k, v))
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                               v.transpose(1, 2), is_causal=True)
+            return self.wo(o.transpose(1, 2).contiguous().view(bs, n, -1))
+
+    class FeedForward(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w1 = nn.Linear(dim, hidden, bias=False)
+            self.w2 = nn.Linear(hidden, dim, bias=False)
+            self.w3 = nn.Linear(dim, hidden, bias=False)
+
+        def forward(self, x):
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attention = Attention()
+            self.feed_forward = FeedForward()
+            self.attention_norm = RMSNorm()
+            self.ffn_norm = RMSNorm()
+
+        def forward(self, x, cos, sin):
+            h = x + self.attention(self.attention_norm(x), cos, sin)
+            return h + self.feed_forward(self.ffn_norm(h))
+
+    class Llama(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok_embeddings = nn.Embedding(VOCAB, dim)
+            self.layers = nn.ModuleList(Block() for _ in range(layers))
+            self.norm = RMSNorm()
+            self.output = nn.Linear(dim, VOCAB, bias=False)
+
+        def forward(self, tokens):
+            freqs = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+            angles = torch.outer(torch.arange(tokens.shape[1]).float(), freqs)
+            cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
+            h = self.tok_embeddings(tokens)
+            for layer in self.layers:
+                h = layer(h, cos, sin)
+            return self.output(self.norm(h))
+
+    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+    tp, dp = mesh["tp"], mesh["dp_replicate", "dp_shard"]
+    with torch.device("meta"):
+        model = Llama()
+    parallelize_module(model, tp, {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1),
+                                  use_local_output=False),
+    })
+    for i, block in enumerate(model.layers):
+        parallelize_module(block, tp, {
+            "attention_norm": SequenceParallel(),
+            "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                            desired_input_layouts=(Replicate(), None, None)),
+            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "ffn_norm": SequenceParallel(),
+            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),),
+                                               desired_input_layouts=(Replicate(),)),
+            "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        })
+        model.layers[i] = checkpoint_wrapper(block)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in model.layers:
+        fully_shard(block, mesh=dp, mp_policy=mp)
+    fully_shard(model, mesh=dp, mp_policy=mp)
+    model.to_empty(device="cpu")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02) if p.dim() > 1 else p.fill_(1.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+    ranks = dp.size()
+    index = dp.get_local_rank("dp_replicate") * dp.size(1) + dp.get_local_rank("dp_shard")
+    times = []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(1000 + step)
+        tokens = torch.randint(VOCAB, (batch, seq + 1), generator=g)
+        rows = tokens[index * batch // ranks:(index + 1) * batch // ranks]
+        x, y = rows[:, :-1], rows[:, 1:]
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        logits = model(x)
+        with loss_parallel():
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])
+    torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
+    if torch.distributed.get_rank() == 0:
+        with open(out, "w") as f:
+            for step, t in enumerate(times):
+                f.write(json.dumps({"step": step, "step_s": t, "peak_resident_mib": peak.item()}) + "\n")
+    torch.distributed.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------
+# The driver
+# ---------------------------------------------------------------------------------------
+
+ENV = dict(os.environ, OMP_NUM_THREADS="1", TORCH_CPP_LOG_LEVEL="ERROR",
+           PYTHONWARNINGS="ignore")
+
+
+def summary(path, batch, seq):
+    rows = [json.loads(line) for line in open(path)]
+    step = statistics.median(r["step_s"] for r in rows[WARMUP:])
+    return step, batch * seq / step, max(r["peak_resident_mib"] for r in rows)
+
+
+def run(side, args, cfg, mesh, tmp):
+    dim, layers, heads, kv, seq, batch = CONFIGS[cfg]
+    nproc = math.prod(int(x) for x in mesh.split("x"))
+    out = os.path.join(tmp, f"{side}.jsonl")
+    if side == "dtensor":
+        cmd = [args.torchrun, "--standalone", f"--nproc-per-node={nproc}", "--no-python", args.train,
+               "--mesh", mesh, "--steps", str(args.steps), "--dim", str(dim), "--layers", str(layers),
+               "--heads", str(heads), "--kv-heads", str(kv), "--seq", str(seq), "--batch", str(batch),
+               "--vocab", str(VOCAB), "--log-every", "1000", "--metrics", out]
+    else:
+        cmd = [args.torchrun, "--standalone", f"--nproc-per-node={nproc}", os.path.abspath(__file__),
+               "--worker", cfg, mesh, str(args.steps), out]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=900)
+    if p.returncode != 0 and side == "torch":
+        sys.exit(f"{side} failed:\n{(p.stdout + p.stderr)[-4000:]}")
+    return summary(out, batch, seq)
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        cfg, mesh, steps, out = sys.argv[2:6]
+        torch_worker(cfg, tuple(int(x) for x in mesh.split("x")), int(steps), out)
+        return
+    ap = argparse.ArgumentParser()
+    ap.add_argument("torchrun")
+    ap.add_argument("train")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--configs", nargs="+", default=["small", "large"])
+    ap.add_argument("--meshes", nargs="+", default=["2x2x2", "1x2x2"])
+    args = ap.parse_args()
+    print("| config (dim, layers, heads/kv, seq, batch) | mesh | dtensor step ms | PyTorch step ms "
+          "| ratio | dtensor tokens/s | PyTorch tokens/s | dtensor peak MiB | PyTorch peak MiB |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for cfg in args.configs:
+            for mesh in args.meshes:
+                res = {"dtensor": [], "torch": []}
+                for r in range(args.rounds):
+                    order = ("dtensor", "torch") if r % 2 == 0 else ("torch", "dtensor")
+                    for side in order:
+                        res[side].append(run(side, args, cfg, mesh, tmp))
+                d, t = res["dtensor"], res["torch"]
+                med = lambda xs, i: statistics.median(x[i] for x in xs)  # noqa: E731
+                spread = lambda xs: f"{min(x[0] for x in xs) * 1e3:.0f}-{max(x[0] for x in xs) * 1e3:.0f}"  # noqa: E731
+                dim, layers, heads, kv, seq, batch = CONFIGS[cfg]
+                print(f"| {cfg} ({dim}, {layers}, {heads}/{kv}, {seq}, {batch}) | {mesh} "
+                      f"| {med(d, 0) * 1e3:.1f} ({spread(d)}) | {med(t, 0) * 1e3:.1f} ({spread(t)}) "
+                      f"| {med(d, 0) / med(t, 0):.2f}x | {med(d, 1):.0f} | {med(t, 1):.0f} "
+                      f"| {med(d, 2):.0f} | {med(t, 2):.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
