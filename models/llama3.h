@@ -419,8 +419,8 @@ inline dtensor::ParallelizePlan llama3_tp_plan(bool loss_parallel) {
       {"tok_embeddings",
        style(RowwiseParallel().input_layouts(Replicate()).output_layouts(Shard(1)))},
       {"norm", style(SequenceParallel())},
-      // TODO(api): Replicate may not be applied: on a 3-D input the logits leave through
-      // linear's reshape (a viewed activation: only Partial is reduced). To be checked.
+      // Replicate logits (loss_parallel off) are gathered as they leave `output`
+      // (test_llama3 checks them against the plain model's).
       {"output", style(ColwiseParallel()
                            .input_layouts(Shard(1))
                            .output_layouts(loss_parallel ? Shard(-1) : Replicate())

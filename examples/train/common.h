@@ -1,7 +1,7 @@
 #pragma once
 
-// What both recipes of examples/train use: the text and its character vocabulary, Gloo's
-// muted connection lines, and the process's memory figures.
+// What both recipes of examples/train use: the text, muted output, and the process's memory
+// figures.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -25,58 +25,31 @@ inline const char* const kCorpus =
     "present period, that some of its noisiest authorities insisted on its being received, for "
     "good or for evil, in the superlative degree of comparison only. ";
 
-// The text as ids of its distinct characters (sorted), and back.
-struct CharVocab {
-  explicit CharVocab(const std::string& text) {
-    std::set<char> chars(text.begin(), text.end());
-    for (char c : chars) {
-      index.emplace(c, static_cast<int64_t>(symbols.size()));
-      symbols.push_back(c);
-    }
-  }
-  std::vector<int64_t> encode(const std::string& text) const {
-    std::vector<int64_t> ids;
-    for (char c : text) {
-      ids.push_back(index.at(c));
-    }
-    return ids;
-  }
-  std::string decode(const std::vector<int64_t>& ids) const {
-    std::string out;
-    for (int64_t i : ids) {
-      out += i >= 0 && i < size() ? symbols[static_cast<size_t>(i)] : '?';
-    }
-    return out;
-  }
-  int64_t size() const { return static_cast<int64_t>(symbols.size()); }
-
-  std::map<char, int64_t> index;
-  std::vector<char> symbols;
-};
-
 // Gloo prints a "[Gloo] Rank N is connected to ..." line on stdout for every group it
-// connects; the example keeps its own output clean by muting stdout while groups are made.
-class MutedStdout {
+// connects, and SentencePiece's trainer logs its command line on stderr: the example keeps
+// its own output clean by muting that descriptor meanwhile (STDOUT_FILENO or STDERR_FILENO).
+class Muted {
  public:
-  MutedStdout() : saved_(dup(STDOUT_FILENO)) {
-    std::fflush(stdout);
+  explicit Muted(int fd) : fd_(fd), saved_(dup(fd)) {
+    std::fflush(fd == STDOUT_FILENO ? stdout : stderr);
     const int null = open("/dev/null", O_WRONLY);
     if (null >= 0) {
-      dup2(null, STDOUT_FILENO);
+      dup2(null, fd_);
       close(null);
     }
   }
-  ~MutedStdout() {
-    std::fflush(stdout);
+  ~Muted() {
+    std::fflush(fd_ == STDOUT_FILENO ? stdout : stderr);
     if (saved_ >= 0) {
-      dup2(saved_, STDOUT_FILENO);
+      dup2(saved_, fd_);
       close(saved_);
     }
   }
-  MutedStdout(const MutedStdout&) = delete;
-  MutedStdout& operator=(const MutedStdout&) = delete;
+  Muted(const Muted&) = delete;
+  Muted& operator=(const Muted&) = delete;
 
  private:
+  int fd_;
   int saved_;
 };
 

@@ -208,8 +208,8 @@ std::shared_ptr<dtensor::ParallelStyle> style(T s) {
 int run_gpt(int argc, char** argv) {
   at::set_num_threads(1);
   Flags f = parse(argc, argv);
-  std::optional<MutedStdout> muted;
-  muted.emplace();
+  std::optional<Muted> muted;
+  muted.emplace(STDOUT_FILENO);
   dtensor::init_process_group();
   const int world = dtensor::get_world_size();
   const int rank = dtensor::get_rank();

@@ -409,8 +409,8 @@ struct Loop {
 int run_llama(int argc, char** argv) {
   at::set_num_threads(1);
   Flags f = parse(argc, argv);
-  std::optional<MutedStdout> muted;
-  muted.emplace();
+  std::optional<Muted> muted;
+  muted.emplace(STDOUT_FILENO);
   init_process_group();
   const int64_t world = get_world_size();
   const int rank = get_rank();

@@ -1,8 +1,7 @@
 // The recipe's SentencePiece tokenizer (examples/train/tokenizer.h).
 #include "tokenizer.h"
 
-#include <fcntl.h>
-#include <unistd.h>
+#include "common.h"
 
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
@@ -35,30 +34,6 @@ class Sentences : public sentencepiece::SentenceIterator {
   size_t next_ = 0;
 };
 
-// The trainer logs its command line to stderr before it reads --minloglevel; its errors come
-// back in the Status, so stderr is muted while it runs.
-class MutedStderr {
- public:
-  MutedStderr() : saved_(dup(STDERR_FILENO)) {
-    const int null = open("/dev/null", O_WRONLY);
-    if (null >= 0) {
-      dup2(null, STDERR_FILENO);
-      close(null);
-    }
-  }
-  ~MutedStderr() {
-    if (saved_ >= 0) {
-      dup2(saved_, STDERR_FILENO);
-      close(saved_);
-    }
-  }
-  MutedStderr(const MutedStderr&) = delete;
-  MutedStderr& operator=(const MutedStderr&) = delete;
-
- private:
-  int saved_;
-};
-
 void check(const sentencepiece::util::Status& status, const char* what) {
   if (!status.ok()) {
     throw std::runtime_error(std::string("tokenizer: ") + what + ": " + status.ToString());
@@ -81,7 +56,7 @@ Tokenizer::Tokenizer(const std::string& text, int vocab_size)
                            " --minloglevel=2";
   sentencepiece::util::Status trained;
   {
-    MutedStderr quiet;
+    Muted quiet(STDERR_FILENO); // the trainer logs its command line before --minloglevel
     trained = sentencepiece::SentencePieceTrainer::Train(args, &sentences, &model);
   }
   check(trained, "training");
