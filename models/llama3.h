@@ -99,6 +99,21 @@ inline Llama3Args llama3_8b_args() {
       .max_seq_len(8192);
 }
 
+// A tiny model for tests and interchange checks (dim 64, 2 layers, 4 heads, 2 kv heads, vocab
+// 256, plain RoPE).
+inline Llama3Args llama3_tiny_args() {
+  return Llama3Args()
+      .dim(64)
+      .n_layers(2)
+      .n_heads(4)
+      .n_kv_heads(2)
+      .vocab_size(256)
+      .multiple_of(32)
+      .rope_theta(10000.0)
+      .rope_scaling(std::nullopt)
+      .max_seq_len(16);
+}
+
 namespace llama3_detail {
 
 inline torch::nn::Linear linear(int64_t in, int64_t out) {

@@ -19,19 +19,6 @@ constexpr int64_t kVocab = 256;
 constexpr int64_t kBatch = 4;
 constexpr int64_t kSeq = 8;
 
-Llama3Args small_args() {
-  return Llama3Args()
-      .dim(64)
-      .n_layers(2)
-      .n_heads(4)
-      .n_kv_heads(2)
-      .vocab_size(kVocab)
-      .multiple_of(32)
-      .rope_theta(10000.0)
-      .rope_scaling(std::nullopt)
-      .max_seq_len(16);
-}
-
 // (dp_replicate, dp_shard, tp): 2x2x2 on 8 ranks, 1x2x2 on 4, 1x1x2 on 2, 1x1x1 on 1.
 std::vector<int64_t> mesh_shape() {
   switch (world()) {
@@ -51,7 +38,7 @@ Llama3 build(const DeviceMesh& mesh, const dtensor::RngState& seed) {
   Llama3 model{nullptr};
   {
     dtensor::MetaDeviceGuard meta;
-    model = Llama3(small_args());
+    model = Llama3(dtensor::models::llama3_tiny_args());
   }
   dtensor::models::parallelize_llama3(model, mesh, /*loss_parallel=*/false);
   dtensor::to_empty(*model, options().device());
@@ -73,7 +60,7 @@ TEST_CASE("llama3: meta init, TP x HSDP, equals the plain model (parameters, log
   INFO("mesh " << mesh.to_string());
   const dtensor::RngState seed{true, 7, 0};
   Llama3 model = build(mesh, seed);
-  Llama3 ref(small_args());
+  Llama3 ref(dtensor::models::llama3_tiny_args());
   ref->to(options().device());
   dtensor::set_rng_state(seed);
   ref->init_weights();
@@ -97,7 +84,7 @@ TEST_CASE("llama3: meta init, TP x HSDP, equals the plain model (parameters, log
   // reduce-scattered; the final norm's output gathered for `output`, and the logits. Each
   // fully_shard unit (2 blocks + the root) gathered over dp_shard.
   const auto counts = mode.counts_by_group();
-  const int64_t layers = small_args().n_layers();
+  const int64_t layers = dtensor::models::llama3_tiny_args().n_layers();
   auto count = [&](const std::string& group, CollectiveKind kind) {
     auto g = counts.find(group);
     return g == counts.end() || g->second.count(kind) == 0 ? 0 : g->second.at(kind);

@@ -18,20 +18,6 @@ namespace {
 using dtensor::models::Llama3;
 using dtensor::models::Llama3Args;
 
-// The model the export test starts from (the Catch2 test's small config).
-Llama3Args small_args() {
-  return Llama3Args()
-      .dim(64)
-      .n_layers(2)
-      .n_heads(4)
-      .n_kv_heads(2)
-      .vocab_size(256)
-      .multiple_of(32)
-      .rope_theta(10000.0)
-      .rope_scaling(std::nullopt)
-      .max_seq_len(16);
-}
-
 std::vector<int64_t> parse_shape(const std::string& s) {
   std::vector<int64_t> out;
   std::stringstream in(s);
@@ -64,7 +50,8 @@ Llama3 build(const Llama3Args& args, const dtensor::DeviceMesh& mesh) {
 void run(const std::string& mode, const std::string& hf_dir, const std::string& logits_dir,
          const std::vector<int64_t>& shape) {
   const auto mesh = dtensor::init_device_mesh(c10::kCPU, shape, {"dp_replicate", "dp_shard", "tp"});
-  const Llama3Args args = mode == "export" ? small_args() : dtensor::models::args_from_hf(hf_dir);
+  const Llama3Args args = mode == "export" ? dtensor::models::llama3_tiny_args()
+                                           : dtensor::models::args_from_hf(hf_dir);
   Llama3 model = build(args, mesh);
   if (mode == "export") {
     dtensor::set_rng_state({true, 11, 0});
