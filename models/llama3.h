@@ -99,6 +99,34 @@ inline Llama3Args llama3_8b_args() {
       .max_seq_len(8192);
 }
 
+// torchtitan's "70B" and "405B" flavors.
+inline Llama3Args llama3_70b_args() {
+  return llama3_8b_args().dim(8192).n_layers(80).n_heads(64).multiple_of(4096);
+}
+
+inline Llama3Args llama3_405b_args() {
+  return llama3_8b_args()
+      .dim(16384)
+      .n_layers(126)
+      .n_heads(128)
+      .multiple_of(4096)
+      .ffn_dim_multiplier(1.2);
+}
+
+// torchtitan's flavor by name ("llama3-8b", "llama3-70b", "llama3-405b"), if it is one.
+inline std::optional<Llama3Args> llama3_preset(const std::string& name) {
+  if (name == "llama3-8b") {
+    return llama3_8b_args();
+  }
+  if (name == "llama3-70b") {
+    return llama3_70b_args();
+  }
+  if (name == "llama3-405b") {
+    return llama3_405b_args();
+  }
+  return std::nullopt;
+}
+
 // A tiny model for tests and interchange checks (dim 64, 2 layers, 4 heads, 2 kv heads, vocab
 // 256, plain RoPE).
 inline Llama3Args llama3_tiny_args() {
@@ -374,7 +402,9 @@ struct Llama3Impl : torch::nn::Module {
                     *model_args.activation_checkpoint())
               : block->forward(h, freqs_cis);
     }
-    return output->forward(norm->forward(h));
+    // TP: the final norm's sequence shards gathered for `output` above autograd, so their
+    // gradient is reduce-scattered once ([Note: module inputs without hooks]).
+    return output->forward(dtensor::prepare_module_input(*output, norm->forward(h)));
   }
   // torchtitan's Transformer.init_weights: freqs_cis recomputed, tok_embeddings normal (std 1),
   // the blocks', norm one, output truncated normal (std dim^-0.5, within 3 std). Every value

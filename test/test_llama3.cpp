@@ -103,7 +103,21 @@ TEST_CASE("llama3: meta init, TP x HSDP, equals the plain model (parameters, log
   auto loss = torch::nn::functional::cross_entropy(logits.view({-1, kVocab}), targets.reshape(-1));
   auto ref_loss =
       torch::nn::functional::cross_entropy(want.view({-1, kVocab}), targets.reshape(-1));
-  loss.backward();
+  {
+    // torchtitan's backward (no AC here): each sequence-sharded input gathered in forward
+    // (attention's, feed_forward's, output's) reduce-scattered once, and each forward
+    // reduce-scatter (wo, w2, the embedding) an all-gather; the logits' gather (loss_parallel
+    // off) reduced back to the vocabulary shards locally.
+    CommDebugMode backward;
+    loss.backward();
+    const auto b = backward.counts_by_group();
+    auto bcount = [&](const std::string& group, CollectiveKind kind) {
+      auto g = b.find(group);
+      return g == b.end() || g->second.count(kind) == 0 ? 0 : g->second.at(kind);
+    };
+    CHECK(bcount("tp", CollectiveKind::ReduceScatter) == (tp ? 2 * layers + 1 : 0));
+    CHECK(bcount("tp", CollectiveKind::AllGather) == (tp ? 2 * layers + 1 : 0));
+  }
   ref_loss.backward();
   for (size_t i = 0; i < p.size(); ++i) {
     INFO("gradient of " << p[i].key());

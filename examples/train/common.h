@@ -81,5 +81,6 @@ inline double peak_resident_mib() {
 // The recipes (examples/train/gpt.cpp, llama.cpp); argv without --model.
 int run_gpt(int argc, char** argv);
 int run_llama(int argc, char** argv);
+int run_simulate(int argc, char** argv);
 
 } // namespace dtensor::train

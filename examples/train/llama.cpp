@@ -21,7 +21,11 @@
 // --save-every N, --resume DIR (checkpoints, docs/checkpoint.md), --async-save (checkpoints
 // written in the background while training goes on), --auto-resume (continue from --save DIR
 // when it holds a checkpoint: a job restarted by torchrun --max-restarts after a rank died
-// picks up from its last complete checkpoint).
+// picks up from its last complete checkpoint), --preset llama3-8b|llama3-70b|llama3-405b
+// (torchtitan's flavors; `--model llama3-8b` in main.cpp), --report DIR (the last step's
+// RankReport of each rank as DIR/rank<R>.json, dtensor/simulate.h). Under a simulated world
+// (DTENSOR_SIMULATE, docs/simulation.md) the same program runs on meta tensors: the batch is
+// made on meta, nothing reads values, no checkpoint or sample.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -64,6 +68,7 @@ struct Flags {
   std::string ac = "full", precision = "bf16";
   std::string metrics = "train-out/metrics.jsonl";
   std::string export_hf, init_from_hf, save, resume;
+  std::string preset, report; // torchtitan's flavor; the directory of step reports
   bool async_save = false;  // checkpoints written in the background ([Note: asynchronous save])
   bool auto_resume = false; // continue from --save DIR when it holds a checkpoint
 };
@@ -145,6 +150,10 @@ Flags parse(int argc, char** argv) {
       f.save = v;
     else if (k == "--resume")
       f.resume = v;
+    else if (k == "--preset" && models::llama3_preset(v))
+      f.preset = v;
+    else if (k == "--report")
+      f.report = v;
     else
       usage("unknown flag or value: " + k + " " + v);
   }
@@ -181,6 +190,10 @@ Llama3Args model_args(const Flags& f, int64_t vocab) {
       usage(f.init_from_hf + " has a vocabulary of " + std::to_string(a.vocab_size()) +
             ", the text needs " + std::to_string(vocab));
     }
+    return a.max_seq_len(std::max(a.max_seq_len(), f.seq)).activation_checkpoint(ac_options(f.ac));
+  }
+  if (!f.preset.empty()) {
+    Llama3Args a = *models::llama3_preset(f.preset);
     return a.max_seq_len(std::max(a.max_seq_len(), f.seq)).activation_checkpoint(ac_options(f.ac));
   }
   return Llama3Args()
@@ -259,6 +272,10 @@ struct Loop {
 
   // This rank's rows of the step's global batch (the same global batch on every mesh).
   std::pair<at::Tensor, at::Tensor> batch(int64_t step) const {
+    if (device.is_meta()) { // a simulated world: only the shape matters
+      const auto tokens = at::empty({f.batch / dp.size(), f.seq}, at::dtype(at::kLong).device(device));
+      return {tokens, tokens};
+    }
     at::manual_seed(1000 + 31 * step);
     const at::Tensor starts = at::randint(data.size(0) - f.seq - 1, {f.batch}, at::kLong);
     const int64_t rows = f.batch / dp.size();
@@ -272,16 +289,25 @@ struct Loop {
   }
 
   // One step; returns this rank's loss and the total gradient norm (both as computed).
-  std::pair<at::Tensor, at::Tensor> step(int64_t index) {
+  // With `recorder`, each phase is recorded (--report).
+  std::pair<at::Tensor, at::Tensor> step(int64_t index, StepRecorder* recorder = nullptr) {
+    auto phase = [&](const char* name) {
+      if (recorder != nullptr) {
+        recorder->phase(name);
+      }
+    };
     auto [x, y] = batch(index);
     opt.zero_grad();
+    phase("forward");
     at::Tensor logits = model->forward(x);
     at::Tensor loss;
     {
       LossParallel vocab_parallel; // the logits stay vocab-sharded ([Note] in loss.cpp)
       loss = torch::nn::functional::cross_entropy(logits.to(at::kFloat).flatten(0, 1), y.flatten());
+      phase("backward");
       loss.backward();
     }
+    phase("optimizer");
     at::Tensor norm = clip_grad_norm_(model->parameters(), f.max_norm);
     opt.step();
     return {loss.detach(), norm};
@@ -290,6 +316,9 @@ struct Loop {
   // The loss averaged over the data-parallel ranks and the norm, for the log only (after
   // the step's counted collectives).
   static std::pair<double, double> values(const at::Tensor& loss, const at::Tensor& norm) {
+    if (is_simulated()) { // meta tensors have no values
+      return {std::nan(""), std::nan("")};
+    }
     at::Tensor l = is_dtensor(loss) ? DTensor(loss).to_local() : loss;
     l = all_reduce(l.reshape({1}).to(at::kDouble), ReduceOp::Avg, world_group());
     const at::Tensor n = is_dtensor(norm) ? DTensor(norm).to_local() : norm;
@@ -312,7 +341,14 @@ struct Loop {
     for (int64_t s = start; s < f.steps; ++s) {
       const auto t0 = std::chrono::steady_clock::now();
       std::optional<CommDebugMode> mode(std::in_place);
-      const auto [loss_t, norm_t] = step(s);
+      std::optional<StepRecorder> recorder;
+      if (!f.report.empty() && s + 1 == f.steps) {
+        recorder.emplace();
+      }
+      const auto [loss_t, norm_t] = step(s, recorder ? &*recorder : nullptr);
+      if (recorder) {
+        write_report(recorder->finish(model->parameters(), &opt));
+      }
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const std::map<CollectiveKind, int64_t> counts = mode->comm_counts();
@@ -331,7 +367,7 @@ struct Loop {
     }
     // Mean of the first and last few steps: falling unless training failed.
     const size_t k = std::min<size_t>(5, std::max<size_t>(1, losses.size() / 4));
-    if (losses.empty()) {
+    if (losses.empty() || is_simulated()) {
       return true;
     }
     first = std::accumulate(losses.begin(), losses.begin() + k, 0.0) / static_cast<double>(k);
@@ -339,11 +375,19 @@ struct Loop {
     return start > 0 ? last < std::log(static_cast<double>(text_vocab)) : last < first;
   }
 
+  void write_report(const RankReport& report) const {
+    std::filesystem::create_directories(f.report);
+    const auto path = std::filesystem::path(f.report) / ("rank" + std::to_string(report.rank) + ".json");
+    std::ofstream(path) << report.to_json() << "\n";
+  }
+
   void log(int64_t s, double loss, double norm, double secs,
            const std::map<CollectiveKind, int64_t>& comm_counts, std::ofstream& metrics) const {
     const double tokens = static_cast<double>(f.batch * f.seq) / secs;
-    at::Tensor peak = at::full({1}, peak_resident_mib(), at::kDouble).to(device);
-    peak = all_reduce(peak, ReduceOp::Max, world_group()); // the largest rank's
+    at::Tensor peak = at::full({1}, peak_resident_mib(), at::kDouble);
+    if (!is_simulated()) {
+      peak = all_reduce(peak.to(device), ReduceOp::Max, world_group()); // the largest rank's
+    }
     if (get_rank() != 0) {
       return;
     }
@@ -426,9 +470,7 @@ int run_llama(int argc, char** argv) {
           std::to_string(f.mesh[0] * f.mesh[1]) + " data-parallel ranks");
   }
   const bool cuda = get_backend() == BackendType::Nccl;
-  const at::Device device =
-      cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(get_local_rank()))
-           : at::Device(at::kCPU);
+  const at::Device device = default_device(); // meta in a simulated world
   const DeviceMesh mesh =
       init_device_mesh(cuda ? c10::kCUDA : c10::kCPU, f.mesh, {"dp_replicate", "dp_shard", "tp"});
   const DeviceMesh dp = mesh[{"dp_replicate", "dp_shard"}];
@@ -460,6 +502,9 @@ int run_llama(int argc, char** argv) {
   }
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(f.lr).weight_decay(0.1));
   int64_t start = 0;
+  if (is_simulated() && (!f.save.empty() || !f.resume.empty() || !f.export_hf.empty())) {
+    usage("a simulated world has no values to save, resume or export");
+  }
   if (f.auto_resume && !f.save.empty() && std::filesystem::exists(f.save)) {
     f.resume = f.save; // a complete checkpoint: saves are published atomically
   }
@@ -476,7 +521,7 @@ int run_llama(int argc, char** argv) {
                 "%lld (global), %s, AC %s, AdamW lr %g, clip %g\n",
                 static_cast<long long>(world), static_cast<long long>(f.mesh[0]),
                 static_cast<long long>(f.mesh[1]), static_cast<long long>(f.mesh[2]),
-                cuda ? "cuda" : "cpu", static_cast<long long>(args.vocab_size()),
+                is_simulated() ? "meta (simulated)" : cuda ? "cuda" : "cpu", static_cast<long long>(args.vocab_size()),
                 static_cast<long long>(args.dim()), static_cast<long long>(args.n_layers()),
                 static_cast<long long>(args.n_heads()), static_cast<long long>(args.kv_heads()),
                 static_cast<long long>(f.batch), static_cast<long long>(f.seq),
@@ -485,6 +530,9 @@ int run_llama(int argc, char** argv) {
   }
   Loop loop{f, mesh, dp, device, model, opt, data, vocab.size(), 0, 0, {}, std::nullopt};
   const bool ok = loop.run(start);
+  if (is_simulated()) {
+    return 0; // nothing to sample or export from meta tensors
+  }
   const std::string text = sample(model, vocab, "It was the ", 24, f.seq, device);
   if (!f.export_hf.empty()) {
     models::export_hf(model, f.export_hf);

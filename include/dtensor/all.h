@@ -23,3 +23,4 @@
 #include <dtensor/activation_checkpoint.h>
 #include <dtensor/user_rules.h>
 #include <dtensor/register_sharding.h>
+#include <dtensor/simulate.h>

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/Device.h>
 #include <c10/core/DeviceType.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/arg.h>
@@ -22,6 +23,9 @@ enum class BackendType {
   Auto, // NCCL when built with CUDA and enough GPUs are visible, Gloo otherwise
   Gloo, // c10d::ProcessGroupGloo (CPU tensors)
   Nccl, // c10d::ProcessGroupNCCL (CUDA tensors)
+  Fake, // a simulated world: every collective completes at once and moves nothing; one
+        // process plays one rank of any world size on meta tensors ([Note: simulated
+        // worlds], docs/simulation.md)
 };
 
 std::string to_string(BackendType backend);
@@ -30,6 +34,14 @@ std::string to_string(BackendType backend);
 // environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
 // so the same program runs under torchrun, SLURM srun (with those variables exported) or
 // alone (no variables: a world of one rank).
+//
+// [Note: simulated worlds] DTENSOR_SIMULATE=WORLD[:RANK] (or backend Fake with world_size and
+// rank) makes this process rank RANK (default 0) of a simulated world of WORLD ranks: no
+// rendezvous, every group on the fake backend, every mesh on the meta device (tensors have
+// shapes, dtypes and placements, no values; nothing is computed). The program runs unchanged
+// where it takes its device from default_device() or its meshes; CommDebugMode records every
+// collective as the real run would issue it. DTENSOR_SIMULATE_NODE (default 8) is the ranks
+// per node, which gives LOCAL_RANK.
 struct ProcessGroupOptions {
   TORCH_ARG(BackendType, backend) = BackendType::Auto;
   // Timeout of the rendezvous and of every collective; a rank that waits longer fails.
@@ -85,6 +97,11 @@ int get_world_size();
 int get_local_rank(); // LOCAL_RANK, 0 when unset
 BackendType get_backend();
 Group world_group();
+// Where this rank's tensors live: cuda:LOCAL_RANK on NCCL, meta in a simulated world, cpu
+// otherwise.
+c10::Device default_device();
+// A simulated world ([Note: simulated worlds]).
+bool is_simulated();
 
 // The group over `ranks` (global ranks, in the given order), created on first use and
 // cached: every rank in `ranks` must call it, in the same order relative to other group

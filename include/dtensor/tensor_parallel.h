@@ -91,8 +91,12 @@ class PrepareModuleInput : public ParallelStyle {
 // plain tensor is first taken as this rank's piece in input_layouts (DTensor::from_local);
 // both differentiable, so the gradient takes the reverse path (all-gather forward,
 // reduce-scatter backward for Shard(1) -> Replicate). With use_local_output the local tensor
-// is returned. `input` is returned unchanged where no such style applies to `module`, so the
-// same model code runs plain and parallelized.
+// is returned. On a module whose own parameters a style parallelized (a ColwiseParallel
+// Linear with input_layouts Shard(1)), a DTensor input is redistributed here to the style's
+// desired input layout, above autograd: the ops would convert it as well, but below autograd,
+// so its gradient would come back Partial and every backward op using it would reduce it
+// again (torchtitan's `output` after the final norm). `input` is returned unchanged where no
+// style applies to `module`, so the same model code runs plain and parallelized.
 at::Tensor prepare_module_input(const torch::nn::Module& module, const at::Tensor& input);
 
 // Only the output layout: the module's outputs are redistributed from output_layouts to

@@ -27,7 +27,9 @@ void check_group(const char* what, const Group& group) {
 void check_tensor(const char* what, const char* name, const at::Tensor& t, const Group& group) {
   DTENSOR_CHECK(t.defined(), "{}: {} is an undefined tensor (group {})", what, name,
                 group.to_string());
-  DTENSOR_CHECK(t.device().type() == group.device_type(),
+  // The simulated world's bookkeeping tensors (agreement) stay on the CPU.
+  DTENSOR_CHECK(t.device().type() == group.device_type() ||
+                    (group.backend_type() == BackendType::Fake && t.is_cpu()),
                 "{}: {} is {} but group {} moves {} tensors", what, name, describe(t),
                 group.to_string(), c10::DeviceTypeName(group.device_type(), true));
   DTENSOR_CHECK(t.is_contiguous(), "{}: {} ({}) must be contiguous", what, name, describe(t));

@@ -365,13 +365,14 @@ DeviceMesh init_device_mesh(c10::DeviceType device_type, const std::vector<int64
   BackendType backend = get_backend();
   c10::DeviceType backend_device =
       backend == BackendType::Nccl ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
-  DTENSOR_CHECK(device_type == backend_device,
+  DTENSOR_CHECK(device_type == backend_device || backend == BackendType::Fake,
                 "{}: device type {} does not match the process group's {} backend ({} tensors)",
                 what, c10::DeviceTypeName(device_type, true), to_string(backend),
                 c10::DeviceTypeName(backend_device, true));
 
   auto root = std::make_shared<RootMesh>();
-  root->device = device_type;
+  // A simulated world's meshes hold meta tensors, whichever device they stand for.
+  root->device = backend == BackendType::Fake ? c10::DeviceType::Meta : device_type;
   root->shape = shape;
   root->names = dim_names;
   root->ranks.resize(static_cast<size_t>(n));

@@ -22,7 +22,15 @@ struct World {
   std::shared_ptr<const detail::GroupState> world;
   std::map<std::vector<int>, std::shared_ptr<const detail::GroupState>> groups;
   int local_rank = 0;
+  int local_world = 1;
   int64_t num_created = 0;
+};
+
+// [Note: simulated worlds] in include/dtensor/process_group.h.
+struct Simulated {
+  int world = 1;
+  int rank = 0;
+  int node = 8; // ranks per node
 };
 
 World& world_state() {
@@ -56,6 +64,33 @@ std::optional<int> env_int(const char* name) {
     return std::nullopt;
   }
   return env_int(name, *v);
+}
+
+// The simulated world asked for by DTENSOR_SIMULATE=WORLD[:RANK] or by backend Fake.
+std::optional<Simulated> simulated_world(const ProcessGroupOptions& options) {
+  Simulated s;
+  if (auto node = env("DTENSOR_SIMULATE_NODE")) {
+    s.node = env_int("DTENSOR_SIMULATE_NODE", *node);
+    DTENSOR_CHECK(s.node >= 1, "init_process_group: DTENSOR_SIMULATE_NODE={} must be >= 1",
+                  s.node);
+  }
+  if (auto spec = env("DTENSOR_SIMULATE")) {
+    const size_t colon = spec->find(':');
+    s.world = env_int("DTENSOR_SIMULATE", spec->substr(0, colon));
+    s.rank = colon == std::string::npos ? 0 : env_int("DTENSOR_SIMULATE", spec->substr(colon + 1));
+  } else if (options.backend() == BackendType::Fake) {
+    DTENSOR_CHECK(options.world_size().has_value(),
+                  "init_process_group: backend fake needs world_size (the simulated world)");
+    s.world = *options.world_size();
+    s.rank = options.rank().value_or(0);
+  } else {
+    return std::nullopt;
+  }
+  DTENSOR_CHECK(s.world >= 1 && s.rank >= 0 && s.rank < s.world,
+                "init_process_group: simulated rank {} of a world of {} is out of range", s.rank,
+                s.world);
+  s.node = std::min(s.node, s.world);
+  return s;
 }
 
 c10::intrusive_ptr<c10d::Store> make_store(int rank, int world_size, const std::string& addr,
@@ -94,10 +129,11 @@ std::shared_ptr<const detail::GroupState> make_group(const c10::intrusive_ptr<c1
   auto state = std::make_shared<detail::GroupState>();
   int size = static_cast<int>(ranks.size());
   try {
-    state->backend = type == BackendType::Nccl
-                         ? detail::make_nccl_backend(store, group_rank, size, timeout)
+    state->backend = type == BackendType::Nccl ? detail::make_nccl_backend(store, group_rank, size, timeout)
+                     : type == BackendType::Fake
+                         ? detail::make_fake_backend(group_rank, size)
                          : detail::make_gloo_backend(store, group_rank, size, timeout);
-    if (detail::debug_detail()) {
+    if (detail::debug_detail() && type != BackendType::Fake) {
       state->backend = detail::wrap_for_debug(state->backend, store, group_rank, size, timeout);
     }
   } catch (const c10::Error& e) {
@@ -107,7 +143,9 @@ std::shared_ptr<const detail::GroupState> make_group(const c10::intrusive_ptr<c1
   state->ranks = std::move(ranks);
   state->rank = group_rank;
   state->type = type;
-  state->device = type == BackendType::Nccl ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+  state->device = type == BackendType::Nccl   ? c10::DeviceType::CUDA
+                  : type == BackendType::Fake ? c10::DeviceType::Meta
+                                              : c10::DeviceType::CPU;
   state->timeout = timeout;
   return state;
 }
@@ -139,6 +177,8 @@ std::string to_string(BackendType backend) {
     return "gloo";
   case BackendType::Nccl:
     return "nccl";
+  case BackendType::Fake:
+    return "fake";
   }
   return "?";
 }
@@ -189,10 +229,12 @@ void init_process_group(const ProcessGroupOptions& options) {
   std::lock_guard<std::mutex> lock(w.mutex);
   DTENSOR_CHECK(!w.initialized, "init_process_group: already initialized (rank {} of {})",
                 w.world->rank, w.world->ranks.size());
+  const std::optional<Simulated> simulated = simulated_world(options);
   auto env_rank = env_int("RANK");
   auto env_world = env_int("WORLD_SIZE");
-  int rank = options.rank().value_or(env_rank.value_or(0));
-  int world_size = options.world_size().value_or(env_world.value_or(1));
+  int rank = simulated ? simulated->rank : options.rank().value_or(env_rank.value_or(0));
+  int world_size =
+      simulated ? simulated->world : options.world_size().value_or(env_world.value_or(1));
   DTENSOR_CHECK(world_size >= 1, "init_process_group: world size {} must be >= 1", world_size);
   DTENSOR_CHECK(rank >= 0 && rank < world_size,
                 "init_process_group: rank {} is out of range for world size {}", rank, world_size);
@@ -203,10 +245,11 @@ void init_process_group(const ProcessGroupOptions& options) {
   if (!port) {
     port = env_int("MASTER_PORT");
   }
-  int local_rank = env_int("LOCAL_RANK").value_or(0);
-  int local_world = env_int("LOCAL_WORLD_SIZE").value_or(world_size);
+  int local_rank = simulated ? rank % simulated->node : env_int("LOCAL_RANK").value_or(0);
+  int local_world =
+      simulated ? simulated->node : env_int("LOCAL_WORLD_SIZE").value_or(world_size);
 
-  BackendType type = options.backend();
+  BackendType type = simulated ? BackendType::Fake : options.backend();
   if (type == BackendType::Auto) {
     type = detail::nccl_available() && detail::cuda_device_count() >= local_world
                ? BackendType::Nccl
@@ -225,7 +268,8 @@ void init_process_group(const ProcessGroupOptions& options) {
 
   c10::intrusive_ptr<c10d::Store> store;
   try {
-    store = make_store(rank, world_size, addr, port, options.timeout());
+    store = simulated ? c10::intrusive_ptr<c10d::Store>(c10::make_intrusive<c10d::HashStore>())
+                      : make_store(rank, world_size, addr, port, options.timeout());
   } catch (const c10::Error& e) {
     DTENSOR_FAIL("init_process_group: rendezvous at {}:{} failed (rank {} of {}): {}", addr,
                  port.value_or(0), rank, world_size, e.what_without_backtrace());
@@ -241,6 +285,7 @@ void init_process_group(const ProcessGroupOptions& options) {
   w.groups.clear();
   w.groups[all] = world;
   w.local_rank = local_rank;
+  w.local_world = local_world;
   w.num_created = 1;
   w.initialized = true;
 }
@@ -276,6 +321,21 @@ BackendType get_backend() {
   return initialized_world("get_backend").world->type;
 }
 
+bool is_simulated() {
+  return get_backend() == BackendType::Fake;
+}
+
+c10::Device default_device() {
+  switch (get_backend()) {
+  case BackendType::Nccl:
+    return {c10::kCUDA, static_cast<c10::DeviceIndex>(get_local_rank())};
+  case BackendType::Fake:
+    return {c10::kMeta};
+  default:
+    return {c10::kCPU};
+  }
+}
+
 Group world_group() {
   return Group(initialized_world("world_group").world, "world");
 }
@@ -291,7 +351,10 @@ Group detail::new_background_group(const std::string& label) {
   std::iota(all.begin(), all.end(), 0);
   auto prefix = fmt::format("dtensor/background/{}/", label);
   auto state = make_group(c10::make_intrusive<c10d::PrefixStore>(prefix, w.store), all,
-                          w.world->rank, BackendType::Gloo, w.world->timeout);
+                          w.world->rank,
+                          w.world->type == BackendType::Fake ? BackendType::Fake
+                                                             : BackendType::Gloo,
+                          w.world->timeout);
   ++w.num_created;
   return Group(state, label);
 }

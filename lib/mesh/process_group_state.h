@@ -30,6 +30,8 @@ c10::intrusive_ptr<c10d::Backend> make_gloo_backend(const c10::intrusive_ptr<c10
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store,
                                                     int rank, int size,
                                                     std::chrono::milliseconds timeout);
+// [Note: the fake backend] in lib/mesh/backend_fake.cpp.
+c10::intrusive_ptr<c10d::Backend> make_fake_backend(int rank, int size);
 // `backend` wrapped in c10d::ProcessGroupWrapper for TORCH_DISTRIBUTED_DEBUG=DETAIL (see
 // [Note: TORCH_DISTRIBUTED_DEBUG=DETAIL] in lib/mesh/backend_gloo.cpp).
 c10::intrusive_ptr<c10d::Backend> wrap_for_debug(const c10::intrusive_ptr<c10d::Backend>& backend,

@@ -29,11 +29,49 @@ struct Layouts {
   bool local_output = false;
 };
 
+// The layouts of the modules a Colwise / Rowwise / SequenceParallel style parallelized, by
+// address, for prepare_module_input (the weak pointer tells a live module from a new one at
+// a freed module's address; a module not owned by a shared_ptr is not listed).
+struct ModuleLayouts {
+  std::weak_ptr<const torch::nn::Module> module;
+  std::shared_ptr<detail::TpLayouts> layouts;
+};
+
+std::mutex& styles_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::map<const torch::nn::Module*, ModuleLayouts>& module_layouts() {
+  static std::map<const torch::nn::Module*, ModuleLayouts> m;
+  return m;
+}
+
 std::shared_ptr<const TpTag> make_tag(const torch::nn::Module& module, const std::string& style,
                                       const Layouts& l) {
-  return detail::make_tp_tags(
+  auto tag = detail::make_tp_tags(
       &module, style, module.name(),
       detail::TpLayouts{l.input, l.desired_input, l.output, l.local_output});
+  std::weak_ptr<const torch::nn::Module> owner = module.weak_from_this();
+  if (!owner.expired()) {
+    std::lock_guard<std::mutex> lock(styles_mutex());
+    module_layouts()[&module] = ModuleLayouts{owner, tag->layouts};
+  }
+  return tag;
+}
+
+// The layouts of `module` if a style parallelized it (and it is still alive).
+std::shared_ptr<detail::TpLayouts> layouts_of(const torch::nn::Module& module) {
+  std::lock_guard<std::mutex> lock(styles_mutex());
+  auto it = module_layouts().find(&module);
+  if (it == module_layouts().end()) {
+    return nullptr;
+  }
+  if (it->second.module.lock().get() != &module) {
+    module_layouts().erase(it);
+    return nullptr;
+  }
+  return it->second.layouts;
 }
 
 void check_mesh(const DeviceMesh& mesh, const std::string& style) {
@@ -176,6 +214,21 @@ bool has_own_tp_parameters(const torch::nn::Module& module) {
   return false;
 }
 
+// A DTensor input of a module a style parallelized, redistributed above autograd to the
+// style's desired input layout (what the ops would otherwise do below it).
+at::Tensor to_desired_input(const torch::nn::Module& module, const at::Tensor& input) {
+  const auto layouts = layouts_of(module);
+  if (!layouts || !layouts->desired_input || !is_dtensor(input)) {
+    return input;
+  }
+  DTensor d(input);
+  if (d.device_mesh().ndim() != 1) {
+    return input; // not on a tensor-parallel mesh: the ops report it with the op's name
+  }
+  const Placements want{layouts->desired_input->normalized(d.dim())};
+  return d.placements() == want ? input : at::Tensor(d.redistribute(want));
+}
+
 } // namespace
 
 void PrepareModuleInput::apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const {
@@ -206,8 +259,11 @@ at::Tensor prepare_module_input(const torch::nn::Module& module, const at::Tenso
       }
     }
   }
-  if (!entry || !input.defined()) {
+  if (!input.defined()) {
     return input;
+  }
+  if (!entry) {
+    return to_desired_input(module, input);
   }
   const PrepareModuleInput& style = entry->style;
   DTensor d = is_dtensor(input) ? DTensor(input)

@@ -2,6 +2,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
+#include <c10/util/ScopeExit.h>
 #include <c10/util/accumulate.h>
 
 #include <algorithm>
@@ -179,8 +180,13 @@ at::Tensor meta_of(const DTensorSpec& s) {
   return at::empty_strided(s.shape, s.stride, at::TensorOptions().dtype(s.dtype).device(at::kMeta));
 }
 
+thread_local bool inferring_shapes = false;
+
 // Runs the op on meta tensors with global shapes to learn the outputs' global shapes.
 void infer_output_shapes(const c10::OperatorHandle& op, const OpInfo& info, Cached& out) {
+  const bool outer = inferring_shapes;
+  inferring_shapes = true;
+  const auto restore = c10::make_scope_exit([outer] { inferring_shapes = outer; });
   torch::jit::Stack meta;
   for (size_t i = 0; i < info.num_args(); ++i) {
     const c10::IValue& v = info.arg(i);
@@ -575,6 +581,10 @@ bool has_dtensor(const OpArgs& a) {
 
 // [Note: the handler's steps] As PyTorch's OpDispatcher: interceptors, then unwrap (specs)
 // -> decide (rule, cached) -> redistribute the arguments -> run the local op -> wrap.
+bool in_shape_inference() {
+  return inferring_shapes;
+}
+
 void handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::vector<OutputFinisher> finishers;
   for (const OpInterceptor& i : interceptors()) {

@@ -223,7 +223,7 @@ void fill_box(at::Tensor& out, const Box& given, const Draw& draw, const Distrib
                 "random {}: local shape {} and global shape {} differ in rank", dist.name(),
                 local_shape, box.global_shape);
   const int64_t n = out.numel();
-  if (n == 0) {
+  if (n == 0 || out.is_meta()) { // meta (a simulated world): no values to draw
     return;
   }
   if (fills_in_place(out, dist, prob.has_value())) {

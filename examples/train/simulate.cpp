@@ -1,0 +1,272 @@
+// `train --simulate WORLD`: plans the Llama 3 recipe on WORLD ranks before running it
+// (docs/simulation.md). For each mesh of --mesh (a comma-separated list of AxBxC; default
+// tp 8, the rest dp_shard), it runs the unchanged recipe as a sample of the world's ranks
+// (ranks_to_simulate: all up to 64, extremes and a random sample above), each a child process
+// of this one under DTENSOR_SIMULATE=WORLD:RANK on meta tensors for one step, reads their
+// RankReports, checks the plan across them (check_plan), prints a table per mesh (memory by
+// category, bytes per step by mesh dimension, FLOPs) and writes OUT/simulation.json, which
+// scripts/plot_simulation.py draws as OUT/simulation.png.
+//
+//   build/examples/train --simulate 1024 --mesh 8x16x8 --model llama3-8b --seq 8192 --batch 64
+//
+// Flags of its own: --simulate WORLD, --mesh LIST, --out DIR (train-out/simulation), --sample N
+// (random ranks beyond the extremes, 8), --jobs N (children at once: the cores). The others
+// (--model, --seq, --batch, --ac, --precision, ...) go to every simulated rank.
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <dtensor/simulate.h>
+
+#include "common.h"
+
+extern char** environ;
+
+namespace dtensor::train {
+
+namespace {
+
+struct SimFlags {
+  int64_t world = 0;
+  std::vector<std::vector<int64_t>> meshes;
+  std::string out = "train-out/simulation";
+  int64_t sample = 8;
+  int64_t jobs = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  std::vector<std::string> passed; // to the simulated ranks
+};
+
+[[noreturn]] void sim_usage(const std::string& why) {
+  std::fprintf(stderr, "train --simulate: %s (see examples/train/simulate.cpp)\n", why.c_str());
+  std::exit(2);
+}
+
+std::vector<int64_t> mesh_of(const std::string& s) {
+  std::vector<int64_t> m;
+  std::stringstream in(s);
+  std::string part;
+  while (std::getline(in, part, 'x')) {
+    m.push_back(std::stoll(part));
+  }
+  if (m.size() != 3) {
+    sim_usage("a mesh is dp_replicate x dp_shard x tp, e.g. 8x16x8; got " + s);
+  }
+  return m;
+}
+
+SimFlags parse_sim(int argc, char** argv) {
+  SimFlags f;
+  std::string meshes;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    const bool own = k == "--simulate" || k == "--mesh" || k == "--out" || k == "--sample" ||
+                     k == "--jobs";
+    if (!own) {
+      f.passed.push_back(k);
+      continue;
+    }
+    if (i + 1 >= argc) {
+      sim_usage("flag " + k + " needs a value");
+    }
+    const std::string v = argv[++i];
+    if (k == "--simulate")
+      f.world = std::stoll(v);
+    else if (k == "--mesh")
+      meshes = v;
+    else if (k == "--out")
+      f.out = v;
+    else if (k == "--sample")
+      f.sample = std::stoll(v);
+    else
+      f.jobs = std::max<int64_t>(1, std::stoll(v));
+  }
+  if (f.world < 1) {
+    sim_usage("--simulate takes the world size, at least 1");
+  }
+  if (meshes.empty()) { // torchtitan's usual layout: tp within a node of 8, dp_shard across
+    const int64_t tp = std::gcd(f.world, int64_t{8});
+    meshes = "1x" + std::to_string(f.world / tp) + "x" + std::to_string(tp);
+  }
+  std::stringstream in(meshes);
+  std::string one;
+  while (std::getline(in, one, ',')) {
+    f.meshes.push_back(mesh_of(one));
+    const auto& m = f.meshes.back();
+    if (m[0] * m[1] * m[2] != f.world) {
+      sim_usage("--mesh " + one + " does not cover the " + std::to_string(f.world) + " ranks");
+    }
+  }
+  return f;
+}
+
+std::string mesh_name(const std::vector<int64_t>& m) {
+  return std::to_string(m[0]) + "x" + std::to_string(m[1]) + "x" + std::to_string(m[2]);
+}
+
+// Runs this program as simulated rank `rank`; returns its pid.
+pid_t spawn_rank(const std::string& self, const SimFlags& f, const std::vector<int64_t>& mesh,
+                 int rank, const std::string& dir) {
+  std::vector<std::string> args{self, "--mesh", mesh_name(mesh), "--steps", "1", "--report", dir,
+                                "--metrics", dir + "/metrics.jsonl"};
+  args.insert(args.end(), f.passed.begin(), f.passed.end());
+  std::vector<std::string> env{"DTENSOR_SIMULATE=" + std::to_string(f.world) + ":" +
+                               std::to_string(rank)};
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::string(*e).rfind("DTENSOR_SIMULATE=", 0) != 0) {
+      env.emplace_back(*e);
+    }
+  }
+  std::vector<char*> argp, envp;
+  for (auto& a : args) {
+    argp.push_back(a.data());
+  }
+  argp.push_back(nullptr);
+  for (auto& e : env) {
+    envp.push_back(e.data());
+  }
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t io;
+  posix_spawn_file_actions_init(&io);
+  const std::string log = dir + "/rank" + std::to_string(rank) + ".log";
+  posix_spawn_file_actions_addopen(&io, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  posix_spawn_file_actions_adddup2(&io, STDOUT_FILENO, STDERR_FILENO);
+  pid_t pid = 0;
+  const int err = posix_spawn(&pid, self.c_str(), &io, nullptr, argp.data(), envp.data());
+  posix_spawn_file_actions_destroy(&io);
+  if (err != 0) {
+    sim_usage("could not start " + self + ": " + std::strerror(err));
+  }
+  return pid;
+}
+
+// Every rank of `ranks` simulated, `jobs` at a time; their reports.
+std::vector<RankReport> simulate_ranks(const std::string& self, const SimFlags& f,
+                                       const std::vector<int64_t>& mesh,
+                                       const std::vector<int>& ranks, const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  std::map<pid_t, int> running;
+  size_t next = 0;
+  while (next < ranks.size() || !running.empty()) {
+    while (next < ranks.size() && static_cast<int64_t>(running.size()) < f.jobs) {
+      running[spawn_rank(self, f, mesh, ranks[next], dir)] = ranks[next];
+      ++next;
+    }
+    int status = 0;
+    const pid_t done = wait(&status);
+    const int rank = running.at(done);
+    running.erase(done);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      for (const auto& [pid, r] : running) {
+        kill(pid, SIGKILL);
+      }
+      sim_usage("simulated rank " + std::to_string(rank) + " of " + mesh_name(mesh) +
+                " failed; its output: " + dir + "/rank" + std::to_string(rank) + ".log");
+    }
+  }
+  std::vector<RankReport> reports;
+  for (int r : ranks) {
+    std::ifstream in(dir + "/rank" + std::to_string(r) + ".json");
+    std::stringstream text;
+    text << in.rdbuf();
+    reports.push_back(RankReport::from_json(text.str()));
+  }
+  return reports;
+}
+
+double gib(int64_t bytes) {
+  return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0);
+}
+
+// The largest value over the simulated ranks of each figure, and bytes per step by group.
+nlohmann::json summarize(const std::vector<int64_t>& mesh, const std::vector<RankReport>& reports,
+                         const std::vector<PlanMismatch>& mismatches) {
+  nlohmann::json memory = {{"parameters", 0}, {"gradients", 0}, {"optimizer", 0},
+                           {"fsdp_peak", 0},  {"step_peak", 0}, {"activations", 0}};
+  std::map<std::string, int64_t> bytes;
+  int64_t flops = 0;
+  auto raise = [&](const char* key, int64_t v) { memory[key] = std::max(memory[key].get<int64_t>(), v); };
+  for (const auto& r : reports) {
+    raise("parameters", r.parameter_bytes);
+    raise("gradients", r.gradient_bytes);
+    raise("optimizer", r.optimizer_bytes);
+    raise("fsdp_peak", r.fsdp_peak_bytes);
+    raise("step_peak", r.peak_bytes);
+    raise("activations", r.peak_bytes - r.start_bytes - r.fsdp_peak_bytes);
+    std::map<std::string, int64_t> mine;
+    for (const auto& c : r.collectives()) {
+      mine[c.group] += c.bytes_in;
+    }
+    for (const auto& [g, b] : mine) {
+      bytes[g] = std::max(bytes[g], b);
+    }
+    flops = std::max(flops, r.flops());
+  }
+  nlohmann::json problems = nlohmann::json::array();
+  for (const auto& m : mismatches) {
+    problems.push_back(m.message);
+  }
+  std::vector<int> ranks;
+  for (const auto& r : reports) {
+    ranks.push_back(r.rank);
+  }
+  return {{"mesh", mesh_name(mesh)}, {"ranks", ranks},       {"memory", memory},
+          {"bytes_by_dim", bytes},   {"flops", flops},       {"plan_mismatches", problems}};
+}
+
+void print_summary(const nlohmann::json& s, int64_t world) {
+  const auto& m = s["memory"];
+  std::printf("mesh %s (dp_replicate x dp_shard x tp) on %lld ranks, %zu simulated: plan %s\n",
+              s["mesh"].get<std::string>().c_str(), static_cast<long long>(world),
+              s["ranks"].size(), s["plan_mismatches"].empty() ? "consistent" : "INCONSISTENT");
+  for (const auto& p : s["plan_mismatches"]) {
+    std::printf("  %s\n", p.get<std::string>().c_str());
+  }
+  std::printf("  per rank (GiB): parameters %.3f  gradients %.3f  optimizer %.3f  fsdp peak %.3f"
+              "  activations %.3f  step peak %.3f\n",
+              gib(m["parameters"]), gib(m["gradients"]), gib(m["optimizer"]), gib(m["fsdp_peak"]),
+              gib(m["activations"]), gib(m["step_peak"]));
+  std::printf("  bytes sent per step (GiB):");
+  for (const auto& [g, b] : s["bytes_by_dim"].items()) {
+    std::printf("  %s %.3f", g.c_str(), gib(b.get<int64_t>()));
+  }
+  std::printf("\n  compute per step: %.1f TFLOP\n", s["flops"].get<double>() / 1e12);
+}
+
+} // namespace
+
+int run_simulate(int argc, char** argv) {
+  const SimFlags f = parse_sim(argc, argv);
+  const std::string self = std::filesystem::canonical("/proc/self/exe").string();
+  nlohmann::json all = {{"world", f.world}, {"meshes", nlohmann::json::array()}};
+  bool consistent = true;
+  for (const auto& mesh : f.meshes) {
+    const auto ranks = ranks_to_simulate(mesh, f.sample, /*seed=*/static_cast<uint64_t>(f.world));
+    const std::string dir = f.out + "/" + mesh_name(mesh);
+    const auto reports = simulate_ranks(self, f, mesh, ranks, dir);
+    const auto mismatches = check_plan(reports);
+    consistent = consistent && mismatches.empty();
+    all["meshes"].push_back(summarize(mesh, reports, mismatches));
+    print_summary(all["meshes"].back(), f.world);
+  }
+  std::ofstream(f.out + "/simulation.json") << all.dump(2) << "\n";
+  std::printf("reports in %s/<mesh>/rank<R>.json; summary in %s/simulation.json\n", f.out.c_str(),
+              f.out.c_str());
+  return consistent ? 0 : 1;
+}
+
+} // namespace dtensor::train

@@ -1,0 +1,70 @@
+// Meta kernels for the ATen ops that LibTorch has none for ([Note: meta kernels for simulation]).
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+namespace dtensor {
+
+namespace {
+
+// [Note: meta kernels for simulation]
+// PyTorch registers some meta kernels in Python (torch/_meta_registrations.py), so LibTorch
+// alone cannot run those ops on meta tensors, which a simulated world's ranks need
+// ([Note: simulated worlds]). The ops a training step uses get one here: the output's shape
+// and dtype, as ATen's CPU kernel gives them (the judge: the same op on CPU tensors, in
+// test_simulate), no values.
+
+at::Tensor meta_index_select(const at::Tensor& self, int64_t dim, const at::Tensor& index) {
+  const int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
+  std::vector<int64_t> sizes = self.sizes().vec();
+  if (self.dim() > 0) {
+    sizes[static_cast<size_t>(d)] = index.numel();
+  }
+  return at::empty(sizes, self.options());
+}
+
+at::Tensor meta_floor_divide(const at::Tensor& self, const at::Tensor& other) {
+  const auto sizes = at::infer_size(self.sizes(), other.sizes());
+  return at::empty(sizes, self.options().dtype(at::result_type(self, other)));
+}
+
+at::Tensor meta_floor_divide_scalar(const at::Tensor& self, const at::Scalar& other) {
+  return at::empty(self.sizes(), self.options().dtype(at::result_type(self, other)));
+}
+
+at::Tensor meta_embedding_dense_backward(const at::Tensor& grad, const at::Tensor& /*indices*/,
+                                         c10::SymInt num_weights, c10::SymInt /*padding_idx*/,
+                                         bool /*scale_grad_by_freq*/) {
+  return at::empty({num_weights.expect_int(), grad.size(-1)}, grad.options());
+}
+
+at::Tensor meta_where(const at::Tensor& condition, const at::Tensor& self,
+                      const at::Tensor& other) {
+  const auto sizes = at::infer_size(at::infer_size(condition.sizes(), self.sizes()), other.sizes());
+  return at::empty(sizes, self.options().dtype(at::result_type(self, other)));
+}
+
+at::Tensor& meta_where_out(const at::Tensor& condition, const at::Tensor& self,
+                           const at::Tensor& other, at::Tensor& out) {
+  const auto sizes = at::infer_size(at::infer_size(condition.sizes(), self.sizes()), other.sizes());
+  out.resize_(sizes);
+  return out;
+}
+
+at::Tensor& meta_unary_out(const at::Tensor& self, at::Tensor& out) {
+  out.resize_(self.sizes());
+  return out;
+}
+
+} // namespace
+
+TORCH_LIBRARY_IMPL(aten, Meta, m) {
+  m.impl("index_select", meta_index_select);
+  m.impl("floor_divide", meta_floor_divide);
+  m.impl("floor_divide.Scalar", meta_floor_divide_scalar);
+  m.impl("embedding_dense_backward", meta_embedding_dense_backward);
+  m.impl("where.self", meta_where);
+  m.impl("where.self_out", meta_where_out);
+  m.impl("abs.out", meta_unary_out);
+}
+
+} // namespace dtensor
