@@ -24,8 +24,8 @@
 // picks up from its last complete checkpoint), --preset llama3-8b|llama3-70b|llama3-405b
 // (torchtitan's flavors; `--model llama3-8b` in main.cpp), --report DIR (the last step's
 // RankReport of each rank as DIR/rank<R>.json, dtensor/simulate.h). Under a simulated world
-// (DTENSOR_SIMULATE, docs/simulation.md) the same program runs on meta tensors: the batch is
-// made on meta, nothing reads values, no checkpoint or sample.
+// (DTENSOR_SIMULATE, docs/simulation.md) the same program runs on the simulated device: the
+// batch is only a shape, nothing reads values, no checkpoint or sample.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -272,7 +272,7 @@ struct Loop {
 
   // This rank's rows of the step's global batch (the same global batch on every mesh).
   std::pair<at::Tensor, at::Tensor> batch(int64_t step) const {
-    if (device.is_meta()) { // a simulated world: only the shape matters
+    if (is_simulated()) { // only the shape matters (and the text may be shorter than --seq)
       const auto tokens = at::empty({f.batch / dp.size(), f.seq}, at::dtype(at::kLong).device(device));
       return {tokens, tokens};
     }
@@ -316,7 +316,7 @@ struct Loop {
   // The loss averaged over the data-parallel ranks and the norm, for the log only (after
   // the step's counted collectives).
   static std::pair<double, double> values(const at::Tensor& loss, const at::Tensor& norm) {
-    if (is_simulated()) { // meta tensors have no values
+    if (is_simulated()) { // a simulated rank's tensors have no values
       return {std::nan(""), std::nan("")};
     }
     at::Tensor l = is_dtensor(loss) ? DTensor(loss).to_local() : loss;
@@ -470,7 +470,7 @@ int run_llama(int argc, char** argv) {
           std::to_string(f.mesh[0] * f.mesh[1]) + " data-parallel ranks");
   }
   const bool cuda = get_backend() == BackendType::Nccl;
-  const at::Device device = default_device(); // meta in a simulated world
+  const at::Device device = default_device(); // the simulated device in a simulated world
   const DeviceMesh mesh =
       init_device_mesh(cuda ? c10::kCUDA : c10::kCPU, f.mesh, {"dp_replicate", "dp_shard", "tp"});
   const DeviceMesh dp = mesh[{"dp_replicate", "dp_shard"}];
@@ -521,7 +521,7 @@ int run_llama(int argc, char** argv) {
                 "%lld (global), %s, AC %s, AdamW lr %g, clip %g\n",
                 static_cast<long long>(world), static_cast<long long>(f.mesh[0]),
                 static_cast<long long>(f.mesh[1]), static_cast<long long>(f.mesh[2]),
-                is_simulated() ? "meta (simulated)" : cuda ? "cuda" : "cpu", static_cast<long long>(args.vocab_size()),
+                is_simulated() ? "the simulated device" : cuda ? "cuda" : "cpu", static_cast<long long>(args.vocab_size()),
                 static_cast<long long>(args.dim()), static_cast<long long>(args.n_layers()),
                 static_cast<long long>(args.n_heads()), static_cast<long long>(args.kv_heads()),
                 static_cast<long long>(f.batch), static_cast<long long>(f.seq),
@@ -531,7 +531,7 @@ int run_llama(int argc, char** argv) {
   Loop loop{f, mesh, dp, device, model, opt, data, vocab.size(), 0, 0, {}, std::nullopt};
   const bool ok = loop.run(start);
   if (is_simulated()) {
-    return 0; // nothing to sample or export from meta tensors
+    return 0; // nothing to sample or export from tensors without values
   }
   const std::string text = sample(model, vocab, "It was the ", 24, f.seq, device);
   if (!f.export_hf.empty()) {

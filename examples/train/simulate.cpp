@@ -73,8 +73,8 @@ SimFlags parse_sim(int argc, char** argv) {
   std::string meshes;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
-    const bool own = k == "--simulate" || k == "--mesh" || k == "--out" || k == "--sample" ||
-                     k == "--jobs";
+    const bool own =
+        k == "--simulate" || k == "--mesh" || k == "--out" || k == "--sample" || k == "--jobs";
     if (!own) {
       f.passed.push_back(k);
       continue;
@@ -120,8 +120,9 @@ std::string mesh_name(const std::vector<int64_t>& m) {
 // Runs this program as simulated rank `rank`; returns its pid.
 pid_t spawn_rank(const std::string& self, const SimFlags& f, const std::vector<int64_t>& mesh,
                  int rank, const std::string& dir) {
-  std::vector<std::string> args{self, "--mesh", mesh_name(mesh), "--steps", "1", "--report", dir,
-                                "--metrics", dir + "/metrics.jsonl"};
+  std::vector<std::string> args{self,      "--mesh",    mesh_name(mesh),
+                                "--steps", "1",         "--report",
+                                dir,       "--metrics", dir + "/metrics.jsonl"};
   args.insert(args.end(), f.passed.begin(), f.passed.end());
   std::vector<std::string> env{"DTENSOR_SIMULATE=" + std::to_string(f.world) + ":" +
                                std::to_string(rank)};
@@ -199,7 +200,9 @@ nlohmann::json summarize(const std::vector<int64_t>& mesh, const std::vector<Ran
                            {"fsdp_peak", 0},  {"step_peak", 0}, {"activations", 0}};
   std::map<std::string, int64_t> bytes;
   int64_t flops = 0;
-  auto raise = [&](const char* key, int64_t v) { memory[key] = std::max(memory[key].get<int64_t>(), v); };
+  auto raise = [&](const char* key, int64_t v) {
+    memory[key] = std::max(memory[key].get<int64_t>(), v);
+  };
   for (const auto& r : reports) {
     raise("parameters", r.parameter_bytes);
     raise("gradients", r.gradient_bytes);
@@ -224,8 +227,8 @@ nlohmann::json summarize(const std::vector<int64_t>& mesh, const std::vector<Ran
   for (const auto& r : reports) {
     ranks.push_back(r.rank);
   }
-  return {{"mesh", mesh_name(mesh)}, {"ranks", ranks},       {"memory", memory},
-          {"bytes_by_dim", bytes},   {"flops", flops},       {"plan_mismatches", problems}};
+  return {{"mesh", mesh_name(mesh)}, {"ranks", ranks}, {"memory", memory},
+          {"bytes_by_dim", bytes},   {"flops", flops}, {"plan_mismatches", problems}};
 }
 
 void print_summary(const nlohmann::json& s, int64_t world) {

@@ -24,7 +24,7 @@ enum class BackendType {
   Gloo, // c10d::ProcessGroupGloo (CPU tensors)
   Nccl, // c10d::ProcessGroupNCCL (CUDA tensors)
   Fake, // a simulated world: every collective completes at once and moves nothing; one
-        // process plays one rank of any world size on meta tensors ([Note: simulated
+        // process plays one rank of any world size on tensors without values ([Note: simulated
         // worlds], docs/simulation.md)
 };
 
@@ -37,8 +37,9 @@ std::string to_string(BackendType backend);
 //
 // [Note: simulated worlds] DTENSOR_SIMULATE=WORLD[:RANK] (or backend Fake with world_size and
 // rank) makes this process rank RANK (default 0) of a simulated world of WORLD ranks: no
-// rendezvous, every group on the fake backend, every mesh on the meta device (tensors have
-// shapes, dtypes and placements, no values; nothing is computed). The program runs unchanged
+// rendezvous, every group on the fake backend, every mesh on the simulated device (its tensors
+// have shapes, dtypes and placements, no values; nothing is computed; [Note: the simulated
+// device] in lib/sim/sim_device.cpp). The program runs unchanged
 // where it takes its device from default_device() or its meshes; CommDebugMode records every
 // collective as the real run would issue it. DTENSOR_SIMULATE_NODE (default 8) is the ranks
 // per node, which gives LOCAL_RANK.
@@ -97,8 +98,8 @@ int get_world_size();
 int get_local_rank(); // LOCAL_RANK, 0 when unset
 BackendType get_backend();
 Group world_group();
-// Where this rank's tensors live: cuda:LOCAL_RANK on NCCL, meta in a simulated world, cpu
-// otherwise.
+// Where this rank's tensors live: cuda:LOCAL_RANK on NCCL, the simulated device (maia:0) in a
+// simulated world, cpu otherwise.
 c10::Device default_device();
 // A simulated world ([Note: simulated worlds]).
 bool is_simulated();

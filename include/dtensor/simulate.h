@@ -19,22 +19,22 @@ class Optimizer;
 
 namespace dtensor {
 
-// [Note: meta memory] Bytes of meta-device storage alive now and at peak since the last
-// reset: in a simulated world, the rank's device memory (its tensors have shapes, no
-// values, and every allocation is counted).
-struct MetaMemoryStats {
+// Bytes of the simulated device's storage alive now and at peak since the last reset: in a
+// simulated world, the rank's device memory (its tensors have shapes, no values, and every
+// allocation is counted; [Note: the simulated device] in lib/sim/sim_device.cpp).
+struct SimulatedMemoryStats {
   int64_t live_bytes = 0;
   int64_t peak_bytes = 0;
 };
-MetaMemoryStats meta_memory_stats();
-void reset_meta_peak_memory();
+SimulatedMemoryStats simulated_memory_stats();
+void reset_simulated_peak_memory();
 
 // One phase of a training step as this rank ran it.
 struct PhaseReport {
-  std::string name;                         // "forward", "backward", "optimizer", ...
+  std::string name;                          // "forward", "backward", "optimizer", ...
   std::vector<CollectiveRecord> collectives; // in the order issued
   int64_t flops = 0;      // of the matrix products and attention kernels ([Note: FLOPs])
-  int64_t peak_bytes = 0; // meta bytes at the phase's peak (simulated worlds)
+  int64_t peak_bytes = 0; // simulated device bytes at the phase's peak (simulated worlds)
 };
 
 // One rank's step: memory by category, the fully_shard peak, phases.
@@ -46,8 +46,8 @@ struct RankReport {
   int64_t gradient_bytes = 0;  // ... of their gradients (after the backward)
   int64_t optimizer_bytes = 0; // optimizer state tensors
   int64_t fsdp_peak_bytes = 0; // fully_shard's own peak (fsdp_memory_stats)
-  int64_t start_bytes = 0;     // meta bytes alive when the step began
-  int64_t peak_bytes = 0;      // meta bytes at the step's peak
+  int64_t start_bytes = 0;     // simulated device bytes alive when the step began
+  int64_t peak_bytes = 0;      // simulated device bytes at the step's peak
   std::vector<PhaseReport> phases;
 
   // All phases' collectives, in order.
@@ -59,8 +59,9 @@ struct RankReport {
 
 // Records one step on this rank: phase(name) starts a phase (ending the one before); finish
 // ends the last and adds the memory of `params` and of `optimizer`'s state. Between its
-// construction and finish, every collective, matrix product and meta allocation of the
-// thread (and of the autograd threads it starts) is attributed to the current phase.
+// construction and finish, every collective, matrix product of the
+// thread (and of the autograd threads it starts) and every allocation on the simulated
+// device is attributed to the current phase.
 class StepRecorder {
  public:
   StepRecorder();
@@ -81,7 +82,7 @@ class StepRecorder {
 // [Note: plan check] A place where the ranks of one group disagree: at `position` in the
 // group's sequence of collectives, `ranks` issue different collectives (or none).
 struct PlanMismatch {
-  std::string group;      // its label
+  std::string group; // its label
   std::vector<int> members;
   int64_t position = 0;   // index in the group's sequence
   std::vector<int> ranks; // the ranks whose collective differs from the first member's

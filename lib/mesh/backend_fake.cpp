@@ -14,10 +14,10 @@ namespace {
 // FakeProcessGroup.hpp includes torch/csrc/utils.h and with it Python's headers, so a
 // Python-free library cannot include it): every collective completes the moment it is
 // issued and moves nothing. It serves one process playing rank r of a world of N
-// (docs/simulation.md). Meta tensors, the simulation's data, are left as they are: they
-// have shapes and no values. Tensors with values (small CPU tensors of the library's own
-// bookkeeping: error agreement, lengths) get what a world of N identical ranks would give,
-// as FakeProcessGroup's simulate_uniform_ranks: sums are N times the value, gathers repeat
+// (docs/simulation.md). The simulated device's tensors ([Note: the simulated device]) are
+// left as they are: they have shapes and no values. Tensors with values (small CPU tensors of the
+// library's own bookkeeping: error agreement, lengths) get what a world of N identical ranks would
+// give, as FakeProcessGroup's simulate_uniform_ranks: sums are N times the value, gathers repeat
 // it, a reduce-scatter keeps N times this rank's chunk.
 class CompletedWork : public c10d::Work {
  public:
@@ -31,7 +31,7 @@ class CompletedWork : public c10d::Work {
 };
 
 bool has_values(const at::Tensor& t) {
-  return t.defined() && !t.is_meta();
+  return t.defined() && t.is_cpu();
 }
 
 void reduce_uniform(at::Tensor& t, const c10d::ReduceOp& op, int size) {
@@ -81,15 +81,17 @@ class FakeBackend : public c10d::Backend {
     return done();
   }
 
-  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
-      std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-      const c10d::AllgatherOptions& /*opts*/) override {
+  c10::intrusive_ptr<c10d::Work>
+  allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                      std::vector<at::Tensor>& inputs,
+                      const c10d::AllgatherOptions& /*opts*/) override {
     gather_lists(outputs, inputs);
     return done();
   }
 
-  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
-      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override {
+  c10::intrusive_ptr<c10d::Work>
+  _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                       const c10d::ReduceScatterOptions& opts) override {
     if (has_values(output)) {
       at::NoGradGuard no_grad;
       output.copy_(input.reshape({getSize(), -1})[getRank()].view_as(output));

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "internal/check.h"
+#include "mesh/process_group_state.h"
 
 namespace dtensor {
 
@@ -371,8 +372,9 @@ DeviceMesh init_device_mesh(c10::DeviceType device_type, const std::vector<int64
                 c10::DeviceTypeName(backend_device, true));
 
   auto root = std::make_shared<RootMesh>();
-  // A simulated world's meshes hold meta tensors, whichever device they stand for.
-  root->device = backend == BackendType::Fake ? c10::DeviceType::Meta : device_type;
+  // A simulated world's meshes hold tensors of the simulated device, whichever device they
+  // stand for ([Note: the simulated device]).
+  root->device = backend == BackendType::Fake ? detail::kSimulatedDevice : device_type;
   root->shape = shape;
   root->names = dim_names;
   root->ranks.resize(static_cast<size_t>(n));

@@ -144,7 +144,7 @@ std::shared_ptr<const detail::GroupState> make_group(const c10::intrusive_ptr<c1
   state->rank = group_rank;
   state->type = type;
   state->device = type == BackendType::Nccl   ? c10::DeviceType::CUDA
-                  : type == BackendType::Fake ? c10::DeviceType::Meta
+                  : type == BackendType::Fake ? detail::kSimulatedDevice
                                               : c10::DeviceType::CPU;
   state->timeout = timeout;
   return state;
@@ -330,7 +330,7 @@ c10::Device default_device() {
   case BackendType::Nccl:
     return {c10::kCUDA, static_cast<c10::DeviceIndex>(get_local_rank())};
   case BackendType::Fake:
-    return {c10::kMeta};
+    return {detail::kSimulatedDevice, 0};
   default:
     return {c10::kCPU};
   }

@@ -12,6 +12,10 @@
 
 namespace dtensor::detail {
 
+// The device of a simulated world's tensors: c10's MAIA type, unused by LibTorch, whose
+// kernels lib/sim/sim_device.cpp provides ([Note: the simulated device]).
+constexpr c10::DeviceType kSimulatedDevice = c10::DeviceType::MAIA;
+
 // What a Group points at: one c10d communicator over a list of global ranks.
 struct GroupState {
   c10::intrusive_ptr<c10d::Backend> backend;

@@ -6,8 +6,6 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
-#include <dtensor/process_group.h>
-
 #include "internal/check.h"
 #include "parallel/fsdp/fsdp.h"
 #include "tensor/dtensor_impl.h"
@@ -45,11 +43,8 @@ void allocate(const at::Tensor& t, c10::Device device,
 } // namespace
 
 void to_empty(torch::nn::Module& module, c10::Device device) {
-  // A simulated world's device is meta ([Note: simulated worlds]): the pieces are made again
-  // there at their sharded sizes, which the meta allocator counts as the rank's memory.
-  DTENSOR_CHECK(!device.is_meta() || (is_initialized() && is_simulated()),
-                "to_empty({}): the target device must be a real device, got {}", module.name(),
-                device.str());
+  DTENSOR_CHECK(!device.is_meta(), "to_empty({}): the target device must be a real device, got {}",
+                module.name(), device.str());
   at::NoGradGuard no_grad;
   std::unordered_set<const detail::FSDPParamGroup*> units;
   for (const auto& p : module.parameters()) {

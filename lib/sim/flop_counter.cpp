@@ -26,8 +26,10 @@ namespace {
 // (the fused kernels; on meta tensors attention decomposes into the same bmm's). They are
 // counted on the local tensors each rank computes with, from RecordFunction callbacks on
 // the recording thread and the autograd threads it starts (at::ThreadLocalState carries
-// them); the DTensor-level call of an op (PrivateUse1) and the handler's shape inference on
-// global shapes are left out. Elementwise ops are not counted (as FlopCounterMode).
+// them); the DTensor-level call of an op (PrivateUse1), the handler's shape inference on
+// global shapes and out= overloads (which the simulated device's functional ops call, as
+// structured kernels do off CPU and CUDA) are left out. Elementwise ops are not counted (as
+// FlopCounterMode).
 std::atomic<int64_t> flops_counted{0};
 
 int64_t numel_of(c10::IntArrayRef sizes) {
@@ -98,6 +100,9 @@ std::unique_ptr<at::ObserverContext> count_flops(const at::RecordFunction& fn) {
       name.find("attention") == std::string_view::npos) {
     return nullptr; // not an op that counts (and other ranges may carry no inputs)
   }
+  if (std::string_view(fn.overload_name()) == "out") {
+    return nullptr; // on the simulated device a functional op runs as its out= overload
+  }
   const auto in = fn.inputs();
   const int64_t n = op_flops(name, in);
   if (n > 0 && !is_dtensor_call(in)) {
@@ -110,9 +115,9 @@ std::unique_ptr<at::ObserverContext> count_flops(const at::RecordFunction& fn) {
 
 uint64_t start_counting_flops() {
   flops_counted.store(0);
-  return at::addThreadLocalCallback(
-      at::RecordFunctionCallback(&count_flops).needsInputs(true).scopes(
-          {at::RecordScope::FUNCTION}));
+  return at::addThreadLocalCallback(at::RecordFunctionCallback(&count_flops)
+                                        .needsInputs(true)
+                                        .scopes({at::RecordScope::FUNCTION}));
 }
 
 void stop_counting_flops(uint64_t handle) {

@@ -55,6 +55,36 @@ at::Tensor& meta_unary_out(const at::Tensor& self, at::Tensor& out) {
   return out;
 }
 
+// (B, H, L, E) laid out as (B, L, H, E), as the CPU flash kernel lays its outputs out.
+at::Tensor heads_second(c10::IntArrayRef sizes, const at::TensorOptions& options) {
+  std::vector<int64_t> blhe(sizes.begin(), sizes.end());
+  std::swap(blhe[1], blhe[2]);
+  return at::empty(blhe, options).transpose(1, 2);
+}
+
+std::tuple<at::Tensor, at::Tensor> meta_flash_cpu(const at::Tensor& q, const at::Tensor& /*k*/,
+                                                  const at::Tensor& v, double /*dropout_p*/,
+                                                  bool /*is_causal*/,
+                                                  const std::optional<at::Tensor>& /*mask*/,
+                                                  std::optional<double> /*scale*/) {
+  std::vector<int64_t> out = q.sizes().vec();
+  out.back() = v.size(-1);
+  std::vector<int64_t> lse(q.sizes().begin(), q.sizes().end() - 1);
+  lse.push_back(1);
+  return {heads_second(out, q.options()),
+          heads_second(lse, q.options().dtype(at::kFloat)).squeeze(-1)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor>
+meta_flash_cpu_backward(const at::Tensor& /*grad_out*/, const at::Tensor& q, const at::Tensor& k,
+                        const at::Tensor& v, const at::Tensor& /*out*/,
+                        const at::Tensor& /*logsumexp*/, double /*dropout_p*/, bool /*is_causal*/,
+                        const std::optional<at::Tensor>& /*mask*/,
+                        std::optional<double> /*scale*/) {
+  return {heads_second(q.sizes(), q.options()), heads_second(k.sizes(), k.options()),
+          heads_second(v.sizes(), v.options())};
+}
+
 } // namespace
 
 TORCH_LIBRARY_IMPL(aten, Meta, m) {
@@ -65,6 +95,8 @@ TORCH_LIBRARY_IMPL(aten, Meta, m) {
   m.impl("where.self", meta_where);
   m.impl("where.self_out", meta_where_out);
   m.impl("abs.out", meta_unary_out);
+  m.impl("_scaled_dot_product_flash_attention_for_cpu", meta_flash_cpu);
+  m.impl("_scaled_dot_product_flash_attention_for_cpu_backward", meta_flash_cpu_backward);
 }
 
 } // namespace dtensor

@@ -35,7 +35,8 @@ bool same(const CollectiveRecord& a, const CollectiveRecord& b) {
   if (a.kind == CollectiveKind::AllToAll || a.kind == CollectiveKind::Barrier) {
     return true;
   }
-  const bool reduces = a.kind == CollectiveKind::AllReduce || a.kind == CollectiveKind::ReduceScatter;
+  const bool reduces =
+      a.kind == CollectiveKind::AllReduce || a.kind == CollectiveKind::ReduceScatter;
   return (!reduces || a.op == b.op) && a.bytes_in == b.bytes_in && a.bytes_out == b.bytes_out;
 }
 

@@ -60,7 +60,7 @@ struct StepRecorder::State {
     }
     current->collectives = mode->records();
     current->flops = detail::take_flops();
-    current->peak_bytes = meta_memory_stats().peak_bytes;
+    current->peak_bytes = simulated_memory_stats().peak_bytes;
     report.peak_bytes = std::max(report.peak_bytes, current->peak_bytes);
     mode.reset();
     report.phases.push_back(std::move(*current));
@@ -74,8 +74,8 @@ StepRecorder::StepRecorder() : state_(std::make_unique<State>()) {
   r.world_size = get_world_size();
   r.simulated = is_simulated();
   reset_fsdp_peak_memory();
-  reset_meta_peak_memory();
-  r.start_bytes = meta_memory_stats().live_bytes;
+  reset_simulated_peak_memory();
+  r.start_bytes = simulated_memory_stats().live_bytes;
   state_->callback = detail::start_counting_flops();
 }
 
@@ -88,7 +88,7 @@ StepRecorder::~StepRecorder() {
 void StepRecorder::phase(const std::string& name) {
   DTENSOR_CHECK(!state_->finished, "StepRecorder::phase('{}'): the step is finished", name);
   state_->end_phase();
-  reset_meta_peak_memory();
+  reset_simulated_peak_memory();
   detail::take_flops();
   state_->current = PhaseReport{name, {}, 0, 0};
   state_->mode = std::make_unique<CommDebugMode>();
@@ -132,9 +132,9 @@ namespace {
 const std::vector<std::pair<CollectiveKind, std::string>>& kind_names() {
   static const std::vector<std::pair<CollectiveKind, std::string>> names = [] {
     std::vector<std::pair<CollectiveKind, std::string>> v;
-    for (auto k : {CollectiveKind::AllReduce, CollectiveKind::AllGather,
-                   CollectiveKind::ReduceScatter, CollectiveKind::AllToAll,
-                   CollectiveKind::Broadcast, CollectiveKind::Barrier}) {
+    for (auto k :
+         {CollectiveKind::AllReduce, CollectiveKind::AllGather, CollectiveKind::ReduceScatter,
+          CollectiveKind::AllToAll, CollectiveKind::Broadcast, CollectiveKind::Barrier}) {
       v.emplace_back(k, to_string(k));
     }
     return v;
@@ -166,10 +166,14 @@ const std::vector<std::pair<ReduceOp, std::string>>& op_names() {
 }
 
 nlohmann::json record_json(const CollectiveRecord& c) {
-  return {{"kind", to_string(c.kind)},   {"group", c.group},
-          {"ranks", c.ranks},            {"op", to_string(c.op)},
-          {"dtype", c10::toString(c.dtype)}, {"shape", c.shape},
-          {"bytes_in", c.bytes_in},      {"bytes_out", c.bytes_out},
+  return {{"kind", to_string(c.kind)},
+          {"group", c.group},
+          {"ranks", c.ranks},
+          {"op", to_string(c.op)},
+          {"dtype", c10::toString(c.dtype)},
+          {"shape", c.shape},
+          {"bytes_in", c.bytes_in},
+          {"bytes_out", c.bytes_out},
           {"async", c.async}};
 }
 
@@ -235,7 +239,9 @@ RankReport RankReport::from_json(const std::string& text) {
     r.start_bytes = j.at("start_bytes").get<int64_t>();
     r.peak_bytes = j.at("peak_bytes").get<int64_t>();
     for (const auto& p : j.at("phases")) {
-      PhaseReport phase{p.at("name").get<std::string>(), {}, p.at("flops").get<int64_t>(),
+      PhaseReport phase{p.at("name").get<std::string>(),
+                        {},
+                        p.at("flops").get<int64_t>(),
                         p.at("peak_bytes").get<int64_t>()};
       for (const auto& c : p.at("collectives")) {
         phase.collectives.push_back(record_from(c));

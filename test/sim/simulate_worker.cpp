@@ -4,9 +4,9 @@
 //    DIR/rank<R>.json), and
 //  - simulated, in one process: `simulate_worker simulate DIR WORLD [broken]` plays every
 //    rank of a world of WORLD in turn on the fake backend (init_process_group with backend
-//    Fake, meta tensors), writes the same reports and prints check_plan's findings; `broken`
-//    makes rank 1 skip the gradient-norm all-reduce on its dp group (a rank-dependent
-//    condition), which the plan check must name.
+//    Fake, tensors of the simulated device), writes the same reports and prints check_plan's
+//    findings; `broken` makes rank 1 skip the gradient-norm all-reduce on its dp group (a
+//    rank-dependent condition), which the plan check must name.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -42,11 +42,7 @@ RankReport one_step(int64_t world, bool broken) {
     }
   }
   torch::optim::AdamW opt(mlp->parameters(), torch::optim::AdamWOptions(1e-3));
-  // The input as a replicated DTensor: in a simulated world an op mixing DTensors with plain
-  // meta tensors does not reach dtensor's handler ([Note: simulated worlds], limits).
-  const at::Tensor x = distribute_tensor(
-      at::ones({4, 8, 16}, at::TensorOptions().device(default_device())), mesh["tp"],
-      {Placement::replicate()});
+  const at::Tensor x = at::ones({4, 8, 16}, at::TensorOptions().device(default_device()));
 
   StepRecorder recorder;
   recorder.phase("forward");
@@ -82,7 +78,8 @@ int main(int argc, char** argv) {
       const bool broken = argc > 4 && std::string(argv[4]) == "broken";
       std::vector<RankReport> reports;
       for (int r = 0; r < world; ++r) {
-        init_process_group(ProcessGroupOptions().backend(BackendType::Fake).world_size(world).rank(r));
+        init_process_group(
+            ProcessGroupOptions().backend(BackendType::Fake).world_size(world).rank(r));
         reports.push_back(one_step(world, broken));
         write(argv[2], reports.back());
         destroy_process_group();

@@ -90,8 +90,6 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
   int64_t shard_size = 1;
   int64_t shard_rank = 0;
   c10::Device device{c10::kCPU};
-  // Parameters allocated (to_empty): true for a simulated world's meta device too.
-  bool allocated = false;
   FullyShardOptions options;
   std::vector<FSDPParam> params;
   std::weak_ptr<FSDPParamGroup> parent;

@@ -306,7 +306,7 @@ void FSDPParamGroup::bind_params() {
     tag->index = i;
     set_fsdp_tag(dt, std::move(tag));
     replace_data(fp.param, dt);
-    if (fp.param.requires_grad() && (allocated || !device.is_meta())) {
+    if (fp.param.requires_grad() && !device.is_meta()) {
       fp.grad_node = compat::make_node<FSDPAccumulateGrad>(weak_from_this(), i, unsharded_value(i));
       compat::set_grad_accumulator(fp.param, fp.grad_node);
     }
@@ -330,12 +330,11 @@ void FSDPParamGroup::materialize(const std::vector<at::Tensor>& values) {
 }
 
 void FSDPParamGroup::to_empty(c10::Device target) {
-  DTENSOR_CHECK(device.is_meta() && !allocated,
+  DTENSOR_CHECK(device.is_meta(),
                 "to_empty: fully_shard unit '{}' is already on {}; only a unit built from meta "
                 "parameters is materialized",
                 name, device.str());
   device = target;
-  allocated = true;
   allocate_buffers();
   bind_params();
 }

@@ -56,7 +56,8 @@ struct RandomStates {
     s.dtensor_state = get_rng_state();
     std::vector<c10::Device> devices{c10::Device(c10::kCPU)};
     for (const auto& t : inputs) {
-      if (t.defined() && !t.is_cpu() && !t.is_meta() &&
+      // CUDA's generators (the simulated device, like meta, has none: nothing is drawn).
+      if (t.defined() && t.is_cuda() &&
           std::find(devices.begin(), devices.end(), t.device()) == devices.end()) {
         devices.push_back(t.device());
       }
