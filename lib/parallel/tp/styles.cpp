@@ -29,49 +29,52 @@ struct Layouts {
   bool local_output = false;
 };
 
-// The layouts of the modules a Colwise / Rowwise / SequenceParallel style parallelized, by
-// address, for prepare_module_input (the weak pointer tells a live module from a new one at
-// a freed module's address; a module not owned by a shared_ptr is not listed).
-struct ModuleLayouts {
-  std::weak_ptr<const torch::nn::Module> module;
-  std::shared_ptr<detail::TpLayouts> layouts;
+// State kept per module by address, without hooks: the weak pointer tells a live module from a
+// new one at a freed module's address (an entry of a freed module is dropped when met).
+template <class Value>
+class ModuleRegistry {
+ public:
+  void set(const torch::nn::Module& module, std::weak_ptr<const torch::nn::Module> owner,
+           Value value) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    entries_[&module] = {std::move(owner), std::move(value)};
+  }
+  std::optional<Value> get(const torch::nn::Module& module) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = entries_.find(&module);
+    if (it == entries_.end()) {
+      return std::nullopt;
+    }
+    if (it->second.first.lock().get() != &module) {
+      entries_.erase(it);
+      return std::nullopt;
+    }
+    return it->second.second;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<const torch::nn::Module*, std::pair<std::weak_ptr<const torch::nn::Module>, Value>>
+      entries_;
 };
 
-std::mutex& styles_mutex() {
-  static std::mutex m;
-  return m;
-}
-
-std::map<const torch::nn::Module*, ModuleLayouts>& module_layouts() {
-  static std::map<const torch::nn::Module*, ModuleLayouts> m;
-  return m;
+// The layouts of the modules a Colwise / Rowwise / SequenceParallel style parallelized, for
+// prepare_module_input (a module not owned by a shared_ptr is not listed).
+ModuleRegistry<std::shared_ptr<detail::TpLayouts>>& module_layouts() {
+  static ModuleRegistry<std::shared_ptr<detail::TpLayouts>> r;
+  return r;
 }
 
 std::shared_ptr<const TpTag> make_tag(const torch::nn::Module& module, const std::string& style,
                                       const Layouts& l) {
-  auto tag = detail::make_tp_tags(
-      &module, style, module.name(),
-      detail::TpLayouts{l.input, l.desired_input, l.output, l.local_output});
+  auto tag =
+      detail::make_tp_tags(&module, style, module.name(),
+                           detail::TpLayouts{l.input, l.desired_input, l.output, l.local_output});
   std::weak_ptr<const torch::nn::Module> owner = module.weak_from_this();
   if (!owner.expired()) {
-    std::lock_guard<std::mutex> lock(styles_mutex());
-    module_layouts()[&module] = ModuleLayouts{owner, tag->layouts};
+    module_layouts().set(module, std::move(owner), tag->layouts);
   }
   return tag;
-}
-
-// The layouts of `module` if a style parallelized it (and it is still alive).
-std::shared_ptr<detail::TpLayouts> layouts_of(const torch::nn::Module& module) {
-  std::lock_guard<std::mutex> lock(styles_mutex());
-  auto it = module_layouts().find(&module);
-  if (it == module_layouts().end()) {
-    return nullptr;
-  }
-  if (it->second.module.lock().get() != &module) {
-    module_layouts().erase(it);
-    return nullptr;
-  }
-  return it->second.layouts;
 }
 
 void check_mesh(const DeviceMesh& mesh, const std::string& style) {
@@ -187,22 +190,15 @@ void SequenceParallel::apply(torch::nn::Module& module, const DeviceMesh& tp_mes
 
 namespace {
 
-// [Note: module inputs without hooks]: the modules that convert their own input, by address
-// (the weak pointer tells a live module from a new one at a freed module's address).
+// [Note: module inputs without hooks]: the modules that convert their own input.
 struct ModuleInput {
-  std::weak_ptr<torch::nn::Module> module;
   DeviceMesh mesh;
   PrepareModuleInput style;
 };
 
-std::mutex& module_inputs_mutex() {
-  static std::mutex m;
-  return m;
-}
-
-std::map<const torch::nn::Module*, ModuleInput>& module_inputs() {
-  static std::map<const torch::nn::Module*, ModuleInput> m;
-  return m;
+ModuleRegistry<ModuleInput>& module_inputs() {
+  static ModuleRegistry<ModuleInput> r;
+  return r;
 }
 
 bool has_own_tp_parameters(const torch::nn::Module& module) {
@@ -217,7 +213,8 @@ bool has_own_tp_parameters(const torch::nn::Module& module) {
 // A DTensor input of a module a style parallelized, redistributed above autograd to the
 // style's desired input layout (what the ops would otherwise do below it).
 at::Tensor to_desired_input(const torch::nn::Module& module, const at::Tensor& input) {
-  const auto layouts = layouts_of(module);
+  const auto found = module_layouts().get(module);
+  const std::shared_ptr<detail::TpLayouts> layouts = found ? *found : nullptr;
   if (!layouts || !layouts->desired_input || !is_dtensor(input)) {
     return input;
   }
@@ -234,9 +231,8 @@ at::Tensor to_desired_input(const torch::nn::Module& module, const at::Tensor& i
 void PrepareModuleInput::apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const {
   check_mesh(tp_mesh, name());
   if (!has_own_tp_parameters(module)) {
-    auto owned = detail::owned_module(module, "PrepareModuleInput");
-    std::lock_guard<std::mutex> lock(module_inputs_mutex());
-    module_inputs()[&module] = ModuleInput{owned, tp_mesh, *this};
+    module_inputs().set(module, detail::owned_module(module, "PrepareModuleInput"),
+                        ModuleInput{tp_mesh, *this});
     return;
   }
   for (const auto& layouts : existing_layouts(module, name())) {
@@ -246,19 +242,7 @@ void PrepareModuleInput::apply(torch::nn::Module& module, const DeviceMesh& tp_m
 }
 
 at::Tensor prepare_module_input(const torch::nn::Module& module, const at::Tensor& input) {
-  std::optional<ModuleInput> entry;
-  {
-    std::lock_guard<std::mutex> lock(module_inputs_mutex());
-    auto it = module_inputs().find(&module);
-    if (it != module_inputs().end()) {
-      auto live = it->second.module.lock();
-      if (live.get() == &module) {
-        entry = it->second;
-      } else {
-        module_inputs().erase(it);
-      }
-    }
-  }
+  const std::optional<ModuleInput> entry = module_inputs().get(module);
   if (!input.defined()) {
     return input;
   }
