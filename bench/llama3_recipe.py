@@ -4,7 +4,7 @@
 usage: llama3_recipe.py TORCHRUN TRAIN [--rounds R] [--steps N] [--configs small large]
                         [--meshes 2x2x2 1x2x2]
 Runs the same recipe alternately in dtensor (examples/train, the Llama 3 recipe) and in
-PyTorch (this file run as a torchrun worker: a Llama 3 model written here for the benchmark,
+PyTorch (this file run as a torchrun worker: the Llama 3 model of tools/torch_llama3.py,
 parallelized with the pinned PyTorch's public API as torchtitan does it: tensor and sequence
 parallelism with PrepareModuleInput and loss_parallel, checkpoint_wrapper per block,
 fully_shard with bf16 parameters and fp32 reductions over (dp_replicate, dp_shard), AdamW,
@@ -37,122 +37,19 @@ WARMUP = 4
 
 def torch_worker(cfg_name, mesh_shape, steps, out):
     import torch
-    import torch.nn as nn
     import torch.nn.functional as F
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
-                                                   RowwiseParallel, SequenceParallel,
-                                                   loss_parallel, parallelize_module)
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+    import torch_llama3  # noqa: PLC0415
 
     dim, layers, heads, kv_heads, seq, batch = CONFIGS[cfg_name]
-    head_dim = dim // heads
-    hidden = 32 * math.ceil(int(2 * 4 * dim / 3) / 32)
     torch.set_num_threads(1)
-
-    class RMSNorm(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.weight = nn.Parameter(torch.ones(dim))
-
-        def forward(self, x):
-            h = x.float()
-            return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)).type_as(x) * self.weight
-
-    def rotate(x, cos, sin):  # interleaved pairs, real arithmetic
-        pairs = x.float().unflatten(-1, (-1, 2))
-        re, im = pairs[..., 0], pairs[..., 1]
-        return torch.stack((re * cos - im * sin, re * sin + im * cos), -1).flatten(3).type_as(x)
-
-    class Attention(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.wq = nn.Linear(dim, heads * head_dim, bias=False)
-            self.wk = nn.Linear(dim, kv_heads * head_dim, bias=False)
-            self.wv = nn.Linear(dim, kv_heads * head_dim, bias=False)
-            self.wo = nn.Linear(heads * head_dim, dim, bias=False)
-
-        def forward(self, x, cos, sin):
-            bs, n = x.shape[:2]
-            q = rotate(self.wq(x).view(bs, n, -1, head_dim), cos, sin)
-            k = rotate(self.wk(x).view(bs, n, -1, head_dim), cos, sin)
-            v = self.wv(x).view(bs, n, -1, head_dim)
-            rep = q.shape[2] // k.shape[2]
-            k, v = (t.repeat_interleave(rep, dim=2) for t in (k, v))
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                               v.transpose(1, 2), is_causal=True)
-            return self.wo(o.transpose(1, 2).contiguous().view(bs, n, -1))
-
-    class FeedForward(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w1 = nn.Linear(dim, hidden, bias=False)
-            self.w2 = nn.Linear(hidden, dim, bias=False)
-            self.w3 = nn.Linear(dim, hidden, bias=False)
-
-        def forward(self, x):
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.attention = Attention()
-            self.feed_forward = FeedForward()
-            self.attention_norm = RMSNorm()
-            self.ffn_norm = RMSNorm()
-
-        def forward(self, x, cos, sin):
-            h = x + self.attention(self.attention_norm(x), cos, sin)
-            return h + self.feed_forward(self.ffn_norm(h))
-
-    class Llama(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.tok_embeddings = nn.Embedding(VOCAB, dim)
-            self.layers = nn.ModuleList(Block() for _ in range(layers))
-            self.norm = RMSNorm()
-            self.output = nn.Linear(dim, VOCAB, bias=False)
-
-        def forward(self, tokens):
-            freqs = 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2).float() / head_dim))
-            angles = torch.outer(torch.arange(tokens.shape[1]).float(), freqs)
-            cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
-            h = self.tok_embeddings(tokens)
-            for layer in self.layers:
-                h = layer(h, cos, sin)
-            return self.output(self.norm(h))
-
     mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
-    tp, dp = mesh["tp"], mesh["dp_replicate", "dp_shard"]
-    with torch.device("meta"):
-        model = Llama()
-    parallelize_module(model, tp, {
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-        "norm": SequenceParallel(),
-        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1),
-                                  use_local_output=False),
-    })
-    for i, block in enumerate(model.layers):
-        parallelize_module(block, tp, {
-            "attention_norm": SequenceParallel(),
-            "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
-                                            desired_input_layouts=(Replicate(), None, None)),
-            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-            "ffn_norm": SequenceParallel(),
-            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),),
-                                               desired_input_layouts=(Replicate(),)),
-            "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-        })
-        model.layers[i] = checkpoint_wrapper(block)
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for block in model.layers:
-        fully_shard(block, mesh=dp, mp_policy=mp)
-    fully_shard(model, mesh=dp, mp_policy=mp)
+    dp = mesh["dp_replicate", "dp_shard"]
+    model = torch_llama3.build(mesh, dim, layers, heads, kv_heads, VOCAB,
+                               torch_llama3.hidden_dim(dim, 32))
     model.to_empty(device="cpu")
     torch.manual_seed(0)
     with torch.no_grad():

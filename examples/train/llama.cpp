@@ -347,7 +347,9 @@ struct Loop {
       }
       const auto [loss_t, norm_t] = step(s, recorder ? &*recorder : nullptr);
       if (recorder) {
-        write_report(recorder->finish(model->parameters(), &opt));
+        RankReport report = recorder->finish(model->parameters(), &opt);
+        report.tokens = f.batch * f.seq;
+        write_report(report);
       }
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

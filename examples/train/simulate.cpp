@@ -2,16 +2,20 @@
 // (docs/simulation.md). For each mesh of --mesh (a comma-separated list of AxBxC; default
 // tp 8, the rest dp_shard), it runs the unchanged recipe as a sample of the world's ranks
 // (ranks_to_simulate: all up to 64, extremes and a random sample above), each a child process
-// of this one under DTENSOR_SIMULATE=WORLD:RANK on meta tensors for one step, reads their
-// RankReports, checks the plan across them (check_plan), prints a table per mesh (memory by
-// category, bytes per step by mesh dimension, FLOPs) and writes OUT/simulation.json, which
-// scripts/plot_simulation.py draws as OUT/simulation.png.
+// of this one under DTENSOR_SIMULATE=WORLD:RANK for two steps (the second, reported, has
+// fully_shard's steady-state prefetching), reads their RankReports, checks the plan across
+// them (check_plan), prints a table per mesh (memory by category, bytes per step by mesh
+// dimension, FLOPs, the predicted step time and tokens/s per GPU of [Note: the time model])
+// and writes OUT/simulation.json, which scripts/plot_simulation.py draws as
+// OUT/simulation.png.
 //
 //   build/examples/train --simulate 1024 --mesh 8x16x8 --model llama3-8b --seq 8192 --batch 64
 //
 // Flags of its own: --simulate WORLD, --mesh LIST, --out DIR (train-out/simulation), --sample N
-// (random ranks beyond the extremes, 8), --jobs N (children at once: the cores). The others
-// (--model, --seq, --batch, --ac, --precision, ...) go to every simulated rank.
+// (random ranks beyond the extremes, 8), --jobs N (children at once: the cores), and the time
+// model's --tflops X (achieved, 400), --node N (GPUs per node, 8), --nvlink-gbps X (360),
+// --network-gbps X (45). The others (--model, --seq, --batch, --ac, --precision, ...) go to
+// every simulated rank.
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -47,6 +51,7 @@ struct SimFlags {
   std::string out = "train-out/simulation";
   int64_t sample = 8;
   int64_t jobs = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  TimeModelOptions time;
   std::vector<std::string> passed; // to the simulated ranks
 };
 
@@ -73,8 +78,9 @@ SimFlags parse_sim(int argc, char** argv) {
   std::string meshes;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
-    const bool own =
-        k == "--simulate" || k == "--mesh" || k == "--out" || k == "--sample" || k == "--jobs";
+    const bool own = k == "--simulate" || k == "--mesh" || k == "--out" || k == "--sample" ||
+                     k == "--jobs" || k == "--tflops" || k == "--node" || k == "--nvlink-gbps" ||
+                     k == "--network-gbps";
     if (!own) {
       f.passed.push_back(k);
       continue;
@@ -91,6 +97,14 @@ SimFlags parse_sim(int argc, char** argv) {
       f.out = v;
     else if (k == "--sample")
       f.sample = std::stoll(v);
+    else if (k == "--tflops")
+      f.time.achieved_tflops(std::stod(v));
+    else if (k == "--node")
+      f.time.ranks_per_node(std::stoll(v));
+    else if (k == "--nvlink-gbps")
+      f.time.intra_node_gbps(std::stod(v));
+    else if (k == "--network-gbps")
+      f.time.inter_node_gbps(std::stod(v));
     else
       f.jobs = std::max<int64_t>(1, std::stoll(v));
   }
@@ -121,13 +135,15 @@ std::string mesh_name(const std::vector<int64_t>& m) {
 pid_t spawn_rank(const std::string& self, const SimFlags& f, const std::vector<int64_t>& mesh,
                  int rank, const std::string& dir) {
   std::vector<std::string> args{self,      "--mesh",    mesh_name(mesh),
-                                "--steps", "1",         "--report",
+                                "--steps", "2",         "--report",
                                 dir,       "--metrics", dir + "/metrics.jsonl"};
   args.insert(args.end(), f.passed.begin(), f.passed.end());
-  std::vector<std::string> env{"DTENSOR_SIMULATE=" + std::to_string(f.world) + ":" +
-                               std::to_string(rank)};
+  std::vector<std::string> env{
+      "DTENSOR_SIMULATE=" + std::to_string(f.world) + ":" + std::to_string(rank),
+      "DTENSOR_SIMULATE_NODE=" + std::to_string(f.time.ranks_per_node()), "OMP_NUM_THREADS=1"};
   for (char** e = environ; *e != nullptr; ++e) {
-    if (std::string(*e).rfind("DTENSOR_SIMULATE=", 0) != 0) {
+    const std::string var(*e);
+    if (var.rfind("DTENSOR_SIMULATE", 0) != 0 && var.rfind("OMP_NUM_THREADS=", 0) != 0) {
       env.emplace_back(*e);
     }
   }
@@ -194,8 +210,30 @@ double gib(int64_t bytes) {
 }
 
 // The largest value over the simulated ranks of each figure, and bytes per step by group.
+// The slowest simulated rank's predicted step ([Note: the time model]).
+nlohmann::json predicted_time(const std::vector<RankReport>& reports, const TimeModelOptions& o) {
+  StepTime slowest;
+  for (const auto& r : reports) {
+    StepTime t = predict_step_time(r, o);
+    if (t.total_s >= slowest.total_s) {
+      slowest = std::move(t);
+    }
+  }
+  nlohmann::json phases = nlohmann::json::array();
+  for (const auto& p : slowest.phases) {
+    phases.push_back({{"name", p.name},
+                      {"compute_s", p.compute_s},
+                      {"sync_comm_s", p.sync_comm_s},
+                      {"async_comm_s", p.async_comm_s},
+                      {"total_s", p.total_s}});
+  }
+  return {{"step_s", slowest.total_s},
+          {"tokens_per_s_per_gpu", slowest.tokens_per_second_per_rank},
+          {"phases", phases}};
+}
+
 nlohmann::json summarize(const std::vector<int64_t>& mesh, const std::vector<RankReport>& reports,
-                         const std::vector<PlanMismatch>& mismatches) {
+                         const std::vector<PlanMismatch>& mismatches, const TimeModelOptions& o) {
   nlohmann::json memory = {{"parameters", 0}, {"gradients", 0}, {"optimizer", 0},
                            {"fsdp_peak", 0},  {"step_peak", 0}, {"activations", 0}};
   std::map<std::string, int64_t> bytes;
@@ -227,8 +265,10 @@ nlohmann::json summarize(const std::vector<int64_t>& mesh, const std::vector<Ran
   for (const auto& r : reports) {
     ranks.push_back(r.rank);
   }
-  return {{"mesh", mesh_name(mesh)}, {"ranks", ranks}, {"memory", memory},
-          {"bytes_by_dim", bytes},   {"flops", flops}, {"plan_mismatches", problems}};
+  return {{"mesh", mesh_name(mesh)}, {"ranks", ranks},
+          {"memory", memory},         {"bytes_by_dim", bytes},
+          {"flops", flops},           {"time", predicted_time(reports, o)},
+          {"plan_mismatches", problems}};
 }
 
 void print_summary(const nlohmann::json& s, int64_t world) {
@@ -248,6 +288,14 @@ void print_summary(const nlohmann::json& s, int64_t world) {
     std::printf("  %s %.3f", g.c_str(), gib(b.get<int64_t>()));
   }
   std::printf("\n  compute per step: %.1f TFLOP\n", s["flops"].get<double>() / 1e12);
+  const auto& t = s["time"];
+  std::printf("  predicted step %.3f s (", t["step_s"].get<double>());
+  for (const auto& p : t["phases"]) {
+    std::printf(" %s %.3f: compute %.3f + waits %.3f, beside %.3f;", p["name"].get<std::string>().c_str(),
+                p["total_s"].get<double>(), p["compute_s"].get<double>(),
+                p["sync_comm_s"].get<double>(), p["async_comm_s"].get<double>());
+  }
+  std::printf(" ), %.0f tokens/s per GPU\n", t["tokens_per_s_per_gpu"].get<double>());
 }
 
 } // namespace
@@ -255,7 +303,15 @@ void print_summary(const nlohmann::json& s, int64_t world) {
 int run_simulate(int argc, char** argv) {
   const SimFlags f = parse_sim(argc, argv);
   const std::string self = std::filesystem::canonical("/proc/self/exe").string();
-  nlohmann::json all = {{"world", f.world}, {"meshes", nlohmann::json::array()}};
+  nlohmann::json all = {{"world", f.world},
+                        {"time_model",
+                         {{"achieved_tflops", f.time.achieved_tflops()},
+                          {"ranks_per_node", f.time.ranks_per_node()},
+                          {"intra_node_gbps", f.time.intra_node_gbps()},
+                          {"inter_node_gbps", f.time.inter_node_gbps()},
+                          {"intra_node_latency_us", f.time.intra_node_latency_us()},
+                          {"inter_node_latency_us", f.time.inter_node_latency_us()}}},
+                        {"meshes", nlohmann::json::array()}};
   bool consistent = true;
   for (const auto& mesh : f.meshes) {
     const auto ranks = ranks_to_simulate(mesh, f.sample, /*seed=*/static_cast<uint64_t>(f.world));
@@ -263,7 +319,7 @@ int run_simulate(int argc, char** argv) {
     const auto reports = simulate_ranks(self, f, mesh, ranks, dir);
     const auto mismatches = check_plan(reports);
     consistent = consistent && mismatches.empty();
-    all["meshes"].push_back(summarize(mesh, reports, mismatches));
+    all["meshes"].push_back(summarize(mesh, reports, mismatches, f.time));
     print_summary(all["meshes"].back(), f.world);
   }
   std::ofstream(f.out + "/simulation.json") << all.dump(2) << "\n";

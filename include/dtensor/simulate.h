@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <torch/arg.h>
 
 #include <dtensor/comm_debug_mode.h>
 
@@ -48,6 +49,7 @@ struct RankReport {
   int64_t fsdp_peak_bytes = 0; // fully_shard's own peak (fsdp_memory_stats)
   int64_t start_bytes = 0;     // simulated device bytes alive when the step began
   int64_t peak_bytes = 0;      // simulated device bytes at the step's peak
+  int64_t tokens = 0;          // tokens the whole world trains on in this step (0: unknown)
   std::vector<PhaseReport> phases;
 
   // All phases' collectives, in order.
@@ -100,5 +102,43 @@ std::vector<PlanMismatch> check_plan(const std::vector<RankReport>& reports);
 // Sorted, each once.
 std::vector<int> ranks_to_simulate(const std::vector<int64_t>& mesh_shape, int64_t sample = 8,
                                    uint64_t seed = 0);
+
+// [Note: the time model] A step's predicted time on a GPU cluster, from a rank's report
+// (docs/simulation.md "The model of time"). Compute: the phase's FLOPs at `achieved_tflops`.
+// A collective over k ranks: the ring's alpha-beta time on the slowest link it crosses
+// (within one node of `ranks_per_node`: NVLink; else the network): all-gather and
+// reduce-scatter (k-1) alpha + (k-1)/k bytes / bw (the gathered, resp. the scattered size),
+// all-reduce twice that, all-to-all as all-gather, broadcast alpha + bytes / bw. Overlap as
+// the schedule issues it: a synchronous collective (tensor parallelism's, the first
+// all-gather) stalls compute; asynchronous ones (fully_shard's prefetched all-gathers and
+// in-flight reduce-scatters) run beside the phase's compute, only their excess is exposed.
+// Defaults: an H100 SXM node of 8 with NVLink and 400 Gb/s per GPU across nodes.
+struct TimeModelOptions {
+  TORCH_ARG(double, achieved_tflops) = 400;     // bf16 FLOP/s the kernels achieve, in 1e12
+  TORCH_ARG(int64_t, ranks_per_node) = 8;       // GPUs sharing NVLink
+  TORCH_ARG(double, intra_node_gbps) = 360;     // NCCL bus bandwidth in a node, GB/s per GPU
+  TORCH_ARG(double, inter_node_gbps) = 45;      // ... across nodes, GB/s per GPU
+  TORCH_ARG(double, intra_node_latency_us) = 8; // per ring step in a node
+  TORCH_ARG(double, inter_node_latency_us) = 20;
+};
+
+struct PhaseTime {
+  std::string name;
+  double compute_s = 0;    // FLOPs / achieved rate
+  double sync_comm_s = 0;  // collectives compute waits for
+  double async_comm_s = 0; // collectives running beside compute
+  double total_s = 0;      // compute + sync + the async excess over compute
+};
+
+struct StepTime {
+  std::vector<PhaseTime> phases;
+  double total_s = 0;
+  double tokens_per_second_per_rank = 0; // report.tokens / world / total (0 without tokens)
+};
+
+// One collective's predicted seconds ([Note: the time model]).
+double collective_seconds(const CollectiveRecord& c, const TimeModelOptions& options);
+StepTime predict_step_time(const RankReport& report,
+                           const TimeModelOptions& options = TimeModelOptions());
 
 } // namespace dtensor

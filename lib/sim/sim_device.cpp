@@ -1,9 +1,11 @@
 // The simulated device ([Note: the simulated device]).
 #include <atomic>
+#include <limits>
 
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/SDPBackend.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
@@ -217,16 +219,50 @@ at::Tensor sim_empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
 }
 
 // The attention kernel the CPU would choose for tensors of these sizes, strides and dtypes (a
-// simulated rank takes the real run's kernel), asked of the CPU on empty stand-ins.
+// simulated rank takes the real run's kernel), asked of the CPU on stand-ins over a dummy
+// address (the choice reads shapes, never data; a real allocation of an 8B model's global
+// query would be gigabytes). Works on DTensors too: the CPU's choice reads their global sizes.
 int64_t sim_fused_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const std::optional<at::Tensor>& mask, double dropout_p,
                              bool is_causal, std::optional<double> scale, bool enable_gqa) {
+  static char nowhere[64];
   auto cpu = [](const at::Tensor& t) {
-    return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kCPU));
+    return at::from_blob(nowhere, t.sizes(), t.strides(),
+                         at::TensorOptions().dtype(t.scalar_type()).device(c10::kCPU));
   };
   return at::_fused_sdp_choice(cpu(q), cpu(k), cpu(v),
                                mask ? std::optional<at::Tensor>(cpu(*mask)) : std::nullopt,
                                dropout_p, is_causal, scale, enable_gqa);
+}
+
+// [Note: attention on the simulated device]
+// scaled_dot_product_attention is composite: it picks its kernel through a DispatchStub that
+// knows the CPU and CUDA only, so on the simulated device it would take the math path (a
+// different op sequence from the real run's, and one whose plain causal mask cannot meet a
+// heads-sharded DTensor). This kernel, at the simulated device's autograd key (where the
+// composite one would run), takes the CPU's choice and calls the kernel the CPU run calls; as
+// the composite does, it is made of ops that carry their own autograd.
+std::optional<at::Tensor> additive_mask(const std::optional<at::Tensor>& mask,
+                                        at::ScalarType dtype) {
+  if (!mask || mask->scalar_type() != at::kBool) {
+    return mask;
+  }
+  return at::zeros_like(*mask, mask->options().dtype(dtype))
+      .masked_fill(mask->logical_not(), -std::numeric_limits<double>::infinity());
+}
+
+at::Tensor sim_sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
+                    std::optional<double> scale, bool enable_gqa) {
+  const auto choice = static_cast<at::SDPBackend>(
+      sim_fused_sdp_choice(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa));
+  const auto attn_mask = additive_mask(mask, q.scalar_type());
+  if (choice == at::SDPBackend::flash_attention) {
+    return std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p,
+                                                                       is_causal, attn_mask, scale));
+  }
+  return std::get<0>(at::_scaled_dot_product_attention_math(
+      q, k, v, attn_mask, dropout_p, is_causal, std::nullopt, scale, enable_gqa));
 }
 
 } // namespace
@@ -244,6 +280,40 @@ TORCH_LIBRARY_IMPL(aten, MAIA, m) {
   m.impl("empty.memory_format", sim_empty);
   m.impl("empty_strided", sim_empty_strided);
   m.impl("_fused_sdp_choice", sim_fused_sdp_choice);
+}
+
+namespace {
+
+// DTensors dispatch at PrivateUse1's autograd key whatever their device, and every tensor at
+// PrivateUse2's while selective checkpointing's mode is on ([Note: selective checkpointing
+// as a dispatch mode]): there the kernel serves simulated tensors and hands the others to
+// the composite, as their backend would.
+at::Tensor sdpa_above_backends(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                        const std::optional<at::Tensor>& mask, double dropout_p, bool is_causal,
+                        std::optional<double> scale, bool enable_gqa) {
+  if (q.device().type() == detail::kSimulatedDevice) {
+    return sim_sdpa(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa);
+  }
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("aten::scaled_dot_product_attention", "")
+                             .typed<decltype(sim_sdpa)>();
+  const auto composite = q.is_cuda() ? c10::DispatchKey::AutogradCUDA : c10::DispatchKey::AutogradCPU;
+  return op.redispatch(c10::DispatchKeySet(composite), q, k, v, mask, dropout_p, is_causal, scale,
+                       enable_gqa);
+}
+
+} // namespace
+
+TORCH_LIBRARY_IMPL(aten, AutogradMAIA, m) {
+  m.impl("scaled_dot_product_attention", sim_sdpa);
+}
+
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  m.impl("scaled_dot_product_attention", sdpa_above_backends);
+}
+
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse2, m) {
+  m.impl("scaled_dot_product_attention", sdpa_above_backends);
 }
 
 TORCH_LIBRARY_IMPL(_, MAIA, m) {

@@ -221,6 +221,7 @@ std::string RankReport::to_json() const {
                         {"fsdp_peak_bytes", fsdp_peak_bytes},
                         {"start_bytes", start_bytes},
                         {"peak_bytes", peak_bytes},
+                        {"tokens", tokens},
                         {"phases", std::move(ps)}}
       .dump();
 }
@@ -238,6 +239,7 @@ RankReport RankReport::from_json(const std::string& text) {
     r.fsdp_peak_bytes = j.at("fsdp_peak_bytes").get<int64_t>();
     r.start_bytes = j.at("start_bytes").get<int64_t>();
     r.peak_bytes = j.at("peak_bytes").get<int64_t>();
+    r.tokens = j.value("tokens", int64_t{0});
     for (const auto& p : j.at("phases")) {
       PhaseReport phase{p.at("name").get<std::string>(),
                         {},
