@@ -6,8 +6,7 @@
 // fully_shard's steady-state prefetching), reads their RankReports, checks the plan across
 // them (check_plan), prints a table per mesh (memory by category, bytes per step by mesh
 // dimension, FLOPs, the predicted step time and tokens/s per GPU of [Note: the time model])
-// and writes OUT/simulation.json, which scripts/plot_simulation.py draws as
-// OUT/simulation.png.
+// and writes OUT/simulation.json and its chart OUT/simulation.png (scripts/plot_simulation.py).
 //
 //   build/examples/train --simulate 1024 --mesh 8x16x8 --model llama3-8b --seq 8192 --batch 64
 //
@@ -22,6 +21,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -298,6 +298,22 @@ void print_summary(const nlohmann::json& s, int64_t world) {
   std::printf(" ), %.0f tokens/s per GPU\n", t["tokens_per_s_per_gpu"].get<double>());
 }
 
+// OUT/simulation.png, by scripts/plot_simulation.py with the Python the build was configured
+// with (matplotlib is in the project's venv); a line saying how otherwise.
+void draw_chart(const std::string& out) {
+#if defined(DTENSOR_PLOT_PYTHON) && defined(DTENSOR_PLOT_SCRIPT)
+  const std::string cmd = std::string("'") + DTENSOR_PLOT_PYTHON + "' '" + DTENSOR_PLOT_SCRIPT +
+                          "' '" + out + "/simulation.png' '" + out + "/simulation.json' > /dev/null";
+  if (std::system(cmd.c_str()) == 0) {
+    std::printf("chart: %s/simulation.png\n", out.c_str());
+    return;
+  }
+#endif
+  std::printf("chart: python scripts/plot_simulation.py %s/simulation.png %s/simulation.json "
+              "(needs matplotlib)\n",
+              out.c_str(), out.c_str());
+}
+
 } // namespace
 
 int run_simulate(int argc, char** argv) {
@@ -325,6 +341,7 @@ int run_simulate(int argc, char** argv) {
   std::ofstream(f.out + "/simulation.json") << all.dump(2) << "\n";
   std::printf("reports in %s/<mesh>/rank<R>.json; summary in %s/simulation.json\n", f.out.c_str(),
               f.out.c_str());
+  draw_chart(f.out);
   return consistent ? 0 : 1;
 }
 

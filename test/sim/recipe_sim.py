@@ -20,7 +20,7 @@ usage: recipe_sim.py TORCHRUN TRAIN TORCH_ESTIMATE
    FSDPMemTracker on the same model and mesh) gives the same parameter, gradient and AdamW
    bytes as dtensor's simulated rank.
 4. The driver: `train --simulate 16 --mesh 2x2x4,1x4x4` simulates all 16 ranks of both
-   meshes and finds both plans consistent; `--simulate 128 --mesh 2x8x8 --sample 4` simulates
+   meshes, finds both plans consistent and draws the chart; `--simulate 128 --mesh 2x8x8 --sample 4` simulates
    the extremes of every mesh coordinate (computed here) and at most 4 more; the predicted
    time is consistent with its parts and tokens/s with the step's tokens.
 """
@@ -210,6 +210,8 @@ with tempfile.TemporaryDirectory() as tmp:
             assert abs(p["total_s"] - exposed) < 1e-12, p
         assert abs(t["tokens_per_s_per_gpu"] - 32 * 32 / 16 / t["step_s"]) < 1e-6 * t["tokens_per_s_per_gpu"]
     assert text.count("plan consistent") == 2, text
+    with open(os.path.join(out, "simulation.png"), "rb") as png:  # the chart, by matplotlib
+        assert png.read(8) == b"\x89PNG\r\n\x1a\n" and f"chart: {out}/simulation.png" in text
 
     out = os.path.join(tmp, "drv128")
     shape = [2, 8, 8]
