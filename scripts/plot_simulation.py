@@ -32,7 +32,7 @@ def main():
             labels.append(f"{s['world']}\n{m['mesh']}")
             memory.append(m["memory"])
             traffic.append(m["bytes_by_dim"])
-    fig, (left, right) = plt.subplots(1, 2, figsize=(max(10, 1.6 * len(labels) * 2), 5))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(max(10, 1.5 * len(labels)), 5.5))
     x = range(len(labels))
     bottom = [0.0] * len(labels)
     for key, name in CATEGORIES:
