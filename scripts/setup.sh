@@ -17,11 +17,12 @@ expecttest_version=0.3.0     # ... and its test models (torch.testing._internal 
 safetensors_version=0.8.0    # checkpoint interop tests (PyTorch's HuggingFaceStorageReader/Writer)
 transformers_version=5.24.0  # the judge of the Llama-3 model's Hugging Face exchange (tests only)
 matplotlib_version=3.11.2    # the main job's loss curve (scripts/plot_metrics.py)
+tabulate_version=0.9.0       # what PyTorch's visualize_sharding prints with (its judge in tests)
 
 log() { printf '[setup] %s\n' "$*"; }
 
 # --- Debian packages ---------------------------------------------------------------------
-apt_pkgs=(build-essential pkg-config python3-venv ccache catch2 libfmt-dev libgloo-dev
+apt_pkgs=(build-essential pkg-config cmake python3-venv ccache catch2 libfmt-dev libgloo-dev
           nlohmann-json3-dev libxxhash-dev libsentencepiece-dev)
 missing=()
 for p in "${apt_pkgs[@]}"; do
@@ -69,7 +70,8 @@ install_venv() {
 
 install_venv "$venv" "torch==$torch_version" "meson==$meson_version" "ninja==$ninja_version" \
   "numpy==$numpy_version" "expecttest==$expecttest_version" "safetensors==$safetensors_version" \
-  "transformers==$transformers_version" "matplotlib==$matplotlib_version"
+  "transformers==$transformers_version" "matplotlib==$matplotlib_version" \
+  "tabulate==$tabulate_version"
 if [[ ${DTENSOR_SKIP_OLD_TORCH:-0} != 1 ]]; then
   install_venv "$venv_old_torch" "torch==$old_torch_version"
 fi

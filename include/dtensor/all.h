@@ -24,3 +24,8 @@
 #include <dtensor/user_rules.h>
 #include <dtensor/register_sharding.h>
 #include <dtensor/simulate.h>
+#include <dtensor/checkpoint.h>
+#include <dtensor/diagnostics.h>
+#include <dtensor/optim_state_dict.h>
+#include <dtensor/reduce_op.h>
+#include <dtensor/visualize_sharding.h>

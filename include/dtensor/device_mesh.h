@@ -3,9 +3,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include <c10/core/DeviceType.h>
@@ -23,9 +25,32 @@ struct MeshState;
 // of its own slices: for dimension d, the ranks that share its coordinates on every other
 // dimension. Groups are created once (collectively, when the mesh is made) and cached by
 // rank list, so sub-meshes and flattened meshes over the same ranks reuse them.
+// PyTorch's init_device_mesh(..., backend_override=...): a dimension's backend and timeout,
+// keyed by its name or index ([Note: per-group backends] in process_group.h). Dimensions
+// not named take the default: the world's backend where it serves the mesh's device type,
+// Gloo for a CPU mesh in an NCCL world.
+using MeshDim = std::variant<int64_t, std::string>;
+using BackendOverride = std::map<MeshDim, GroupOptions>;
+struct DeviceMeshOptions {
+  TORCH_ARG(BackendOverride, backend_override) = {};
+};
+
 class DeviceMesh {
  public:
   DeviceMesh() = default;
+  // [Note: meshes on existing groups] PyTorch's DeviceMesh.from_group: a mesh whose
+  // dimension groups are groups the caller already has (wrap_group() for c10d
+  // communicators it created; new_group() ones too). One group: a 1-D mesh over the group's
+  // ranks. One group per dimension: `shape` and `ranks` (row-major, global ranks) give the
+  // layout, and each group must be this rank's slice of it along its dimension (checked:
+  // the error names the dimension, the expected and the given ranks). No collective and no
+  // new communicator, except later flatten() or slices across dimensions, which create
+  // theirs with new_group (collective over their ranks, as for init_device_mesh meshes).
+  static DeviceMesh from_group(const Group& group, c10::DeviceType device_type,
+                               const std::vector<std::string>& dim_names = {});
+  static DeviceMesh from_group(const std::vector<Group>& groups, c10::DeviceType device_type,
+                               const std::vector<int64_t>& shape, const std::vector<int>& ranks,
+                               const std::vector<std::string>& dim_names = {});
 
   c10::DeviceType device_type() const;
   const std::vector<int64_t>& shape() const;
@@ -44,7 +69,8 @@ class DeviceMesh {
   int64_t get_local_rank(const std::string& dim) const;
 
   // The group of this rank's slice along a dimension. Its label is the dimension's name
-  // (or "dim<i>" for unnamed meshes), which CommDebugMode reports.
+  // (or "dim<i>" for unnamed meshes; the group's own label on an unnamed from_group mesh),
+  // which CommDebugMode reports.
   Group get_group(int64_t dim) const;
   Group get_group(const std::string& dim) const;
   Group get_group() const; // 1-D meshes only
@@ -77,7 +103,7 @@ class DeviceMesh {
 
  private:
   friend DeviceMesh init_device_mesh(c10::DeviceType, const std::vector<int64_t>&,
-                                     const std::vector<std::string>&);
+                                     const std::vector<std::string>&, const DeviceMeshOptions&);
   explicit DeviceMesh(std::shared_ptr<detail::MeshState> state);
   std::shared_ptr<detail::MeshState> state_;
 };
@@ -86,6 +112,10 @@ class DeviceMesh {
 // every rank calls it with the same arguments. Starts the process group if needed.
 DeviceMesh init_device_mesh(c10::DeviceType device_type, const std::vector<int64_t>& shape,
                             const std::vector<std::string>& dim_names = {});
+// With per-dimension backends (DeviceMeshOptions::backend_override).
+DeviceMesh init_device_mesh(c10::DeviceType device_type, const std::vector<int64_t>& shape,
+                            const std::vector<std::string>& dim_names,
+                            const DeviceMeshOptions& options);
 
 } // namespace dtensor
 

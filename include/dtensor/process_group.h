@@ -109,6 +109,28 @@ bool is_simulated();
 // creations. Ranks not in `ranks` get an undefined Group and must not call collectives on it.
 Group new_group(const std::vector<int>& ranks, std::string label = "");
 
+// [Note: per-group backends] A group's backend and timeout may differ from the world's: a
+// CPU mesh beside CUDA ones in an NCCL world runs on Gloo, a slow dimension gets a longer
+// timeout (PyTorch's init_device_mesh(..., backend_override=...)). Auto is the world's backend
+// (its timeout for nullopt). Groups are cached by rank list, backend and timeout.
+struct GroupOptions {
+  TORCH_ARG(BackendType, backend) = BackendType::Auto;
+  TORCH_ARG(std::optional<std::chrono::milliseconds>, timeout) = std::nullopt;
+};
+Group new_group(const std::vector<int>& ranks, std::string label, const GroupOptions& options);
+
+// [Note: existing communicators] A c10d communicator the caller created (a framework that owns
+// its process groups: its own store, its own ProcessGroupGloo / ProcessGroupNCCL, or
+// ProcessGroup::getBackend(device) of a c10d::ProcessGroup) as a dtensor Group, for
+// DeviceMesh::from_group and the collectives. `ranks` are the group's members as global
+// ranks (dtensor's world), in group-rank order; the backend's rank and size must agree with
+// them. Its collectives go through dtensor's choke point like any other (CommDebugMode
+// counts them under `label`); dtensor never creates, caches or destroys it. Backends
+// dtensor drives: gloo, nccl, fake (c10d::Backend::getBackendName()); the timeout is the
+// world's. Not collective.
+Group wrap_group(const c10::intrusive_ptr<c10d::Backend>& backend, const std::vector<int>& ranks,
+                 std::string label = "");
+
 // Number of c10d communicators this process has created so far (world included).
 int64_t num_groups_created();
 

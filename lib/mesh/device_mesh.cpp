@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <set>
 
 #include "internal/check.h"
@@ -22,6 +23,11 @@ struct RootMesh {
   std::vector<int64_t> my_coord; // this rank's coordinate in the root mesh
   std::mutex mutex;
   std::map<std::string, std::vector<int64_t>> flattened; // name -> root dims it merges
+  // Per root dimension: its backend and timeout ([Note: per-group backends]), and, for meshes
+  // made by from_group, this rank's group (empty otherwise).
+  std::vector<GroupOptions> dim_options;
+  GroupOptions flat_options; // of groups spanning several root dimensions
+  std::vector<Group> given;
 };
 
 struct MeshState {
@@ -125,7 +131,16 @@ std::shared_ptr<MeshState> make_mesh(std::shared_ptr<RootMesh> root,
   }
   for (size_t i = 0; i < root_dims.size(); ++i) {
     std::string label = names.empty() ? fmt::format("dim{}", i) : names[i];
-    m->groups.push_back(new_group(slice_ranks(*root, {root_dims[i]}), label));
+    if (root_dims[i].size() == 1 && !root->given.empty()) {
+      // An unnamed mesh keeps the labels the program gave its groups.
+      const Group& g = root->given[static_cast<size_t>(root_dims[i][0])];
+      m->groups.push_back(names.empty() ? g : g.with_label(label));
+      continue;
+    }
+    const GroupOptions& options = root_dims[i].size() == 1
+                                      ? root->dim_options[static_cast<size_t>(root_dims[i][0])]
+                                      : root->flat_options;
+    m->groups.push_back(new_group(slice_ranks(*root, {root_dims[i]}), label, options));
   }
   m->root = std::move(root);
   m->root_dims = std::move(root_dims);
@@ -338,18 +353,16 @@ std::string DeviceMesh::to_string() const {
   return describe_mesh(state_->shape, state_->ranks, state_->names, state_->root->device);
 }
 
-DeviceMesh init_device_mesh(c10::DeviceType device_type, const std::vector<int64_t>& shape,
-                            const std::vector<std::string>& dim_names) {
-  std::string what = fmt::format("init_device_mesh({}, shape={}, names=({}))",
-                                 c10::DeviceTypeName(device_type, true), shape,
-                                 fmt::join(dim_names, ", "));
+namespace {
+
+// The checks every mesh's layout passes: its device type, shape and names.
+void check_layout(const std::string& what, c10::DeviceType device_type,
+                  const std::vector<int64_t>& shape, const std::vector<std::string>& dim_names) {
   DTENSOR_CHECK(device_type == c10::DeviceType::CPU || device_type == c10::DeviceType::CUDA,
                 "{}: device type must be cpu or cuda", what);
   DTENSOR_CHECK(!shape.empty(), "{}: the mesh needs at least one dimension", what);
-  int64_t n = 1;
   for (int64_t s : shape) {
     DTENSOR_CHECK(s > 0, "{}: dimension sizes must be positive", what);
-    n *= s;
   }
   DTENSOR_CHECK(dim_names.empty() || dim_names.size() == shape.size(),
                 "{}: {} names for {} dimensions", what, dim_names.size(), shape.size());
@@ -358,40 +371,195 @@ DeviceMesh init_device_mesh(c10::DeviceType device_type, const std::vector<int64
     DTENSOR_CHECK(!name.empty(), "{}: dimension names must not be empty", what);
     DTENSOR_CHECK(seen.insert(name).second, "{}: dimension name '{}' appears twice", what, name);
   }
+}
+
+// This rank's coordinate in a row-major layout of `ranks` over `shape`; nullopt outside.
+std::optional<std::vector<int64_t>> coordinate_of(int rank, const std::vector<int64_t>& shape,
+                                                  const std::vector<int>& ranks) {
+  auto it = std::find(ranks.begin(), ranks.end(), rank);
+  if (it == ranks.end()) {
+    return std::nullopt;
+  }
+  int64_t rest = it - ranks.begin();
+  std::vector<int64_t> coord(shape.size(), 0);
+  for (size_t d = shape.size(); d-- > 0;) {
+    coord[d] = rest % shape[d];
+    rest /= shape[d];
+  }
+  return coord;
+}
+
+std::shared_ptr<MeshState> make_root(c10::DeviceType device, std::vector<int64_t> shape,
+                                     std::vector<int> ranks, std::vector<std::string> names,
+                                     std::vector<GroupOptions> options, GroupOptions flat,
+                                     std::vector<Group> given) {
+  auto root = std::make_shared<RootMesh>();
+  root->device = device;
+  root->my_coord = *coordinate_of(get_rank(), shape, ranks);
+  root->shape = std::move(shape);
+  root->ranks = std::move(ranks);
+  root->names = names;
+  root->dim_options = std::move(options);
+  root->flat_options = flat;
+  root->given = std::move(given);
+  std::vector<std::vector<int64_t>> dims;
+  for (size_t d = 0; d < root->shape.size(); ++d) {
+    dims.push_back({static_cast<int64_t>(d)});
+  }
+  return make_mesh(root, std::move(dims), std::move(names));
+}
+
+// The backend a mesh dimension gets when the caller does not name one: the world's where it
+// serves the mesh's device type, Gloo for a CPU mesh in an NCCL world.
+BackendType default_backend(const std::string& what, c10::DeviceType device_type) {
+  BackendType backend = get_backend();
+  if (backend == BackendType::Fake || (backend == BackendType::Gloo && device_type == c10::kCPU) ||
+      (backend == BackendType::Nccl && device_type == c10::kCUDA)) {
+    return backend;
+  }
+  if (backend == BackendType::Nccl && device_type == c10::kCPU) {
+    return BackendType::Gloo; // PyTorch's "cpu:gloo,cuda:nccl"
+  }
+  // A CUDA mesh in a Gloo world: NCCL only when asked for (backend_override).
+  DTENSOR_FAIL("{}: device type {} does not match the process group's {} backend ({} tensors); "
+               "name nccl for its dimensions in DeviceMeshOptions::backend_override",
+               what, c10::DeviceTypeName(device_type, true), to_string(backend),
+               c10::DeviceTypeName(c10::kCPU, true));
+}
+
+// Each dimension's GroupOptions from backend_override (keys by name or index, each dimension
+// at most once), backends checked against the device type.
+std::vector<GroupOptions> dim_options(const std::string& what, c10::DeviceType device_type,
+                                      const std::vector<int64_t>& shape,
+                                      const std::vector<std::string>& names,
+                                      const BackendOverride& overrides) {
+  const auto ndim = static_cast<int64_t>(shape.size());
+  std::vector<std::optional<GroupOptions>> given(shape.size());
+  for (const auto& [key, opts] : overrides) {
+    int64_t d = -1;
+    if (const auto* index = std::get_if<int64_t>(&key)) {
+      d = *index < 0 ? *index + ndim : *index;
+      DTENSOR_CHECK(d >= 0 && d < ndim, "{}: backend_override names dimension {}, out of range",
+                    what, *index);
+    } else {
+      const auto& name = std::get<std::string>(key);
+      auto it = std::find(names.begin(), names.end(), name);
+      DTENSOR_CHECK(it != names.end(), "{}: backend_override names dimension '{}', not one of ({})",
+                    what, name, fmt::join(names, ", "));
+      d = it - names.begin();
+    }
+    DTENSOR_CHECK(!given[static_cast<size_t>(d)].has_value(),
+                  "{}: backend_override names dimension {} twice (by index and by name)", what, d);
+    given[static_cast<size_t>(d)] = opts;
+  }
+  const bool simulated = is_simulated();
+  std::vector<GroupOptions> out;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    GroupOptions o = given[d].value_or(GroupOptions());
+    const std::string dim = names.empty() ? fmt::format("{}", d) : fmt::format("'{}'", names[d]);
+    if (simulated) { // every group of a simulated world is fake; timeouts still apply
+      o.backend(BackendType::Fake);
+    } else if (o.backend() == BackendType::Auto) {
+      o.backend(default_backend(what, device_type));
+    } else {
+      const BackendType b = o.backend();
+      DTENSOR_CHECK(b != BackendType::Fake, "{}: dimension {}: backend fake outside a simulated "
+                                            "world",
+                    what, dim);
+      DTENSOR_CHECK((b == BackendType::Nccl) == (device_type == c10::kCUDA),
+                    "{}: dimension {}: backend {} does not serve {} tensors", what, dim,
+                    to_string(b), c10::DeviceTypeName(device_type, true));
+    }
+    out.push_back(o);
+  }
+  return out;
+}
+
+} // namespace
+
+DeviceMesh init_device_mesh(c10::DeviceType device_type, const std::vector<int64_t>& shape,
+                            const std::vector<std::string>& dim_names) {
+  return init_device_mesh(device_type, shape, dim_names, DeviceMeshOptions());
+}
+
+DeviceMesh init_device_mesh(c10::DeviceType device_type, const std::vector<int64_t>& shape,
+                            const std::vector<std::string>& dim_names,
+                            const DeviceMeshOptions& options) {
+  std::string what = fmt::format("init_device_mesh({}, shape={}, names=({}))",
+                                 c10::DeviceTypeName(device_type, true), shape,
+                                 fmt::join(dim_names, ", "));
+  check_layout(what, device_type, shape, dim_names);
+  int64_t n = 1;
+  for (int64_t s : shape) {
+    n *= s;
+  }
   if (!is_initialized()) {
     init_process_group();
   }
   int world = get_world_size();
   DTENSOR_CHECK(n == world, "{}: the mesh has {} ranks but the world has {}", what, n, world);
-  BackendType backend = get_backend();
-  c10::DeviceType backend_device =
-      backend == BackendType::Nccl ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
-  DTENSOR_CHECK(device_type == backend_device || backend == BackendType::Fake,
-                "{}: device type {} does not match the process group's {} backend ({} tensors)",
-                what, c10::DeviceTypeName(device_type, true), to_string(backend),
-                c10::DeviceTypeName(backend_device, true));
-
-  auto root = std::make_shared<RootMesh>();
+  auto opts = dim_options(what, device_type, shape, dim_names, options.backend_override());
+  GroupOptions flat = GroupOptions().backend(is_simulated() ? BackendType::Fake
+                                                            : default_backend(what, device_type));
+  std::vector<int> ranks(static_cast<size_t>(n));
+  std::iota(ranks.begin(), ranks.end(), 0);
   // A simulated world's meshes hold tensors of the simulated device, whichever device they
   // stand for ([Note: the simulated device]).
-  root->device = backend == BackendType::Fake ? detail::kSimulatedDevice : device_type;
+  return DeviceMesh(make_root(is_simulated() ? detail::kSimulatedDevice : device_type, shape,
+                              std::move(ranks), dim_names, std::move(opts), flat, {}));
+}
+
+DeviceMesh DeviceMesh::from_group(const Group& group, c10::DeviceType device_type,
+                                  const std::vector<std::string>& dim_names) {
+  DTENSOR_CHECK(group.defined(), "DeviceMesh::from_group: undefined group (this rank is not a "
+                                 "member)");
+  return from_group(std::vector<Group>{group}, device_type, {group.size()}, group.ranks(),
+                    dim_names);
+}
+
+DeviceMesh DeviceMesh::from_group(const std::vector<Group>& groups, c10::DeviceType device_type,
+                                  const std::vector<int64_t>& shape, const std::vector<int>& ranks,
+                                  const std::vector<std::string>& dim_names) {
+  std::string what = fmt::format("DeviceMesh::from_group({}, shape={}, ranks={}, names=({}))",
+                                 c10::DeviceTypeName(device_type, true), shape, ranks,
+                                 fmt::join(dim_names, ", "));
+  check_layout(what, device_type, shape, dim_names);
+  DTENSOR_CHECK(groups.size() == shape.size(), "{}: {} groups for {} dimensions", what,
+                groups.size(), shape.size());
+  int64_t n = 1;
+  for (int64_t s : shape) {
+    n *= s;
+  }
+  DTENSOR_CHECK(n == static_cast<int64_t>(ranks.size()), "{}: the shape has {} ranks, the list {}",
+                what, n, ranks.size());
+  DTENSOR_CHECK(std::set<int>(ranks.begin(), ranks.end()).size() == ranks.size(),
+                "{}: a rank appears twice", what);
+  auto coord = coordinate_of(dtensor::get_rank(), shape, ranks);
+  DTENSOR_CHECK(coord.has_value(), "{}: this rank ({}) is not in the mesh", what, dtensor::get_rank());
+  const bool simulated = is_simulated();
+  auto root = std::make_shared<RootMesh>(); // for slice_ranks only
   root->shape = shape;
-  root->names = dim_names;
-  root->ranks.resize(static_cast<size_t>(n));
-  for (int64_t r = 0; r < n; ++r) {
-    root->ranks[static_cast<size_t>(r)] = static_cast<int>(r);
+  root->ranks = ranks;
+  root->my_coord = *coord;
+  std::vector<GroupOptions> opts;
+  for (size_t d = 0; d < groups.size(); ++d) {
+    const std::string dim = dim_names.empty() ? fmt::format("{}", d) : fmt::format("'{}'", dim_names[d]);
+    DTENSOR_CHECK(groups[d].defined(), "{}: the group of dimension {} is undefined", what, dim);
+    std::vector<int> expected = slice_ranks(*root, {{static_cast<int64_t>(d)}});
+    DTENSOR_CHECK(groups[d].ranks() == expected,
+                  "{}: dimension {}: this rank's slice is ranks {} but the group ({}) spans {}",
+                  what, dim, expected, groups[d].label(), groups[d].ranks());
+    DTENSOR_CHECK(simulated || groups[d].device_type() == device_type,
+                  "{}: dimension {}: the group's {} backend serves {} tensors, not {}", what, dim,
+                  dtensor::to_string(groups[d].backend_type()),
+                  c10::DeviceTypeName(groups[d].device_type(), true),
+                  c10::DeviceTypeName(device_type, true));
+    opts.push_back(GroupOptions().backend(groups[d].backend_type()));
   }
-  int64_t rest = get_rank();
-  root->my_coord.assign(shape.size(), 0);
-  for (size_t d = shape.size(); d-- > 0;) {
-    root->my_coord[d] = rest % shape[d];
-    rest /= shape[d];
-  }
-  std::vector<std::vector<int64_t>> dims;
-  for (size_t d = 0; d < shape.size(); ++d) {
-    dims.push_back({static_cast<int64_t>(d)});
-  }
-  return DeviceMesh(make_mesh(root, std::move(dims), dim_names));
+  GroupOptions flat = GroupOptions().backend(simulated ? BackendType::Fake
+                                                       : default_backend(what, device_type));
+  return DeviceMesh(make_root(simulated ? detail::kSimulatedDevice : device_type, shape, ranks,
+                              dim_names, std::move(opts), flat, groups));
 }
 
 } // namespace dtensor

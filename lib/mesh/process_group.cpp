@@ -3,6 +3,7 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <tuple>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -20,7 +21,10 @@ struct World {
   bool initialized = false;
   c10::intrusive_ptr<c10d::Store> store;
   std::shared_ptr<const detail::GroupState> world;
-  std::map<std::vector<int>, std::shared_ptr<const detail::GroupState>> groups;
+  // By rank list, backend and timeout ([Note: per-group backends]).
+  std::map<std::tuple<std::vector<int>, BackendType, int64_t>,
+           std::shared_ptr<const detail::GroupState>>
+      groups;
   int local_rank = 0;
   int local_world = 1;
   int64_t num_created = 0;
@@ -122,6 +126,12 @@ c10::intrusive_ptr<c10d::Store> make_store(int rank, int world_size, const std::
   return c10::make_intrusive<c10d::TCPStore>(addr, opts);
 }
 
+c10::DeviceType device_of(BackendType type) {
+  return type == BackendType::Nccl   ? c10::DeviceType::CUDA
+         : type == BackendType::Fake ? detail::kSimulatedDevice
+                                     : c10::DeviceType::CPU;
+}
+
 std::shared_ptr<const detail::GroupState> make_group(const c10::intrusive_ptr<c10d::Store>& store,
                                                      std::vector<int> ranks, int group_rank,
                                                      BackendType type,
@@ -143,11 +153,33 @@ std::shared_ptr<const detail::GroupState> make_group(const c10::intrusive_ptr<c1
   state->ranks = std::move(ranks);
   state->rank = group_rank;
   state->type = type;
-  state->device = type == BackendType::Nccl   ? c10::DeviceType::CUDA
-                  : type == BackendType::Fake ? detail::kSimulatedDevice
-                                              : c10::DeviceType::CPU;
+  state->device = device_of(type);
   state->timeout = timeout;
   return state;
+}
+
+void check_nccl_usable(const std::string& what, int local_rank) {
+  DTENSOR_CHECK(detail::nccl_available(),
+                "{}: backend nccl requested but dtensor was built without CUDA/NCCL "
+                "(-Dcuda=disabled)",
+                what);
+  int gpus = detail::cuda_device_count();
+  DTENSOR_CHECK(local_rank < gpus,
+                "{}: backend nccl needs a GPU per local rank, but LOCAL_RANK={} and {} GPU(s) "
+                "are visible",
+                what, local_rank, gpus);
+}
+
+// Global ranks of a group: distinct, inside the world.
+void check_group_ranks(const std::string& what, const std::vector<int>& ranks, int world_size) {
+  DTENSOR_CHECK(!ranks.empty(), "{}: empty rank list", what);
+  std::vector<bool> seen(static_cast<size_t>(world_size), false);
+  for (int r : ranks) {
+    DTENSOR_CHECK(r >= 0 && r < world_size, "{}: rank {} in {} is out of range for world size {}",
+                  what, r, ranks, world_size);
+    DTENSOR_CHECK(!seen[static_cast<size_t>(r)], "{}: rank {} appears twice in {}", what, r, ranks);
+    seen[static_cast<size_t>(r)] = true;
+  }
 }
 
 World& initialized_world(const char* what) {
@@ -256,14 +288,7 @@ void init_process_group(const ProcessGroupOptions& options) {
                : BackendType::Gloo;
   }
   if (type == BackendType::Nccl) {
-    DTENSOR_CHECK(detail::nccl_available(),
-                  "init_process_group: backend nccl requested but dtensor was built without "
-                  "CUDA/NCCL (-Dcuda=disabled)");
-    int gpus = detail::cuda_device_count();
-    DTENSOR_CHECK(local_rank < gpus,
-                  "init_process_group: backend nccl needs a GPU per local rank, but LOCAL_RANK={} "
-                  "and {} GPU(s) are visible",
-                  local_rank, gpus);
+    check_nccl_usable("init_process_group", local_rank);
   }
 
   c10::intrusive_ptr<c10d::Store> store;
@@ -283,7 +308,7 @@ void init_process_group(const ProcessGroupOptions& options) {
   w.store = store;
   w.world = world;
   w.groups.clear();
-  w.groups[all] = world;
+  w.groups[{all, type, options.timeout().count()}] = world;
   w.local_rank = local_rank;
   w.local_world = local_world;
   w.num_created = 1;
@@ -360,37 +385,86 @@ Group detail::new_background_group(const std::string& label) {
 }
 
 Group new_group(const std::vector<int>& ranks, std::string label) {
+  return new_group(ranks, std::move(label), GroupOptions());
+}
+
+Group new_group(const std::vector<int>& ranks, std::string label, const GroupOptions& options) {
   World& w = initialized_world("new_group");
   std::lock_guard<std::mutex> lock(w.mutex);
   int world_size = static_cast<int>(w.world->ranks.size());
-  DTENSOR_CHECK(!ranks.empty(), "new_group: empty rank list");
-  std::vector<bool> seen(static_cast<size_t>(world_size), false);
-  for (int r : ranks) {
-    DTENSOR_CHECK(r >= 0 && r < world_size,
-                  "new_group: rank {} in {} is out of range for world size {}", r, ranks,
-                  world_size);
-    DTENSOR_CHECK(!seen[static_cast<size_t>(r)], "new_group: rank {} appears twice in {}", r,
-                  ranks);
-    seen[static_cast<size_t>(r)] = true;
-  }
+  check_group_ranks("new_group", ranks, world_size);
   if (label.empty()) {
     label = fmt::format("ranks{}", ranks);
   }
+  BackendType type = options.backend() == BackendType::Auto ? w.world->type : options.backend();
+  DTENSOR_CHECK((type == BackendType::Fake) == (w.world->type == BackendType::Fake),
+                "new_group({}, '{}'): backend {} in a {} world: a simulated world's groups are "
+                "all fake, a real world's none",
+                ranks, label, to_string(type), to_string(w.world->type));
+  auto timeout = options.timeout().value_or(w.world->timeout);
+  DTENSOR_CHECK(timeout.count() > 0, "new_group({}, '{}'): timeout {} ms must be > 0", ranks,
+                label, timeout.count());
   int me = w.world->rank;
   auto it = std::find(ranks.begin(), ranks.end(), me);
   if (it == ranks.end()) {
     return Group();
   }
-  if (auto cached = w.groups.find(ranks); cached != w.groups.end()) {
+  std::tuple<std::vector<int>, BackendType, int64_t> key{ranks, type, timeout.count()};
+  if (auto cached = w.groups.find(key); cached != w.groups.end()) {
     return Group(cached->second, std::move(label));
   }
-  // Members rendezvous under a prefix named after the rank list: the same list always
-  // names the same communicator, and disjoint lists never wait on each other.
-  auto prefix = fmt::format("dtensor/group/{}/", fmt::join(ranks, ","));
+  if (type == BackendType::Nccl) {
+    check_nccl_usable(fmt::format("new_group({}, '{}')", ranks, label), w.local_rank);
+  }
+  // Members rendezvous under a prefix named after the rank list (and the backend and
+  // timeout where they are not the world's): the same list always names the same
+  // communicator, and disjoint lists never wait on each other.
+  std::string prefix = fmt::format("dtensor/group/{}/", fmt::join(ranks, ","));
+  if (type != w.world->type || timeout != w.world->timeout) {
+    prefix += fmt::format("{}-{}ms/", to_string(type), timeout.count());
+  }
   auto state = make_group(c10::make_intrusive<c10d::PrefixStore>(prefix, w.store), ranks,
-                          static_cast<int>(it - ranks.begin()), w.world->type, w.world->timeout);
-  w.groups[ranks] = state;
+                          static_cast<int>(it - ranks.begin()), type, timeout);
+  w.groups[key] = state;
   ++w.num_created;
+  return Group(state, std::move(label));
+}
+
+Group wrap_group(const c10::intrusive_ptr<c10d::Backend>& backend, const std::vector<int>& ranks,
+                 std::string label) {
+  World& w = initialized_world("wrap_group");
+  std::lock_guard<std::mutex> lock(w.mutex);
+  if (label.empty()) {
+    label = fmt::format("ranks{}", ranks);
+  }
+  std::string what = fmt::format("wrap_group(ranks={}, label='{}')", ranks, label);
+  DTENSOR_CHECK(backend, "{}: the backend is null", what);
+  check_group_ranks(what, ranks, static_cast<int>(w.world->ranks.size()));
+  const std::string name = backend->getBackendName();
+  BackendType type = name == "gloo" ? BackendType::Gloo
+                     : name == "nccl" ? BackendType::Nccl
+                     : name == "fake" ? BackendType::Fake
+                                      : BackendType::Auto;
+  DTENSOR_CHECK(type != BackendType::Auto,
+                "{}: backend '{}' is not one dtensor drives (gloo, nccl, fake)", what, name);
+  DTENSOR_CHECK(backend->getSize() == static_cast<int>(ranks.size()),
+                "{}: the {} backend has {} ranks, the rank list {}", what, name, backend->getSize(),
+                ranks.size());
+  int group_rank = backend->getRank();
+  DTENSOR_CHECK(group_rank >= 0 && group_rank < static_cast<int>(ranks.size()) &&
+                    ranks[static_cast<size_t>(group_rank)] == w.world->rank,
+                "{}: this process is global rank {} but the backend's rank {} maps to {}", what,
+                w.world->rank, group_rank,
+                group_rank >= 0 && group_rank < static_cast<int>(ranks.size())
+                    ? fmt::format("global rank {}", ranks[static_cast<size_t>(group_rank)])
+                    : std::string("no rank of the list"));
+  auto state = std::make_shared<detail::GroupState>();
+  state->backend = backend;
+  state->ranks = ranks;
+  state->rank = group_rank;
+  state->type = type;
+  state->device = device_of(type);
+  state->timeout = w.world->timeout;
   return Group(state, std::move(label));
 }
 
