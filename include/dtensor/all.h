@@ -29,3 +29,4 @@
 #include <dtensor/optim_state_dict.h>
 #include <dtensor/reduce_op.h>
 #include <dtensor/visualize_sharding.h>
+#include <dtensor/module_tracker.h>

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 
 #include <dtensor/collectives.h>
@@ -73,6 +74,38 @@ class CommDebugMode {
   // {"total_count":..,"total_bytes_in":..,"counts":{..},"by_group":{..},"records":[..]}
   std::string json() const;
   void reset();
+
+  // --- Per module, as PyTorch's CommDebugMode ([Note: module attribution]) ---------------
+  // Modules are seen when they run under dtensor::ModuleScope / traced_forward()
+  // (dtensor/module_tracker.h); names as PyTorch prints them: "Global", the root's class name
+  // ("MLPModule"), then "MLPModule.net1"... A collective counts for the module running then
+  // (in backward: the module whose outputs' gradient arrived last) and all its ancestors,
+  // "Global" included, under forward or backward (inside autograd's backward).
+  struct ModuleCollectives {
+    std::map<CollectiveKind, int64_t> forward;
+    std::map<CollectiveKind, int64_t> backward;
+  };
+  // PyTorch's comm_module_counts: modules that saw a collective, and "Global".
+  std::map<std::string, ModuleCollectives> comm_module_counts() const;
+  // PyTorch's generate_comm_debug_tracing_table / log_comm_debug_tracing_table_to_file /
+  // generate_json_dump, with its noise levels: 0 module-level collective counts; 1 also
+  // module types, parameters' placements and the DTensor operations (trivial ones left
+  // out); 2 and 3 the same (dtensor records DTensor operations only; 3 adds the trivial
+  // ones). The table has PyTorch's ANSI colours; the file version has none. The JSON's layout
+  // is PyTorch's (fqn, module_type, parameters, children, collectives_forward / _backward,
+  // operations_forward / _backward / _checkpointing); collectives are named as PyTorch names
+  // them ("c10d_functional.all_reduce", ...).
+  std::string generate_comm_debug_tracing_table(int noise_level = 3) const;
+  void log_comm_debug_tracing_table_to_file(const std::string& file_name = "comm_mode_log.txt",
+                                            int noise_level = 3) const;
+  std::string json_dump(int noise_level = 3) const;
+  void generate_json_dump(const std::string& file_name = "comm_mode_log.json",
+                          int noise_level = 3) const;
+  // PyTorch's get_sharding_info ("MLPModule.net1.weight" -> "(Shard(dim=0),)", DTensor
+  // parameters of the modules seen) and get_parameter_info (module -> parameter name ->
+  // the parameter).
+  std::map<std::string, std::string> get_sharding_info() const;
+  std::map<std::string, std::map<std::string, at::Tensor>> get_parameter_info() const;
 
   struct Log; // the records and their lock, shared with the threads carrying this scope
 

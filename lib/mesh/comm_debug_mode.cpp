@@ -8,14 +8,9 @@
 
 #include "internal/check.h"
 #include "internal/torch_compat.h"
-#include "mesh/comm_debug.h"
+#include "mesh/comm_debug_log.h"
 
 namespace dtensor {
-
-struct CommDebugMode::Log {
-  std::mutex mutex;
-  std::vector<CollectiveRecord> records;
-};
 
 namespace {
 
@@ -94,6 +89,8 @@ const std::vector<CollectiveRecord>& CommDebugMode::records() const { return log
 void CommDebugMode::reset() {
   std::lock_guard<std::mutex> lock(log_->mutex);
   log_->records.clear();
+  log_->modules.attribution.clear(); // the modules seen stay, their counts restart
+  log_->modules.operations.clear();
 }
 
 namespace detail {
@@ -102,11 +99,18 @@ bool comm_debug_active() { return active_scopes() != nullptr; }
 
 void record_collective(const CollectiveRecord& rec) {
   if (const ActiveScopes* scopes = active_scopes()) {
+    const bool backward = in_autograd_backward();
     for (const auto& log : scopes->logs) {
       std::lock_guard<std::mutex> lock(log->mutex);
       log->records.push_back(rec);
+      log->modules.attribution.emplace_back(log->modules.current, backward);
     }
   }
+}
+
+std::vector<std::shared_ptr<CommDebugMode::Log>> active_logs() {
+  const ActiveScopes* scopes = active_scopes();
+  return scopes ? scopes->logs : std::vector<std::shared_ptr<CommDebugMode::Log>>{};
 }
 
 } // namespace detail

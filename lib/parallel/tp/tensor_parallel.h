@@ -45,6 +45,14 @@ struct TpTag {
 std::shared_ptr<const TpTag> make_tp_tags(const void* module, std::string style,
                                           std::string module_name, TpLayouts layouts);
 
+// An output of `module` as PyTorch's output hook leaves it, for a module called through
+// dtensor::traced_forward ([Note: module attribution]): an activation the module made is
+// redistributed to the style's output layout above autograd (differentiable, PyTorch's
+// Redistribute backward) and, with use_local_output and a Replicate layout, handed over as
+// its local tensor. Anything else (not this module's activation, a view of one, a 2-D mesh,
+// activation checkpointing's recompute) is returned as it is, for the ops to convert.
+at::Tensor tp_module_output(const at::Tensor& output, const void* module);
+
 // The tag of a DTensor, or nullptr.
 std::shared_ptr<const TpTag> tp_tag(const at::Tensor& t);
 void set_tp_tag(const at::Tensor& dtensor, std::shared_ptr<const TpTag> tag);

@@ -4,6 +4,8 @@
 
 #include <set>
 
+#include <dtensor/dtensor.h>
+
 #include "internal/check.h"
 #include "parallel/tp/tensor_parallel.h"
 #include "tensor/dispatch/interceptors.h"
@@ -239,6 +241,20 @@ std::shared_ptr<const TpTag> prepare_activations(const OpArgs& args, const Class
   return nullptr;
 }
 
+// [Note: gradients of plain inputs] A plain tensor that requires grad and enters a module's
+// op as Replicate gets its gradient from the op's backward as a DTensor (Partial for a
+// column-wise Linear). PyTorch's input hook makes it a DTensor above autograd (from_local),
+// whose backward all-reduces that gradient and hands back a plain tensor; here a gradient hook
+// on the tensor does the same: a DTensor gradient becomes its full value (one all-reduce for
+// Partial, none for Replicate), so x.grad and the gradients flowing into plain ops before the
+// module are plain and whole. Several uses of the tensor by parallelized ops add up in one
+// gradient, converted once (the hooks after the first see a plain tensor).
+void plain_gradient_hook(const at::Tensor& plain) {
+  plain.register_hook([](const at::Tensor& grad) {
+    return is_dtensor(grad) ? DTensor(grad).full_tensor() : grad;
+  });
+}
+
 // A plain input of a module's op: the style's input layout, which only Replicate can be.
 at::Tensor plain_input(const OpArgs& args, const Arg& p, const TpTag& tag, const DeviceMesh& mesh) {
   const Placement in = tag.layouts->input.value_or(Placement::replicate());
@@ -252,6 +268,9 @@ at::Tensor plain_input(const OpArgs& args, const Arg& p, const TpTag& tag, const
   DTENSOR_CHECK(!args.writes(p.index),
                 "{}: argument '{}' is a plain tensor written in place with {} parameters of '{}'",
                 args.schema.name(), args.name_of(p.index), tag.style, tag.module_name);
+  if (p.tensor.requires_grad() && !in_backward()) {
+    plain_gradient_hook(p.tensor);
+  }
   return as_replicate(p.tensor, mesh);
 }
 
@@ -340,6 +359,19 @@ std::shared_ptr<const TpTag> make_tp_tags(const void* module, std::string style,
   activation->viewed_variant = viewed;
   tag->activation = activation;
   return tag;
+}
+
+at::Tensor tp_module_output(const at::Tensor& output, const void* module) {
+  const DTensorMeta* m = dtensor_meta(output);
+  auto tag = m != nullptr ? m->extension<TpTag>() : nullptr;
+  if (tag == nullptr || tag->module != module || tag->role != TpRole::Activation ||
+      !tag->layouts->output || m->spec.mesh.ndim() != 1 || in_backward()) {
+    return output;
+  }
+  const Placement out = *tag->layouts->output;
+  DTensor converted = DTensor(output).redistribute(m->spec.mesh, {out});
+  return tag->layouts->local_output && out.is_replicate() ? converted.to_local()
+                                                          : at::Tensor(converted);
 }
 
 std::shared_ptr<const TpTag> tp_tag(const at::Tensor& t) {

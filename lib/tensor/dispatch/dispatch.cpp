@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "internal/check.h"
+#include "mesh/comm_debug.h"
 #include "tensor/dispatch/decompose.h"
 #include "tensor/dispatch/handler.h"
 #include "tensor/dispatch/interceptors.h"
@@ -19,6 +20,7 @@
 #include "tensor/dtensor_impl.h"
 #include "tensor/ops/sharding.h"
 #include "tensor/redistribute/redistribute.h"
+#include "tensor/debug/torch_repr.h"
 
 namespace dtensor::detail {
 
@@ -569,6 +571,28 @@ void wrap_outputs(const c10::OperatorHandle& op, const OpInfo& info, const Cache
   }
 }
 
+// [Note: module attribution] CommDebugMode lists DTensor operations per module as PyTorch's
+// does: "aten.mm.default", and for each DTensor argument its global shape and placements (as
+// the rule sees them: after tensor parallelism's input conversions), and the mesh.
+void record_for_comm_debug(const c10::OperatorHandle& op, const OpInfo& info) {
+  OpRecord rec;
+  const auto& name = op.schema().operator_name();
+  std::string qualified = name.name; // "aten::mm" -> "aten.mm"
+  if (auto sep = qualified.find("::"); sep != std::string::npos) {
+    qualified.replace(sep, 2, ".");
+  }
+  rec.name = fmt::format("{}.{}", qualified,
+                         name.overload_name.empty() ? "default" : name.overload_name);
+  for (const auto& spec : info.specs) {
+    if (spec.has_value()) {
+      rec.input_shape.push_back(torch_size_repr(spec->shape));
+      rec.input_sharding.push_back(torch_repr(spec->placements));
+    }
+  }
+  rec.device_mesh = torch_repr(*info.mesh);
+  record_dtensor_op(std::move(rec));
+}
+
 bool has_dtensor(const OpArgs& a) {
   bool any = false;
   a.for_each_tensor([&](size_t, int64_t, const at::Tensor& t) {
@@ -609,6 +633,9 @@ void handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   info.name = op_full_name(op);
   info.args = &args;
   collect_specs(info, a);
+  if (comm_debug_active()) {
+    record_for_comm_debug(op, info);
+  }
   const std::shared_ptr<const Cached> decision = decide(op, info);
   if (decision->decompose) {
     run_decomposition(op, info.mesh->device_type(), stack);
