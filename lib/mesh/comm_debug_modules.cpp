@@ -1,5 +1,6 @@
 // CommDebugMode per module: the tracker the module scopes report to, and PyTorch's views of it
 // (comm_module_counts, the tracing table, the JSON dump, sharding and parameter info).
+#include <cstdio>
 #include <fstream>
 #include <regex>
 
@@ -283,12 +284,23 @@ nlohmann::ordered_json module_json(const ModuleLog& t, const std::map<std::strin
   return j;
 }
 
+// Written next to `path` and renamed over it: a reader never sees half a file.
 void write_file(const std::string& what, const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  DTENSOR_CHECK(f.good(), "CommDebugMode::{}: cannot open '{}' for writing", what, path);
-  f << text;
-  f.close();
-  DTENSOR_CHECK(f.good(), "CommDebugMode::{}: writing '{}' failed", what, path);
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    DTENSOR_CHECK(f.good(), "CommDebugMode::{}: cannot open '{}' for writing", what, path);
+    f << text;
+    f.close();
+    if (!f.good()) {
+      std::remove(tmp.c_str());
+      DTENSOR_FAIL("CommDebugMode::{}: writing '{}' failed", what, path);
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    DTENSOR_FAIL("CommDebugMode::{}: cannot replace '{}'", what, path);
+  }
 }
 
 } // namespace

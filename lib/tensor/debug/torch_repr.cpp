@@ -9,7 +9,7 @@ namespace dtensor::detail {
 
 namespace {
 
-std::string torch_repr(const Placement& p) {
+std::string placement_repr(const Placement& p) {
   switch (p.kind()) {
   case Placement::Kind::Shard:
     return fmt::format("Shard(dim={})", p.dim());
@@ -33,7 +33,7 @@ std::string py_tuple(const std::vector<std::string>& items) {
 std::string torch_repr(const Placements& placements) {
   std::vector<std::string> items;
   for (const auto& p : placements) {
-    items.push_back(torch_repr(p));
+    items.push_back(placement_repr(p));
   }
   return py_tuple(items);
 }
