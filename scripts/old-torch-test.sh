@@ -17,7 +17,8 @@ fi
 # The world2 tests of the smoke subset: collectives, redistribution, fully_shard, TP and
 # clipping, which touch every LibTorch API the library uses across ranks (c10d backends and
 # works, autograd nodes and hooks, the dispatcher, thread-local debug info).
-WORLD2=(collectives redistribute fully_shard fsdp_tp clip_grad_norm comm_debug_mode meta_init)
+WORLD2=(collectives redistribute fully_shard fsdp_tp clip_grad_norm comm_debug_mode comm_debug_modules
+        mesh_groups meta_init)
 
 dir="$root/build-torch2.9.1"
 start=$SECONDS

@@ -121,7 +121,7 @@ at::Tensor ModuleScope::output(const at::Tensor& t) {
     // module's backward (PyTorch's input hook), so it happens here, before this module
     // becomes current; the input's own hook then finds a plain gradient.
     out.register_hook([name = name_, plain = !is_dtensor(out)](const at::Tensor& grad) {
-      at::Tensor g = plain && is_dtensor(grad) ? DTensor(grad).full_tensor() : grad;
+      at::Tensor g = plain ? detail::plain_gradient(grad) : grad;
       detail::module_backward_begin(name);
       return g;
     });

@@ -53,6 +53,10 @@ std::shared_ptr<const TpTag> make_tp_tags(const void* module, std::string style,
 // activation checkpointing's recompute) is returned as it is, for the ops to convert.
 at::Tensor tp_module_output(const at::Tensor& output, const void* module);
 
+// [Note: gradients of plain inputs] in tp_dispatch.cpp: the gradient a plain tensor gets,
+// from one a parallelized op computed (a DTensor's full value; a plain one unchanged).
+at::Tensor plain_gradient(const at::Tensor& grad);
+
 // The tag of a DTensor, or nullptr.
 std::shared_ptr<const TpTag> tp_tag(const at::Tensor& t);
 void set_tp_tag(const at::Tensor& dtensor, std::shared_ptr<const TpTag> tag);

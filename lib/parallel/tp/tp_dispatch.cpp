@@ -250,9 +250,7 @@ std::shared_ptr<const TpTag> prepare_activations(const OpArgs& args, const Class
 // module are plain and whole. Several uses of the tensor by parallelized ops add up in one
 // gradient, converted once (the hooks after the first see a plain tensor).
 void plain_gradient_hook(const at::Tensor& plain) {
-  plain.register_hook([](const at::Tensor& grad) {
-    return is_dtensor(grad) ? DTensor(grad).full_tensor() : grad;
-  });
+  plain.register_hook([](const at::Tensor& grad) { return plain_gradient(grad); });
 }
 
 // A plain input of a module's op: the style's input layout, which only Replicate can be.
@@ -359,6 +357,10 @@ std::shared_ptr<const TpTag> make_tp_tags(const void* module, std::string style,
   activation->viewed_variant = viewed;
   tag->activation = activation;
   return tag;
+}
+
+at::Tensor plain_gradient(const at::Tensor& grad) {
+  return is_dtensor(grad) ? DTensor(grad).full_tensor() : grad;
 }
 
 at::Tensor tp_module_output(const at::Tensor& output, const void* module) {

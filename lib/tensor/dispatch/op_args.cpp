@@ -3,8 +3,7 @@
 
 #include <unordered_map>
 
-#include <torch/csrc/autograd/graph_task.h>
-
+#include "mesh/comm_debug.h"
 #include "tensor/dtensor_impl.h"
 #include "tensor/ops/sharding.h"
 
@@ -64,7 +63,7 @@ at::Tensor as_replicate(const at::Tensor& plain, const DeviceMesh& mesh) {
 }
 
 bool in_backward() {
-  return torch::autograd::get_current_graph_task_id() != -1;
+  return in_autograd_backward(); // the mesh layer's, which CommDebugMode needs below this one
 }
 
 namespace {
