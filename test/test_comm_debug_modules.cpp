@@ -8,30 +8,15 @@
 #include <fstream>
 #include <sstream>
 
+#include <models/common_dtensor.h>
 #include <nlohmann/json.hpp>
-#include <torch/nn/modules/activation.h>
-#include <torch/nn/modules/linear.h>
 
 #include "support/prelude.h"
 
 using dtensor::traced_forward;
+using dtensor::models::MLPModule;
 
 namespace {
-
-struct MLPModuleImpl : torch::nn::Module {
-  MLPModuleImpl() {
-    torch::manual_seed(5);
-    net1 = register_module("net1", torch::nn::Linear(10, 16));
-    relu = register_module("relu", torch::nn::ReLU());
-    net2 = register_module("net2", torch::nn::Linear(16, 10));
-  }
-  at::Tensor forward(const at::Tensor& x) {
-    return traced_forward(net2, traced_forward(relu, traced_forward(net1, x)));
-  }
-  torch::nn::Linear net1{nullptr}, net2{nullptr};
-  torch::nn::ReLU relu{nullptr};
-};
-TORCH_MODULE(MLPModule);
 
 MLPModule parallel_mlp() {
   MLPModule m;

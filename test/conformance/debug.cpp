@@ -5,11 +5,8 @@
 #include <regex>
 #include <sstream>
 
-#include <torch/nn/modules/activation.h>
-#include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/linear.h>
-
 #include <fmt/format.h>
+#include <models/common_dtensor.h>
 
 #include "oracle.h"
 
@@ -19,40 +16,9 @@ namespace {
 using dtensor::DTensor;
 using dtensor::traced_forward;
 
-// sc_debug.py's models; each submodule call goes through traced_forward (C++ modules have no
-// hooks, [Note: module attribution]).
-struct MLPModuleImpl : torch::nn::Module {
-  explicit MLPModuleImpl(uint64_t seed = 5) {
-    torch::manual_seed(seed);
-    net1 = register_module("net1", torch::nn::Linear(10, 16));
-    relu = register_module("relu", torch::nn::ReLU());
-    net2 = register_module("net2", torch::nn::Linear(16, 10));
-  }
-  at::Tensor forward(const at::Tensor& x) {
-    return traced_forward(net2, traced_forward(relu, traced_forward(net1, x)));
-  }
-  torch::nn::Linear net1{nullptr}, net2{nullptr};
-  torch::nn::ReLU relu{nullptr};
-};
-TORCH_MODULE(MLPModule);
-
-struct MLPStackImpl : torch::nn::Module {
-  MLPStackImpl() {
-    layers = register_module("layers", torch::nn::ModuleList(MLPModule(5), MLPModule(6)));
-    torch::manual_seed(7);
-    output = register_module("output", torch::nn::Linear(10, 4));
-  }
-  at::Tensor forward(at::Tensor x) {
-    for (const auto& layer : *layers) {
-      auto mlp = MLPModule(std::dynamic_pointer_cast<MLPModuleImpl>(layer));
-      x = traced_forward(mlp, x);
-    }
-    return traced_forward(output, x);
-  }
-  torch::nn::ModuleList layers{nullptr};
-  torch::nn::Linear output{nullptr};
-};
-TORCH_MODULE(MLPStack);
+// sc_debug.py's models.
+using dtensor::models::MLPModule;
+using dtensor::models::MLPModuleStack;
 
 // What `fn` prints on std::cout.
 template <typename F>
@@ -135,12 +101,12 @@ void modules(Ctx& ctx, const Case& c) {
   const bool mlp = c.str("model") == "mlp";
   std::vector<std::shared_ptr<torch::nn::Module>> mlps;
   MLPModule one{nullptr};
-  MLPStack stack{nullptr};
+  MLPModuleStack stack{nullptr};
   if (mlp) {
     one = MLPModule();
     mlps = {one.ptr()};
   } else {
-    stack = MLPStack();
+    stack = MLPModuleStack();
     for (const auto& l : *stack->layers) {
       mlps.push_back(l);
     }

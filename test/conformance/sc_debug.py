@@ -39,7 +39,7 @@ class MLPModule(nn.Module):
         return self.net2(self.relu(self.net1(x)))
 
 
-class MLPStack(nn.Module):
+class MLPModuleStack(nn.Module):
     def __init__(self):
         super().__init__()
         self.layers = nn.ModuleList([MLPModule(5), MLPModule(6)])
@@ -77,7 +77,7 @@ def cases(world):
 
 
 def plain_model(name):
-    return MLPModule() if name == "mlp" else MLPStack()
+    return MLPModule() if name == "mlp" else MLPModuleStack()
 
 
 def reference(cases):
