@@ -5,13 +5,15 @@
 // Transformer), fully_shard per block and the root over all ranks, AdamW + clip, random
 // tokens [batch, seq] per rank, dropout 0.1.
 // Flags: --ac none|full|selective, --dim D, --layers L, --seq S, --batch B, --steps N,
-// --warmup N, --overlap on|off (FSDPModule::set_communication_overlap; default on).
+// --warmup N, --overlap on|off (FSDPModule::set_communication_overlap; default on),
+// --floor: the compute floor of any FSDP step on these kernels ([Note: the compute floor]).
 // Rank 0 prints "RESULT <json>": per-step times (ms) and the peak bytes allocated (net of
 // frees) during one more (untimed) step beyond what lived at its start, counted by a CPU
 // allocator that wraps LibTorch's (every tensor allocation of the process).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,12 +36,22 @@ struct Flags {
   int64_t dim = 256, layers = 4, seq = 128, batch = 8;
   int steps = 5, warmup = 2;
   bool overlap = true;
+  bool floor = false;
 };
 
 Flags parse(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; i += 2) {
     const std::string k = argv[i];
+    if (k == "--floor") {
+      f.floor = true;
+      --i;
+      continue;
+    }
+    if (i + 1 == argc) {
+      std::fprintf(stderr, "bench_activation_checkpoint: %s needs a value\n", k.c_str());
+      std::exit(2);
+    }
     const char* v = argv[i + 1];
     if (k == "--ac") {
       f.ac = v;
@@ -99,11 +111,21 @@ int main(int argc, char** argv) {
                                          .n_heads(4)
                                          .dropout_p(0.1)
                                          .activation_checkpoint(ac_options(f.ac)));
-  for (auto& layer : *model->layers) {
-    dtensor::fully_shard(*layer, dtensor::FullyShardOptions().mesh(mesh));
+  // [Note: the compute floor]
+  // With --floor each rank runs the same model on the same batch with no fully_shard: no
+  // communication, no copy-in or copy-out, and only forward and backward (no clip, no
+  // optimizer step). Every FSDP step on LibTorch's kernels does at least this work per
+  // rank, PyTorch FSDP2's and dtensor's alike, so floor / PyTorch is the lowest step-time
+  // ratio any FSDP implementation could reach here; the rest of a step is what an
+  // implementation can make lighter.
+  std::optional<dtensor::FSDPModule> root;
+  if (!f.floor) {
+    for (auto& layer : *model->layers) {
+      dtensor::fully_shard(*layer, dtensor::FullyShardOptions().mesh(mesh));
+    }
+    root = dtensor::fully_shard(*model, dtensor::FullyShardOptions().mesh(mesh));
+    root->set_communication_overlap(f.overlap);
   }
-  auto root = dtensor::fully_shard(*model, dtensor::FullyShardOptions().mesh(mesh));
-  root.set_communication_overlap(f.overlap);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
   const int rank = dtensor::get_rank();
   auto step = [&](int i) {
@@ -113,8 +135,10 @@ int main(int argc, char** argv) {
     auto targets = at::randint(vocab, {f.batch, f.seq}, at::kLong);
     torch::nn::functional::cross_entropy(model->forward(tokens).view({-1, vocab}), targets.view(-1))
         .backward();
-    root.clip_grad_norm_(1.0);
-    opt.step();
+    if (root) {
+      root->clip_grad_norm_(1.0);
+      opt.step();
+    }
   };
   for (int i = 0; i < f.warmup; ++i) {
     step(i);

@@ -15,6 +15,9 @@ allocated on the CPU (net of frees) during one more step beyond what lived at it
 (the previous step's gradients, freed by zero_grad, count as freed). PyTorch side:
 the profiler's memory events (torch.profiler, profile_memory=True: "Total Allocated" of the
 CPU allocator's reports); dtensor side: a counting allocator wrapping LibTorch's.
+Floor: the dtensor binary with --floor (no fully_shard, forward and backward alone: the work
+every FSDP step does on these kernels, [Note: the compute floor] in the .cpp); floor /
+PyTorch is the lowest ratio any FSDP implementation could reach on this machine.
 """
 import argparse
 import json
@@ -142,26 +145,29 @@ def driver(args):
           f"batch {args.batch} per rank, vocab 256; {args.rounds} rounds\n")
     print("| ranks | AC | PyTorch FSDP2 ms | dtensor ms | dtensor / PyTorch | PyTorch peak MiB "
           "| dtensor peak MiB | dtensor / PyTorch peak | overlap off: dtensor / PyTorch "
-          "| overlap off: peak / PyTorch |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "| overlap off: peak / PyTorch | floor ms | floor / PyTorch |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for ranks in args.ranks:
         tr = [args.torchrun, "--standalone", "--nproc-per-node", str(ranks)]
         for ac in ("none", "full", "selective"):
-            t, d, o, tm, dm, om = [], [], [], [], [], []
+            t, d, o, fl, tm, dm, om, fm = [], [], [], [], [], [], [], []
             for _ in range(args.rounds):
                 for times, mems, cmd in (
                         (t, tm, [__file__, "--worker"]),
                         (d, dm, ["--no-python", args.binary]),
-                        (o, om, ["--no-python", args.binary, "--overlap", "off"])):
+                        (o, om, ["--no-python", args.binary, "--overlap", "off"]),
+                        (fl, fm, ["--no-python", args.binary, "--floor"])):
                     ms, mem = run(tr + cmd + ["--ac", ac] + common)
                     times.append(ms)
                     mems.append(mem)
             ratio = statistics.median([x / y for x, y in zip(d, t)])
             off_ratio = statistics.median([x / y for x, y in zip(o, t)])
+            floor_ratio = statistics.median([x / y for x, y in zip(fl, t)])
             mem_ratio = statistics.median(dm) / statistics.median(tm)
             off_mem_ratio = statistics.median(om) / statistics.median(tm)
             print(f"| {ranks} | {ac} | {fmt(t)} | {fmt(d)} | {ratio:.2f}x | {mib(tm)} | {mib(dm)} "
-                  f"| {mem_ratio:.2f}x | {off_ratio:.2f}x | {off_mem_ratio:.2f}x |", flush=True)
+                  f"| {mem_ratio:.2f}x | {off_ratio:.2f}x | {off_mem_ratio:.2f}x | {fmt(fl)} "
+                  f"| {floor_ratio:.2f}x |", flush=True)
 
 
 def main():

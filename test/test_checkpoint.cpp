@@ -166,7 +166,7 @@ TEST_CASE("checkpoint: each distinct chunk written once, by one of its holders",
         full_value(item.value()).numel() * static_cast<int64_t>(item.value().element_size());
   }
   const auto result = dtensor::checkpoint::save(state, dir);
-  at::Tensor mine = at::full({1}, result.data_bytes, at::kLong);
+  at::Tensor mine = at::full({1}, result.data_bytes, options(at::kLong));
   const int64_t written =
       dtensor::all_reduce(mine, dtensor::ReduceOp::Sum, dtensor::world_group()).item<int64_t>();
   CHECK(written == state_bytes);

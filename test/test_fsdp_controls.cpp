@@ -288,6 +288,7 @@ TEST_CASE("fsdp controls: fsdp_forward casts inputs to param_dtype and outputs t
   // unchanged.
   REQUIRE(dtensor::fsdp_forward(k.model, x.to(at::kBFloat16)).scalar_type() == at::kBFloat16);
   torch::nn::Linear plain(kDim, 3);
+  plain->to(options().device());
   REQUIRE(dtensor::fsdp_forward(plain, x).scalar_type() == at::kFloat);
 }
 

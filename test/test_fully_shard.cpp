@@ -3,6 +3,7 @@
 // and errors.
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/optim/sgd.h>
 
 #include "support/prelude.h"
@@ -216,6 +217,48 @@ TEST_CASE("fully_shard: explicit unshard and reshard", "[fully_shard][world1][wo
   }
   s.root.reshard();
   REQUIRE(s.root.unsharded_storage_bytes() == 0);
+}
+
+namespace {
+
+// x * w, whose backward uses the weight with a float32 tensor, as CUDA's layer norm backward
+// takes its float32 mean and rstd with a bfloat16 weight.
+struct ScaleFn : torch::autograd::Function<ScaleFn> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& w) {
+    ctx->save_for_backward({x, w});
+    return x * w;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor stats = g[0].to(at::kFloat); // float32, like a saved statistic
+    return {(stats * saved[1]).to(saved[0].scalar_type()), (g[0] * saved[0]).sum(0)};
+  }
+};
+
+struct ScaleImpl : torch::nn::Module {
+  ScaleImpl() : w(register_parameter("w", at::full({kDim}, 2.0))) {}
+  at::Tensor forward(const at::Tensor& x) { return ScaleFn::apply(x, w); }
+  at::Tensor w;
+};
+TORCH_MODULE(Scale);
+
+} // namespace
+
+TEST_CASE("fully_shard: param_dtype checks forward inputs, not backward's own arguments",
+          "[fully_shard][world1][world2][world4]") {
+  // Found on a GPU (docs/testing.md): CUDA's native_layer_norm_backward got float32 mean and
+  // rstd beside the bfloat16 weight and was refused as a forward input in the wrong dtype.
+  auto dp = init_device_mesh(device_type(), {world()}, {"dp"});
+  auto mp = dtensor::MixedPrecisionPolicy().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat);
+  Scale m;
+  dtensor::fully_shard(*m, FullyShardOptions().mesh(dp).mp_policy(mp));
+  const at::Tensor x = batch(0, 0, at::kBFloat16); // the same batch on every rank
+  REQUIRE_THROWS_WITH(m->forward(x.to(at::kFloat)), contains("runs in mp_policy.param_dtype"));
+  m->forward(x).to(at::kFloat).sum().backward();
+  // Every rank's gradient is sum(x) over the batch; averaged over the ranks, the same.
+  REQUIRE(close(full_value(m->w.grad()), x.to(at::kFloat).sum(0), 1e-2, 1e-2));
 }
 
 TEST_CASE("fully_shard: mixed precision (bf16 parameters, fp32 reduction) matches its definition",

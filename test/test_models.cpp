@@ -30,6 +30,7 @@ TEST_CASE("MLPStack with column/row-wise DTensor parameters matches the plain mo
   auto mesh = init_device_mesh(device_type(), {world()}, {"tp"});
   torch::manual_seed(1);
   auto ref = dtensor::models::mlp_stack(16);
+  ref->to(options().device());
   torch::manual_seed(1);
   auto model = dtensor::models::mlp_stack(16);
   for (size_t i = 0; i < 3; ++i) {
@@ -74,6 +75,7 @@ TEST_CASE("DoubleLinear with replicated DTensor parameters, second output unused
   auto mesh = init_device_mesh(device_type(), {world()}, {"dp"});
   torch::manual_seed(2);
   dtensor::models::DoubleLinear ref(8, true);
+  ref->to(options().device());
   torch::manual_seed(2);
   dtensor::models::DoubleLinear model(8, true);
   for (auto& p : model->parameters()) {

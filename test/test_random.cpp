@@ -136,7 +136,7 @@ TEST_CASE("random: the GPU path (tensor ops) run on CPU agrees with the CPU path
     const bool exact = d.kind == Distribution::kUniform || d.kind == Distribution::kBernoulli ||
                        d.kind == Distribution::kRandom;
     if (exact) {
-      REQUIRE(at::equal(cpu, ops));
+      REQUIRE(same(cpu, ops));
     } else {
       // Only the last bits of libm against SLEEF may differ.
       REQUIRE(at::allclose(cpu, ops, 1e-12, 1e-12));
@@ -164,7 +164,7 @@ TEST_CASE("random: every op gives the same full tensor on every mesh and placeme
           if (!first[s][k].defined()) {
             first[s][k] = full;
           }
-          REQUIRE(at::equal(full, first[s][k])); // bit for bit
+          REQUIRE(same(full, first[s][k])); // bit for bit
         }
         REQUIRE(dtensor::get_rng_state().offset == ops.size());
       }
@@ -174,9 +174,9 @@ TEST_CASE("random: every op gives the same full tensor on every mesh and placeme
   for (size_t s = 0; s < shapes.size(); ++s) {
     REQUIRE(close(first[s][0], reference(shapes[s], 0, {Distribution::kNormal, 0.5, 2.0}, at::kDouble),
                   1e-12, 1e-12));
-    REQUIRE(at::equal(first[s][1], reference(shapes[s], 1, {Distribution::kUniform, -1.0, 3.0}, at::kDouble)));
-    REQUIRE(at::equal(first[s][2], reference(shapes[s], 2, {Distribution::kBernoulli, 0.3}, at::kDouble)));
-    REQUIRE(at::equal(first[s][3],
+    REQUIRE(same(first[s][1], reference(shapes[s], 1, {Distribution::kUniform, -1.0, 3.0}, at::kDouble)));
+    REQUIRE(same(first[s][2], reference(shapes[s], 2, {Distribution::kBernoulli, 0.3}, at::kDouble)));
+    REQUIRE(same(first[s][3],
                       reference(shapes[s], 3, {Distribution::kRandom, 0, 0, 5, 12}, at::kDouble)));
   }
 }
@@ -189,14 +189,14 @@ TEST_CASE("random: replicas are equal, shards differ, the values have their dist
   at::Tensor full = r.full_tensor();
   // Shards are not copies of each other.
   for (int64_t a = 1; a < world(); ++a) {
-    REQUIRE_FALSE(at::equal(full.narrow(0, 0, 64), full.narrow(0, a * 64, 64)));
+    REQUIRE_FALSE(same(full.narrow(0, 0, 64), full.narrow(0, a * 64, 64)));
   }
   REQUIRE(std::abs(full.mean().item<double>()) < 0.05);
   REQUIRE(std::abs(full.std().item<double>() - 1.0) < 0.05);
   // Replicate: every rank holds the same values, the full tensor of the same draw.
   dtensor::manual_seed(kSeed, mesh);
   DTensor rep = dtensor::randn({world() * 64, 64}, mesh, {Placement::replicate()});
-  REQUIRE(at::equal(rep.to_local(), full));
+  REQUIRE(same(rep.to_local(), full));
   at::Tensor u = dtensor::rand({4096}, mesh, {Placement::shard(0)}).full_tensor();
   REQUIRE(u.min().item<double>() >= 0.0);
   REQUIRE(u.max().item<double>() < 1.0);
@@ -212,21 +212,21 @@ TEST_CASE("random: without manual_seed the draws follow torch::manual_seed",
   torch::manual_seed(5);
   at::Tensor a = dtensor::randn({6, 3}, mesh, {Placement::shard(0)}).full_tensor();
   at::Tensor b = dtensor::randn({6, 3}, mesh, {Placement::shard(0)}).full_tensor();
-  REQUIRE_FALSE(at::equal(a, b));
+  REQUIRE_FALSE(same(a, b));
   torch::manual_seed(5); // reseeding restarts the sequence, in another layout
-  REQUIRE(at::equal(dtensor::randn({6, 3}, mesh, {Placement::shard(1)}).full_tensor(), a));
-  REQUIRE(at::equal(dtensor::randn({6, 3}, mesh, {Placement::replicate()}).full_tensor(), b));
+  REQUIRE(same(dtensor::randn({6, 3}, mesh, {Placement::shard(1)}).full_tensor(), a));
+  REQUIRE(same(dtensor::randn({6, 3}, mesh, {Placement::replicate()}).full_tensor(), b));
   // The plain reference follows the same rule.
   torch::manual_seed(5);
   at::Tensor plain = at::empty({6, 3});
   dtensor::normal_(plain);
-  REQUIRE(at::equal(plain, a));
+  REQUIRE(same(plain, a));
   // A CPU generator passed to the op is followed instead.
   at::Generator gen = at::detail::createCPUGenerator(77);
   at::Tensor g1 = dtensor::empty({6, 3}, mesh, {Placement::shard(0)}).normal_(0.0, 1.0, gen);
   gen.set_current_seed(77);
   at::Tensor g2 = dtensor::empty({6, 3}, mesh, {Placement::replicate()}).normal_(0.0, 1.0, gen);
-  REQUIRE(at::equal(DTensor(g1).full_tensor(), DTensor(g2).full_tensor()));
+  REQUIRE(same(DTensor(g1).full_tensor(), DTensor(g2).full_tensor()));
   dtensor::manual_seed(kSeed, mesh);
 }
 
@@ -240,7 +240,7 @@ TEST_CASE("random: the plain-tensor reference and rng state save / restore",
   dtensor::set_rng_state(saved);
   at::Tensor plain = at::empty({5, 4});
   dtensor::uniform_(plain, -2.0, 2.0);
-  REQUIRE(at::equal(d.full_tensor(), plain));
+  REQUIRE(same(d.full_tensor(), plain));
   // trunc_normal_ stays inside its bounds and is layout-independent.
   dtensor::set_rng_state(saved);
   at::Tensor tn = dtensor::empty({64, 8}, mesh, {Placement::shard(0)});
@@ -268,14 +268,14 @@ TEST_CASE("random: dropout on DTensors equals dropout of the full tensor, gradie
       at::Tensor xp = x.clone().requires_grad_(true);
       at::Tensor yp = dtensor::dropout(xp, 0.4, /*train=*/true);
       (yp * yp).sum().backward();
-      REQUIRE(at::equal(DTensor(yd).full_tensor(), yp.detach()));
-      REQUIRE(at::equal(DTensor(xd.grad()).full_tensor(), xp.grad()));
+      REQUIRE(same(DTensor(yd).full_tensor(), yp.detach()));
+      REQUIRE(same(DTensor(xd.grad()).full_tensor(), xp.grad()));
       const double kept = (yp != 0).to(at::kDouble).mean().item<double>();
       REQUIRE(kept > 0.3);
       REQUIRE(kept < 0.9);
       // Not training: the input, no draw.
       const auto before = dtensor::get_rng_state().offset;
-      REQUIRE(at::equal(DTensor(dtensor::dropout(xd, 0.4, false)).full_tensor(), x));
+      REQUIRE(same(DTensor(dtensor::dropout(xd, 0.4, false)).full_tensor(), x));
       REQUIRE(dtensor::get_rng_state().offset == before);
     }
   }
@@ -294,7 +294,7 @@ TEST_CASE("random: a BatchShardGuard makes a batch slice draw the global batch's
     dtensor::BatchShardGuard guard(mesh);
     got = dtensor::dropout(at::ones({b, 4, 5}), 0.5, true);
   }
-  REQUIRE(at::equal(got, want.narrow(0, rank() * b, b)));
+  REQUIRE(same(got, want.narrow(0, rank() * b, b)));
 }
 
 TEST_CASE("factories: local shards only, values, placements, errors",
@@ -307,12 +307,12 @@ TEST_CASE("factories: local shards only, values, placements, errors",
       REQUIRE(z.sizes().vec() == shape);
       REQUIRE(z.placements() == placements);
       REQUIRE(z.to_local().sizes().vec() == z.spec().local_shape());
-      REQUIRE(at::equal(z.full_tensor(), at::zeros(shape)));
-      REQUIRE(at::equal(dtensor::ones(shape, mesh, placements).full_tensor(), at::ones(shape)));
+      REQUIRE(same(z.full_tensor(), at::zeros(shape)));
+      REQUIRE(same(dtensor::ones(shape, mesh, placements).full_tensor(), at::ones(shape)));
       DTensor f = dtensor::full(shape, 2.5, mesh, placements, options(at::kDouble).requires_grad(true));
       REQUIRE(f.requires_grad());
       REQUIRE(f.scalar_type() == at::kDouble);
-      REQUIRE(at::equal(DTensor(f.detach()).full_tensor(), at::full(shape, 2.5, at::kDouble)));
+      REQUIRE(same(DTensor(f.detach()).full_tensor(), at::full(shape, 2.5, at::kDouble)));
       REQUIRE(dtensor::empty(shape, mesh, placements).to_local().sizes().vec() ==
               dtensor::DTensor(z).spec().local_shape());
     }
@@ -324,7 +324,7 @@ TEST_CASE("factories: local shards only, values, placements, errors",
     at::Tensor r1 = dtensor::rand({6, 4}, mesh, Placements(mesh.ndim(), Placement::shard(1))).full_tensor();
     dtensor::manual_seed(kSeed, mesh);
     at::Tensor r2 = dtensor::rand({6, 4}, mesh).full_tensor();
-    REQUIRE(at::equal(r1, r2));
+    REQUIRE(same(r1, r2));
     // Errors name what was wrong.
     REQUIRE_THROWS_WITH(dtensor::zeros({4}, mesh, Placements(mesh.ndim() + 1, Placement::replicate())),
                         contains("placements"));
@@ -338,9 +338,9 @@ TEST_CASE("factories: local shards only, values, placements, errors",
                         contains("not of the mesh's type"));
     // Partial placements that keep a constant are fine.
     DTensor m = dtensor::ones({4}, mesh, Placements(mesh.ndim(), Placement::partial(ReduceOp::Max)));
-    REQUIRE(at::equal(m.full_tensor(), at::ones({4})));
+    REQUIRE(same(m.full_tensor(), at::ones({4})));
     DTensor zs = dtensor::zeros({4}, mesh, Placements(mesh.ndim(), Placement::partial(ReduceOp::Sum)));
-    REQUIRE(at::equal(zs.full_tensor(), at::zeros({4})));
+    REQUIRE(same(zs.full_tensor(), at::zeros({4})));
   }
 }
 

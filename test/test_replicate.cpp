@@ -82,6 +82,7 @@ TEST_CASE("replicate: gradient accumulation without sync", "[replicate][world1][
   auto mesh = init_device_mesh(device_type(), {world()}, {"dp"});
   torch::manual_seed(0);
   auto ref = mlp();
+  ref->to(options().device());
   auto model = mlp();
   {
     torch::NoGradGuard no_grad;

@@ -27,17 +27,35 @@ def from_python():
         "cxx11_abi": str(int(torch._C._GLIBCXX_USE_CXX11_ABI)),
         "cuda_version": torch.version.cuda or "",
     }
-    nvidia = os.path.join(site, "nvidia")
-    if os.path.isdir(nvidia):
-        libdirs, incdirs = [], []
-        for name in sorted(os.listdir(nvidia)):
-            for sub, acc in (("lib", libdirs), ("include", incdirs)):
-                d = os.path.join(nvidia, name, sub)
-                if os.path.isdir(d):
-                    acc.append(d)
-        info["nvidia_libdirs"] = ":".join(libdirs)
-        info["nvidia_incdirs"] = ":".join(incdirs)
+    info.update(nvidia_dirs(site))
     return info
+
+
+def nvidia_dirs(site):
+    """The CUDA wheels' libraries and headers (site-packages/nvidia/*/lib, include) beside
+    a torch package: libtorch_cuda finds them through its RUNPATH, the linker needs them."""
+    nvidia = os.path.join(site, "nvidia")
+    if not os.path.isdir(nvidia):
+        return {}
+    libdirs, incdirs = [], []
+    for name in sorted(os.listdir(nvidia)):
+        for sub, acc in (("lib", libdirs), ("include", incdirs)):
+            d = os.path.join(nvidia, name, sub)
+            if os.path.isdir(d):
+                acc.append(d)
+    return {"nvidia_libdirs": ":".join(libdirs), "nvidia_incdirs": ":".join(incdirs)}
+
+
+def abi_of_library(libdir):
+    """[Note: the ABI read from the library]
+    TorchConfig.cmake stopped naming _GLIBCXX_USE_CXX11_ABI once LibTorch was built with
+    the new ABI only (2.11 has no TORCH_CXX_FLAGS): then the library itself says which ABI
+    its std::string symbols use (the new one mangles them under std::__cxx11)."""
+    lib = os.path.join(libdir, "libc10.so")
+    if not os.path.isfile(lib):
+        sys.exit(f"torch_config: no _GLIBCXX_USE_CXX11_ABI in TorchConfig.cmake and no {lib}")
+    with open(lib, "rb") as f:
+        return "1" if b"St7__cxx11" in f.read() else "0"
 
 
 def from_prefix(prefix):
@@ -46,8 +64,7 @@ def from_prefix(prefix):
         sys.exit(f"torch_config: {cfg} not found: is {prefix} a LibTorch prefix?")
     text = open(cfg, encoding="utf-8").read()
     m = re.search(r"_GLIBCXX_USE_CXX11_ABI=(\d)", text)
-    if not m:
-        sys.exit(f"torch_config: no _GLIBCXX_USE_CXX11_ABI in {cfg}")
+    libdir = os.path.join(prefix, "lib")
     version = ""
     vfile = os.path.join(prefix, "build-version")
     if os.path.isfile(vfile):
@@ -57,13 +74,16 @@ def from_prefix(prefix):
         if os.path.isfile(vcfg):
             mv = re.search(r'PACKAGE_VERSION "([0-9.]+)', open(vcfg, encoding="utf-8").read())
             version = mv.group(1) if mv else ""
-    return {
+    info = {
         "version": version,
         "include": os.path.join(prefix, "include"),
-        "libdir": os.path.join(prefix, "lib"),
-        "cxx11_abi": m.group(1),
+        "libdir": libdir,
+        "cxx11_abi": m.group(1) if m else abi_of_library(libdir),
         "cuda_version": "",
     }
+    # A wheel's torch/ directory is a prefix too; its CUDA libraries lie beside it.
+    info.update(nvidia_dirs(os.path.dirname(os.path.abspath(prefix))))
+    return info
 
 
 def filtered_include(src, dst):

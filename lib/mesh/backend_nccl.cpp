@@ -2,8 +2,10 @@
 // CUDA headers; built with USE_C10D_NCCL when -Dcuda is enabled.
 #include "internal/check.h"
 #include "mesh/process_group_state.h"
+#include "mesh/rank_device.h"
 
 #ifdef USE_C10D_NCCL
+#include <ATen/ATen.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
@@ -15,6 +17,14 @@ namespace dtensor::detail {
 bool nccl_available() { return true; }
 
 int cuda_device_count() { return static_cast<int>(c10::cuda::device_count()); }
+
+void bind_rank_device(int local_rank) {
+  const auto device = static_cast<c10::DeviceIndex>(local_rank);
+  c10::cuda::set_device(device);
+  // The first allocation initializes the runtime's context and LibTorch's caching allocator;
+  // their teardown, registered now, then runs after dtensor's exit handler.
+  (void)at::empty({1}, at::TensorOptions().device(c10::kCUDA, device));
+}
 
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store,
                                                     int rank, int size,
@@ -29,6 +39,8 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10
 bool nccl_available() { return false; }
 
 int cuda_device_count() { return 0; }
+
+void bind_rank_device(int) {}
 
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>&,
                                                     int rank, int size,

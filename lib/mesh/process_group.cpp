@@ -11,6 +11,7 @@
 
 #include "internal/check.h"
 #include "mesh/process_group_state.h"
+#include "mesh/rank_device.h"
 
 namespace dtensor {
 
@@ -40,6 +41,24 @@ struct Simulated {
 World& world_state() {
   static World w;
   return w;
+}
+
+// [Note: communicators shut down before exit] in init_process_group.
+void abort_groups_at_exit() {
+  World& w = world_state();
+  std::unique_lock<std::mutex> lock(w.mutex, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    return;
+  }
+  for (const auto& [key, group] : w.groups) {
+    if (group->type == BackendType::Nccl) {
+      group->backend->abort();
+    }
+  }
+  w.groups.clear();
+  w.world.reset();
+  w.store.reset();
+  w.initialized = false;
 }
 
 std::optional<std::string> env(const char* name) {
@@ -289,6 +308,7 @@ void init_process_group(const ProcessGroupOptions& options) {
   }
   if (type == BackendType::Nccl) {
     check_nccl_usable("init_process_group", local_rank);
+    detail::bind_rank_device(local_rank);
   }
 
   c10::intrusive_ptr<c10d::Store> store;
@@ -313,6 +333,17 @@ void init_process_group(const ProcessGroupOptions& options) {
   w.local_world = local_world;
   w.num_created = 1;
   w.initialized = true;
+  // [Note: communicators shut down before exit]
+  // ProcessGroupNCCL's destructor aborts its communicators and waits on the CUDA runtime;
+  // run from static destruction (a program that never calls destroy_process_group, or a
+  // group still referenced by a static) it finds the CUDA driver shutting down and
+  // terminates the process after a clean run (seen on a GPU, docs/testing.md). An exit
+  // handler registered now runs before the CUDA runtime's teardown, which was registered
+  // when libcudart loaded, and aborts every NCCL group first: abort, not shutdown, and
+  // only if the state is free, so that a process exiting while a collective or a group's
+  // rendezvous is stuck (a peer gone) exits instead of waiting on it.
+  static const bool registered = std::atexit(abort_groups_at_exit) == 0;
+  (void)registered;
 }
 
 bool is_initialized() {
@@ -324,6 +355,14 @@ bool is_initialized() {
 void destroy_process_group() {
   World& w = world_state();
   std::lock_guard<std::mutex> lock(w.mutex);
+  // As PyTorch's destroy_process_group: each backend dtensor made is shut down (NCCL's
+  // communicators finalized now, not in a destructor that may run after CUDA's teardown);
+  // groups a program wrapped (wrap_group) stay its own.
+  for (const auto& [key, group] : w.groups) {
+    if (group->type == BackendType::Nccl) {
+      group->backend->shutdown();
+    }
+  }
   w.groups.clear();
   w.world.reset();
   w.store.reset();
@@ -348,6 +387,25 @@ BackendType get_backend() {
 
 bool is_simulated() {
   return get_backend() == BackendType::Fake;
+}
+
+c10::Device detail::rank_device(c10::DeviceType type) {
+  if (type == c10::kCUDA) {
+    World& w = world_state();
+    return {c10::kCUDA, static_cast<c10::DeviceIndex>(w.initialized ? w.local_rank : 0)};
+  }
+  return type == c10::kCPU ? c10::Device(type) : c10::Device(type, 0); // the simulated device
+}
+
+at::Tensor detail::to_rank_device(const at::Tensor& t, c10::DeviceType mesh_type,
+                                  const std::string& what, const std::string& mesh) {
+  if (t.is_meta() || t.device().type() == mesh_type) {
+    return t;
+  }
+  const auto real = [](c10::DeviceType d) { return d == c10::kCPU || d == c10::kCUDA; };
+  DTENSOR_CHECK(real(t.device().type()) && real(mesh_type), "{}: tensor on {} but the mesh is {}",
+                what, t.device().str(), mesh);
+  return t.to(rank_device(mesh_type));
 }
 
 c10::Device default_device() {

@@ -13,6 +13,7 @@
 #include <dtensor/collectives.h>
 
 #include "internal/check.h"
+#include "mesh/rank_device.h"
 #include "parallel/end_of_backward.h"
 #include "parallel/grad_reduce.h"
 
@@ -212,9 +213,19 @@ ReplicateHandle replicate(torch::nn::Module& module, const DeviceMesh& mesh,
         !p.unsafeGetTensorImpl()->key_set().has_backend(c10::BackendComponent::PrivateUse1Bit),
         "replicate({}): parameter of shape {} is a DTensor; replicate takes plain parameters",
         module.name(), p.sizes());
-    DTENSOR_CHECK(p.is_meta() || p.device().type() == mesh.device_type(),
-                  "replicate({}): a parameter is on {} but the mesh is {}", module.name(),
-                  p.device().str(), mesh.to_string());
+  }
+  { // [Note: tensors follow the mesh's device] (lib/mesh/rank_device.h), as fully_shard
+    torch::NoGradGuard no_grad;
+    const std::string what = "replicate(" + module.name() + ")";
+    for (const auto& list : {module.parameters(), module.buffers()}) {
+      for (at::Tensor t : list) {
+        at::Tensor moved =
+            detail::to_rank_device(t.detach(), mesh.device_type(), what, mesh.to_string());
+        if (moved.device() != t.device()) {
+          t.set_data(moved);
+        }
+      }
+    }
   }
   if (options.broadcast_from_rank0()) {
     // Meta tensors have nothing to send: after to_empty, a layout-independent init gives

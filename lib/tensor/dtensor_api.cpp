@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "internal/check.h"
+#include "mesh/rank_device.h"
 #include "tensor/dtensor_impl.h"
 #include "tensor/ops/sharding.h"
 #include "tensor/redistribute/redistribute.h"
@@ -15,6 +16,7 @@
 namespace dtensor {
 
 namespace {
+
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -124,9 +126,12 @@ DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
                             std::optional<std::vector<int64_t>> stride) {
   DTENSOR_CHECK(local.defined(), "DTensor::from_local: undefined local tensor");
   DTENSOR_CHECK(!is_dtensor(local), "DTensor::from_local: the local tensor is already a DTensor");
-  DTENSOR_CHECK(local.device().type() == mesh.device_type(),
+  DTENSOR_CHECK(!local.is_meta() || mesh.device_type() == c10::kMeta,
                 "DTensor::from_local: local tensor on {} but the mesh is {}", local.device().str(),
                 mesh.to_string());
+  // [Note: tensors follow the mesh's device]; autograd goes back through the copy.
+  const at::Tensor on_mesh =
+      detail::to_rank_device(local, mesh.device_type(), "DTensor::from_local", mesh.to_string());
   std::vector<int64_t> global = local.sizes().vec();
   if (shape) {
     global = *shape;
@@ -140,7 +145,7 @@ DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
     }
   }
   DTensorSpec spec = detail::make_spec(mesh, placements, global, local.scalar_type(), stride);
-  return DTensor(FromLocalFn::apply(local.contiguous(), spec));
+  return DTensor(FromLocalFn::apply(on_mesh.contiguous(), spec));
 }
 
 // [Note: DTensor as an autograd input]
@@ -172,9 +177,6 @@ DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
   // A meta tensor (a module built on the meta device) gives a meta DTensor: its local piece
   // is cut without data or communication, and dtensor::to_empty allocates it later.
   const bool meta = tensor.is_meta();
-  DTENSOR_CHECK(meta || tensor.device().type() == mesh.device_type(),
-                "distribute_tensor: tensor on {} but the mesh is {}", tensor.device().str(),
-                mesh.to_string());
   for (int64_t i = 0; src_data_rank && i < mesh.ndim(); ++i) {
     DTENSOR_CHECK(*src_data_rank >= 0 && *src_data_rank < mesh.size(i),
                   "distribute_tensor: src_data_rank {} is not a group rank of mesh dimension {} "
@@ -187,7 +189,10 @@ DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
                   p.to_string(), to_string(placements));
   }
   DTensorSpec spec = detail::make_spec(mesh, placements, tensor.sizes().vec(), tensor.scalar_type());
-  at::Tensor local = tensor.detach().contiguous().clone();
+  at::Tensor local = detail::to_rank_device(tensor.detach(), mesh.device_type(), "distribute_tensor",
+                                            mesh.to_string())
+                         .contiguous()
+                         .clone();
   for (int64_t i = 0; i < mesh.ndim(); ++i) {
     if (src_data_rank && !meta) { // from the source's coordinate on this dimension, within each slice
       broadcast_(local, *src_data_rank, mesh.get_group(i));

@@ -13,6 +13,7 @@
 #include <dtensor/process_group.h>
 
 #include "internal/check.h"
+#include "mesh/rank_device.h"
 #include "tensor/dtensor_impl.h"
 #include "tensor/ops/sharding.h"
 #include "tensor/redistribute/redistribute.h"
@@ -179,7 +180,9 @@ at::Tensor total_norm(const std::vector<at::Tensor>& tensors,
     const ReduceOp op = c == Combine::Max   ? ReduceOp::Max
                         : c == Combine::Min ? ReduceOp::Min
                                             : ReduceOp::Sum;
-    acc = acc.contiguous();
+    // On the mesh's device: the gradients of a CPU-offloaded unit are on the host while an
+    // NCCL group moves cuda tensors only (seen on a GPU, docs/testing.md).
+    acc = acc.to(detail::rank_device(red.mesh.device_type())).contiguous();
     for (int64_t d = 0; d < red.mesh.ndim(); ++d) {
       // A one-rank dimension holds its total already ([Note: one-rank mesh dimensions
       // communicate nothing], transitions.cpp).

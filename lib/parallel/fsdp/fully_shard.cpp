@@ -13,6 +13,7 @@
 #include <dtensor/process_group.h>
 
 #include "internal/check.h"
+#include "mesh/rank_device.h"
 #include "parallel/fsdp/fsdp.h"
 #include "parallel/module_ptr.h"
 #include "parallel/tp/tensor_parallel.h"
@@ -165,18 +166,46 @@ void check_params(const std::string& unit_name, const OwnParams& params, const D
                     "parameter can be Shard or Replicate",
                     unit_name, fqn, pl.to_string(), dm->spec.to_string());
     }
-    // Meta parameters (a module built on the meta device) stay without memory until
-    // dtensor::to_empty; a unit is all meta or not at all.
-    DTENSOR_CHECK(p.is_meta() || p.device().type() == mesh.device_type(),
-                  "fully_shard({}): parameter '{}' is on {} but the mesh {} is a {} mesh",
+    // Plain parameters on another device move to the mesh's ([Note: tensors follow the
+    // mesh's device]); a DTensor's device is its own mesh's, as FSDP2 requires.
+    DTENSOR_CHECK(dm == nullptr || p.is_meta() || p.device().type() == mesh.device_type(),
+                  "fully_shard({}): parameter '{}' is a DTensor on {} but the mesh {} is a {} "
+                  "mesh",
                   unit_name, fqn, p.device().str(), mesh.to_string(),
                   c10::DeviceTypeName(mesh.device_type(), true));
+    // Meta parameters (a module built on the meta device) stay without memory until
+    // dtensor::to_empty; a unit is all meta or not at all.
     const auto& [first_fqn, first] = params.own.front();
     DTENSOR_CHECK(p.is_meta() == first.is_meta(),
                   "fully_shard({}): parameter '{}' is on {} but '{}' is on {}; a unit's "
                   "parameters are all on the meta device or none (call dtensor::to_empty on "
                   "the whole model after parallelizing it)",
                   unit_name, fqn, p.device().str(), first_fqn, first.device().str());
+  }
+}
+
+// [Note: tensors follow the mesh's device] (lib/mesh/rank_device.h), as FSDP2's
+// _move_states_to_device: the unit's plain parameters and its modules' buffers on another
+// device type than the mesh's (a model built on the CPU for a cuda mesh) move to this rank's
+// device before sharding, in place (the module keeps the same parameter objects).
+void move_states_to_device(const std::string& unit_name,
+                           const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+                           const OwnParams& params, const DeviceMesh& mesh) {
+  const std::string what = "fully_shard(" + unit_name + ")";
+  auto move = [&](const at::Tensor& t) {
+    at::Tensor moved = detail::to_rank_device(t.detach(), mesh.device_type(), what, mesh.to_string());
+    if (moved.device() != t.device()) {
+      at::Tensor(t).set_data(moved);
+    }
+  };
+  torch::NoGradGuard no_grad;
+  for (const auto& [fqn, p] : params.own) {
+    move(p);
+  }
+  for (const auto& m : modules) {
+    for (const auto& b : m->buffers(/*recurse=*/true)) {
+      move(b);
+    }
   }
 }
 
@@ -260,6 +289,7 @@ FSDPModule shard_modules(const std::vector<std::shared_ptr<torch::nn::Module>>& 
   check_offload_policy(name, options.offload_policy());
   auto [params, children] = gather_params(modules, options);
   check_params(name, params, mesh);
+  move_states_to_device(name, modules, params, mesh);
 
   auto group = std::make_shared<FSDPParamGroup>();
   group->module = modules.front();

@@ -157,11 +157,15 @@ void set_model_state_dict(torch::nn::Module& module, const StateDict& state,
     at::Tensor value;
     const detail::DTensorMeta* m = detail::dtensor_meta(t);
     if (from_rank0) {
-      // Rank 0's value, or a buffer of the right shape elsewhere, broadcast over the world.
+      // Rank 0's value, or a buffer of the right shape elsewhere, broadcast over the world,
+      // on the world's device: a CPU module in an NCCL world goes through the GPU (as
+      // PyTorch's broadcast of a full state dict), then into the module below.
+      const c10::Device via = world_group().device_type() == t.device().type() ? t.device()
+                                                                              : default_device();
       if (get_rank() == 0) {
-        value = found->detach().to(t.device(), t.scalar_type()).contiguous();
+        value = found->detach().to(via, t.scalar_type()).contiguous();
       } else {
-        value = at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()).device(t.device()));
+        value = at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()).device(via));
       }
       broadcast_(value, 0, world_group());
     } else {
