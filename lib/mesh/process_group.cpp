@@ -43,22 +43,28 @@ World& world_state() {
   return w;
 }
 
-// [Note: communicators shut down before exit] in init_process_group.
-void abort_groups_at_exit() {
-  World& w = world_state();
-  std::unique_lock<std::mutex> lock(w.mutex, std::try_to_lock);
-  if (!lock.owns_lock()) {
-    return;
-  }
+// Ends the world: every NCCL group dtensor made is shut down (its communicators finalized
+// now, not in a destructor that may run after CUDA's teardown) or aborted (no waiting), and
+// all are forgotten; groups a program wrapped (wrap_group) stay its own. Holds w.mutex.
+void end_world(World& w, bool abort) {
   for (const auto& [key, group] : w.groups) {
     if (group->type == BackendType::Nccl) {
-      group->backend->abort();
+      abort ? group->backend->abort() : group->backend->shutdown();
     }
   }
   w.groups.clear();
   w.world.reset();
   w.store.reset();
   w.initialized = false;
+}
+
+// [Note: communicators shut down before exit] in init_process_group.
+void abort_groups_at_exit() {
+  World& w = world_state();
+  std::unique_lock<std::mutex> lock(w.mutex, std::try_to_lock);
+  if (lock.owns_lock()) {
+    end_world(w, /*abort=*/true);
+  }
 }
 
 std::optional<std::string> env(const char* name) {
@@ -355,18 +361,7 @@ bool is_initialized() {
 void destroy_process_group() {
   World& w = world_state();
   std::lock_guard<std::mutex> lock(w.mutex);
-  // As PyTorch's destroy_process_group: each backend dtensor made is shut down (NCCL's
-  // communicators finalized now, not in a destructor that may run after CUDA's teardown);
-  // groups a program wrapped (wrap_group) stay its own.
-  for (const auto& [key, group] : w.groups) {
-    if (group->type == BackendType::Nccl) {
-      group->backend->shutdown();
-    }
-  }
-  w.groups.clear();
-  w.world.reset();
-  w.store.reset();
-  w.initialized = false;
+  end_world(w, /*abort=*/false); // as PyTorch's destroy_process_group: shut down
 }
 
 int get_rank() {
