@@ -113,8 +113,6 @@ Transformer build_on_meta(const Layout& l, const DeviceMesh& mesh,
   return model;
 }
 
-// What this rank holds of the model after to_empty: each unit's flat shard (padding
-// included), and each other parameter's local tensor. The largest single shard too.
 // The bytes an allocation of `n` takes: exact on the CPU (the counting allocator); in blocks
 // of 512 on a GPU (the CUDA caching allocator's rounding, which its statistics count).
 int64_t block_bytes(int64_t n) {
@@ -147,6 +145,8 @@ class DeviceMemoryWindow {
   int64_t start_ = 0;
 };
 
+// What this rank holds of the model after to_empty: each unit's flat shard (padding
+// included), and each other parameter's local tensor. The largest single shard too.
 struct OwnBytes {
   int64_t own = 0;           // this rank's parameter memory
   int64_t largest = 0;       // its largest parameter's

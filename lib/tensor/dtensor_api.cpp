@@ -17,7 +17,6 @@ namespace dtensor {
 
 namespace {
 
-
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
