@@ -9,7 +9,10 @@
 // --floor: the compute floor of any FSDP step on these kernels ([Note: the compute floor]).
 // Rank 0 prints "RESULT <json>": per-step times (ms) and the peak bytes allocated (net of
 // frees) during one more (untimed) step beyond what lived at its start, counted by a CPU
-// allocator that wraps LibTorch's (every tensor allocation of the process).
+// allocator that wraps LibTorch's (every tensor allocation of the process), and the median
+// milliseconds of each phase of the timed steps ("phase_ms": zero_grad and the batch,
+// forward and the loss, backward, clip, optimizer step).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -128,16 +131,34 @@ int main(int argc, char** argv) {
   }
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
   const int rank = dtensor::get_rank();
+  // Per-phase milliseconds of the timed steps: zero_grad + batch, forward + loss, backward,
+  // clip, optimizer step (rank 0's clock; every rank waits in the same collectives).
+  std::vector<std::vector<double>> phases(5);
+  bool timing = false;
   auto step = [&](int i) {
+    auto t = Clock::now();
+    auto lap = [&](int k) {
+      const auto now = Clock::now();
+      if (timing) {
+        phases[k].push_back(std::chrono::duration<double, std::milli>(now - t).count());
+      }
+      t = now;
+    };
     opt.zero_grad();
     at::manual_seed(100 + i + 7 * rank);
     auto tokens = at::randint(vocab, {f.batch, f.seq}, at::kLong);
     auto targets = at::randint(vocab, {f.batch, f.seq}, at::kLong);
-    torch::nn::functional::cross_entropy(model->forward(tokens).view({-1, vocab}), targets.view(-1))
-        .backward();
+    lap(0);
+    auto loss = torch::nn::functional::cross_entropy(model->forward(tokens).view({-1, vocab}),
+                                                     targets.view(-1));
+    lap(1);
+    loss.backward();
+    lap(2);
     if (root) {
       root->clip_grad_norm_(1.0);
+      lap(3);
       opt.step();
+      lap(4);
     }
   };
   for (int i = 0; i < f.warmup; ++i) {
@@ -147,7 +168,9 @@ int main(int argc, char** argv) {
   for (int i = 0; i < f.steps; ++i) {
     dtensor::barrier(dtensor::world_group());
     const auto t0 = Clock::now();
+    timing = true;
     step(f.warmup + i);
+    timing = false;
     ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   }
   dtensor::barrier(dtensor::world_group());
@@ -162,8 +185,14 @@ int main(int argc, char** argv) {
     for (double m : ms) {
       list += (list.empty() ? "" : ", ") + std::to_string(m);
     }
-    std::printf("RESULT {\"step_ms\": [%s], \"peak_bytes\": %lld}\n", list.c_str(),
-                static_cast<long long>(peak));
+    std::string split;
+    for (const auto& p : phases) {
+      std::vector<double> v = p;
+      std::sort(v.begin(), v.end());
+      split += (split.empty() ? "" : ", ") + std::to_string(v.empty() ? 0.0 : v[v.size() / 2]);
+    }
+    std::printf("RESULT {\"step_ms\": [%s], \"peak_bytes\": %lld, \"phase_ms\": [%s]}\n",
+                list.c_str(), static_cast<long long>(peak), split.c_str());
     std::fflush(stdout);
   }
   return 0;

@@ -6,7 +6,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 configure "$root/build" -Dcuda=disabled -Dbuildtype=debugoptimized
 ninja -C "$root/build" bench/bench_dispatch_overhead bench/bench_fsdp_step bench/bench_clip_grad_norm \
   bench/bench_checkpoint_io bench/bench_fsdp_overlap bench/bench_meta_init_memory \
-  bench/bench_activation_checkpoint bench/bench_loss_parallel examples/train
+  bench/bench_activation_checkpoint bench/bench_loss_parallel bench/bench_reduce_scatter examples/train
 export TORCH_CPP_LOG_LEVEL=${TORCH_CPP_LOG_LEVEL:-WARNING}
 echo "## dispatch overhead, 1 rank"
 "$root/build/bench/bench_dispatch_overhead"
@@ -35,6 +35,10 @@ echo "## fully_shard step time vs PyTorch FSDP2, overlap on / off, 2 and 4 ranks
 echo
 echo "## memory per rank: meta init and a training step, Transformer on 8 ranks"
 torchrun --standalone --nproc-per-node 8 --no-python "$root/build/bench/bench_meta_init_memory"
+echo
+echo "## reduce-scatter on Gloo vs PyTorch's reduce_scatter_tensor, 2 and 4 ranks (alternating)"
+"$root/.venv/bin/python" "$root/bench/reduce_scatter.py" "$root/.venv/bin/torchrun" \
+  "$root/build/bench/bench_reduce_scatter" --rounds 5 --ranks 2 4
 echo
 echo "## activation checkpointing none / full / selective vs PyTorch FSDP2 + checkpoint_wrapper, 2 and 4 ranks"
 "$root/.venv/bin/python" "$root/bench/activation_checkpoint.py" "$root/.venv/bin/torchrun" \

@@ -109,6 +109,71 @@ TEST_CASE("reduce_scatter along dim 0 and dim 1", "[collectives][world1][world2]
   }
 }
 
+// Every rank can build every rank's input, so each rank computes the reduced shard itself,
+// adding the ranks' chunks in rank order: [Note: Gloo's reduce-scatter as an all-to-all] in
+// lib/mesh/collectives.cpp promises that order, so on Gloo the float sums match exactly.
+TEST_CASE("reduce_scatter in every dtype, asynchronous, its input dropped by the caller",
+          "[collectives][world1][world2][world4]") {
+  for (const auto& g : groups_under_test()) {
+    INFO(g.to_string());
+    const int64_t n = g.size();
+    const bool gloo = g.backend_type() == dtensor::BackendType::Gloo;
+    for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16, at::kInt, at::kLong,
+                       at::kComplexFloat}) {
+      const bool floating = at::isFloatingType(dtype) || at::isComplexType(dtype);
+      for (auto op : {ReduceOp::Sum, ReduceOp::Avg}) {
+        if (op == ReduceOp::Avg && !floating) {
+          continue; // refused for integers: the errors case below
+        }
+        INFO(c10::toString(dtype) << " " << dtensor::to_string(op));
+        auto input_of = [&](int64_t r) {
+          at::Tensor t = at::randn({2 * n, 5}, at::TensorOptions().dtype(at::kDouble)
+                                                   .device(device_type()))
+                             .mul_(1000.0 + r);
+          if (at::isComplexType(dtype)) {
+            return at::complex(t, t.flip(0)).to(dtype);
+          }
+          return t.to(dtype);
+        };
+        at::manual_seed(41);
+        std::vector<at::Tensor> inputs;
+        for (int64_t r = 0; r < n; ++r) {
+          inputs.push_back(input_of(r));
+        }
+        const auto wide = at::isComplexType(dtype) ? at::kComplexDouble : at::kDouble;
+        at::Tensor expect = inputs[0].chunk(n)[g.rank()].clone();
+        at::Tensor exact = expect.to(wide, /*non_blocking=*/false, /*copy=*/true);
+        at::Tensor magnitude = exact.abs();
+        for (int64_t r = 1; r < n; ++r) {
+          expect.add_(inputs[r].chunk(n)[g.rank()]);
+          exact.add_(inputs[r].chunk(n)[g.rank()].to(wide));
+          magnitude.add_(inputs[r].chunk(n)[g.rank()].to(wide).abs());
+        }
+        if (op == ReduceOp::Avg) {
+          expect.div_(n);
+          exact.div_(n);
+          magnitude.div_(n);
+        }
+        at::Tensor mine = inputs[g.rank()];
+        inputs.clear();
+        at::Tensor shard = at::empty({2, 5}, mine.options());
+        auto work = dtensor::reduce_scatter_tensor_into(
+            shard, mine, op, g, dtensor::CollectiveOptions().async_op(true));
+        mine.reset(); // the caller's reference goes; the collective keeps what it reads
+        work.wait();
+        REQUIRE(shard.scalar_type() == dtype);
+        if (gloo && dtype != at::kBFloat16) {
+          CHECK(same(shard, expect));
+        } else { // NCCL's order; bf16 rounds partial sums: within a few of its 2^-8 steps
+          const double eps = dtype == at::kBFloat16 ? 1.0 / 64 : 1e-5;
+          CHECK(((shard.cpu().to(wide) - exact.cpu()).abs() <= magnitude.cpu() * eps).all()
+                    .item<bool>());
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("all_to_all_single with equal and uneven splits", "[collectives][world1][world2][world4]") {
   for (const auto& g : groups_under_test()) {
     INFO(g.to_string());

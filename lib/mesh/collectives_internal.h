@@ -23,7 +23,12 @@ Work all_gather_into_pieces(std::vector<std::vector<at::Tensor>>& outputs,
 // the clone and copies this rank's chunk out in wait()), in 2.9.1 and 2.15 alike: the caller
 // may free the input as soon as the call returns, while the collective is still in flight.
 // NCCL reads the input on its stream until the collective completes. True for the first,
-// false for the second (and for any other backend).
-bool reduce_scatter_input_free_at_issue(const Group& group);
+// false for the second (and for any other backend). Not for the ops that go as an all-to-all
+// on Gloo ([Note: Gloo's reduce-scatter as an all-to-all] in collectives.cpp), which reads the
+// input until completion.
+bool reduce_scatter_input_free_at_issue(const Group& group, ReduceOp op);
+
+// Whether reduce_scatter_tensor_into with `op` on `group` goes as an all-to-all.
+bool reduce_scatter_as_all_to_all(const Group& group, ReduceOp op);
 
 } // namespace dtensor::detail

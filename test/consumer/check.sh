@@ -45,7 +45,9 @@ cmake -S "$src/test/consumer" -B "$work" -DDTENSOR_FIND=config -DCMAKE_PREFIX_PA
       -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
 cmake --build "$work" >/dev/null
 # The program must load the staged libdtensor (CMake's build rpath names it), not the build's
-# (meson test puts the build's lib/ on LD_LIBRARY_PATH).
-env -u LD_LIBRARY_PATH ldd "$work/consumer" | grep -q "libdtensor.so.0 => $stage" ||
-  { echo "consumer does not load $stage's libdtensor:" >&2; env -u LD_LIBRARY_PATH ldd "$work/consumer" >&2; exit 1; }
+# (meson test puts the build's lib/ on LD_LIBRARY_PATH). ldd's output is read whole first:
+# `ldd | grep -q` under pipefail fails when grep stops early and ldd gets SIGPIPE.
+loads=$(env -u LD_LIBRARY_PATH ldd "$work/consumer")
+grep -q "libdtensor.so.0 => $stage" <<<"$loads" ||
+  { echo "consumer does not load $stage's libdtensor:" >&2; echo "$loads" >&2; exit 1; }
 run config ""

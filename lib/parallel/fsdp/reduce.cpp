@@ -191,7 +191,7 @@ void FSDPParamGroup::start_reduce_flat(PendingReduce& pending) {
   } else {
     pending.work = reduce_scatter_tensor_into(pending.output, input, f.reduce_scatter_op,
                                               shard_group, CollectiveOptions().async_op(overlap));
-    if (reduce_scatter_input_free_at_issue(shard_group)) {
+    if (reduce_scatter_input_free_at_issue(shard_group, f.reduce_scatter_op)) {
       pending.input.reset(); // one unit less in flight at the start of backward
     }
   }

@@ -1,0 +1,85 @@
+"""One reduce-scatter over Gloo, dtensor against PyTorch's dist.reduce_scatter_tensor.
+
+The measure of bench/reduce_scatter.cpp (median ms of 20 synchronous sum reduce-scatters of
+a float tensor of 786,432 and 3,145,728 elements, each after a barrier, one thread per rank),
+taken for PyTorch by this file's --worker and for dtensor by the C++ program. The driver
+alternates the two, several rounds per world size, and prints a Markdown table: medians over
+rounds (spread in parentheses) and the median of the per-round ratios.
+
+  python bench/reduce_scatter.py TORCHRUN BENCH_BINARY [--rounds 5] [--ranks 2 4]
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+
+def worker():
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    world = dist.get_world_size()
+    result = {}
+    for numel in (786432, 3145728):
+        x = torch.randn(numel)
+        out = torch.empty(numel // world)
+        ms = []
+        for i in range(23):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.reduce_scatter_tensor(out, x)
+            t1 = time.perf_counter()
+            if i >= 3:
+                ms.append((t1 - t0) * 1e3)
+        result[str(numel)] = statistics.median(ms)
+    if dist.get_rank() == 0:
+        print("RESULT " + json.dumps(result), flush=True)
+    dist.destroy_process_group()
+
+
+def run(torchrun, world, argv):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    out = subprocess.run([torchrun, "--standalone", f"--nproc-per-node={world}"] + argv,
+                         capture_output=True, text=True, env=env, check=True).stdout
+    m = re.search(r"^RESULT (.*)$", out, re.M)
+    if not m:
+        raise RuntimeError("no RESULT line in:\n" + out)
+    return json.loads(m.group(1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("torchrun")
+    ap.add_argument("binary")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    args = ap.parse_args()
+    print("| ranks | MiB | PyTorch ms | dtensor ms | dtensor / PyTorch |")
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    for world in args.ranks:
+        torch_ms, ours_ms = {}, {}
+        for _ in range(args.rounds):
+            t = run(args.torchrun, world, [os.path.abspath(__file__), "--worker"])
+            d = run(args.torchrun, world, ["--no-python", os.path.abspath(args.binary)])
+            for k in t:
+                torch_ms.setdefault(k, []).append(t[k])
+                ours_ms.setdefault(k, []).append(d[k])
+        for k in torch_ms:
+            a, b = torch_ms[k], ours_ms[k]
+            ratio = statistics.median(y / x for x, y in zip(a, b))
+            print(f"| {world} | {int(k) * 4 / 2**20:.0f} | {statistics.median(a):.2f} "
+                  f"({min(a):.2f}-{max(a):.2f}) | {statistics.median(b):.2f} "
+                  f"({min(b):.2f}-{max(b):.2f}) | {ratio:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    if "--worker" in sys.argv:
+        worker()
+    else:
+        main()
