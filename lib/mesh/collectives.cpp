@@ -133,11 +133,17 @@ int64_t normalize_dim(const char* what, int64_t dim, const at::Tensor& t) {
 // rank sends 2 (n - 1) / n of the input over the wire and then keeps 1 / n of the result. An
 // all-to-all sends each rank's chunk r straight to rank r ((n - 1) / n of the input) and the
 // sum of the n chunks received is the rank's shard: half the traffic and no clone, which on
-// loopback TCP measured 1.6-2.3x faster (2 and 4 ranks, 3-13 MB units; docs/benchmarks.md).
+// loopback TCP measured 1.5-2.4x faster (2 and 4 ranks, 3 and 12 MiB; bench/reduce_scatter,
+// docs/benchmarks.md).
 // The sum runs when the collective is waited on, over the chunks in rank order, so every rank
 // adds in the same order. Sum and avg only (avg: the sum divided, [Note: emulated average]);
 // the others keep Gloo's reduce-scatter. CommDebugMode still records one reduce-scatter.
 // Gloo reads the input until the all-to-all completes, so the caller holds it until then.
+bool reduce_scatter_as_all_to_all(const Group& group, ReduceOp op) {
+  return group.backend_type() == BackendType::Gloo && group.size() > 1 &&
+         (op == ReduceOp::Sum || op == ReduceOp::Avg);
+}
+
 Work reduce_scatter_by_all_to_all(std::string what, const at::Tensor& out, const at::Tensor& in,
                                   ReduceOp op, const Group& group,
                                   const CollectiveOptions& options) {
@@ -346,11 +352,6 @@ Work all_gather_into_pieces(std::vector<std::vector<at::Tensor>>& outputs,
              });
 }
 
-bool reduce_scatter_as_all_to_all(const Group& group, ReduceOp op) {
-  return group.backend_type() == BackendType::Gloo && group.size() > 1 &&
-         (op == ReduceOp::Sum || op == ReduceOp::Avg);
-}
-
 bool reduce_scatter_input_free_at_issue(const Group& group, ReduceOp op) {
   // [Note: reduce-scatter input released at issue]
   return group.backend_type() == BackendType::Gloo && !reduce_scatter_as_all_to_all(group, op);
@@ -399,7 +400,7 @@ Work reduce_scatter_tensor_into(at::Tensor& output, const at::Tensor& input, Red
   at::Tensor in = wire(input);
   at::Tensor out = wire(output);
   std::string name = fmt::format("reduce_scatter_tensor({}, {})", to_string(op), describe(input));
-  if (detail::reduce_scatter_as_all_to_all(group, op)) {
+  if (reduce_scatter_as_all_to_all(group, op)) {
     return reduce_scatter_by_all_to_all(std::move(name), out, in, op, group, options);
   }
   return run(

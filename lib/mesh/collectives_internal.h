@@ -28,7 +28,4 @@ Work all_gather_into_pieces(std::vector<std::vector<at::Tensor>>& outputs,
 // input until completion.
 bool reduce_scatter_input_free_at_issue(const Group& group, ReduceOp op);
 
-// Whether reduce_scatter_tensor_into with `op` on `group` goes as an all-to-all.
-bool reduce_scatter_as_all_to_all(const Group& group, ReduceOp op);
-
 } // namespace dtensor::detail
