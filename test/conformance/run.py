@@ -45,9 +45,11 @@ def torchrun(world, argv, timeout, log):
 
 def died_of_signal(log):
     """The signal that ended a rank, as torchrun's log names it ("exitcode: -11", "Signal 6
-    (SIGABRT)"), or None."""
-    m = re.search(r"exitcode: -(\d+)\)|Signal (\d+) \(", open(log).read())
-    return f"signal {m.group(1) or m.group(2)}" if m else None
+    (SIGABRT)"), or None. SIGTERM is torchrun's own, sent to the other ranks after one failed."""
+    for m in re.finditer(r"exitcode: -(\d+)\)|Signal (\d+) \(", open(log).read()):
+        if (m.group(1) or m.group(2)) != "15":
+            return f"signal {m.group(1) or m.group(2)}"
+    return None
 
 
 def main():
