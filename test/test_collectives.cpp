@@ -276,6 +276,11 @@ TEST_CASE("collective errors name the op, the shapes and the group", "[collectiv
   auto ints = at::ones({2}, options(at::kLong));
   REQUIRE_THROWS_WITH(dtensor::all_reduce_(ints, ReduceOp::Avg, g),
                       contains("ReduceOp avg needs a floating-point tensor, got Long[2]"));
+  auto int_rows = at::ones({2 * n}, options(at::kLong));
+  auto int_shard = at::empty({2}, options(at::kLong));
+  REQUIRE_THROWS_WITH(dtensor::reduce_scatter_tensor_into(int_shard, int_rows, ReduceOp::Avg, g),
+                      contains("reduce_scatter_tensor: ReduceOp avg needs a floating-point tensor, "
+                               "got Long[" + std::to_string(2 * n) + "]"));
   auto meta = at::empty({2}, at::TensorOptions().device(at::kMeta));
   REQUIRE_THROWS_WITH(dtensor::all_reduce_(meta, ReduceOp::Sum, g), contains("is Float[2] on meta but group w"));
   REQUIRE_THROWS_WITH(dtensor::broadcast_(x, n, g), contains("source group rank " + std::to_string(n) + " is out of range"));
