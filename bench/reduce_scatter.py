@@ -1,7 +1,9 @@
-"""One reduce-scatter over Gloo, dtensor against PyTorch's dist.reduce_scatter_tensor.
+"""One reduce-scatter and one all-gather over Gloo, dtensor against PyTorch's
+dist.reduce_scatter_tensor and dist.all_gather_into_tensor.
 
 The measure of bench/reduce_scatter.cpp (median ms of 20 synchronous sum reduce-scatters of
-a float tensor of 786,432 and 3,145,728 elements, each after a barrier, one thread per rank),
+a float tensor of 786,432 and 3,145,728 elements, and of 20 all-gathers into tensors of those
+sizes, each after a barrier, one thread per rank),
 taken for PyTorch by this file's --worker and for dtensor by the C++ program. The driver
 alternates the two, several rounds per world size, and prints a Markdown table: medians over
 rounds (spread in parentheses) and the median of the per-round ratios.
@@ -26,18 +28,22 @@ def worker():
     dist.init_process_group("gloo")
     world = dist.get_world_size()
     result = {}
-    for numel in (786432, 3145728):
-        x = torch.randn(numel)
-        out = torch.empty(numel // world)
-        ms = []
-        for i in range(23):
-            dist.barrier()
-            t0 = time.perf_counter()
-            dist.reduce_scatter_tensor(out, x)
-            t1 = time.perf_counter()
-            if i >= 3:
-                ms.append((t1 - t0) * 1e3)
-        result[str(numel)] = statistics.median(ms)
+    for kind in ("rs", "ag"):
+        for numel in (786432, 3145728):
+            whole = torch.randn(numel) if kind == "rs" else torch.empty(numel)
+            shard = torch.empty(numel // world) if kind == "rs" else torch.randn(numel // world)
+            ms = []
+            for i in range(23):
+                dist.barrier()
+                t0 = time.perf_counter()
+                if kind == "rs":
+                    dist.reduce_scatter_tensor(shard, whole)
+                else:
+                    dist.all_gather_into_tensor(whole, shard)
+                t1 = time.perf_counter()
+                if i >= 3:
+                    ms.append((t1 - t0) * 1e3)
+            result[f"{kind}:{numel}"] = statistics.median(ms)
     if dist.get_rank() == 0:
         print("RESULT " + json.dumps(result), flush=True)
     dist.destroy_process_group()
@@ -60,8 +66,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     args = ap.parse_args()
-    print("| ranks | MiB | PyTorch ms | dtensor ms | dtensor / PyTorch |")
-    print("| ---: | ---: | ---: | ---: | ---: |")
+    print("| collective | ranks | MiB | PyTorch ms | dtensor ms | dtensor / PyTorch |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for world in args.ranks:
         torch_ms, ours_ms = {}, {}
         for _ in range(args.rounds):
@@ -73,7 +79,9 @@ def main():
         for k in torch_ms:
             a, b = torch_ms[k], ours_ms[k]
             ratio = statistics.median(y / x for x, y in zip(a, b))
-            print(f"| {world} | {int(k) * 4 / 2**20:.0f} | {statistics.median(a):.2f} "
+            kind, numel = k.split(":")
+            name = "reduce-scatter" if kind == "rs" else "all-gather"
+            print(f"| {name} | {world} | {int(numel) * 4 / 2**20:.0f} | {statistics.median(a):.2f} "
                   f"({min(a):.2f}-{max(a):.2f}) | {statistics.median(b):.2f} "
                   f"({min(b):.2f}-{max(b):.2f}) | {ratio:.2f}x |", flush=True)
 

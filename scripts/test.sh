@@ -13,6 +13,9 @@ if [[ ${1:-} == --sanitize ]]; then
   exec "$root/scripts/sanitize.sh" --all "$@"
 fi
 "$root/scripts/setup.sh"
+# A clean clone grows to about 15 GB (docs/build.md, "Disk"); a full disk fails a link.
+free_disk() { df -h --output=avail "$root" | tail -1 | tr -d ' '; }
+echo "[test] free disk: $(free_disk)"
 
 start=$SECONDS
 configure "$root/build" -Dcuda=disabled
@@ -58,5 +61,6 @@ if [[ ${DTENSOR_SKIP_CUDA_BUILD:-0} != 1 ]]; then
     echo "[test] no libtorch_cuda in this LibTorch: CUDA/NCCL variant not built"
   fi
 fi
+echo "[test] free disk: $(free_disk)"
 echo "tests: $summary"
 exit $status

@@ -340,6 +340,13 @@ TEST_CASE("reliability 3 (TORCH_DISTRIBUTED_DEBUG=DETAIL): mismatched collective
   // distribute_tensor with a different shape per rank.
   REQUIRE_THROWS_WITH(distribute_tensor(at::ones({2 + rank(), 3}, options()), mesh, {R()}),
                       contains("broadcast"));
+  // A reduce-scatter of another size on each rank (under DETAIL Gloo's own reduce-scatter,
+  // whose shapes the wrapper compares: [Note: Gloo's reduce-scatter as an all-to-all]).
+  at::Tensor rs_in = at::ones({2 * world() * (rank() + 1)}, options());
+  at::Tensor rs_out = at::empty({2 * (rank() + 1)}, options());
+  REQUIRE_THROWS_WITH(
+      dtensor::reduce_scatter_tensor_into(rs_out, rs_in, ReduceOp::Sum, mesh.get_group()),
+      contains("reduce_scatter"));
   // The groups are still usable afterwards.
   DTensor ok = distribute_tensor(at::arange(8., options()), mesh, {S(0)});
   REQUIRE(same(ok.full_tensor(), at::arange(8., options())));

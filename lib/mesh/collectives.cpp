@@ -139,14 +139,76 @@ int64_t normalize_dim(const char* what, int64_t dim, const at::Tensor& t) {
 // adds in the same order. Sum and avg only (avg: the sum divided, [Note: emulated average]);
 // the others keep Gloo's reduce-scatter. CommDebugMode still records one reduce-scatter.
 // Gloo reads the input until the all-to-all completes, so the caller holds it until then.
+// Two ranks exchange only the peer's chunk ([Note: two Gloo ranks by split sizes]).
+// Under TORCH_DISTRIBUTED_DEBUG=DETAIL Gloo's own collectives run: c10d's wrapper compares
+// every rank's shapes before a reduce-scatter or an all-gather, never before an all-to-all
+// (uneven splits are legal there), and a size mismatch inside Gloo aborts the process
+// ([Note: TORCH_DISTRIBUTED_DEBUG=DETAIL] in lib/mesh/backend_gloo.cpp).
+bool gloo_by_all_to_all(const Group& group) {
+  return group.backend_type() == BackendType::Gloo && group.size() > 1 && !detail::debug_detail();
+}
+
 bool reduce_scatter_as_all_to_all(const Group& group, ReduceOp op) {
-  return group.backend_type() == BackendType::Gloo && group.size() > 1 &&
-         (op == ReduceOp::Sum || op == ReduceOp::Avg);
+  return gloo_by_all_to_all(group) && (op == ReduceOp::Sum || op == ReduceOp::Avg);
+}
+
+// [Note: two Gloo ranks by split sizes]
+// On a Gloo group of two ranks an all-to-all with split sizes (0 rows to oneself) moves just
+// what crosses to the peer, straight between the callers' tensors (gloo::alltoallv sends
+// from and receives into the pointers it is given):
+//  - all-gather: this rank's rows are copied into their place in the output and the peer's
+//    rows arrive in theirs. ProcessGroupGloo's allgather receives into a flat temporary of
+//    the whole output and copies it out: one output's size of memory while in flight (a
+//    prefetch, [Note: overlap] in lib/parallel/fsdp/schedule.cpp) and a copy, both gone.
+//  - reduce-scatter ([Note: Gloo's reduce-scatter as an all-to-all]): the peer's chunk is
+//    sent, the peer's half of this rank's shard received into a buffer of the output's size
+//    (half the input, where the n-rank path receives the input's size); the finish adds the
+//    two, in rank order (the same sum either way: a + b == b + a in floating point).
+// Wire bytes and CommDebugMode's records are those of the collective named.
+bool two_gloo_ranks(const Group& group, const at::Tensor& t) {
+  return gloo_by_all_to_all(group) && group.size() == 2 && t.numel() > 0;
+}
+
+// (two ranks) Sends `send` to the peer and receives the peer's rows into `receive`.
+c10::intrusive_ptr<c10d::Work> exchange_with_peer(c10d::Backend& b, const Group& group,
+                                                  at::Tensor& receive, at::Tensor& send) {
+  const int peer = 1 - group.rank();
+  std::vector<int64_t> out_splits(2, 0);
+  std::vector<int64_t> in_splits(2, 0);
+  out_splits[static_cast<size_t>(peer)] = receive.size(0);
+  in_splits[static_cast<size_t>(peer)] = send.size(0);
+  return b.alltoall_base(receive, send, out_splits, in_splits, c10d::AllToAllOptions());
+}
+
+Work reduce_scatter_with_peer(std::string what, const at::Tensor& out, const at::Tensor& in,
+                              ReduceOp op, const Group& group, const CollectiveOptions& options) {
+  const int64_t me = group.rank();
+  const int64_t rows = out.size(0);
+  at::Tensor send = in.narrow(0, (1 - me) * rows, rows);
+  at::Tensor received = at::empty_like(out);
+  std::function<void()> finish = [shard = at::Tensor(out), mine = in.narrow(0, me * rows, rows),
+                                  received, me, op]() mutable {
+    if (me == 0) {
+      at::add_out(shard, mine, received);
+    } else {
+      at::add_out(shard, received, mine);
+    }
+    if (op == ReduceOp::Avg) {
+      shard.div_(2);
+    }
+  };
+  return run(
+      what, group, options,
+      [&](c10d::Backend& b) { return exchange_with_peer(b, group, received, send); },
+      std::move(finish));
 }
 
 Work reduce_scatter_by_all_to_all(std::string what, const at::Tensor& out, const at::Tensor& in,
                                   ReduceOp op, const Group& group,
                                   const CollectiveOptions& options) {
+  if (two_gloo_ranks(group, in)) {
+    return reduce_scatter_with_peer(std::move(what), out, in, op, group, options);
+  }
   const int64_t n = group.size();
   at::Tensor received = at::empty_like(in);
   std::function<void()> finish = [out, received, op, n]() mutable {
@@ -297,7 +359,15 @@ Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const G
          static_cast<int64_t>(output.nbytes()), options.async_op());
   at::Tensor in = wire(input);
   at::Tensor out = wire(output);
-  return run(fmt::format("all_gather_into_tensor({})", describe(input)), group, options,
+  std::string name = fmt::format("all_gather_into_tensor({})", describe(input));
+  if (two_gloo_ranks(group, in)) { // [Note: two Gloo ranks by split sizes]
+    const int64_t rows = in.size(0);
+    out.narrow(0, group.rank() * rows, rows).copy_(in);
+    at::Tensor receive = out.narrow(0, (1 - group.rank()) * rows, rows);
+    return run(std::move(name), group, options,
+               [&](c10d::Backend& b) { return exchange_with_peer(b, group, receive, in); });
+  }
+  return run(std::move(name), group, options,
              [&](c10d::Backend& b) { return b._allgather_base(out, in, c10d::AllgatherOptions()); });
 }
 
