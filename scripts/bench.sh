@@ -36,7 +36,7 @@ echo
 echo "## memory per rank: meta init and a training step, Transformer on 8 ranks"
 torchrun --standalone --nproc-per-node 8 --no-python "$root/build/bench/bench_meta_init_memory"
 echo
-echo "## reduce-scatter on Gloo vs PyTorch's reduce_scatter_tensor, 2 and 4 ranks (alternating)"
+echo "## reduce-scatter and all-gather on Gloo vs PyTorch's, 2 and 4 ranks (alternating)"
 "$root/.venv/bin/python" "$root/bench/reduce_scatter.py" "$root/.venv/bin/torchrun" \
   "$root/build/bench/bench_reduce_scatter" --rounds 5 --ranks 2 4
 echo
