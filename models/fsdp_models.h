@@ -39,6 +39,8 @@
 #include <dtensor/activation_checkpoint.h>
 #include <dtensor/random.h>
 
+#include <models/check.h>
+
 namespace dtensor::models {
 
 // ---------------------------------------------------------------------------------------------
@@ -88,7 +90,7 @@ struct AttentionImpl : torch::nn::Module {
         wk(register_module("wk", linear_no_bias(args.dim(), args.dim()))),
         wv(register_module("wv", linear_no_bias(args.dim(), args.dim()))),
         wo(register_module("wo", linear_no_bias(args.dim(), args.dim()))) {
-    TORCH_CHECK(args.dim() % args.n_heads() == 0, "dim must be a multiple of n_heads");
+    DTENSOR_MODEL_CHECK(args.dim() % args.n_heads() == 0, "dim must be a multiple of n_heads");
   }
   torch::Tensor forward(const torch::Tensor& x) {
     const int64_t bsz = x.size(0);
@@ -185,7 +187,7 @@ struct TransformerImpl : torch::nn::Module {
   }
   torch::Tensor forward(const torch::Tensor& tokens) {
     const int64_t seq_len = tokens.size(1);
-    TORCH_CHECK(seq_len <= max_seq_len, "sequence longer than max_seq_len");
+    DTENSOR_MODEL_CHECK(seq_len <= max_seq_len, "sequence longer than max_seq_len");
     torch::Tensor h = tok_embeddings(tokens);
     torch::Tensor pos = torch::arange(0, seq_len, tokens.options().dtype(torch::kLong));
     // positional embeddings of shape (seq_len, dim)

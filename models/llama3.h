@@ -31,6 +31,8 @@
 #include <dtensor/random.h>
 #include <dtensor/tensor_parallel.h>
 
+#include <models/check.h>
+
 namespace dtensor::models {
 
 // Llama 3.1's RoPE frequency scaling (torchtitan's RoPEScalingArgs; Hugging Face's
@@ -271,10 +273,10 @@ struct Llama3AttentionImpl : torch::nn::Module {
         wk(register_module("wk", llama3_detail::linear(args.dim(), args.kv_heads() * head_dim))),
         wv(register_module("wv", llama3_detail::linear(args.dim(), args.kv_heads() * head_dim))),
         wo(register_module("wo", llama3_detail::linear(args.n_heads() * head_dim, args.dim()))) {
-    TORCH_CHECK(args.dim() % args.n_heads() == 0, "Llama3: dim must be a multiple of n_heads");
-    TORCH_CHECK(args.n_heads() % args.kv_heads() == 0,
+    DTENSOR_MODEL_CHECK(args.dim() % args.n_heads() == 0, "Llama3: dim must be a multiple of n_heads");
+    DTENSOR_MODEL_CHECK(args.n_heads() % args.kv_heads() == 0,
                 "Llama3: n_heads must be a multiple of n_kv_heads");
-    TORCH_CHECK(head_dim % 2 == 0, "Llama3: rotary embeddings need an even head_dim");
+    DTENSOR_MODEL_CHECK(head_dim % 2 == 0, "Llama3: rotary embeddings need an even head_dim");
   }
   at::Tensor forward(const at::Tensor& input, const at::Tensor& freqs_cis) {
     const at::Tensor x = dtensor::prepare_module_input(*this, input); // TP: gathered once
@@ -391,7 +393,7 @@ struct Llama3Impl : torch::nn::Module {
     output = register_module("output", llama3_detail::linear(args.dim(), args.vocab_size()));
   }
   at::Tensor forward(const at::Tensor& tokens) {
-    TORCH_CHECK(tokens.size(1) <= freqs_cis.size(0), "Llama3: sequence of ", tokens.size(1),
+    DTENSOR_MODEL_CHECK(tokens.size(1) <= freqs_cis.size(0), "Llama3: sequence of ", tokens.size(1),
                 " tokens is longer than max_seq_len ", freqs_cis.size(0));
     at::Tensor h = tok_embeddings->forward(tokens);
     for (const auto& layer : *layers) {
@@ -487,7 +489,7 @@ inline dtensor::ParallelizePlan llama3_tp_plan(bool loss_parallel) {
 // ([Note: plain tensors next to DTensors]).
 inline void apply_tp(Llama3& model, const dtensor::DeviceMesh& tp_mesh, bool loss_parallel) {
   const Llama3Args& a = model->model_args;
-  TORCH_CHECK(a.n_heads() % tp_mesh.size() == 0 && a.kv_heads() % tp_mesh.size() == 0,
+  DTENSOR_MODEL_CHECK(a.n_heads() % tp_mesh.size() == 0 && a.kv_heads() % tp_mesh.size() == 0,
               "Llama3 apply_tp: n_heads (", a.n_heads(), ") and n_kv_heads (", a.kv_heads(),
               ") must be multiples of the tensor-parallel degree ", tp_mesh.size());
   dtensor::parallelize_module(*model, tp_mesh, llama3_tp_plan(loss_parallel));
@@ -573,14 +575,14 @@ inline std::optional<std::string> map_name(const std::string& name, bool forward
 // "model.layers.3.self_attn.q_proj.weight"). Throws for names without one (freqs_cis).
 inline std::string hf_name(const std::string& ours) {
   std::optional<std::string> hf = llama3_detail::map_name(ours, /*forward=*/true);
-  TORCH_CHECK(hf.has_value(), "hf_name: no Hugging Face name for '", ours, "'");
+  DTENSOR_MODEL_CHECK(hf.has_value(), "hf_name: no Hugging Face name for '", ours, "'");
   return *hf;
 }
 
 // LlamaForCausalLM's parameter name -> ours. Throws for names without one.
 inline std::string from_hf_name(const std::string& hf) {
   std::optional<std::string> ours = llama3_detail::map_name(hf, /*forward=*/false);
-  TORCH_CHECK(ours.has_value(), "from_hf_name: no Llama3 name for '", hf, "'");
+  DTENSOR_MODEL_CHECK(ours.has_value(), "from_hf_name: no Llama3 name for '", hf, "'");
   return *ours;
 }
 
@@ -591,14 +593,14 @@ inline std::string from_hf_name(const std::string& hf) {
 // Full (unsharded) weights [n_heads * head_dim, dim].
 inline at::Tensor to_hf_qk(const at::Tensor& w, int64_t n_heads) {
   const int64_t rows = w.size(0), cols = w.size(1);
-  TORCH_CHECK(rows % (2 * n_heads) == 0, "to_hf_qk: ", rows, " rows are not ", n_heads,
+  DTENSOR_MODEL_CHECK(rows % (2 * n_heads) == 0, "to_hf_qk: ", rows, " rows are not ", n_heads,
               " heads of even size");
   return w.reshape({n_heads, rows / n_heads / 2, 2, cols}).transpose(1, 2).reshape({rows, cols});
 }
 
 inline at::Tensor from_hf_qk(const at::Tensor& w, int64_t n_heads) {
   const int64_t rows = w.size(0), cols = w.size(1);
-  TORCH_CHECK(rows % (2 * n_heads) == 0, "from_hf_qk: ", rows, " rows are not ", n_heads,
+  DTENSOR_MODEL_CHECK(rows % (2 * n_heads) == 0, "from_hf_qk: ", rows, " rows are not ", n_heads,
               " heads of even size");
   return w.reshape({n_heads, 2, rows / n_heads / 2, cols}).transpose(1, 2).reshape({rows, cols});
 }

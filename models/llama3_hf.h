@@ -65,15 +65,15 @@ inline nlohmann::json hf_config(const Llama3Args& a, c10::ScalarType dtype) {
 inline Llama3Args args_from_hf(const std::string& dir) {
   const std::string path = dir + "/config.json";
   std::ifstream f(path);
-  TORCH_CHECK(f.good(), "load_hf: cannot read ", path);
+  DTENSOR_MODEL_CHECK(f.good(), "load_hf: cannot read ", path);
   const nlohmann::json c = nlohmann::json::parse(f);
-  TORCH_CHECK(c.value("model_type", "") == "llama", "load_hf: ", path, " describes a '",
+  DTENSOR_MODEL_CHECK(c.value("model_type", "") == "llama", "load_hf: ", path, " describes a '",
               c.value("model_type", ""), "' model, not 'llama'");
-  TORCH_CHECK(!c.value("tie_word_embeddings", false), "load_hf: ", path,
+  DTENSOR_MODEL_CHECK(!c.value("tie_word_embeddings", false), "load_hf: ", path,
               ": tied embeddings are not supported");
   const int64_t dim = c.at("hidden_size");
   const int64_t heads = c.at("num_attention_heads");
-  TORCH_CHECK(c.value("head_dim", dim / heads) == dim / heads, "load_hf: ", path,
+  DTENSOR_MODEL_CHECK(c.value("head_dim", dim / heads) == dim / heads, "load_hf: ", path,
               ": head_dim must be hidden_size / num_attention_heads");
   Llama3Args a;
   a.dim(dim)
@@ -95,33 +95,12 @@ inline Llama3Args args_from_hf(const std::string& dir) {
             .high_freq_factor(rope.at("high_freq_factor"))
             .original_max_position_embeddings(rope.at("original_max_position_embeddings")));
   } else {
-    TORCH_CHECK(rope.is_null(), "load_hf: ", path, ": unsupported rope_scaling ", rope.dump());
+    DTENSOR_MODEL_CHECK(rope.is_null(), "load_hf: ", path, ": unsupported rope_scaling ", rope.dump());
     a.rope_scaling(std::nullopt);
   }
   a.ffn_hidden(c.at("intermediate_size"));
   return a;
 }
-
-namespace llama3_detail {
-
-// Rank 0 runs `body`; every rank learns whether it failed (the message, on every rank).
-template <class F>
-void on_rank0(const std::string& what, c10::Device device, F&& body) {
-  std::string error;
-  if (dtensor::get_rank() == 0) {
-    try {
-      body();
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  }
-  at::Tensor failed = at::full({1}, error.empty() ? 0.0 : 1.0, at::TensorOptions().device(device));
-  failed = dtensor::all_reduce(failed, dtensor::ReduceOp::Max, dtensor::world_group());
-  TORCH_CHECK(failed.item<double>() == 0.0, what, " failed on rank 0",
-              error.empty() ? std::string() : ": " + error);
-}
-
-} // namespace llama3_detail
 
 // Writes `model` (any layout) as a Hugging Face LlamaForCausalLM directory `dir`, its
 // tensors in their current dtype. Collective over all ranks.
@@ -136,14 +115,26 @@ inline void export_hf(Llama3& model, const std::string& dir) {
       hf.insert(entry->first, entry->second);
     }
   }
+  // What is at `dir` is checked before anything is written (docs/checkpoint.md); the
+  // sharded parts go to a sibling, consolidated by rank 0, then removed.
+  const std::string what = "export_hf(" + dir + ")";
+  dtensor::on_rank0(what, [&] { dtensor::checkpoint::check_target(dir); }, dtensor::world_group());
   const std::string parts = dir + ".dtensor-parts";
   dtensor::checkpoint::save(hf, parts, dtensor::checkpoint::SaveOptions().checksums(false));
-  llama3_detail::on_rank0("export_hf(" + dir + ")", model->freqs_cis.device(), [&] {
-    dtensor::checkpoint::consolidate(parts, dir,
-                                     dtensor::checkpoint::ConsolidateOptions().extra_files(
-                                         {{"config.json", hf_config(args, dtype).dump(2)}}));
-    std::filesystem::remove_all(parts);
-  });
+  dtensor::on_rank0(
+      what,
+      [&] {
+        try {
+          dtensor::checkpoint::consolidate(parts, dir,
+                                           dtensor::checkpoint::ConsolidateOptions().extra_files(
+                                               {{"config.json", hf_config(args, dtype).dump(2)}}));
+        } catch (...) {
+          dtensor::checkpoint::remove(parts);
+          throw;
+        }
+        dtensor::checkpoint::remove(parts);
+      },
+      dtensor::world_group());
 }
 
 // Loads a Hugging Face LlamaForCausalLM directory into `model` (any layout; its arguments

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checkpoint tests that span several jobs (meson tests checkpoint_resume / _kill / _interop).
 
-usage: checkpoint_driver.py resume|kill|interop|train TORCHRUN WORKER TORCH_SCRIPT [TRAIN]
+usage: checkpoint_driver.py resume|kill|interop|train|disk TORCHRUN WORKER TORCH_SCRIPT [TRAIN]
   resume   worker resume a (4 ranks, dp=2 x tp=2), b (2 ranks, FSDP), c (1 rank, plain):
            each resumed run's losses and final parameters equal the uninterrupted run's.
   kill     a checkpoint saved on 4 ranks; a second save on 4 ranks with rank 2 killed
@@ -9,8 +9,11 @@ usage: checkpoint_driver.py resume|kill|interop|train TORCHRUN WORKER TORCH_SCRI
            checkpoint intact and a new save replaces it.
   interop  dtensor writes on 4 ranks, PyTorch (FSDP2) loads on 2 ranks; PyTorch writes on 2
            ranks, dtensor loads on 4 ranks: every tensor equal.
-  train    the main job (examples/train) saves every 5 steps on 4 ranks (dp=2, tp=2) and
-           resumes on 2 ranks (dp=1, tp=2) at step 10.
+  train    the main job (examples/train) saves every 5 steps on 4 ranks (dp=2, tp=2) into
+           step-<N> subdirectories, keeping the newest, and resumes on 2 ranks (dp=1, tp=2)
+           at step 10; its --save into a folder of the user's files is refused, untouched.
+  disk     a save on a full disk and on a read-only file system (a tmpfs in a private mount
+           namespace) fails on every rank; the previous checkpoint still loads.
 Exits 0 when every job behaves.
 """
 import os
@@ -38,6 +41,66 @@ def job(torchrun, nproc, argv, env=None, expect_ok=True):
     return good, out
 
 
+def train_mode(torchrun, work, train):
+    """The recipe's checkpoint folder: step-<N> per save, the newest kept, resumed from it;
+    a folder holding anything else is refused before training, untouched."""
+    ckpt = os.path.join(work, "train")
+    flags = ["--no-python"] + train + ["--metrics", os.path.join(work, "metrics.jsonl")]
+    good, out = job(torchrun, 4, flags + ["--steps", "10", "--save", ckpt, "--save-every", "5",
+                                          "--keep-latest", "1"])
+    step = lambda n: os.path.join(ckpt, f"step-{n}")
+    ok = good and f"saved step 5 to {step(5)} " in out and f"saved step 10 to {step(10)} " in out
+    left = sorted(os.listdir(ckpt)) if os.path.isdir(ckpt) else None
+    if left != ["step-10"]:
+        print(f"FAIL: --keep-latest 1 left {left}, not ['step-10']")
+        ok = False
+    good, out = job(torchrun, 2, flags + ["--steps", "14", "--resume", ckpt])
+    ok = ok and good and f"resumed from {step(10)} at step 10" in out and "   13 " in out
+    # --save into a directory holding the user's files: refused on every rank, untouched.
+    mine = os.path.join(work, "mine")
+    os.makedirs(os.path.join(mine, "configs"))
+    with open(os.path.join(mine, "notes.txt"), "w") as f:
+        f.write("notes")
+    good, out = job(torchrun, 2, flags + ["--steps", "2", "--save", mine], expect_ok=False)
+    refused = f"--save {mine}: it holds entries this recipe did not write (configs, notes.txt)"
+    ok = ok and good and out.count(refused) == 2  # both ranks
+    if sorted(os.listdir(mine)) != ["configs", "notes.txt"] or open(os.path.join(mine, "notes.txt")).read() != "notes":
+        print(f"FAIL: the refused --save changed {mine}: {os.listdir(mine)}")
+        ok = False
+    if not ok:
+        print(out[-3000:])
+    return ok
+
+
+def disk(torchrun, cpp, work):
+    """A save on a full disk and on a read-only file system: every rank raises, the previous
+    checkpoint still loads, nothing is left behind. Runs in a private mount namespace with a
+    small tmpfs (unshare, as root or in a user namespace); where the machine allows neither,
+    the write failure is the kernel's for a file-size limit (RLIMIT_FSIZE), said so."""
+    if os.environ.get("DTENSOR_DISK_NS") != "1":
+        for prefix in (["unshare", "--mount", "--propagation", "private"],
+                       ["unshare", "--map-root-user", "--mount", "--propagation", "private"]):
+            if subprocess.run(prefix + ["true"], capture_output=True).returncode == 0:
+                p = subprocess.run(prefix + [sys.executable] + sys.argv,
+                                   env=dict(os.environ, DTENSOR_DISK_NS="1"))
+                return p.returncode == 0
+        print("no mount namespace here (unshare refused): the full disk is RLIMIT_FSIZE's EFBIG")
+        ok = job(torchrun, 2, cpp + ["disk-setup", work])[0]
+        return job(torchrun, 2, cpp + ["disk-fail", work, "File too large"],
+                   env={"DTENSOR_TEST_FSIZE_LIMIT": str(256 * 1024)})[0] and ok
+    fs = os.path.join(work, "fs")
+    os.makedirs(fs)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", fs], check=True)
+    try:
+        ok = job(torchrun, 2, cpp + ["disk-setup", fs])[0]
+        ok = job(torchrun, 2, cpp + ["disk-fail", fs, "No space left on device"])[0] and ok
+        subprocess.run(["mount", "-o", "remount,ro", fs], check=True)
+        ok = job(torchrun, 2, cpp + ["disk-fail", fs, "Read-only file system"])[0] and ok
+    finally:
+        subprocess.run(["umount", fs])
+    return ok
+
+
 def main():
     mode, torchrun, worker, script = sys.argv[1:5]
     cpp = ["--no-python", worker]
@@ -57,7 +120,7 @@ def main():
                 ok = False
             ckpt = os.path.join(work, "ckpt")
             left = sorted(os.listdir(ckpt))
-            if left != [f"shard-{r:05d}-model-00001-of-00001.safetensors" for r in (1, 2, 3, 4)]:
+            if left != [".dtensor-manifest.json"] + [f"shard-{r:05d}-model-00001-of-00001.safetensors" for r in (1, 2, 3, 4)]:
                 print(f"FAIL: the visible checkpoint changed: {left}")
                 ok = False
             if not os.path.isdir(os.path.join(work, ".ckpt.dtensor-tmp")):
@@ -70,15 +133,9 @@ def main():
             ok = job(torchrun, 2, [script, "write", work])[0] and ok
             ok = job(torchrun, 4, cpp + ["interop-read", work])[0] and ok
         elif mode == "train":
-            ckpt = os.path.join(work, "train")
-            train = [sys.argv[5]] if len(sys.argv) > 5 else []
-            good, out = job(torchrun, 4, ["--no-python"] + train + ["--steps", "10", "--save", ckpt,
-                                                                      "--save-every", "5"])
-            ok = good and f"saved step 5 to {ckpt}" in out and f"saved step 10 to {ckpt}" in out
-            good, out = job(torchrun, 2, ["--no-python"] + train + ["--steps", "14", "--resume", ckpt])
-            ok = ok and good and f"resumed from {ckpt} at step 10" in out and "   13 " in out
-            if not ok:
-                print(out[-3000:])
+            ok = train_mode(torchrun, work, sys.argv[5:6])
+        elif mode == "disk":
+            ok = disk(torchrun, cpp, work)
         else:
             print(f"unknown mode {mode}")
             ok = False

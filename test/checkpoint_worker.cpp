@@ -6,6 +6,10 @@
 //   kill-setup DIR     saves a checkpoint of known values
 //   kill-save DIR      saves other values (the driver sets DTENSOR_CHECKPOINT_FAULT)
 //   kill-verify DIR    loads: the first values, then saves anew and loads those
+//   disk-setup DIR     saves a small checkpoint DIR/ckpt (on the driver's tmpfs)
+//   disk-fail DIR TEXT saves 4 MiB into DIR/ckpt, which must fail on every rank with TEXT in
+//                      the error (the full disk, the read-only file system); then the small
+//                      checkpoint still loads and nothing of the save is left beside it
 //   interop-write DIR  MLPStack (dp=2 x tp=2) and Transformer (HSDP 2x2) after one AdamW step:
 //                      checkpoints DIR/dt_<model>, their full values DIR/dt_<model>.ref.pt, and
 //                      the consolidated weights DIR/dt_<model>_hf
@@ -13,7 +17,11 @@
 //                      Transformer (dp=2 x tp=2 for the MLP layers, else FSDP), compares
 //                      with DIR/pt_<model>.ref.pt
 // Exits non-zero (with the reason) on any mismatch.
+#include <signal.h>
+#include <sys/resource.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -209,6 +217,46 @@ void kill_mode(const std::string& mode, const std::string& dir) {
   std::cout << "kill-verify: previous checkpoint intact, next save replaced it" << std::endl;
 }
 
+// ---- a save on a full disk or a read-only file system ----------------------------------
+
+void disk_mode(const std::string& mode, const std::string& dir, const std::string& expected) {
+  auto mesh = dtensor::init_device_mesh(c10::DeviceType::CPU, {dtensor::get_world_size()});
+  const std::string ckpt = dir + "/ckpt";
+  auto state_of = [&](const at::Tensor& v) {
+    StateDict sd;
+    sd.insert("w", dtensor::distribute_tensor(v, mesh, {dtensor::Shard(0)}));
+    return sd;
+  };
+  if (mode == "disk-setup") {
+    dtensor::checkpoint::save(state_of(kill_value(0)), ckpt);
+    return;
+  }
+  if (const char* limit = std::getenv("DTENSOR_TEST_FSIZE_LIMIT")) { // where no tmpfs can be had
+    ::signal(SIGXFSZ, SIG_IGN);
+    const rlimit r{static_cast<rlim_t>(std::stoll(limit)), static_cast<rlim_t>(std::stoll(limit))};
+    ::setrlimit(RLIMIT_FSIZE, &r);
+  }
+  std::string error;
+  try {
+    dtensor::checkpoint::save(state_of(at::ones({1 << 20}, at::kFloat)), ckpt);
+  } catch (const dtensor::Error& e) {
+    error = e.what();
+  }
+  if (error.find(expected) == std::string::npos || error.find("checkpoint::save(" + ckpt) != 0) {
+    fail("the save did not fail with '" + expected + "' but with: '" + error + "'");
+  }
+  StateDict target = state_of(at::zeros({12, 6}));
+  dtensor::checkpoint::load(target, ckpt);
+  expect_close("the checkpoint before the failed save", full_of(target["w"]), kill_value(0));
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().filename() != "ckpt") {
+      fail("the failed save left " + e.path().string());
+    }
+  }
+  std::cout << "disk-fail: every rank raised '" << expected << "', the previous checkpoint loads"
+            << std::endl;
+}
+
 // ---- interop with PyTorch --------------------------------------------------------------
 
 struct Model {
@@ -311,6 +359,8 @@ int main(int argc, char** argv) {
       resume(argv[2][0], argv[3]);
     } else if (mode.rfind("kill-", 0) == 0) {
       kill_mode(mode, argv[2]);
+    } else if (mode.rfind("disk-", 0) == 0) {
+      disk_mode(mode, argv[2], argc > 3 ? argv[3] : "");
     } else if (mode.rfind("interop-", 0) == 0) {
       interop(mode, argv[2]);
     } else {

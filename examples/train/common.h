@@ -1,13 +1,16 @@
 #pragma once
 
-// What both recipes of examples/train use: the text, muted output, and the process's memory
-// figures.
+// What both recipes of examples/train use: the text, muted output, the process's memory
+// figures, and a checked write of an output file.
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
+#include <stdexcept>
 #include <set>
 #include <string>
 #include <vector>
@@ -15,6 +18,18 @@
 #include <ATen/ATen.h>
 
 namespace dtensor::train {
+
+// Writes `text` as the file `path` (replacing a file of that name: the tool's own output,
+// in a directory the user named for it); a failed write (a directory there, a full disk)
+// raises, naming the path, instead of leaving a truncated file unsaid.
+inline void write_output(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << text;
+  f.close();
+  if (!f) {
+    throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
+  }
+}
 
 inline const char* const kCorpus =
     "It was the best of times, it was the worst of times, it was the age of wisdom, it was the "

@@ -17,11 +17,13 @@
 // full|selective|none,
 // --precision bf16|fp32, --metrics FILE (JSON lines; default train-out/metrics.jsonl),
 // --log-every N, --export-hf DIR (Hugging Face LlamaForCausalLM directory at the end),
-// --init-from-hf DIR (start from one; its config.json gives the model's shape), --save DIR,
-// --save-every N, --resume DIR (checkpoints, docs/checkpoint.md), --async-save (checkpoints
-// written in the background while training goes on), --auto-resume (continue from --save DIR
-// when it holds a checkpoint: a job restarted by torchrun --max-restarts after a rank died
-// picks up from its last complete checkpoint), --preset llama3-8b|llama3-70b|llama3-405b
+// --init-from-hf DIR (start from one; its config.json gives the model's shape), --save DIR
+// (a checkpoint folder: DIR/step-<N> per save, as torchtitan's; refused when DIR holds anything
+// else), --save-every N, --keep-latest K (keep the K newest checkpoints; 0, the default, keeps
+// all), --resume DIR (a checkpoint, or the newest under a checkpoint folder; docs/checkpoint.md),
+// --async-save (checkpoints written in the background while training goes on), --auto-resume
+// (continue from the newest checkpoint under --save DIR: a job restarted by torchrun
+// --max-restarts after a rank died picks up from its last complete checkpoint), --preset llama3-8b|llama3-70b|llama3-405b
 // (torchtitan's flavors; `--model llama3-8b` in main.cpp), --report DIR (the last step's
 // RankReport of each rank as DIR/rank<R>.json, dtensor/simulate.h). Under a simulated world
 // (DTENSOR_SIMULATE, docs/simulation.md) the same program runs on the simulated device: the
@@ -50,6 +52,7 @@
 #include <models/llama3.h>
 #include <models/llama3_hf.h>
 
+#include "checkpoints.h"
 #include "common.h"
 #include "tokenizer.h"
 
@@ -63,7 +66,7 @@ using models::Llama3Args;
 struct Flags {
   std::vector<int64_t> mesh; // empty: from the world size
   int64_t steps = 200, dim = 64, layers = 2, heads = 4, kv_heads = 2, seq = 32, batch = 32;
-  int64_t log_every = 20, save_every = 0, vocab = 128;
+  int64_t log_every = 20, save_every = 0, keep_latest = 0, vocab = 128;
   double lr = 3e-3, max_norm = 1.0;
   std::string ac = "full", precision = "bf16";
   std::string metrics = "train-out/metrics.jsonl";
@@ -132,6 +135,8 @@ Flags parse(int argc, char** argv) {
       f.log_every = std::max<int64_t>(1, num());
     else if (k == "--save-every")
       f.save_every = num();
+    else if (k == "--keep-latest")
+      f.keep_latest = num();
     else if (k == "--lr")
       f.lr = std::stod(v);
     else if (k == "--max-norm")
@@ -263,6 +268,7 @@ struct Loop {
   torch::optim::AdamW& opt;
   const at::Tensor& data;
   int64_t text_vocab;
+  const CheckpointFolder& folder; // --save
   double first = 0, last = 0;
   std::map<std::string, std::map<CollectiveKind, int64_t>> by_group; // the last step's
   std::optional<checkpoint::AsyncSave> pending;                      // --async-save
@@ -327,13 +333,8 @@ struct Loop {
 
   bool run(int64_t start) {
     const int rank = get_rank();
-    std::ofstream metrics;
+    std::ofstream metrics = open_metrics(f.metrics, start > 0);
     if (rank == 0) {
-      const auto dir = std::filesystem::path(f.metrics).parent_path();
-      if (!dir.empty()) {
-        std::filesystem::create_directories(dir);
-      }
-      metrics.open(f.metrics, start > 0 ? std::ios::app : std::ios::trunc);
       std::printf("%5s %8s %10s %10s %9s  %s\n", "step", "loss", "tokens/s", "grad norm",
                   "peak MiB", "collectives (count by kind)");
     }
@@ -380,7 +381,7 @@ struct Loop {
   void write_report(const RankReport& report) const {
     std::filesystem::create_directories(f.report);
     const auto path = std::filesystem::path(f.report) / ("rank" + std::to_string(report.rank) + ".json");
-    std::ofstream(path) << report.to_json() << "\n";
+    write_output(path.string(), report.to_json() + "\n");
   }
 
   void log(int64_t s, double loss, double norm, double secs,
@@ -416,6 +417,11 @@ struct Loop {
                    .dump()
             << "\n";
     metrics.flush();
+    if (!metrics.good() && metrics.is_open()) { // a full disk, say: training goes on
+      std::fprintf(stderr, "warning: cannot write the metrics file %s; no more metrics\n",
+                   f.metrics.c_str());
+      metrics.close();
+    }
     if (s % f.log_every == 0 || s + 1 == f.steps) {
       std::printf("%5lld %8.4f %10.0f %10.4f %9.0f  %s\n", static_cast<long long>(s), loss, tokens,
                   norm, peak.item<double>(), text.c_str());
@@ -426,17 +432,17 @@ struct Loop {
   void save(int64_t s) {
     StateDict m, o;
     const auto t0 = std::chrono::steady_clock::now();
+    const std::string dir = folder.step_dir(s);
     if (f.async_save) { // waits for the previous save, stages this one, returns
-      if (pending) {
-        pending->wait();
-      }
-      pending = checkpoint::async_save(train_state(model, opt, s, &m, &o), f.save);
+      finish_saves();
+      pending = checkpoint::async_save(train_state(model, opt, s, &m, &o), dir);
     } else {
-      checkpoint::save(train_state(model, opt, s, &m, &o), f.save);
+      checkpoint::save(train_state(model, opt, s, &m, &o), dir);
+      folder.prune();
     }
     if (get_rank() == 0) {
       std::printf("%s step %lld to %s in %.2f s\n", f.async_save ? "saving" : "saved",
-                  static_cast<long long>(s), f.save.c_str(),
+                  static_cast<long long>(s), dir.c_str(),
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       std::fflush(stdout);
     }
@@ -446,6 +452,7 @@ struct Loop {
     if (pending) {
       pending->wait();
       pending.reset();
+      folder.prune();
     }
   }
 };
@@ -507,10 +514,17 @@ int run_llama(int argc, char** argv) {
   if (is_simulated() && (!f.save.empty() || !f.resume.empty() || !f.export_hf.empty())) {
     usage("a simulated world has no values to save, resume or export");
   }
-  if (f.auto_resume && !f.save.empty() && std::filesystem::exists(f.save)) {
-    f.resume = f.save; // a complete checkpoint: saves are published atomically
+  // What is at --save and --export-hf is checked before anything is written or trained.
+  const CheckpointFolder folder = f.save.empty() ? CheckpointFolder() : CheckpointFolder(f.save, f.keep_latest);
+  if (!f.export_hf.empty()) {
+    on_rank0("--export-hf", [&] { checkpoint::check_target(f.export_hf); }, world_group());
+  }
+  if (f.auto_resume && !f.save.empty()) {
+    f.resume = latest_checkpoint(f.save); // complete ones only: saves are published atomically
   }
   if (!f.resume.empty()) {
+    const std::string latest = latest_checkpoint(f.resume);
+    f.resume = latest.empty() ? f.resume : latest; // else what load() makes of it (PyTorch's)
     start = resume(f.resume, model, opt);
     if (rank == 0) {
       std::printf("resumed from %s at step %lld\n", f.resume.c_str(),
@@ -530,7 +544,7 @@ int run_llama(int argc, char** argv) {
                 f.precision == "bf16" ? "bf16 parameters, fp32 reductions" : "fp32", f.ac.c_str(),
                 f.lr, f.max_norm);
   }
-  Loop loop{f, mesh, dp, device, model, opt, data, vocab.size(), 0, 0, {}, std::nullopt};
+  Loop loop{f, mesh, dp, device, model, opt, data, vocab.size(), folder};
   const bool ok = loop.run(start);
   if (is_simulated()) {
     return 0; // nothing to sample or export from tensors without values

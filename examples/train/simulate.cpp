@@ -338,7 +338,7 @@ int run_simulate(int argc, char** argv) {
     all["meshes"].push_back(summarize(mesh, reports, mismatches, f.time));
     print_summary(all["meshes"].back(), f.world);
   }
-  std::ofstream(f.out + "/simulation.json") << all.dump(2) << "\n";
+  write_output(f.out + "/simulation.json", all.dump(2) + "\n");
   std::printf("reports in %s/<mesh>/rank<R>.json; summary in %s/simulation.json\n", f.out.c_str(),
               f.out.c_str());
   draw_chart(f.out);

@@ -31,6 +31,9 @@ struct SaveOptions {
   TORCH_ARG(bool, checksums) = true;
   // fsync every file and the directory before the checkpoint becomes visible.
   TORCH_ARG(bool, fsync) = true;
+  // Replace whatever is at `dir` (a foreign directory's whole content, a file), not only a
+  // complete dtensor checkpoint or an empty directory ("What a save replaces" below).
+  TORCH_ARG(bool, overwrite) = false;
 };
 
 struct SaveResult {
@@ -46,6 +49,16 @@ struct SaveResult {
 // count as replicated on every rank. The files go to a temporary directory next to `dir`,
 // which replaces `dir` by one atomic rename once every rank's files are synced: a failed or
 // killed save leaves the previous checkpoint in `dir` untouched.
+//
+// What a save replaces (docs/checkpoint.md): `dir` may be absent (its parents are created),
+// an empty directory, or a complete checkpoint or export dtensor published (its manifest,
+// `.dtensor-manifest.json`, lists every entry: nothing was added or removed since). Anything
+// else there (a file, a directory holding other entries, a damaged checkpoint) is refused on
+// every rank before anything is written, naming the path and what is there, unless
+// `SaveOptions().overwrite(true)`. A symbolic link at `dir` is followed: the checkpoint goes
+// where it points and the link stays. The file system's root, the home directory and the
+// current directory or one above it are never replaced. One save into a target at a time: a
+// second one (another job) is refused while the first is in progress.
 SaveResult save(const StateDict& state, const std::string& dir, const SaveOptions& options = {});
 
 // save() with the writing in the background ([Note: asynchronous save] in
@@ -104,11 +117,27 @@ struct ConsolidateOptions {
   // (a Hugging Face config.json).
   using Files = std::map<std::string, std::string>; // name -> content
   TORCH_ARG(Files, extra_files) = {};
+  // As SaveOptions::overwrite: replace whatever is at `out`.
+  TORCH_ARG(bool, overwrite) = false;
 };
 
 // Writes the full (unsharded) tensors of the checkpoint in `dir` as one Hugging Face-style
 // file `out/model-00001-of-00001.safetensors` plus `out/model.safetensors.index.json`, one
-// tensor in memory at a time. Not collective: run it on one process.
+// tensor in memory at a time. Not collective: run it on one process. `out` is replaced as
+// save() replaces its `dir`; it may not be `dir` itself.
 void consolidate(const std::string& dir, const std::string& out, const ConsolidateOptions& options = {});
+
+// Raises the error save(dir, SaveOptions().overwrite(overwrite)) would raise because of
+// what is at `dir`, before anything is written (save checks again). Not collective.
+void check_target(const std::string& dir, bool overwrite = false);
+
+// Whether `dir` holds a complete checkpoint or export that dtensor published (its manifest
+// lists every entry, each present). Not collective.
+bool is_complete(const std::string& dir);
+
+// Deletes `dir` if it holds a complete checkpoint or export dtensor published (first renamed
+// aside, so that it never looks complete while half deleted); otherwise raises, naming what
+// is there, and deletes nothing. Not collective.
+void remove(const std::string& dir);
 
 } // namespace dtensor::checkpoint

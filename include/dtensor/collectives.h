@@ -89,4 +89,10 @@ Work broadcast_(at::Tensor& tensor, int src, const Group& group,
 
 void barrier(const Group& group);
 
+// Group rank 0 runs `body` (file-system work, say); every rank then raises the same
+// dtensor::Error, "<what>: rank r: <message>", when it threw. One all-gather of one integer
+// when it did not.
+void on_rank0(const std::string& what, const std::function<void()>& body,
+              const Group& group);
+
 } // namespace dtensor

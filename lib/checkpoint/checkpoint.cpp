@@ -1,17 +1,12 @@
 // dtensor::checkpoint::save / load / consolidate (include/dtensor/checkpoint.h).
 #include <dtensor/checkpoint.h>
 
-#include <fcntl.h>
-#include <stdio.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -26,6 +21,7 @@
 
 #include "checkpoint/layout.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/target.h"
 #include "internal/check.h"
 #include "mesh/agree.h"
 #include "mesh/process_group_state.h"
@@ -39,41 +35,12 @@ namespace st = detail::safetensors;
 namespace {
 
 // [Note: atomic checkpoints] The files are written into a hidden sibling of the target
-// directory; once every rank has written and synced its file, rank 0 syncs that directory
-// and exchanges it with the target in one renameat2(RENAME_EXCHANGE) (a plain rename when
-// there is no previous checkpoint), then removes the old one. A reader sees the old
-// checkpoint or the new one, never a mixture; a rank failing or killed before the exchange
-// leaves only the hidden directory behind, which the next save clears.
-fs::path temp_dir_of(const fs::path& dir) {
-  return dir.parent_path() / ("." + dir.filename().string() + ".dtensor-tmp");
-}
-
-void fsync_dir(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  DTENSOR_CHECK(fd >= 0, "checkpoint: cannot open directory {}: {}", dir.string(),
-                std::strerror(errno));
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  DTENSOR_CHECK(rc == 0, "checkpoint: cannot sync directory {}: {}", dir.string(),
-                std::strerror(errno));
-}
-
-void publish(const fs::path& tmp, const fs::path& dir, bool sync) {
-  if (sync) {
-    fsync_dir(tmp);
-  }
-  if (fs::exists(dir)) {
-    DTENSOR_CHECK(::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0,
-                  "checkpoint: cannot replace {} by {}: {}", dir.string(), tmp.string(),
-                  std::strerror(errno));
-    fs::remove_all(tmp); // now the previous checkpoint
-  } else {
-    fs::rename(tmp, dir);
-  }
-  if (sync) {
-    fsync_dir(dir.parent_path().empty() ? fs::path(".") : dir.parent_path());
-  }
-}
+// directory; once every rank has written and synced its file, rank 0 writes the manifest,
+// syncs that directory and exchanges it with the target in one renameat2(RENAME_EXCHANGE)
+// (a plain rename when there is nothing there), then removes what it replaced. A reader sees
+// the old checkpoint or the new one, never a mixture; a rank failing or killed before the
+// exchange leaves only the hidden directory behind, which the next save clears. What may be
+// replaced at all: [Note: what a save may replace] (target.cpp).
 
 // Runs `body`, turning a dtensor::Error or filesystem error into the text agree_on_errors takes.
 template <class F>
@@ -163,52 +130,75 @@ SaveResult write_staged(const Staged& staged, const fs::path& tmp, const fs::pat
   return result;
 }
 
-// Writes the staged file, agrees over `group` and publishes: the part of a save after the
-// data are staged (on the caller's thread for save, in the background for async_save).
-SaveResult write_and_publish(const Staged& staged, const fs::path& tmp, const fs::path& dir,
-                             const SaveOptions& options, const Group& group) {
-  const int rank = get_rank();
-  SaveResult result;
-  std::string error = attempt([&] {
-    result = write_staged(staged, tmp, dir, options);
-    injected_fault(rank);
-  });
-  if (!error.empty() && rank == 0) {
-    std::error_code ignored;
-    fs::remove_all(tmp, ignored);
-  }
-  detail::agree_on_errors("checkpoint::save(" + dir.string() + "): writing", error, group);
-  error = attempt([&] {
-    if (rank == 0) {
-      publish(tmp, dir, options.fsync());
-    }
-  });
-  detail::agree_on_errors("checkpoint::save(" + dir.string() + "): publishing", error, group);
-  return result;
-}
-
-// Everything before the write: the plan, Partial pieces reduced, the temporary directory
-// made. Collective over the world.
+// Everything before the write: the target checked and locked, the plan, Partial pieces
+// reduced, the temporary directory made. Collective over the world.
 struct Prepared {
   std::vector<detail::SavedTensor> tensors;
   detail::WritePlan plan;
-  fs::path dir, tmp;
+  detail::Target target;
+  fs::path tmp;
+  std::shared_ptr<detail::TargetLock> lock; // rank 0's, until published
 };
 
-Prepared prepare_save(const StateDict& state, const std::string& dir_name) {
+// Writes the staged file, agrees over `group` and publishes: the part of a save after the
+// data are staged (on the caller's thread for save, in the background for async_save).
+SaveResult write_and_publish(const Staged& staged, const Prepared& p, const SaveOptions& options,
+                             const Group& group) {
+  const int rank = get_rank();
+  const std::string what = "checkpoint::save(" + p.target.name + ")";
+  SaveResult result;
+  std::string error = attempt([&] {
+    result = write_staged(staged, p.tmp, p.target.dir, options);
+    injected_fault(rank);
+  });
+  const auto discard = [&] { // rank 0: the new files, never published
+    if (rank == 0) {
+      std::error_code ignored;
+      fs::remove_all(p.tmp, ignored);
+    }
+  };
+  if (!error.empty()) {
+    discard();
+  }
+  detail::agree_on_errors(what + ": writing", error, group);
+  error = attempt([&] {
+    if (rank == 0) {
+      detail::write_manifest(p.tmp, detail::OutputKind::kCheckpoint, staged.listed_files,
+                             options.fsync());
+      detail::publish(p.tmp, p.target, options.overwrite(), options.fsync(), "");
+    }
+  });
+  if (!error.empty()) {
+    discard();
+  }
+  detail::agree_on_errors(what + ": publishing", error, group);
+  return result;
+}
+
+// prepare_save's product, collective over the world: the target checked and locked, the
+// plan, Partial pieces reduced, the temporary directory made.
+Prepared prepare_save(const StateDict& state, const std::string& dir_name,
+                      const SaveOptions& options) {
   const Group world = world_group();
   Prepared p;
-  p.dir = checkpoint_path(dir_name);
-  p.tmp = temp_dir_of(p.dir);
-  const std::string what = "checkpoint::save(" + p.dir.string() + ")";
-  std::string error = attempt([&] { p.tensors = detail::saved_tensors(state); });
+  std::string what = "checkpoint::save(" + dir_name + ")";
+  std::string error = attempt([&] {
+    p.target = detail::resolve_target(dir_name);
+    what = "checkpoint::save(" + p.target.name + ")";
+    p.tmp = detail::temp_dir_of(p.target.dir);
+    if (get_rank() == 0) { // nothing is written before the target is known replaceable
+      detail::check_replaceable(p.target, options.overwrite(), ""); // agreement names the call
+      fs::create_directories(p.target.dir.parent_path());
+      p.lock = std::make_shared<detail::TargetLock>(p.target.dir, "");
+    }
+    p.tensors = detail::saved_tensors(state);
+  });
   detail::agree_on_errors(what, error, world);
   p.plan = detail::plan_writes(p.tensors, what);
   detail::reduce_partials(p.tensors);
   error = attempt([&] {
     if (get_rank() == 0) {
-      fs::remove_all(p.tmp);
-      fs::create_directories(p.tmp);
+      detail::make_temp_dir(p.tmp);
     }
   });
   detail::agree_on_errors(what + ": preparing " + p.tmp.string(), error, world);
@@ -217,20 +207,14 @@ Prepared prepare_save(const StateDict& state, const std::string& dir_name) {
 
 } // namespace
 
-SaveResult save(const StateDict& state, const std::string& dir_name, const SaveOptions& options) {
-  at::NoGradGuard no_grad;
-  const Prepared p = prepare_save(state, dir_name);
-  return write_and_publish(stage_own_chunks(p.tensors, p.plan, options, /*copy=*/false), p.tmp,
-                           p.dir, options, world_group());
-}
-
 // [Note: asynchronous save] As torchtitan's async checkpointing (DCP's async_save): the
 // caller's thread plans the save, reduces Partial pieces and copies this rank's chunks to
 // host memory (collectives of the training's own communicators, in step with every rank);
 // a background thread then writes the file, agrees and publishes atomically, its
 // collectives on a communicator of its own ([Note: background groups]) so that they never
-// interleave with the training's. At most one save is in flight: a new one first waits for
-// the previous. A failed or killed background write leaves the previous checkpoint in place.
+// interleave with the training's. At most one save is in flight: a new one (save or
+// async_save) first waits for the previous. A failed or killed background write leaves the
+// previous checkpoint in place.
 struct AsyncSave::State {
   std::thread worker;
   SaveResult result;
@@ -250,12 +234,28 @@ std::shared_ptr<AsyncSave::State>& in_flight() {
   return s;
 }
 
+// Joins the save in flight, if any; its outcome is its handle's to report.
+void wait_for_in_flight() {
+  std::lock_guard<std::mutex> lock(in_flight_mutex());
+  if (auto previous = in_flight(); previous != nullptr && previous->worker.joinable()) {
+    previous->worker.join();
+  }
+}
+
 const Group& background_group() {
   static const Group g = detail::new_background_group("checkpoint");
   return g;
 }
 
 } // namespace
+
+SaveResult save(const StateDict& state, const std::string& dir_name, const SaveOptions& options) {
+  at::NoGradGuard no_grad;
+  wait_for_in_flight();
+  const Prepared p = prepare_save(state, dir_name, options);
+  return write_and_publish(stage_own_chunks(p.tensors, p.plan, options, /*copy=*/false), p, options,
+                           world_group());
+}
 
 bool AsyncSave::done() const {
   return state_ == nullptr || state_->finished.load();
@@ -281,19 +281,15 @@ SaveResult AsyncSave::wait() {
 AsyncSave async_save(const StateDict& state, const std::string& dir_name,
                      const SaveOptions& options) {
   at::NoGradGuard no_grad;
-  {
-    std::lock_guard<std::mutex> lock(in_flight_mutex());
-    if (auto previous = in_flight(); previous != nullptr && previous->worker.joinable()) {
-      previous->worker.join(); // at most one in flight; its outcome is its handle's to report
-    }
-  }
+  wait_for_in_flight();
   const Group& group = background_group();
-  Prepared p = prepare_save(state, dir_name);
+  auto p = std::make_shared<Prepared>(prepare_save(state, dir_name, options));
   auto staged =
-      std::make_shared<Staged>(stage_own_chunks(p.tensors, p.plan, options, /*copy=*/true));
+      std::make_shared<Staged>(stage_own_chunks(p->tensors, p->plan, options, /*copy=*/true));
+  p->tensors.clear(); // the staged copies are what is written
   auto s = std::make_shared<AsyncSave::State>();
-  s->worker = std::thread([s, staged, tmp = p.tmp, dir = p.dir, options, group] {
-    s->error = attempt([&] { s->result = write_and_publish(*staged, tmp, dir, options, group); });
+  s->worker = std::thread([s, staged, p, options, group] {
+    s->error = attempt([&] { s->result = write_and_publish(*staged, *p, options, group); });
     s->finished = true;
   });
   {
@@ -324,26 +320,13 @@ std::vector<TensorInfo> read_metadata(const std::string& dir) {
   return out;
 }
 
-void consolidate(const std::string& dir_name, const std::string& out_name,
-                 const ConsolidateOptions& options) {
-  at::NoGradGuard no_grad;
-  const fs::path out = checkpoint_path(out_name);
-  const detail::CheckpointIndex index = detail::read_checkpoint(checkpoint_path(dir_name).string());
-  std::vector<st::Item> items;
-  for (const auto& [key, entry] : index.tensors) {
-    const bool excluded =
-        std::any_of(options.exclude_prefixes().begin(), options.exclude_prefixes().end(),
-                    [&](const std::string& p) { return key.rfind(p, 0) == 0; });
-    if (!excluded) {
-      detail::check_coverage(index, key);
-      items.push_back(
-          {key, entry.dtype, entry.shape, std::vector<int64_t>(entry.shape.size(), 0), {}});
-    }
-  }
+namespace {
+
+// consolidate's files, written into `tmp`: the weights, their index, the extra files and the
+// manifest listing them.
+void write_export(const detail::CheckpointIndex& index, const std::vector<st::Item>& items,
+                  const fs::path& tmp, const ConsolidateOptions& options) {
   const std::string name = "model-00001-of-00001.safetensors";
-  const fs::path tmp = temp_dir_of(out);
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
   detail::MappedFiles files(index);
   st::WriteOptions wo;
   wo.sharding_info = false;
@@ -356,18 +339,80 @@ void consolidate(const std::string& dir_name, const std::string& out_name,
     total += static_cast<int64_t>(at::elementSize(item.dtype)) *
              c10::multiply_integers(item.shape.begin(), item.shape.end());
   }
-  {
-    std::ofstream f(tmp / "model.safetensors.index.json");
-    f << nlohmann::json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2);
-    DTENSOR_CHECK(f.good(), "checkpoint::consolidate: cannot write {}",
-                  (tmp / "model.safetensors.index.json").string());
-  }
+  std::vector<std::string> written = {name, "model.safetensors.index.json"};
+  detail::write_text_file(
+      tmp / written[1],
+      nlohmann::json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2),
+      true);
   for (const auto& [file, content] : options.extra_files()) {
-    std::ofstream f(tmp / file);
-    f << content;
-    DTENSOR_CHECK(f.good(), "checkpoint::consolidate: cannot write {}", (tmp / file).string());
+    DTENSOR_CHECK(!file.empty() && fs::path(file).filename() == file && file != detail::kManifest &&
+                      std::find(written.begin(), written.end(), file) == written.end(),
+                  "checkpoint::consolidate: extra file '{}' is not a plain file name of its own",
+                  file);
+    detail::write_text_file(tmp / file, content, true);
+    written.push_back(file);
   }
-  publish(tmp, out, true);
+  detail::write_manifest(tmp, detail::OutputKind::kHfExport, written, true);
+}
+
+} // namespace
+
+void consolidate(const std::string& dir_name, const std::string& out_name,
+                 const ConsolidateOptions& options) {
+  at::NoGradGuard no_grad;
+  const detail::Target out = detail::resolve_target(out_name);
+  const std::string what = "checkpoint::consolidate(" + dir_name + ", " + out.name + ")";
+  const fs::path source = checkpoint_path(dir_name);
+  std::error_code ec;
+  DTENSOR_CHECK(!fs::equivalent(source, out.dir, ec),
+                "{}: the output would replace the checkpoint it is read from", what);
+  detail::check_replaceable(out, options.overwrite(), what);
+  const detail::CheckpointIndex index = detail::read_checkpoint(source.string());
+  std::vector<st::Item> items;
+  for (const auto& [key, entry] : index.tensors) {
+    const bool excluded =
+        std::any_of(options.exclude_prefixes().begin(), options.exclude_prefixes().end(),
+                    [&](const std::string& p) { return key.rfind(p, 0) == 0; });
+    if (!excluded) {
+      detail::check_coverage(index, key);
+      items.push_back(
+          {key, entry.dtype, entry.shape, std::vector<int64_t>(entry.shape.size(), 0), {}});
+    }
+  }
+  fs::create_directories(out.dir.parent_path());
+  const detail::TargetLock lock(out.dir, what);
+  const fs::path tmp = detail::temp_dir_of(out.dir);
+  detail::make_temp_dir(tmp);
+  try {
+    write_export(index, items, tmp, options);
+    detail::publish(tmp, out, options.overwrite(), true, what);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);
+    throw;
+  }
+}
+
+void check_target(const std::string& dir, bool overwrite) {
+  const detail::Target target = detail::resolve_target(dir);
+  detail::check_replaceable(target, overwrite, "checkpoint::check_target(" + target.name + ")");
+}
+
+bool is_complete(const std::string& dir) {
+  return detail::is_output(detail::resolve_target(dir).dir);
+}
+
+void remove(const std::string& dir) {
+  const detail::Target target = detail::resolve_target(dir);
+  const std::string what = "checkpoint::remove(" + target.name + ")";
+  const detail::TargetLock lock(target.dir, what);
+  std::string why;
+  DTENSOR_CHECK(detail::is_output(target.dir, &why),
+                "{}: it is {}, not a complete dtensor checkpoint; nothing was deleted", what, why);
+  const fs::path aside = detail::temp_dir_of(target.dir);
+  fs::remove_all(aside);
+  fs::rename(target.dir, aside); // gone at once, never half deleted in place
+  fs::remove_all(aside);
 }
 
 } // namespace dtensor::checkpoint

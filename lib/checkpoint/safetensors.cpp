@@ -131,6 +131,8 @@ Chunk parse_chunk(const std::string& key, const json& entry, const json& shardin
   return c;
 }
 
+} // namespace
+
 void write_all(int fd, const void* data, int64_t bytes, const std::string& path) {
   const auto* p = static_cast<const char*>(data);
   while (bytes > 0) {
@@ -143,8 +145,6 @@ void write_all(int fd, const void* data, int64_t bytes, const std::string& path)
     bytes -= n;
   }
 }
-
-} // namespace
 
 const char* dtype_name(c10::ScalarType dtype) {
   for (const auto& [n, t] : dtype_table()) {

@@ -68,3 +68,22 @@ void agree_on_errors(const std::string& what, const std::string& error, const Gr
 }
 
 } // namespace dtensor::detail
+
+namespace dtensor {
+
+void on_rank0(const std::string& what, const std::function<void()>& body, const Group& group) {
+  std::string error;
+  if (group.rank() == 0) {
+    try {
+      body();
+    } catch (const std::exception& e) {
+      error = e.what();
+      if (error.empty()) {
+        error = "an exception without a message";
+      }
+    }
+  }
+  detail::agree_on_errors(what, error, group);
+}
+
+} // namespace dtensor

@@ -1,6 +1,11 @@
 // CommDebugMode per module: the tracker the module scopes report to, and PyTorch's views of it
 // (comm_module_counts, the tracing table, the JSON dump, sharding and parameter info).
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 
@@ -284,22 +289,28 @@ nlohmann::ordered_json module_json(const ModuleLog& t, const std::map<std::strin
   return j;
 }
 
-// Written next to `path` and renamed over it: a reader never sees half a file.
+// Written into a hidden sibling of `path` named for this process (never a file of the
+// user's) and renamed over it: a reader never sees half a file. A directory at `path` is an
+// error; a symbolic link there is replaced by the file (what it points to is untouched).
 void write_file(const std::string& what, const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
+  const std::filesystem::path p(path);
+  const std::string tmp =
+      (p.parent_path() / fmt::format(".{}.dtensor-tmp-{}", p.filename().string(), ::getpid())).string();
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    DTENSOR_CHECK(f.good(), "CommDebugMode::{}: cannot open '{}' for writing", what, path);
+    DTENSOR_CHECK(f.good(), "CommDebugMode::{}: cannot open '{}' for writing: {}", what, tmp,
+                  std::strerror(errno));
     f << text;
     f.close();
     if (!f.good()) {
       std::remove(tmp.c_str());
-      DTENSOR_FAIL("CommDebugMode::{}: writing '{}' failed", what, path);
+      DTENSOR_FAIL("CommDebugMode::{}: writing '{}' failed (a full disk?)", what, path);
     }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string error = std::strerror(errno);
     std::remove(tmp.c_str());
-    DTENSOR_FAIL("CommDebugMode::{}: cannot replace '{}'", what, path);
+    DTENSOR_FAIL("CommDebugMode::{}: cannot replace '{}': {}", what, path, error);
   }
 }
 

@@ -125,6 +125,10 @@ DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
                             std::optional<std::vector<int64_t>> stride) {
   DTENSOR_CHECK(local.defined(), "DTensor::from_local: undefined local tensor");
   DTENSOR_CHECK(!is_dtensor(local), "DTensor::from_local: the local tensor is already a DTensor");
+  DTENSOR_CHECK(mesh.defined(), "DTensor::from_local: undefined mesh");
+  DTENSOR_CHECK(static_cast<int64_t>(placements.size()) == mesh.ndim(),
+                "DTensor::from_local: {} placements {} for a mesh of {} dimensions {}",
+                placements.size(), to_string(placements), mesh.ndim(), mesh.to_string());
   DTENSOR_CHECK(!local.is_meta() || mesh.device_type() == c10::kMeta,
                 "DTensor::from_local: local tensor on {} but the mesh is {}", local.device().str(),
                 mesh.to_string());
