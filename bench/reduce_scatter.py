@@ -2,7 +2,7 @@
 dist.reduce_scatter_tensor and dist.all_gather_into_tensor.
 
 The measure of bench/reduce_scatter.cpp (median ms of 20 synchronous sum reduce-scatters of
-a float tensor of 786,432 and 3,145,728 elements, and of 20 all-gathers into tensors of those
+a float tensor of 4,096, 786,432 and 3,145,728 elements, and of 20 all-gathers into tensors of those
 sizes, each after a barrier, one thread per rank),
 taken for PyTorch by this file's --worker and for dtensor by the C++ program. The driver
 alternates the two, several rounds per world size, and prints a Markdown table: medians over
@@ -29,7 +29,7 @@ def worker():
     world = dist.get_world_size()
     result = {}
     for kind in ("rs", "ag"):
-        for numel in (786432, 3145728):
+        for numel in (4096, 786432, 3145728):
             whole = torch.randn(numel) if kind == "rs" else torch.empty(numel)
             shard = torch.empty(numel // world) if kind == "rs" else torch.randn(numel // world)
             ms = []
@@ -81,9 +81,9 @@ def main():
             ratio = statistics.median(y / x for x, y in zip(a, b))
             kind, numel = k.split(":")
             name = "reduce-scatter" if kind == "rs" else "all-gather"
-            print(f"| {name} | {world} | {int(numel) * 4 / 2**20:.0f} | {statistics.median(a):.2f} "
-                  f"({min(a):.2f}-{max(a):.2f}) | {statistics.median(b):.2f} "
-                  f"({min(b):.2f}-{max(b):.2f}) | {ratio:.2f}x |", flush=True)
+            print(f"| {name} | {world} | {int(numel) * 4 / 2**20:.3g} | {statistics.median(a):.3f} "
+                  f"({min(a):.3f}-{max(a):.3f}) | {statistics.median(b):.3f} "
+                  f"({min(b):.3f}-{max(b):.3f}) | {ratio:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":

@@ -164,7 +164,8 @@ inline at::Tensor replicate_like(const at::Tensor& t, const at::Tensor& like) {
   }
   const dtensor::DeviceMesh mesh = dtensor::DTensor(like).device_mesh();
   return dtensor::DTensor::from_local(
-      t, mesh, dtensor::Placements(static_cast<size_t>(mesh.ndim()), dtensor::Replicate()));
+      t, mesh, dtensor::Placements(static_cast<size_t>(mesh.ndim()), dtensor::Replicate()),
+      t.sizes().vec()); // the same buffer on every rank: no exchange of sizes needed
 }
 
 } // namespace llama3_detail

@@ -63,7 +63,9 @@ def train_mode(torchrun, work, train):
         f.write("notes")
     good, out = job(torchrun, 2, flags + ["--steps", "2", "--save", mine], expect_ok=False)
     refused = f"--save {mine}: it holds entries this recipe did not write (configs, notes.txt)"
-    ok = ok and good and out.count(refused) == 2  # both ranks
+    # Every rank raises it (agreed: test_checkpoint_targets asserts that); torchrun may stop
+    # the second before it prints.
+    ok = ok and good and refused in out
     if sorted(os.listdir(mine)) != ["configs", "notes.txt"] or open(os.path.join(mine, "notes.txt")).read() != "notes":
         print(f"FAIL: the refused --save changed {mine}: {os.listdir(mine)}")
         ok = False

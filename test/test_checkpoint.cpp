@@ -90,7 +90,9 @@ int64_t header_len(const std::string& path) {
 int64_t data_bytes_on_disk(const std::string& dir) {
   int64_t total = 0;
   for (const auto& e : fs::directory_iterator(dir)) {
-    total += static_cast<int64_t>(fs::file_size(e.path())) - 8 - header_len(e.path().string());
+    if (e.path().extension() == ".safetensors") { // not the manifest
+      total += static_cast<int64_t>(fs::file_size(e.path())) - 8 - header_len(e.path().string());
+    }
   }
   return total;
 }

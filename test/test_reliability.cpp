@@ -4,7 +4,9 @@
 #include <torch/nn/modules/linear.h>
 
 #include <cmath>
+#include <functional>
 
+#include "mesh/agree.h"
 #include "support/prelude.h"
 
 using dtensor::distribute_tensor;
@@ -333,8 +335,10 @@ TEST_CASE("reliability 3 (TORCH_DISTRIBUTED_DEBUG=DETAIL): mismatched collective
   REQUIRE(std::string(level) == "DETAIL");
   REQUIRE(world() > 1);
   auto mesh = init_device_mesh(device_type(), {world()}, {"x"});
-  // Every rank wraps a different local shape: full_tensor's all-gather would mix them.
-  DTensor d = DTensor::from_local(at::full({rank() + 1, 4}, 1.0, options()), mesh, {S(0)});
+  // Every rank wraps a different local shape under a global shape of its own (a shape given,
+  // so from_local trusts it): full_tensor's all-gather would mix them.
+  DTensor d = DTensor::from_local(at::full({rank() + 1, 4}, 1.0, options()), mesh, {S(0)},
+                                  std::vector<int64_t>{(rank() + 1) * world(), 4});
   REQUIRE_THROWS_AS(d.full_tensor(), dtensor::Error);
   REQUIRE_THROWS_WITH(d.full_tensor(), contains("all_gather"));
   // distribute_tensor with a different shape per rank.
@@ -350,4 +354,104 @@ TEST_CASE("reliability 3 (TORCH_DISTRIBUTED_DEBUG=DETAIL): mismatched collective
   // The groups are still usable afterwards.
   DTensor ok = distribute_tensor(at::arange(8., options()), mesh, {S(0)});
   REQUIRE(same(ok.full_tensor(), at::arange(8., options())));
+}
+
+// [Note: agreeing on sizes] (lib/mesh/size_check.cpp), issue 44: sizes that come from the
+// user and differ between ranks, without TORCH_DISTRIBUTED_DEBUG. Before, Gloo's transport
+// thread aborted rank 0 and, on two ranks, rank 1 returned a tensor of the wrong size. Now:
+// the same dtensor::Error on every rank (compared by gathering the messages), nothing sent,
+// the groups usable afterwards, and the check costs no collective CommDebugMode counts.
+namespace {
+
+// Runs `call`, which must throw; returns the message after checking it is the same on every
+// rank of the world and contains every piece of `want`.
+std::string same_error_everywhere(const std::function<void()>& call,
+                                  const std::vector<std::string>& want) {
+  std::string message;
+  try {
+    call();
+  } catch (const dtensor::Error& e) {
+    message = e.what();
+  }
+  for (const std::string& w : want) {
+    INFO(message);
+    REQUIRE(message.find(w) != std::string::npos);
+  }
+  for (const std::string& other : dtensor::detail::all_gather_strings(message, dtensor::world_group())) {
+    REQUIRE(other == message);
+  }
+  return message;
+}
+
+} // namespace
+
+TEST_CASE("reliability 8: local sizes that differ between ranks are one error on every rank",
+          "[reliability][world2][world4]") {
+  auto mesh = init_device_mesh(device_type(), {world()}, {"x"});
+  const auto g = mesh.get_group();
+  const int64_t n = world();
+  // from_local without a shape, then full_tensor (the issue's probe): refused at from_local.
+  same_error_everywhere(
+      [&] { DTensor::from_local(at::ones({rank() == 0 ? 1 : 2, 3}, options()), mesh, {S(0)}); },
+      {"DTensor::from_local((Shard(0)) on DeviceMesh", "disagree, so nothing was sent",
+       "rank 0: local [1, 3] Float (global [" + std::to_string(n) + ", 3])",
+       "rank 1: local [2, 3] Float (global [" + std::to_string(2 * n) + ", 3])"});
+  // Replicate: the shapes themselves must agree.
+  same_error_everywhere(
+      [&] { DTensor::from_local(at::ones({3 + rank()}, options()), mesh, {R()}); },
+      {"rank 1: local [4] Float (global [4])"});
+  if (n == 4) { // a 2x2 mesh, one rank off: every rank learns it over both dimensions
+    auto m2 = init_device_mesh(device_type(), {2, 2}, {"a", "b"});
+    same_error_everywhere(
+        [&] { DTensor::from_local(at::ones({2, rank() == 3 ? 3 : 2}, options()), m2, {S(0), S(1)}); },
+        {"rank 3: local [2, 3] Float (global [4, 6])", "rank 0: local [2, 2] Float (global [4, 4])"});
+  }
+  // The public collectives, sizes from the caller.
+  at::Tensor in = at::ones({rank() + 1, 2}, options());
+  at::Tensor out = at::empty({(rank() + 1) * n, 2}, options());
+  same_error_everywhere([&] { dtensor::all_gather_into_tensor(out, in, g); },
+                        {"collective: the ranks of group", "rank 1: all_gather_into_tensor of [2, 2] Float"});
+  same_error_everywhere([&] { dtensor::all_gather_tensor(in, 1, g); }, {"all_gather_tensor"});
+  same_error_everywhere([&] { dtensor::all_reduce_(in, ReduceOp::Sum, g); },
+                        {"rank 0: all_reduce(sum) of [1, 2] Float"});
+  same_error_everywhere([&] { dtensor::all_reduce(in, ReduceOp::Sum, g); }, {"all_reduce"});
+  at::Tensor rs_out = at::empty({rank() + 1, 2}, options());
+  same_error_everywhere(
+      [&] { dtensor::reduce_scatter_tensor_into(rs_out, out, ReduceOp::Sum, g); },
+      {"reduce_scatter_tensor"});
+  same_error_everywhere([&] { dtensor::broadcast_(in, 0, g); }, {"broadcast(src=0)"});
+  // Ranks calling different collectives.
+  same_error_everywhere(
+      [&] {
+        at::Tensor t = at::ones({2}, options());
+        if (rank() == 0) {
+          dtensor::broadcast_(t, 0, g);
+        } else {
+          dtensor::all_reduce_(t, ReduceOp::Sum, g);
+        }
+      },
+      {"rank 0: broadcast(src=0) of [2] Float", "rank 1: all_reduce(sum) of [2] Float"});
+  // all_to_all_single: rank 0 sends 2 rows to rank 1, which expects 1.
+  std::vector<int64_t> send(static_cast<size_t>(n), 1), receive(static_cast<size_t>(n), 1);
+  if (rank() == 0) {
+    send = std::vector<int64_t>(static_cast<size_t>(n), 1);
+    send[0] = 0;
+    send[1] = 2;
+  }
+  const at::Tensor a2a = at::ones({n, 2}, options());
+  same_error_everywhere([&] { dtensor::all_to_all_single(a2a, receive, send, g); },
+                        {"all_to_all_single", "rank 0: all_to_all_single of [" + std::to_string(n) +
+                                                  ", 2] Float, sending 0/2"});
+
+  // Afterwards the groups work, and the agreement is not a counted collective.
+  {
+    CommDebugMode mode;
+    DTensor ok = DTensor::from_local(at::full({2, 3}, double(rank()), options()), mesh, {S(0)});
+    at::Tensor full = ok.full_tensor();
+    REQUIRE(same(full, at::arange(n, options()).repeat_interleave(2).unsqueeze(1).expand({2 * n, 3})));
+    at::Tensor gathered = at::empty({2 * n, 2}, options());
+    dtensor::all_gather_into_tensor(gathered, at::ones({2, 2}, options()), g);
+    REQUIRE(same(gathered, at::ones({2 * n, 2}, options())));
+    REQUIRE(mode.total_count() == 2); // full_tensor's all-gather and the explicit one
+  }
 }

@@ -544,7 +544,7 @@ int run_llama(int argc, char** argv) {
                 f.precision == "bf16" ? "bf16 parameters, fp32 reductions" : "fp32", f.ac.c_str(),
                 f.lr, f.max_norm);
   }
-  Loop loop{f, mesh, dp, device, model, opt, data, vocab.size(), folder};
+  Loop loop{f, mesh, dp, device, model, opt, data, vocab.size(), folder, 0, 0, {}, std::nullopt};
   const bool ok = loop.run(start);
   if (is_simulated()) {
     return 0; // nothing to sample or export from tensors without values

@@ -24,6 +24,14 @@ namespace dtensor {
 // check their arguments, report to every active CommDebugMode, then call the c10d backend.
 // Nothing else in the library may call a c10d collective, which is what lets tests assert
 // exact collective counts.
+//
+// The sizes a caller passes may differ between ranks by mistake. On Gloo groups of two or
+// more ranks every function below except barrier first agrees on them: one small all-gather
+// of a fingerprint per call, not counted by CommDebugMode, after which a mismatch (other
+// shapes, dtypes, reduce ops or split sizes, or another collective altogether) raises the same
+// dtensor::Error on every rank, naming each rank's tensor, before any data moves ([Note:
+// agreeing on sizes] in lib/mesh/size_check.cpp). The library's own collectives, whose sizes
+// agree by construction, skip it.
 
 
 struct CollectiveOptions {

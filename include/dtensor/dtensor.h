@@ -29,8 +29,12 @@ class DTensor : public at::Tensor {
   // Throws when `t` is not a DTensor.
   explicit DTensor(const at::Tensor& t);
 
-  // Wraps an existing local shard; no communication. `shape`/`stride` default to the global
-  // shape implied by even shards of `local`.
+  // Wraps an existing local shard. `shape`/`stride` default to the global shape implied by
+  // even shards of `local`; then, on a Gloo mesh of 2+ ranks, the ranks first agree on it (one
+  // small all-gather per mesh dimension, not counted by CommDebugMode), so that local tensors
+  // that differ between ranks are the same error on every rank here instead of a process
+  // aborted by the next collective. With `shape` given there is no communication: the caller
+  // vouches for it (PyTorch's from_local(shape=...)), and an uneven layout needs it.
   static DTensor from_local(const at::Tensor& local, const DeviceMesh& mesh,
                             const Placements& placements,
                             std::optional<std::vector<int64_t>> shape = std::nullopt,

@@ -82,7 +82,7 @@ c10d::ReduceOp backend_op(const char* what, ReduceOp op, const at::Tensor& t, co
 
 void report(CollectiveKind kind, const Group& group, ReduceOp op, const at::Tensor& in,
             int64_t bytes_out, bool async) {
-  if (!detail::comm_debug_active()) {
+  if (!detail::comm_debug_active() || detail::Uncounted::active()) {
     return;
   }
   CollectiveRecord rec;
@@ -230,6 +230,18 @@ Work reduce_scatter_by_all_to_all(std::string what, const at::Tensor& out, const
 
 } // namespace
 
+namespace detail {
+
+namespace {
+thread_local int uncounted_depth = 0;
+} // namespace
+
+Uncounted::Uncounted() { ++uncounted_depth; }
+Uncounted::~Uncounted() { --uncounted_depth; }
+bool Uncounted::active() { return uncounted_depth > 0; }
+
+} // namespace detail
+
 std::string to_string(ReduceOp op) {
   switch (op) {
   case ReduceOp::Sum:
@@ -315,6 +327,11 @@ void Work::wait() {
   }
 }
 
+namespace detail {
+
+// The collectives themselves, without agreeing on sizes first (collectives_internal.h); the
+// public functions of dtensor/collectives.h check, then call these (size_check.cpp).
+
 Work all_reduce_(at::Tensor& tensor, ReduceOp op, const Group& group,
                  const CollectiveOptions& options) {
   const char* what = "all_reduce";
@@ -337,7 +354,7 @@ Work all_reduce_(at::Tensor& tensor, ReduceOp op, const Group& group,
 
 at::Tensor all_reduce(const at::Tensor& tensor, ReduceOp op, const Group& group) {
   at::Tensor out = tensor.clone(at::MemoryFormat::Contiguous);
-  all_reduce_(out, op, group);
+  detail::all_reduce_(out, op, group);
   return out;
 }
 
@@ -370,8 +387,6 @@ Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const G
   return run(std::move(name), group, options,
              [&](c10d::Backend& b) { return b._allgather_base(out, in, c10d::AllgatherOptions()); });
 }
-
-namespace detail {
 
 Work all_gather_into_pieces(std::vector<std::vector<at::Tensor>>& outputs,
                             std::vector<at::Tensor>& inputs, const Group& group,
@@ -427,8 +442,6 @@ bool reduce_scatter_input_free_at_issue(const Group& group, ReduceOp op) {
   return group.backend_type() == BackendType::Gloo && !reduce_scatter_as_all_to_all(group, op);
 }
 
-} // namespace detail
-
 at::Tensor all_gather_tensor(const at::Tensor& input, int64_t gather_dim, const Group& group) {
   const char* what = "all_gather_tensor";
   check_group(what, group);
@@ -437,7 +450,7 @@ at::Tensor all_gather_tensor(const at::Tensor& input, int64_t gather_dim, const 
   std::vector<int64_t> shape = in.sizes().vec();
   shape[0] *= group.size();
   at::Tensor out = at::empty(shape, in.options());
-  all_gather_into_tensor(out, in, group);
+  detail::all_gather_into_tensor(out, in, group);
   if (dim == 0) {
     return out;
   }
@@ -493,7 +506,7 @@ at::Tensor reduce_scatter_tensor(const at::Tensor& input, ReduceOp op, int64_t s
   at::Tensor out = at::empty(shape, in.options());
   // Chunks along `dim` were stacked along dim 0, so this rank's slice already has the
   // result's shape.
-  reduce_scatter_tensor_into(out, in, op, group);
+  detail::reduce_scatter_tensor_into(out, in, op, group);
   return out;
 }
 
@@ -564,6 +577,8 @@ Work broadcast_(at::Tensor& tensor, int src, const Group& group, const Collectiv
   return run(fmt::format("broadcast(src={}, {})", src, describe(tensor)), group, options,
              [&](c10d::Backend& b) { return b.broadcast(tensors, opts); });
 }
+
+} // namespace detail
 
 void barrier(const Group& group) {
   check_group("barrier", group);

@@ -9,6 +9,36 @@
 
 namespace dtensor::detail {
 
+// The collectives of dtensor/collectives.h without their agreement on sizes ([Note: agreeing
+// on sizes] in size_check.cpp): for the library's own callers, whose sizes are agreed by
+// construction (a DTensor's checked global shape, fully_shard's flat buffers, a bucket).
+// Call them qualified (detail::all_reduce_): the public ones share their names.
+Work all_reduce_(at::Tensor& tensor, ReduceOp op, const Group& group,
+                 const CollectiveOptions& options = {});
+at::Tensor all_reduce(const at::Tensor& tensor, ReduceOp op, const Group& group);
+Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const Group& group,
+                            const CollectiveOptions& options = {});
+at::Tensor all_gather_tensor(const at::Tensor& input, int64_t gather_dim, const Group& group);
+Work reduce_scatter_tensor_into(at::Tensor& output, const at::Tensor& input, ReduceOp op,
+                                const Group& group, const CollectiveOptions& options = {});
+at::Tensor reduce_scatter_tensor(const at::Tensor& input, ReduceOp op, int64_t scatter_dim,
+                                 const Group& group);
+at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>& out_splits,
+                             const std::vector<int64_t>& in_splits, const Group& group);
+Work broadcast_(at::Tensor& tensor, int src, const Group& group,
+                const CollectiveOptions& options = {});
+
+// While one lives on this thread, collectives are not reported to CommDebugMode: the
+// library's own bookkeeping (the agreement on sizes), which PyTorch does not issue.
+class Uncounted {
+ public:
+  Uncounted();
+  ~Uncounted();
+  Uncounted(const Uncounted&) = delete;
+  Uncounted& operator=(const Uncounted&) = delete;
+  static bool active();
+};
+
 // One all-gather of a list of pieces: outputs[r][i] (any strides) receives group rank r's
 // inputs[i]; every rank passes pieces of the same shapes and dtype. CommDebugMode records
 // one all-gather of the pieces' total size. Gloo only (ProcessGroupGloo's

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include "internal/check.h"
+#include "mesh/collectives_internal.h"
 #include "parallel/grad_reduce.h"
 
 namespace dtensor {
@@ -70,13 +71,13 @@ void divide_if_needed(at::Tensor& t, double factor) {
 
 void default_all_reduce(const CommHookState& state, at::Tensor& bucket) {
   divide_if_needed(bucket, state.gradient_predivide_factor);
-  all_reduce_(bucket, ReduceOp::Sum, state.group);
+  detail::all_reduce_(bucket, ReduceOp::Sum, state.group);
   divide_if_needed(bucket, state.gradient_postdivide_factor);
 }
 
 void default_reduce_scatter(const CommHookState& state, at::Tensor& grad, at::Tensor& output) {
   divide_if_needed(grad, state.gradient_predivide_factor);
-  reduce_scatter_tensor_into(output, grad, ReduceOp::Sum, state.group);
+  detail::reduce_scatter_tensor_into(output, grad, ReduceOp::Sum, state.group);
   divide_if_needed(output, state.gradient_postdivide_factor);
 }
 

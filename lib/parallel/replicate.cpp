@@ -13,6 +13,7 @@
 #include <dtensor/collectives.h>
 
 #include "internal/check.h"
+#include "mesh/collectives_internal.h"
 #include "mesh/rank_device.h"
 #include "parallel/end_of_backward.h"
 #include "parallel/grad_reduce.h"
@@ -81,7 +82,7 @@ void ReplicateState::reduce_flat(at::Tensor& flat) {
   if (f.pre != 1) {
     flat.div_(f.pre);
   }
-  all_reduce_(flat, f.all_reduce_op, group);
+  detail::all_reduce_(flat, f.all_reduce_op, group);
   if (f.post != 1) {
     flat.div_(f.post);
   }

@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "internal/check.h"
+#include "mesh/agree.h"
 #include "mesh/rank_device.h"
 #include "tensor/dtensor_impl.h"
 #include "tensor/ops/sharding.h"
@@ -120,6 +121,35 @@ const Placements& DTensor::placements() const { return spec().placements; }
 
 const DeviceMesh& DTensor::device_mesh() const { return spec().mesh; }
 
+namespace {
+
+// [Note: agreeing on sizes] (lib/mesh/size_check.cpp): without a shape, the global shape is
+// each rank's guess from its own local tensor. Ranks whose local tensors differ would hold
+// DTensors of different global shapes, and their first collective would abort a process on
+// Gloo or return garbage. One uncounted exchange of the shapes over the mesh makes that an
+// error on every rank here, naming each rank's tensor. Gloo meshes of 2+ ranks only (as the
+// public collectives); with a shape given, the caller vouches for it.
+void agree_local_shapes(const at::Tensor& local, const DeviceMesh& mesh,
+                        const Placements& placements, const std::vector<int64_t>& global) {
+  if (mesh.size() < 2 || mesh.device_type() != c10::kCPU) {
+    return;
+  }
+  for (int64_t d = 0; d < mesh.ndim(); ++d) {
+    if (mesh.get_group(d).backend_type() != BackendType::Gloo) {
+      return;
+    }
+  }
+  detail::agree_on_sizes(
+      fmt::format("DTensor::from_local({} on {}, no shape given)", to_string(placements),
+                  mesh.to_string()),
+      {detail::shape_fingerprint(global, local.scalar_type())},
+      fmt::format("local {} {} (global {})", local.sizes(), c10::toString(local.scalar_type()),
+                  global),
+      mesh);
+}
+
+} // namespace
+
 DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
                             const Placements& placements, std::optional<std::vector<int64_t>> shape,
                             std::optional<std::vector<int64_t>> stride) {
@@ -146,6 +176,9 @@ DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
         global[static_cast<size_t>(d)] *= mesh.size(static_cast<int64_t>(i));
       }
     }
+  }
+  if (!shape) {
+    agree_local_shapes(local, mesh, placements, global);
   }
   DTensorSpec spec = detail::make_spec(mesh, placements, global, local.scalar_type(), stride);
   return DTensor(FromLocalFn::apply(on_mesh.contiguous(), spec));

@@ -13,6 +13,7 @@
 #include <dtensor/process_group.h>
 
 #include "internal/check.h"
+#include "mesh/collectives_internal.h"
 #include "mesh/rank_device.h"
 #include "tensor/dtensor_impl.h"
 #include "tensor/ops/sharding.h"
@@ -187,7 +188,7 @@ at::Tensor total_norm(const std::vector<at::Tensor>& tensors,
       // A one-rank dimension holds its total already ([Note: one-rank mesh dimensions
       // communicate nothing], transitions.cpp).
       if (reduced[static_cast<size_t>(d)] && red.mesh.size(d) > 1) {
-        all_reduce_(acc, op, red.mesh.get_group(d));
+        detail::all_reduce_(acc, op, red.mesh.get_group(d));
       }
     }
   }
@@ -204,7 +205,8 @@ at::Tensor total_norm(const std::vector<at::Tensor>& tensors,
   if (!red.mesh.defined()) {
     return total;
   }
-  return DTensor::from_local(total, red.mesh, replicate_all(red.mesh.ndim()));
+  // The shape given: the norm is agreed by construction ([Note: agreeing on sizes]).
+  return DTensor::from_local(total, red.mesh, replicate_all(red.mesh.ndim()), total.sizes().vec());
 }
 
 } // namespace

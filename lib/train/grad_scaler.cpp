@@ -11,6 +11,7 @@
 #include <dtensor/collectives.h>
 
 #include "internal/check.h"
+#include "mesh/collectives_internal.h"
 #include "tensor/dtensor_impl.h"
 #include "train/mesh_union.h"
 
@@ -65,7 +66,7 @@ void agree_found_inf(at::Tensor& found, const Agreement& a) {
                         .contiguous();
   for (int64_t d = 0; d < u.mesh.ndim(); ++d) {
     if (reduce[static_cast<size_t>(d)]) {
-      all_reduce_(wire, ReduceOp::Max, u.mesh.get_group(d));
+      detail::all_reduce_(wire, ReduceOp::Max, u.mesh.get_group(d));
     }
   }
   found = wire.to(home);

@@ -420,7 +420,7 @@ void FSDPParamGroup::unshard(bool async, bool explicit_background) {
     if (custom_all_gather.call) {
       custom_all_gather.call(gathered, pending->input, group);
     } else {
-      pending->work = all_gather_into_tensor(gathered, pending->input, group,
+      pending->work = detail::all_gather_into_tensor(gathered, pending->input, group,
                                              CollectiveOptions().async_op(background));
     }
   }

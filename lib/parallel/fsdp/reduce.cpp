@@ -189,7 +189,7 @@ void FSDPParamGroup::start_reduce_flat(PendingReduce& pending) {
   if (custom_reduce_scatter.call) {
     custom_reduce_scatter.call(pending.output, input, shard_group, f.reduce_scatter_op);
   } else {
-    pending.work = reduce_scatter_tensor_into(pending.output, input, f.reduce_scatter_op,
+    pending.work = detail::reduce_scatter_tensor_into(pending.output, input, f.reduce_scatter_op,
                                               shard_group, CollectiveOptions().async_op(overlap));
     if (reduce_scatter_input_free_at_issue(shard_group, f.reduce_scatter_op)) {
       pending.input.reset(); // one unit less in flight at the start of backward
@@ -236,7 +236,7 @@ bool FSDPParamGroup::finish_reduce_flat(PendingReduce& pending) {
   }
   const DivideFactors& f = pending.factors;
   if (replicate_group) {
-    all_reduce_(pending.output, f.all_reduce_op, *replicate_group);
+    detail::all_reduce_(pending.output, f.all_reduce_op, *replicate_group);
   }
   run_all_reduce_hook(pending.output);
   if (f.post != 1) {

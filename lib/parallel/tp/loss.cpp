@@ -14,6 +14,7 @@
 #include <dtensor/tensor_parallel.h>
 
 #include "internal/check.h"
+#include "mesh/collectives_internal.h"
 #include "tensor/dispatch/interceptors.h"
 #include "tensor/dtensor_impl.h"
 #include "tensor/redistribute/redistribute.h"
@@ -145,7 +146,7 @@ at::Tensor wrap(const at::Tensor& local, const DeviceMesh& mesh, const Placement
 // All-reduce over the class group; a group of one rank has nothing to add.
 void reduce_over(at::Tensor& t, ReduceOp op, const Group& group) {
   if (group.size() > 1) {
-    all_reduce_(t, op, group);
+    detail::all_reduce_(t, op, group);
   }
 }
 

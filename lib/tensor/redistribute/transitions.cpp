@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "internal/check.h"
+#include "mesh/collectives_internal.h"
 #include "tensor/redistribute/transitions.h"
 
 namespace dtensor::detail {
@@ -55,7 +56,7 @@ at::Tensor gather_apply(const at::Tensor& local, const TransformStep& step, cons
   int64_t k = mesh.size(step.mesh_dim);
   int64_t full = step.logical_shape[static_cast<size_t>(d)];
   int64_t padded = (full + k - 1) / k;
-  at::Tensor gathered = all_gather_tensor(pad_to(local, d, padded), d, mesh.get_group(step.mesh_dim));
+  at::Tensor gathered = detail::all_gather_tensor(pad_to(local, d, padded), d, mesh.get_group(step.mesh_dim));
   return gathered.size(d) == full ? gathered : gathered.narrow(d, 0, full).contiguous();
 }
 
@@ -71,7 +72,7 @@ at::Tensor reduce_apply(const at::Tensor& local, const TransformStep& step, cons
   if (powered) {
     t = t.pow(q);
   }
-  all_reduce_(t, partial_collective_op(p), mesh.get_group(step.mesh_dim));
+  detail::all_reduce_(t, partial_collective_op(p), mesh.get_group(step.mesh_dim));
   return powered ? t.pow(1.0 / q) : t;
 }
 
@@ -85,7 +86,7 @@ at::Tensor reduce_scatter_apply(const at::Tensor& local, const TransformStep& st
   int64_t k = mesh.size(step.mesh_dim);
   int64_t full = step.logical_shape[static_cast<size_t>(d)];
   int64_t padded = (full + k - 1) / k;
-  at::Tensor out = reduce_scatter_tensor(pad_to(local, d, padded * k), step.src.reduce_op(), d,
+  at::Tensor out = detail::reduce_scatter_tensor(pad_to(local, d, padded * k), step.src.reduce_op(), d,
                                          mesh.get_group(step.mesh_dim));
   int64_t mine = chunk_size(full, k, coord(mesh, step.mesh_dim));
   return mine == padded ? out : out.narrow(d, 0, mine).contiguous();
@@ -102,7 +103,7 @@ at::Tensor all_to_all_apply(const at::Tensor& local, const TransformStep& step, 
   int64_t k = mesh.size(step.mesh_dim);
   // Row j of `send` is the piece of our chunk that rank j keeps along `to`.
   at::Tensor send = at::stack(local.chunk(k, to), 0).contiguous();
-  at::Tensor recv = all_to_all_single(send, {}, {}, mesh.get_group(step.mesh_dim));
+  at::Tensor recv = detail::all_to_all_single(send, {}, {}, mesh.get_group(step.mesh_dim));
   // Row j of `recv` is rank j's chunk along `from` of our piece: concatenate along `from`.
   return at::cat(recv.unbind(0), from).contiguous();
 }

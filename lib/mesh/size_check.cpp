@@ -1,0 +1,166 @@
+// The public collectives of dtensor/collectives.h: the sizes their callers pass are agreed
+// across the group before any data moves, then the choke point's collective runs
+// (collectives.cpp, detail::).
+#include <dtensor/collectives.h>
+
+#include <ATen/ATen.h>
+
+#include "internal/check.h"
+#include "mesh/agree.h"
+#include "mesh/collectives_internal.h"
+
+namespace dtensor {
+
+// [Note: agreeing on sizes]
+// A collective whose ranks pass tensors of different sizes does not fail cleanly on Gloo:
+// its transport thread finds "Received data size doesn't match expected size" and
+// terminates the process, and on two ranks (whose exchange sizes are each rank's own guess,
+// [Note: two Gloo ranks by split sizes]) a rank can even return garbage. Where the sizes come
+// from the caller (these public functions; DTensor::from_local without a shape), every rank
+// first all-gathers a small fingerprint of what it sends and expects (detail::agree_on_sizes:
+// one all-gather of about 300 bytes per rank, not counted by CommDebugMode) and a mismatch is
+// the same error on every rank, naming each rank's tensor, before any data moves. Where the
+// sizes are agreed by construction (a DTensor's redistribution, fully_shard's flat buffers,
+// replicate's buckets, the norms and found-inf of clipping and scaling) the library calls the
+// detail:: collectives directly and pays nothing. Only Gloo groups of two or more ranks check:
+// on NCCL the check would synchronise the host with the stream (TORCH_DISTRIBUTED_DEBUG=DETAIL
+// checks there), and the simulated world has no peers to disagree.
+
+namespace {
+
+enum Kind : int64_t {
+  kAllReduce = 1,
+  kAllGather,
+  kAllGatherDim,
+  kReduceScatter,
+  kReduceScatterDim,
+  kAllToAll,
+  kBroadcast
+};
+
+int64_t shape_hash(const at::Tensor& t) {
+  return t.defined() ? detail::shape_fingerprint(t.sizes(), t.scalar_type()) : -1;
+}
+
+std::string shape_of(const at::Tensor& t) {
+  return t.defined() ? fmt::format("{} {}", t.sizes(), c10::toString(t.scalar_type()))
+                     : std::string("undefined");
+}
+
+bool checks_sizes(const Group& group) {
+  return group.defined() && group.backend_type() == BackendType::Gloo && group.size() > 1;
+}
+
+// Every kind's fingerprint has 4 + 2 x group size entries, so that ranks calling different
+// collectives still gather rows of one length (and disagree on the kind).
+void agree(const Group& group, std::vector<int64_t> head, const std::string& description,
+           const std::vector<int64_t>& splits = {}, detail::Consistent consistent = nullptr) {
+  if (!checks_sizes(group)) {
+    return;
+  }
+  head.resize(4, 0);
+  head.insert(head.end(), splits.begin(), splits.end());
+  head.resize(4 + 2 * static_cast<size_t>(group.size()), 0);
+  // One prefix for every kind: ranks that called different collectives get one message too
+  // (each rank's description names its own call).
+  detail::agree_on_sizes("collective", head, description, group, consistent);
+}
+
+// all_to_all_single: rank r's in_splits[j] rows go to rank j, which expects out_splits[r].
+bool splits_match(const at::Tensor& rows) {
+  const int64_t n = rows.size(0);
+  if (!rows.narrow(1, 0, 2).eq(rows[0].narrow(0, 0, 2)).all().item<bool>()) {
+    return false; // another kind, or another row shape / dtype
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t j = 0; j < n; ++j) {
+      if (rows[r][4 + j].item<int64_t>() != rows[j][4 + n + r].item<int64_t>()) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// The rows each peer sends or receives: the splits given, or equal ones.
+std::vector<int64_t> effective(const std::vector<int64_t>& splits, int64_t rows, int64_t n) {
+  return splits.empty() ? std::vector<int64_t>(static_cast<size_t>(n), rows / n) : splits;
+}
+
+} // namespace
+
+Work all_reduce_(at::Tensor& tensor, ReduceOp op, const Group& group,
+                 const CollectiveOptions& options) {
+  agree(group, {kAllReduce, shape_hash(tensor), static_cast<int64_t>(op)},
+        fmt::format("all_reduce({}) of {}", to_string(op), shape_of(tensor)));
+  return detail::all_reduce_(tensor, op, group, options);
+}
+
+at::Tensor all_reduce(const at::Tensor& tensor, ReduceOp op, const Group& group) {
+  agree(group, {kAllReduce, shape_hash(tensor), static_cast<int64_t>(op)},
+        fmt::format("all_reduce({}) of {}", to_string(op), shape_of(tensor)));
+  return detail::all_reduce(tensor, op, group);
+}
+
+Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const Group& group,
+                            const CollectiveOptions& options) {
+  agree(group, {kAllGather, shape_hash(input), shape_hash(output)},
+        fmt::format("all_gather_into_tensor of {} into {}", shape_of(input), shape_of(output)));
+  return detail::all_gather_into_tensor(output, input, group, options);
+}
+
+at::Tensor all_gather_tensor(const at::Tensor& input, int64_t gather_dim, const Group& group) {
+  agree(group, {kAllGatherDim, shape_hash(input), gather_dim},
+        fmt::format("all_gather_tensor of {} along dim {}", shape_of(input), gather_dim));
+  return detail::all_gather_tensor(input, gather_dim, group);
+}
+
+Work reduce_scatter_tensor_into(at::Tensor& output, const at::Tensor& input, ReduceOp op,
+                                const Group& group, const CollectiveOptions& options) {
+  agree(group, {kReduceScatter, shape_hash(input), shape_hash(output), static_cast<int64_t>(op)},
+        fmt::format("reduce_scatter_tensor({}) of {} into {}", to_string(op), shape_of(input),
+                    shape_of(output)));
+  return detail::reduce_scatter_tensor_into(output, input, op, group, options);
+}
+
+at::Tensor reduce_scatter_tensor(const at::Tensor& input, ReduceOp op, int64_t scatter_dim,
+                                 const Group& group) {
+  agree(group, {kReduceScatterDim, shape_hash(input), scatter_dim, static_cast<int64_t>(op)},
+        fmt::format("reduce_scatter_tensor({}) of {} along dim {}", to_string(op), shape_of(input),
+                    scatter_dim));
+  return detail::reduce_scatter_tensor(input, op, scatter_dim, group);
+}
+
+at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>& out_splits,
+                             const std::vector<int64_t>& in_splits, const Group& group) {
+  if (checks_sizes(group)) {
+    const auto n = static_cast<size_t>(group.size());
+    const bool shaped = input.defined() && input.dim() > 0;
+    std::vector<int64_t> splits =
+        shaped ? effective(in_splits, input.size(0), group.size()) : std::vector<int64_t>{};
+    const std::vector<int64_t> out =
+        shaped ? effective(out_splits, input.size(0), group.size()) : std::vector<int64_t>{};
+    // Splits of the wrong length: a row that matches no other rank's (the local check then
+    // names them on every rank that has them).
+    const bool valid = splits.size() == n && out.size() == n;
+    splits.insert(splits.end(), out.begin(), out.end());
+    splits.resize(2 * n, 0);
+    const int64_t row = shaped && valid
+                            ? detail::shape_fingerprint(input.sizes().slice(1), input.scalar_type())
+                            : -2;
+    agree(group, {kAllToAll, row},
+          fmt::format("all_to_all_single of {}, sending {} rows, receiving {}", shape_of(input),
+                      fmt::join(splits.begin(), splits.begin() + static_cast<int64_t>(n), "/"),
+                      fmt::join(splits.begin() + static_cast<int64_t>(n), splits.end(), "/")),
+          splits, splits_match);
+  }
+  return detail::all_to_all_single(input, out_splits, in_splits, group);
+}
+
+Work broadcast_(at::Tensor& tensor, int src, const Group& group, const CollectiveOptions& options) {
+  agree(group, {kBroadcast, shape_hash(tensor), src},
+        fmt::format("broadcast(src={}) of {}", src, shape_of(tensor)));
+  return detail::broadcast_(tensor, src, group, options);
+}
+
+} // namespace dtensor
