@@ -387,50 +387,52 @@ std::string same_error_everywhere(const std::function<void()>& call,
 
 TEST_CASE("reliability 8: local sizes that differ between ranks are one error on every rank",
           "[reliability][world2][world4]") {
-  auto mesh = init_device_mesh(device_type(), {world()}, {"x"});
+  // A CPU mesh: Gloo, also in an NCCL world (the agreement is Gloo's; on NCCL, DETAIL checks).
+  auto mesh = init_device_mesh(c10::kCPU, {world()}, {"x"});
   const auto g = mesh.get_group();
   const int64_t n = world();
+  const auto cpu = at::TensorOptions();
   // from_local without a shape, then full_tensor (the issue's probe): refused at from_local.
   same_error_everywhere(
-      [&] { DTensor::from_local(at::ones({rank() == 0 ? 1 : 2, 3}, options()), mesh, {S(0)}); },
+      [&] { DTensor::from_local(at::ones({rank() == 0 ? 1 : 2, 3}, cpu), mesh, {S(0)}); },
       {"DTensor::from_local((Shard(0)) on DeviceMesh", "disagree, so nothing was sent",
        "rank 0: local [1, 3] Float (global [" + std::to_string(n) + ", 3])",
        "rank 1: local [2, 3] Float (global [" + std::to_string(2 * n) + ", 3])"});
   // Replicate: the shapes themselves must agree.
   same_error_everywhere(
-      [&] { DTensor::from_local(at::ones({3 + rank()}, options()), mesh, {R()}); },
+      [&] { DTensor::from_local(at::ones({3 + rank()}, cpu), mesh, {R()}); },
       {"rank 1: local [4] Float (global [4])"});
   if (n == 4) { // a 2x2 mesh, one rank off: every rank learns it over both dimensions
-    auto m2 = init_device_mesh(device_type(), {2, 2}, {"a", "b"});
+    auto m2 = init_device_mesh(c10::kCPU, {2, 2}, {"a", "b"});
     same_error_everywhere(
-        [&] { DTensor::from_local(at::ones({2, rank() == 3 ? 3 : 2}, options()), m2, {S(0), S(1)}); },
+        [&] { DTensor::from_local(at::ones({2, rank() == 3 ? 3 : 2}, cpu), m2, {S(0), S(1)}); },
         {"rank 3: local [2, 3] Float (global [4, 6])", "rank 0: local [2, 2] Float (global [4, 4])"});
   }
   // The public collectives, sizes from the caller.
-  at::Tensor in = at::ones({rank() + 1, 2}, options());
-  at::Tensor out = at::empty({(rank() + 1) * n, 2}, options());
+  at::Tensor in = at::ones({rank() + 1, 2}, cpu);
+  at::Tensor out = at::empty({(rank() + 1) * n, 2}, cpu);
   same_error_everywhere([&] { dtensor::all_gather_into_tensor(out, in, g); },
-                        {"collective: the ranks of group", "rank 1: all_gather_into_tensor of [2, 2] Float"});
+                        {"collective: the ranks of group", "rank 1: all_gather_into_tensor(Float[2, 2] on cpu) into Float[" + std::to_string(2 * n) + ", 2] on cpu"});
   same_error_everywhere([&] { dtensor::all_gather_tensor(in, 1, g); }, {"all_gather_tensor"});
   same_error_everywhere([&] { dtensor::all_reduce_(in, ReduceOp::Sum, g); },
-                        {"rank 0: all_reduce(sum) of [1, 2] Float"});
+                        {"rank 0: all_reduce(sum, Float[1, 2] on cpu)"});
   same_error_everywhere([&] { dtensor::all_reduce(in, ReduceOp::Sum, g); }, {"all_reduce"});
-  at::Tensor rs_out = at::empty({rank() + 1, 2}, options());
+  at::Tensor rs_out = at::empty({rank() + 1, 2}, cpu);
   same_error_everywhere(
       [&] { dtensor::reduce_scatter_tensor_into(rs_out, out, ReduceOp::Sum, g); },
       {"reduce_scatter_tensor"});
-  same_error_everywhere([&] { dtensor::broadcast_(in, 0, g); }, {"broadcast(src=0)"});
+  same_error_everywhere([&] { dtensor::broadcast_(in, 0, g); }, {"broadcast(src=0, Float[1, 2] on cpu)"});
   // Ranks calling different collectives.
   same_error_everywhere(
       [&] {
-        at::Tensor t = at::ones({2}, options());
+        at::Tensor t = at::ones({2}, cpu);
         if (rank() == 0) {
           dtensor::broadcast_(t, 0, g);
         } else {
           dtensor::all_reduce_(t, ReduceOp::Sum, g);
         }
       },
-      {"rank 0: broadcast(src=0) of [2] Float", "rank 1: all_reduce(sum) of [2] Float"});
+      {"rank 0: broadcast(src=0, Float[2] on cpu)", "rank 1: all_reduce(sum, Float[2] on cpu)"});
   // all_to_all_single: rank 0 sends 2 rows to rank 1, which expects 1.
   std::vector<int64_t> send(static_cast<size_t>(n), 1), receive(static_cast<size_t>(n), 1);
   if (rank() == 0) {
@@ -438,20 +440,19 @@ TEST_CASE("reliability 8: local sizes that differ between ranks are one error on
     send[0] = 0;
     send[1] = 2;
   }
-  const at::Tensor a2a = at::ones({n, 2}, options());
+  const at::Tensor a2a = at::ones({n, 2}, cpu);
   same_error_everywhere([&] { dtensor::all_to_all_single(a2a, receive, send, g); },
-                        {"all_to_all_single", "rank 0: all_to_all_single of [" + std::to_string(n) +
-                                                  ", 2] Float, sending 0/2"});
+                        {"rank 0: all_to_all_single(Float[" + std::to_string(n) + ", 2] on cpu) sending 0/2"});
 
   // Afterwards the groups work, and the agreement is not a counted collective.
   {
     CommDebugMode mode;
-    DTensor ok = DTensor::from_local(at::full({2, 3}, double(rank()), options()), mesh, {S(0)});
+    DTensor ok = DTensor::from_local(at::full({2, 3}, double(rank()), cpu), mesh, {S(0)});
     at::Tensor full = ok.full_tensor();
-    REQUIRE(same(full, at::arange(n, options()).repeat_interleave(2).unsqueeze(1).expand({2 * n, 3})));
-    at::Tensor gathered = at::empty({2 * n, 2}, options());
-    dtensor::all_gather_into_tensor(gathered, at::ones({2, 2}, options()), g);
-    REQUIRE(same(gathered, at::ones({2 * n, 2}, options())));
+    REQUIRE(same(full, at::arange(n, at::kFloat).repeat_interleave(2).unsqueeze(1).expand({2 * n, 3})));
+    at::Tensor gathered = at::empty({2 * n, 2}, cpu);
+    dtensor::all_gather_into_tensor(gathered, at::ones({2, 2}, cpu), g);
+    REQUIRE(same(gathered, at::ones({2 * n, 2}, cpu)));
     REQUIRE(mode.total_count() == 2); // full_tensor's all-gather and the explicit one
   }
 }

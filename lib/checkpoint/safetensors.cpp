@@ -44,7 +44,6 @@ c10::ScalarType dtype_of(const std::string& name, const std::string& path, const
   DTENSOR_FAIL("checkpoint: {}: tensor '{}' has dtype '{}', which dtensor does not read", path, key, name);
 }
 
-std::string errno_text() { return std::strerror(errno); }
 
 int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
@@ -132,6 +131,8 @@ Chunk parse_chunk(const std::string& key, const json& entry, const json& shardin
 }
 
 } // namespace
+
+std::string errno_text() { return std::strerror(errno); }
 
 void write_all(int fd, const void* data, int64_t bytes, const std::string& path) {
   const auto* p = static_cast<const char*>(data);

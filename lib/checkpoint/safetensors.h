@@ -57,6 +57,9 @@ struct WriteOptions {
 // Writes one file: the header, then data(i) for each item in turn (a contiguous CPU tensor
 // of the item's shape and dtype, requested only when written, so a caller may build one at
 // a time). Created, written, fsynced, closed. Returns the file's size.
+// strerror(errno), for messages.
+std::string errno_text();
+
 // Writes all `bytes` to `fd` (retrying short writes); a failure (a full disk) raises, naming `path`.
 void write_all(int fd, const void* data, int64_t bytes, const std::string& path);
 

@@ -33,16 +33,14 @@ namespace dtensor::detail {
 
 namespace {
 
-std::string errno_text() {
-  return std::strerror(errno);
-}
+using safetensors::errno_text;
 
 // "what: " before a message, or nothing (the caller's agreement names the call).
 std::string prefix(const std::string& what) {
   return what.empty() ? "" : what + ": ";
 }
 
-std::string entries(size_t n) {
+std::string entry_count(size_t n) {
   return fmt::format("{} entr{}", n, n == 1 ? "y" : "ies");
 }
 
@@ -157,7 +155,7 @@ bool is_output(const fs::path& dir, std::string* why) {
   const fs::path manifest = dir / kManifest;
   if (!fs::is_regular_file(manifest, ec)) {
     return fail(fmt::format("a directory holding {} dtensor did not write ({}; it has no {})",
-                            entries(names.size()), some_of(names), kManifest));
+                            entry_count(names.size()), some_of(names), kManifest));
   }
   std::set<std::string> listed;
   try {

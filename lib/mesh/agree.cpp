@@ -122,8 +122,13 @@ void agree_on_sizes(const std::string& what, const std::vector<int64_t>& fingerp
                     const std::string& description, const Group& group, Consistent consistent) {
   const Uncounted uncounted;
   const at::Tensor row = row_of(fingerprint, description);
-  const at::Tensor rows =
-      detail::all_gather_tensor(row.to(device_of(group)), 0, group).cpu().view({group.size(), -1});
+  at::Tensor rows;
+  try {
+    rows = detail::all_gather_tensor(row.to(device_of(group)), 0, group).cpu().view({group.size(), -1});
+  } catch (const Error& e) { // a peer that failed or stalls: name the caller's collective
+    DTENSOR_FAIL("{} on group {} failed while the ranks agreed on its sizes: {}", description,
+                 group.to_string(), e.what());
+  }
   judge(what, "group " + group.to_string(), rows, static_cast<int64_t>(fingerprint.size()),
         group.ranks(), consistent);
 }
@@ -136,9 +141,13 @@ void agree_on_sizes(const std::string& what, const std::vector<int64_t>& fingerp
   at::Tensor rows = row_of(fingerprint, description).unsqueeze(0);
   for (int64_t d = mesh.ndim() - 1; d >= 0; --d) {
     const Group group = mesh.get_group(d);
-    rows = detail::all_gather_tensor(rows.to(device_of(group)).unsqueeze(0), 0, group)
-               .cpu()
-               .view({-1, rows.size(1)});
+    try {
+      rows = detail::all_gather_tensor(rows.to(device_of(group)).unsqueeze(0), 0, group)
+                 .cpu()
+                 .view({-1, rows.size(1)});
+    } catch (const Error& e) {
+      DTENSOR_FAIL("{}: {} failed while the ranks agreed on sizes: {}", what, description, e.what());
+    }
   }
   judge(what, "mesh " + mesh.to_string(), rows, static_cast<int64_t>(fingerprint.size()),
         mesh.ranks(), nullptr);

@@ -15,10 +15,7 @@ namespace dtensor {
 
 namespace {
 
-std::string describe(const at::Tensor& t) {
-  return fmt::format("{}{} on {}", c10::toString(t.scalar_type()), t.sizes(),
-                     t.device().str());
-}
+using detail::describe;
 
 void check_group(const char* what, const Group& group) {
   DTENSOR_CHECK(group.defined(), "{}: undefined group (this rank is not a member of it)", what);
@@ -231,6 +228,12 @@ Work reduce_scatter_by_all_to_all(std::string what, const at::Tensor& out, const
 } // namespace
 
 namespace detail {
+
+std::string describe(const at::Tensor& t) {
+  return t.defined() ? fmt::format("{}{} on {}", c10::toString(t.scalar_type()), t.sizes(),
+                                   t.device().str())
+                     : std::string("an undefined tensor");
+}
 
 namespace {
 thread_local int uncounted_depth = 0;

@@ -1,6 +1,7 @@
 #pragma once
 
 // Collectives of the choke point (lib/mesh/collectives.cpp) that only the library uses.
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -27,6 +28,9 @@ at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>
                              const std::vector<int64_t>& in_splits, const Group& group);
 Work broadcast_(at::Tensor& tensor, int src, const Group& group,
                 const CollectiveOptions& options = {});
+
+// "Float[4, 2] on cpu": how the choke point names a tensor in its messages.
+std::string describe(const at::Tensor& t);
 
 // While one lives on this thread, collectives are not reported to CommDebugMode: the
 // library's own bookkeeping (the agreement on sizes), which PyTorch does not issue.

@@ -298,8 +298,8 @@ void write_file(const std::string& what, const std::string& path, const std::str
       (p.parent_path() / fmt::format(".{}.dtensor-tmp-{}", p.filename().string(), ::getpid())).string();
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    DTENSOR_CHECK(f.good(), "CommDebugMode::{}: cannot open '{}' for writing: {}", what, tmp,
-                  std::strerror(errno));
+    DTENSOR_CHECK(f.good(), "CommDebugMode::{}: cannot open '{}' for writing: {} (writing {})",
+                  what, path, std::strerror(errno), tmp);
     f << text;
     f.close();
     if (!f.good()) {

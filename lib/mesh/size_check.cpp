@@ -28,7 +28,7 @@ namespace dtensor {
 
 namespace {
 
-enum Kind : int64_t {
+enum CollectiveCode : int64_t {
   kAllReduce = 1,
   kAllGather,
   kAllGatherDim,
@@ -42,10 +42,6 @@ int64_t shape_hash(const at::Tensor& t) {
   return t.defined() ? detail::shape_fingerprint(t.sizes(), t.scalar_type()) : -1;
 }
 
-std::string shape_of(const at::Tensor& t) {
-  return t.defined() ? fmt::format("{} {}", t.sizes(), c10::toString(t.scalar_type()))
-                     : std::string("undefined");
-}
 
 bool checks_sizes(const Group& group) {
   return group.defined() && group.backend_type() == BackendType::Gloo && group.size() > 1;
@@ -92,42 +88,42 @@ std::vector<int64_t> effective(const std::vector<int64_t>& splits, int64_t rows,
 Work all_reduce_(at::Tensor& tensor, ReduceOp op, const Group& group,
                  const CollectiveOptions& options) {
   agree(group, {kAllReduce, shape_hash(tensor), static_cast<int64_t>(op)},
-        fmt::format("all_reduce({}) of {}", to_string(op), shape_of(tensor)));
+        fmt::format("all_reduce({}, {})", to_string(op), detail::describe(tensor)));
   return detail::all_reduce_(tensor, op, group, options);
 }
 
 at::Tensor all_reduce(const at::Tensor& tensor, ReduceOp op, const Group& group) {
   agree(group, {kAllReduce, shape_hash(tensor), static_cast<int64_t>(op)},
-        fmt::format("all_reduce({}) of {}", to_string(op), shape_of(tensor)));
+        fmt::format("all_reduce({}, {})", to_string(op), detail::describe(tensor)));
   return detail::all_reduce(tensor, op, group);
 }
 
 Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const Group& group,
                             const CollectiveOptions& options) {
   agree(group, {kAllGather, shape_hash(input), shape_hash(output)},
-        fmt::format("all_gather_into_tensor of {} into {}", shape_of(input), shape_of(output)));
+        fmt::format("all_gather_into_tensor({}) into {}", detail::describe(input),
+                    detail::describe(output)));
   return detail::all_gather_into_tensor(output, input, group, options);
 }
 
 at::Tensor all_gather_tensor(const at::Tensor& input, int64_t gather_dim, const Group& group) {
   agree(group, {kAllGatherDim, shape_hash(input), gather_dim},
-        fmt::format("all_gather_tensor of {} along dim {}", shape_of(input), gather_dim));
+        fmt::format("all_gather_tensor({}) along dim {}", detail::describe(input), gather_dim));
   return detail::all_gather_tensor(input, gather_dim, group);
 }
 
 Work reduce_scatter_tensor_into(at::Tensor& output, const at::Tensor& input, ReduceOp op,
                                 const Group& group, const CollectiveOptions& options) {
   agree(group, {kReduceScatter, shape_hash(input), shape_hash(output), static_cast<int64_t>(op)},
-        fmt::format("reduce_scatter_tensor({}) of {} into {}", to_string(op), shape_of(input),
-                    shape_of(output)));
+        fmt::format("reduce_scatter_tensor({}, {}) into {}", to_string(op),
+                    detail::describe(input), detail::describe(output)));
   return detail::reduce_scatter_tensor_into(output, input, op, group, options);
 }
 
 at::Tensor reduce_scatter_tensor(const at::Tensor& input, ReduceOp op, int64_t scatter_dim,
                                  const Group& group) {
   agree(group, {kReduceScatterDim, shape_hash(input), scatter_dim, static_cast<int64_t>(op)},
-        fmt::format("reduce_scatter_tensor({}) of {} along dim {}", to_string(op), shape_of(input),
-                    scatter_dim));
+        fmt::format("reduce_scatter_tensor({}, {}) along dim {}", to_string(op), detail::describe(input), scatter_dim));
   return detail::reduce_scatter_tensor(input, op, scatter_dim, group);
 }
 
@@ -149,7 +145,7 @@ at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>
                             ? detail::shape_fingerprint(input.sizes().slice(1), input.scalar_type())
                             : -2;
     agree(group, {kAllToAll, row},
-          fmt::format("all_to_all_single of {}, sending {} rows, receiving {}", shape_of(input),
+          fmt::format("all_to_all_single({}) sending {} rows, receiving {}", detail::describe(input),
                       fmt::join(splits.begin(), splits.begin() + static_cast<int64_t>(n), "/"),
                       fmt::join(splits.begin() + static_cast<int64_t>(n), splits.end(), "/")),
           splits, splits_match);
@@ -159,7 +155,7 @@ at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>
 
 Work broadcast_(at::Tensor& tensor, int src, const Group& group, const CollectiveOptions& options) {
   agree(group, {kBroadcast, shape_hash(tensor), src},
-        fmt::format("broadcast(src={}) of {}", src, shape_of(tensor)));
+        fmt::format("broadcast(src={}, {})", src, detail::describe(tensor)));
   return detail::broadcast_(tensor, src, group, options);
 }
 
