@@ -7,7 +7,8 @@
 // ranks by split sizes]). Run under torchrun. Rank 0 prints "RESULT <json>": for each
 // collective ("rs", "ag") and unsharded size (floats; 16 KiB shows the fixed cost of the
 // agreement on sizes, [Note: agreeing on sizes]), the median milliseconds of 20
-// synchronous calls (reduce-scatter: sum) after 3 warm-up ones, each after a barrier.
+// synchronous calls (reduce-scatter: sum) after 3 warm-up ones, each after a barrier; and
+// "fl": DTensor::from_local of a 2x2 tensor without a shape, timed the same way.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -47,6 +48,22 @@ int main() {
       json += (json.empty() ? "" : ", ") + std::string("\"") + kind + ":" +
               std::to_string(numel) + "\": " + std::to_string(ms[ms.size() / 2]);
     }
+  }
+  { // DTensor::from_local of a 2x2 tensor as Shard(0) without a shape (the agreement on sizes)
+    const auto mesh = dtensor::init_device_mesh(c10::kCPU, {world}, {"x"});
+    const at::Tensor local = at::ones({2, 2});
+    std::vector<double> ms;
+    for (int i = 0; i < 23; ++i) {
+      dtensor::barrier(group);
+      const auto t0 = std::chrono::steady_clock::now();
+      dtensor::DTensor::from_local(local, mesh, {dtensor::Placement::shard(0)});
+      const auto t1 = std::chrono::steady_clock::now();
+      if (i >= 3) {
+        ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      }
+    }
+    std::sort(ms.begin(), ms.end());
+    json += ", \"fl:4\": " + std::to_string(ms[ms.size() / 2]);
   }
   if (dtensor::get_rank() == 0) {
     std::printf("RESULT {%s}\n", json.c_str());

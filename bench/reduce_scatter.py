@@ -1,5 +1,6 @@
 """One reduce-scatter and one all-gather over Gloo, dtensor against PyTorch's
-dist.reduce_scatter_tensor and dist.all_gather_into_tensor.
+dist.reduce_scatter_tensor and dist.all_gather_into_tensor; and DTensor.from_local without a
+shape (dtensor agrees the shape over the mesh: [Note: agreeing on sizes]).
 
 The measure of bench/reduce_scatter.cpp (median ms of 20 synchronous sum reduce-scatters of
 a float tensor of 4,096, 786,432 and 3,145,728 elements, and of 20 all-gathers into tensors of those
@@ -44,6 +45,21 @@ def worker():
                 if i >= 3:
                     ms.append((t1 - t0) * 1e3)
             result[f"{kind}:{numel}"] = statistics.median(ms)
+    # DTensor.from_local of a 2x2 tensor as Shard(0), no shape: PyTorch takes it on trust
+    # (run_check=False, its default), dtensor agrees the shape over the mesh first.
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    mesh = init_device_mesh("cpu", (world,))
+    local = torch.ones(2, 2)
+    ms = []
+    for i in range(23):
+        dist.barrier()
+        t0 = time.perf_counter()
+        DTensor.from_local(local, mesh, [Shard(0)])
+        t1 = time.perf_counter()
+        if i >= 3:
+            ms.append((t1 - t0) * 1e3)
+    result["fl:4"] = statistics.median(ms)
     if dist.get_rank() == 0:
         print("RESULT " + json.dumps(result), flush=True)
     dist.destroy_process_group()
@@ -80,7 +96,7 @@ def main():
             a, b = torch_ms[k], ours_ms[k]
             ratio = statistics.median(y / x for x, y in zip(a, b))
             kind, numel = k.split(":")
-            name = "reduce-scatter" if kind == "rs" else "all-gather"
+            name = {"rs": "reduce-scatter", "ag": "all-gather", "fl": "from_local, no shape"}[kind]
             print(f"| {name} | {world} | {int(numel) * 4 / 2**20:.3g} | {statistics.median(a):.3f} "
                   f"({min(a):.3f}-{max(a):.3f}) | {statistics.median(b):.3f} "
                   f"({min(b):.3f}-{max(b):.3f}) | {ratio:.2f}x |", flush=True)

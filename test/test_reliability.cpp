@@ -456,3 +456,15 @@ TEST_CASE("reliability 8: local sizes that differ between ranks are one error on
     REQUIRE(mode.total_count() == 2); // full_tensor's all-gather and the explicit one
   }
 }
+
+// Run by agree-off-w2 with DTENSOR_AGREE_SIZES=0 (not by the [worldN] runs): the agreement on
+// sizes is off, as in PyTorch: from_local takes each rank's local tensor on trust, so each rank
+// holds its own guess of the global shape (and no exchange took place: ranks that differ would
+// otherwise raise here).
+TEST_CASE("reliability 8 (DTENSOR_AGREE_SIZES=0): from_local trusts each rank", "[agree_off]") {
+  const char* v = std::getenv("DTENSOR_AGREE_SIZES");
+  REQUIRE((v != nullptr && std::string(v) == "0"));
+  auto mesh = init_device_mesh(c10::kCPU, {world()}, {"x"});
+  DTensor d = DTensor::from_local(at::ones({rank() + 1, 3}), mesh, {S(0)});
+  REQUIRE(d.sizes().vec() == std::vector<int64_t>{(rank() + 1) * world(), 3});
+}

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include <dtensor/collectives.h>
@@ -108,6 +109,14 @@ void judge(const std::string& what, const std::string& where, const at::Tensor& 
 }
 
 } // namespace
+
+bool agree_on_sizes_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("DTENSOR_AGREE_SIZES");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return enabled;
+}
 
 int64_t shape_fingerprint(c10::IntArrayRef sizes, c10::ScalarType dtype) {
   uint64_t h = 1469598103934665603ull;

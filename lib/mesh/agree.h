@@ -20,6 +20,11 @@ void agree_on_errors(const std::string& what, const std::string& error, const Gr
 // lengths, then the bytes padded to the longest).
 std::vector<std::string> all_gather_strings(const std::string& mine, const Group& group);
 
+// Whether user-sized collectives and from_local without a shape agree on sizes first: yes,
+// unless the environment sets DTENSOR_AGREE_SIZES=0 (read once) for a job that trusts its
+// inputs as PyTorch does and wants the last microseconds of small collectives back.
+bool agree_on_sizes_enabled();
+
 // One integer standing for a tensor's sizes and dtype (FNV-1a), for the fingerprints below.
 int64_t shape_fingerprint(c10::IntArrayRef sizes, c10::ScalarType dtype);
 

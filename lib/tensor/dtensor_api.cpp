@@ -131,7 +131,7 @@ namespace {
 // public collectives); with a shape given, the caller vouches for it.
 void agree_local_shapes(const at::Tensor& local, const DeviceMesh& mesh,
                         const Placements& placements, const std::vector<int64_t>& global) {
-  if (mesh.size() < 2 || mesh.device_type() != c10::kCPU) {
+  if (mesh.size() < 2 || mesh.device_type() != c10::kCPU || !detail::agree_on_sizes_enabled()) {
     return;
   }
   for (int64_t d = 0; d < mesh.ndim(); ++d) {
