@@ -71,6 +71,7 @@ bool no_leftovers(const fs::path& dir) {
   const std::string hidden = "." + dir.filename().string() + ".dtensor-";
   for (const auto& e : fs::directory_iterator(dir.parent_path())) {
     if (e.path().filename().string().rfind(hidden, 0) == 0) {
+      UNSCOPED_INFO("left beside " << dir.string() << " on rank " << rank() << ": " << e.path().string());
       return false;
     }
   }
@@ -113,6 +114,7 @@ TEST_CASE("checkpoint targets: a file or a foreign directory is refused on every
   REQUIRE(snapshot(foreign) == before_dir);
   REQUIRE(same(loaded(half.string()), value(1)));
   REQUIRE((no_leftovers(file) && no_leftovers(foreign) && no_leftovers(half)));
+  dtensor::barrier(dtensor::world_group()); // every rank has looked before rank 0 locks `foreign`
   if (rank() == 0) { // not collective
     REQUIRE_THROWS_WITH(ckpt::remove(foreign.string()), contains("nothing was deleted"));
   }
