@@ -44,7 +44,6 @@ int64_t shape_hash(const at::Tensor& t) {
   return t.defined() ? detail::shape_fingerprint(t.sizes(), t.scalar_type()) : -1;
 }
 
-
 bool checks_sizes(const Group& group) {
   return group.defined() && group.backend_type() == BackendType::Gloo && group.size() > 1 &&
          detail::agree_on_sizes_enabled();
@@ -71,14 +70,8 @@ bool splits_match(const at::Tensor& rows) {
   if (!rows.narrow(1, 0, 2).eq(rows[0].narrow(0, 0, 2)).all().item<bool>()) {
     return false; // another kind, or another row shape / dtype
   }
-  for (int64_t r = 0; r < n; ++r) {
-    for (int64_t j = 0; j < n; ++j) {
-      if (rows[r][4 + j].item<int64_t>() != rows[j][4 + n + r].item<int64_t>()) {
-        return false;
-      }
-    }
-  }
-  return true;
+  // sends[r][j] (rank r to j) must equal receives[j][r] (rank j from r).
+  return rows.narrow(1, 4, n).equal(rows.narrow(1, 4 + n, n).t());
 }
 
 // The rows each peer sends or receives: the splits given, or equal ones.
