@@ -2,14 +2,14 @@
 
 // C++ ports of models of PyTorch's torch/testing/_internal/distributed/_tensor/common_dtensor.py
 // (and the stack of them the conformance scenario "debug" uses), whose forwards call their
-// submodules through dtensor::traced_forward, so CommDebugMode sees them as PyTorch's tracker
+// submodules through dtensor::call (the module seam), so CommDebugMode sees them as PyTorch's tracker
 // sees the Python ones ([Note: module attribution]).
 #include <torch/nn/module.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/linear.h>
 
-#include <dtensor/module_tracker.h>
+#include <dtensor/module_hooks.h>
 
 namespace dtensor::models {
 
@@ -22,7 +22,7 @@ struct MLPModuleImpl : torch::nn::Module {
     net2 = register_module("net2", torch::nn::Linear(16, 10));
   }
   at::Tensor forward(const at::Tensor& x) {
-    return traced_forward(net2, traced_forward(relu, traced_forward(net1, x)));
+    return call(net2, call(relu, call(net1, x)));
   }
   torch::nn::Linear net1{nullptr}, net2{nullptr};
   torch::nn::ReLU relu{nullptr};
@@ -39,9 +39,9 @@ struct MLPModuleStackImpl : torch::nn::Module {
   at::Tensor forward(at::Tensor x) {
     for (const auto& layer : *layers) {
       auto mlp = MLPModule(std::dynamic_pointer_cast<MLPModuleImpl>(layer));
-      x = traced_forward(mlp, x);
+      x = call(mlp, x);
     }
-    return traced_forward(output, x);
+    return call(output, x);
   }
   torch::nn::ModuleList layers{nullptr};
   torch::nn::Linear output{nullptr};

@@ -16,7 +16,7 @@
 
 #include "checkpoint/target.h"
 #include "support/prelude.h"
-#include <models/llama3_hf.h>
+#include <models/llama3.h>
 
 namespace fs = std::filesystem;
 namespace ckpt = dtensor::checkpoint;

@@ -1,6 +1,7 @@
 // FSDP2's controls (issue 27): unshard(async_op) with its handle, set_requires_all_reduce
 // (HSDP accumulation), set_is_last_backward (microbatching), set_unshard_in_backward
-// (embeddings), fsdp_forward's mixed-precision casts (cast_forward_inputs, output_dtype),
+// (embeddings), the mixed-precision casts of units called through dtensor::call
+// (cast_forward_inputs, output_dtype), independent roots' own queues,
 // OffloadPolicy::pin_memory, set_post_optim_event, post-accumulate-grad hooks (optimizer
 // in backward). Judged against the plain model on one process (every rank computes it on
 // every rank's batch) and by exact collective counts.
@@ -175,6 +176,46 @@ TEST_CASE("fsdp controls: set_is_last_backward(false) for microbatches, true for
   require_grads_match(j);
 }
 
+TEST_CASE("fsdp controls: independent roots keep their own reduce queues and end-of-backward",
+          "[fsdp_controls][world2][world4]") {
+  // [Note: per-root context] in lib/parallel/fsdp/fsdp.h. A leaves a reduce-scatter in flight
+  // (set_is_last_backward(false)); B's backward, which waits for its own, must not finish
+  // A's (it did when one queue served every root): A's input buffer is still held after it.
+  auto dp = init_device_mesh(device_type(), {world()}, {"dp"});
+  Job a = make_job(FullyShardOptions().mesh(dp));
+  Job b = make_job(FullyShardOptions().mesh(dp));
+  a.root.set_is_last_backward(false);
+  int64_t a_in_flight = 0;
+  {
+    CommDebugMode mode;
+    loss_of(a.model, batch(rank(), 0)).backward();
+    a_in_flight = mode.records().back().bytes_in;
+  }
+  plain_backward(a, 0);
+  REQUIRE(a_in_flight > 0);
+  REQUIRE(dtensor::fsdp_memory_stats().communication_bytes == a_in_flight);
+  {
+    CommDebugMode mode;
+    loss_of(b.model, batch(rank(), 0)).backward();
+    REQUIRE(mode.count(CollectiveKind::ReduceScatter) == 4); // B's units only
+  }
+  plain_backward(b, 0);
+  REQUIRE(dtensor::fsdp_memory_stats().communication_bytes == a_in_flight);
+  require_grads_match(b);
+  // One backward through both roots: each root's callback finishes its own units.
+  a.root.set_is_last_backward(true);
+  {
+    CommDebugMode mode;
+    (loss_of(a.model, batch(rank(), 1)) + loss_of(b.model, batch(rank(), 1))).backward();
+    REQUIRE(mode.count(CollectiveKind::ReduceScatter) == 8);
+  }
+  plain_backward(a, 1);
+  plain_backward(b, 1);
+  REQUIRE(dtensor::fsdp_memory_stats().communication_bytes == 0);
+  require_grads_match(a);
+  require_grads_match(b);
+}
+
 namespace {
 
 // Token embedding -> Linear, each its own unit, and the root (no parameters of its own).
@@ -256,7 +297,8 @@ TEST_CASE("fsdp controls: a unit whose backward reads its parameters cannot skip
   (void)first;
 }
 
-TEST_CASE("fsdp controls: fsdp_forward casts inputs to param_dtype and outputs to output_dtype",
+TEST_CASE("fsdp controls: a unit called through dtensor::call casts inputs to param_dtype and "
+          "outputs to output_dtype",
           "[fsdp_controls][world1][world2][world4]") {
   auto dp = init_device_mesh(device_type(), {world()}, {"dp"});
   auto mp = dtensor::MixedPrecisionPolicy()
@@ -271,28 +313,30 @@ TEST_CASE("fsdp controls: fsdp_forward casts inputs to param_dtype and outputs t
   low->to(at::kBFloat16);
   const at::Tensor x = batch(rank(), 0); // fp32
   // Called directly, fp32 inputs meet bf16 parameters: refused, naming the way out.
-  REQUIRE_THROWS_WITH(j.model->forward(x), contains("dtensor::fsdp_forward"));
-  at::Tensor out = dtensor::fsdp_forward(j.model, x);
+  REQUIRE_THROWS_WITH(j.model->forward(x), contains("dtensor::call"));
+  at::Tensor out = dtensor::call(j.model, x);
   REQUIRE(out.scalar_type() == at::kFloat);
   at::Tensor ref = low->forward(x.to(at::kBFloat16)).to(at::kFloat);
   REQUIRE(close(out, ref, 1e-2, 1e-2));
   // The casts are differentiable: the input's gradient comes back in fp32.
   at::Tensor xg = x.clone().requires_grad_(true);
-  dtensor::fsdp_forward(j.model, xg).pow(2).sum().backward();
+  dtensor::call(j.model, xg).pow(2).sum().backward();
   REQUIRE(xg.grad().scalar_type() == at::kFloat);
   for (const auto& p : j.model->parameters()) {
     REQUIRE(p.grad().scalar_type() == at::kFloat); // stored in the parameters' dtype
   }
-  // cast_forward_inputs(false): fsdp_forward leaves the inputs alone (and so is refused).
+  // cast_forward_inputs(false): call leaves the inputs alone (and so is refused).
   Job k = make_job(FullyShardOptions().mesh(dp).mp_policy(
       dtensor::MixedPrecisionPolicy().param_dtype(at::kBFloat16).cast_forward_inputs(false)));
-  REQUIRE_THROWS_WITH(dtensor::fsdp_forward(k.model, x), contains("mp_policy.param_dtype"));
+  REQUIRE_THROWS_WITH(dtensor::call(k.model, x), contains("mp_policy.param_dtype"));
   // Without output_dtype the output stays in param_dtype; a module that is not a unit runs
   // unchanged.
-  REQUIRE(dtensor::fsdp_forward(k.model, x.to(at::kBFloat16)).scalar_type() == at::kBFloat16);
+  REQUIRE(dtensor::call(k.model, x.to(at::kBFloat16)).scalar_type() == at::kBFloat16);
   torch::nn::Linear plain(kDim, 3);
   plain->to(options().device());
-  REQUIRE(dtensor::fsdp_forward(plain, x).scalar_type() == at::kFloat);
+  REQUIRE(dtensor::call(plain, x).scalar_type() == at::kFloat);
+  // fsdp_forward is an alias of call.
+  REQUIRE(dtensor::fsdp_forward(j.model, x).scalar_type() == at::kFloat);
 }
 
 TEST_CASE("fsdp controls: OffloadPolicy pin_memory needs offload and a CUDA device",

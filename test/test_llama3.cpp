@@ -78,7 +78,7 @@ TEST_CASE("llama3: meta init, TP x HSDP, equals the plain model (parameters, log
   const at::Tensor tokens = at::randint(kVocab, {kBatch, kSeq}, options(at::kLong));
   const at::Tensor targets = at::randint(kVocab, {kBatch, kSeq}, options(at::kLong));
   CommDebugMode mode;
-  const at::Tensor logits = whole(model->forward(tokens));
+  const at::Tensor logits = whole(dtensor::call(model, tokens));
   // torchtitan's forward: per block, attention's and feed_forward's sequence-sharded input
   // gathered once each and wo / w2 reduce-scattered; the embedding's masked partial
   // reduce-scattered; the final norm's output gathered for `output`, and the logits. Each

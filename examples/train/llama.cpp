@@ -50,7 +50,6 @@
 #include <dtensor/optim_state_dict.h>
 
 #include <models/llama3.h>
-#include <models/llama3_hf.h>
 
 #include "checkpoints.h"
 #include "common.h"
@@ -195,11 +194,11 @@ Llama3Args model_args(const Flags& f, int64_t vocab) {
       usage(f.init_from_hf + " has a vocabulary of " + std::to_string(a.vocab_size()) +
             ", the text needs " + std::to_string(vocab));
     }
-    return a.max_seq_len(std::max(a.max_seq_len(), f.seq)).activation_checkpoint(ac_options(f.ac));
+    return a.max_seq_len(std::max(a.max_seq_len(), f.seq));
   }
   if (!f.preset.empty()) {
     Llama3Args a = *models::llama3_preset(f.preset);
-    return a.max_seq_len(std::max(a.max_seq_len(), f.seq)).activation_checkpoint(ac_options(f.ac));
+    return a.max_seq_len(std::max(a.max_seq_len(), f.seq));
   }
   return Llama3Args()
       .dim(f.dim)
@@ -210,8 +209,7 @@ Llama3Args model_args(const Flags& f, int64_t vocab) {
       .multiple_of(32)
       .rope_theta(10000.0)
       .rope_scaling(std::nullopt)
-      .max_seq_len(f.seq)
-      .activation_checkpoint(ac_options(f.ac));
+      .max_seq_len(f.seq);
 }
 
 // The whole logits of a forward (a vocab-sharded DTensor with the loss-parallel plan).
@@ -228,7 +226,7 @@ std::string sample(Llama3& model, const Tokenizer& vocab, const std::string& pro
     const auto len = std::min<int64_t>(static_cast<int64_t>(ids.size()), seq);
     std::vector<int64_t> window(ids.end() - len, ids.end());
     at::Tensor x = at::tensor(window, at::kLong).view({1, len}).to(device);
-    at::Tensor last = full_logits(model->forward(x))[0][len - 1].narrow(0, 0, vocab.size());
+    at::Tensor last = full_logits(dtensor::call(model, x))[0][len - 1].narrow(0, 0, vocab.size());
     ids.push_back(last.argmax().item<int64_t>());
   }
   return vocab.decode(ids);
@@ -305,7 +303,7 @@ struct Loop {
     auto [x, y] = batch(index);
     opt.zero_grad();
     phase("forward");
-    at::Tensor logits = model->forward(x);
+    at::Tensor logits = dtensor::call(model, x);
     at::Tensor loss;
     {
       LossParallel vocab_parallel; // the logits stay vocab-sharded ([Note] in loss.cpp)
@@ -501,7 +499,7 @@ int run_llama(int argc, char** argv) {
   if (f.precision == "bf16") {
     fsdp.mp_policy(MixedPrecisionPolicy().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat));
   }
-  models::parallelize_llama3(model, mesh, /*loss_parallel=*/true, fsdp);
+  models::parallelize_llama3(model, mesh, /*loss_parallel=*/true, fsdp, ac_options(f.ac));
   to_empty(*model, device);
   if (f.init_from_hf.empty()) {
     set_rng_state({true, 0, 0}); // the same values on every layout (docs/random.md)

@@ -24,6 +24,8 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <dtensor/module_hooks.h>
+
 namespace dtensor {
 
 // What selective checkpointing does with an op's outputs (PyTorch's CheckpointPolicy).
@@ -61,6 +63,12 @@ std::vector<at::Tensor> activation_checkpoint(const CheckpointFn& fn,
 at::Tensor activation_checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn,
                                  const at::Tensor& input,
                                  const ActivationCheckpointOptions& options = {});
+
+// Activation checkpointing applied from outside the model (torchtitan's apply_ac): every call
+// of `module` through dtensor::call runs its forward, and the hooks inside the checkpoint's
+// order (tensor parallelism's), under activation_checkpoint with `options` ([Note: hook
+// order] in dtensor/module_hooks.h). The module's parameter names do not change.
+HookHandle checkpoint_module(torch::nn::Module& module, ActivationCheckpointOptions options = {});
 
 // A module whose forward(x) is its inner module's forward(x), checkpointed: for stacks of
 // blocks held in a Sequential or ModuleList (torch.distributed's checkpoint_wrapper). The

@@ -29,4 +29,5 @@
 #include <dtensor/optim_state_dict.h>
 #include <dtensor/reduce_op.h>
 #include <dtensor/visualize_sharding.h>
+#include <dtensor/module_hooks.h>
 #include <dtensor/module_tracker.h>

@@ -76,8 +76,8 @@ class CommDebugMode {
   void reset();
 
   // --- Per module, as PyTorch's CommDebugMode ([Note: module attribution]) ---------------
-  // Modules are seen when they run under dtensor::ModuleScope / traced_forward()
-  // (dtensor/module_tracker.h); names as PyTorch prints them: "Global", the root's class name
+  // Modules are seen when they are called through dtensor::call (the module seam,
+  // dtensor/module_hooks.h); names as PyTorch prints them: "Global", the root's class name
   // ("MLPModule"), then "MLPModule.net1"... A collective counts for the module running then
   // (in backward: the module whose outputs' gradient arrived last) and all its ancestors,
   // "Global" included, under forward or backward (inside autograd's backward).

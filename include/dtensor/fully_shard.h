@@ -6,8 +6,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <tuple>
-#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -17,6 +16,7 @@
 
 #include <dtensor/comm_hooks.h>
 #include <dtensor/device_mesh.h>
+#include <dtensor/module_hooks.h>
 #include <dtensor/placement.h>
 
 namespace torch::nn {
@@ -32,10 +32,10 @@ struct FSDPParamGroup;
 // Mixed precision: parameters are all-gathered (and used in forward and backward) in
 // param_dtype; gradients are reduce-scattered in reduce_dtype (default: param_dtype) and
 // stored in the parameters' own dtype unless keep_low_precision_grads.
-// [Note: no input casting] C++ modules have no pre-forward hook: the casts FSDP2 makes
-// around a unit's forward (floating inputs to param_dtype when cast_forward_inputs,
-// floating outputs to output_dtype) happen when the unit is called through fsdp_forward()
-// below. Otherwise the model's floating inputs must already be in param_dtype: an op that
+// [Note: no input casting] The casts FSDP2 makes around a unit's forward (floating inputs to
+// param_dtype when cast_forward_inputs, floating outputs to output_dtype) are the unit's
+// hooks on the module seam: they happen when the unit is called through dtensor::call
+// (dtensor/module_hooks.h), not when its forward is called directly. Otherwise the model's floating inputs must already be in param_dtype: an op that
 // mixes them with the unsharded parameters is refused with an error naming both dtypes.
 struct MixedPrecisionPolicy {
   TORCH_ARG(std::optional<c10::ScalarType>, param_dtype) = std::nullopt;
@@ -226,52 +226,11 @@ void reset_fsdp_peak_memory();
 // The unit made by fully_shard(module), if any.
 std::optional<FSDPModule> fsdp_module(const torch::nn::Module& module);
 
-namespace detail {
-// What fsdp_forward casts a unit's floating inputs / outputs to (nullopt: nothing).
-struct ForwardCasts {
-  std::optional<c10::ScalarType> inputs;
-  std::optional<c10::ScalarType> outputs;
-};
-ForwardCasts forward_casts(const torch::nn::Module& module);
-at::Tensor cast_floating(const at::Tensor& t, std::optional<c10::ScalarType> dtype);
-
-template <typename T>
-struct is_tuple : std::false_type {};
-template <typename... E>
-struct is_tuple<std::tuple<E...>> : std::true_type {};
-
-template <typename T>
-T cast_floating_all(T value, std::optional<c10::ScalarType> dtype) {
-  if constexpr (std::is_same_v<T, at::Tensor>) {
-    return cast_floating(value, dtype);
-  } else if constexpr (std::is_same_v<T, std::vector<at::Tensor>>) {
-    for (auto& t : value) {
-      t = cast_floating(t, dtype);
-    }
-    return value;
-  } else if constexpr (is_tuple<T>::value) {
-    return std::apply(
-        [&](auto&&... e) { return T(cast_floating_all<std::decay_t<decltype(e)>>(e, dtype)...); },
-        value);
-  } else {
-    return value;
-  }
-}
-} // namespace detail
-
-// Calls module->forward(args...) with FSDP2's pre- and post-forward casts of its unit's
-// mp_policy (C++ modules have no forward hooks, [Note: no input casting]): floating-point
-// tensor arguments to param_dtype when cast_forward_inputs (and param_dtype is set),
-// floating-point tensor outputs to output_dtype when set. Tensors, vectors of tensors and
-// tuples are cast; anything else passes through; a module that is not a unit runs as is.
-// Call the root this way (and any unit whose callers pass other dtypes):
-//   auto logits = dtensor::fsdp_forward(model, tokens);
+// An alias of dtensor::call (dtensor/module_hooks.h), which runs a unit's FSDP2 pre- and
+// post-forward casts among its hooks; kept for code written before the module seam.
 template <typename M, typename... Args>
 auto fsdp_forward(M& module, Args&&... args) {
-  const detail::ForwardCasts casts = detail::forward_casts(*module);
-  auto out = module->forward(
-      detail::cast_floating_all<std::decay_t<Args>>(std::forward<Args>(args), casts.inputs)...);
-  return detail::cast_floating_all<decltype(out)>(std::move(out), casts.outputs);
+  return call(module, std::forward<Args>(args)...);
 }
 
 } // namespace dtensor

@@ -71,32 +71,38 @@ class SequenceParallel : public ParallelStyle {
   void apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const override;
 };
 
-// Only the input layout of a module's (first) input. On a module whose own parameters
-// another style parallelized: DTensor inputs are redistributed from input_layouts to
-// desired_input_layouts by the first op that uses those parameters. On any other module
-// (torchtitan's attention / feed_forward): the module converts its input itself by calling
-// prepare_module_input at the start of its forward ([Note: module inputs without hooks]).
+// Only the input layouts of a module. Called through dtensor::call (the module seam), the
+// style's hooks convert the module's first tensor input from input_layouts to
+// desired_input_layouts, and its later tensor inputs per more_input_layouts ([Note: tensor
+// parallelism on the module seam]). Called as module->forward(...): on a module whose own
+// parameters another style parallelized, the first op that uses those parameters converts
+// its input; on any other module (torchtitan's attention / feed_forward) nothing does unless
+// its forward calls prepare_module_input ([Note: module inputs without hooks]).
 class PrepareModuleInput : public ParallelStyle {
  public:
   TORCH_ARG(Placement, input_layouts) = Placement::replicate();
   TORCH_ARG(Placement, desired_input_layouts) = Placement::replicate();
   TORCH_ARG(bool, use_local_output) = false;
+  // The layouts of the second and later tensor inputs (PyTorch's input_layouts tuple after
+  // its first element): a plain input is taken as this rank's piece in it (Replicate: the
+  // whole tensor, the same on every rank, e.g. a rotary table), a DTensor is redistributed
+  // to it; nullopt, or past the end: left alone.
+  TORCH_ARG(std::vector<std::optional<Placement>>, more_input_layouts) = {};
   std::string name() const override { return "PrepareModuleInput"; }
   void apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const override;
 };
 
-// [Note: module inputs without hooks] LibTorch modules have no forward pre-hooks, so a
-// module that a PrepareModuleInput style applies to calls this on its input where PyTorch's
-// hook would run: a DTensor is redistributed from its placements to desired_input_layouts, a
-// plain tensor is first taken as this rank's piece in input_layouts (DTensor::from_local);
-// both differentiable, so the gradient takes the reverse path (all-gather forward,
-// reduce-scatter backward for Shard(1) -> Replicate). With use_local_output the local tensor
-// is returned. On a module whose own parameters a style parallelized (a ColwiseParallel
-// Linear with input_layouts Shard(1)), a DTensor input is redistributed here to the style's
-// desired input layout, above autograd: the ops would convert it as well, but below autograd,
-// so its gradient would come back Partial and every backward op using it would reduce it
-// again (torchtitan's `output` after the final norm). `input` is returned unchanged where no
-// style applies to `module`, so the same model code runs plain and parallelized.
+// [Note: module inputs without hooks] What the module seam's tensor-parallel pre-forward
+// hook does to a module's first input, for code that calls module->forward(...) directly: a
+// DTensor is redistributed from its placements to desired_input_layouts, a plain tensor is
+// first taken as this rank's piece in input_layouts (DTensor::from_local); both
+// differentiable, so the gradient takes the reverse path (all-gather forward, reduce-scatter
+// backward for Shard(1) -> Replicate). With use_local_output the local tensor is returned.
+// On a module whose own parameters a style parallelized (a ColwiseParallel Linear with
+// input_layouts Shard(1)), a DTensor input is redistributed to the style's desired input
+// layout, above autograd: the ops would convert it as well, but below autograd, so its
+// gradient would come back Partial and every backward op using it would reduce it again.
+// `input` is returned unchanged where no style applies to `module`.
 at::Tensor prepare_module_input(const torch::nn::Module& module, const at::Tensor& input);
 
 // Only the output layout: the module's outputs are redistributed from output_layouts to

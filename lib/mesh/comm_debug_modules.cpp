@@ -19,9 +19,9 @@ namespace dtensor {
 
 // [Note: module attribution]
 // PyTorch's CommDebugMode tracks modules with global module hooks (its _CommModeModuleTracker
-// on ModTracker). C++ modules have no hooks, so a module is seen when it runs under a
-// dtensor::ModuleScope (dtensor/module_tracker.h), which reports here; the rules are
-// PyTorch's, so the same model gives the same counts per module:
+// on ModTracker). C++ modules have none: a module is seen when it is called through the
+// module seam, whose attribution hooks (lib/parallel/seam/attribution.cpp) report here; the
+// rules are PyTorch's, so the same model gives the same counts per module:
 //  - a module's forward makes it the current module; its end makes its caller current again
 //    (a forward run inside autograd's backward, activation checkpointing's recompute, makes
 //    the module current and changes nothing else, as PyTorch's tracker does);

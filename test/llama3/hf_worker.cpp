@@ -11,7 +11,6 @@
 #include <dtensor/all.h>
 
 #include <models/llama3.h>
-#include <models/llama3_hf.h>
 
 namespace {
 
@@ -61,7 +60,7 @@ void run(const std::string& mode, const std::string& hf_dir, const std::string& 
     dtensor::models::load_hf(model, hf_dir);
   }
   torch::NoGradGuard no_grad;
-  at::Tensor logits = model->forward(tokens(args.vocab_size()));
+  at::Tensor logits = dtensor::call(model, tokens(args.vocab_size()));
   if (dtensor::is_dtensor(logits)) {
     logits = dtensor::DTensor(logits).full_tensor();
   }

@@ -47,9 +47,42 @@ struct FsdpTag {
 // from ([Note: reshard to a smaller group] in post_forward.cpp).
 enum class ShardState { Sharded, ShardedPostForward, Unsharding, Unsharded };
 
+// FSDP2's TrainingState, for units called through the module seam ([Note: fully_shard on the
+// module seam] in schedule.cpp): Forward between its pre- and post-forward hooks,
+// PreBackward from its pre-backward hook to the end of backward, Idle otherwise (always,
+// for a unit driven by its ops only).
+enum class TrainingState { Idle, Forward, PreBackward };
+
 struct PendingGather;    // an all-gather in flight (param_group.cpp)
 struct PendingReduce;    // a reduce-scatter in flight (reduce.cpp)
 struct PostForwardPiece; // what a unit keeps after forward to a smaller group (post_forward.cpp)
+
+struct FSDPParamGroup;
+
+// A reduce-scatter in flight and its unit.
+struct InFlightReduce {
+  std::shared_ptr<FSDPParamGroup> group;
+  std::shared_ptr<PendingReduce> pending;
+};
+
+// [Note: per-root context] What the units under one root share, and nothing outside them
+// does (FSDP2's FSDPStateContext, with its comm context's post-forward order): two models
+// fully sharded in one process, trained alternately or in one backward, keep their own
+// orders, reduce-scatters in flight and end-of-backward callback. It lives on the root
+// (a unit is a root until fully_shard makes a unit of a module above it).
+struct FSDPStateContext {
+  // The order in which forward first used the units, this forward's and the last complete
+  // one's, and the order in which it last used them (FSDP2's post-forward order), this
+  // step ([Note: overlap] in schedule.cpp).
+  std::vector<std::weak_ptr<FSDPParamGroup>> pre_order;
+  std::vector<std::weak_ptr<FSDPParamGroup>> last_pre_order;
+  std::vector<std::weak_ptr<FSDPParamGroup>> post_order;
+  bool is_last_backward = true;                 // FSDPModule::set_is_last_backward
+  std::shared_ptr<c10::Event> post_optim_event; // until the next forward
+  EndOfBackward end_of_backward; // [Note: failed backward] in lib/parallel/end_of_backward.cpp
+  std::vector<InFlightReduce> reducing; // oldest first
+  size_t carried = 0; // of them, left in flight by an earlier backward ([Note: is_last_backward])
+};
 
 // One managed parameter: where its shard sits in the unit's flat shard, and its unsharded
 // view in the unit's unsharded buffer.
@@ -93,6 +126,7 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
   FullyShardOptions options;
   std::vector<FSDPParam> params;
   std::weak_ptr<FSDPParamGroup> parent;
+  std::shared_ptr<FSDPStateContext> own_context; // used while the unit is a root
   std::vector<std::weak_ptr<FSDPParamGroup>> forward_prefetch;
   std::vector<std::weak_ptr<FSDPParamGroup>> backward_prefetch;
 
@@ -103,16 +137,11 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
   int64_t shard_numel = 0;   // its length (equal on every rank)
   at::Tensor unsharded_flat; // every parameter unsharded, one after another
   ShardState state = ShardState::Sharded;
+  TrainingState training_state = TrainingState::Idle;
   std::shared_ptr<PendingGather> gather; // while Unsharding
   bool forward_used = false;             // touched by forward since it was last resharded
   bool backward_used = false;            // touched by the current backward
   bool overlap = true;                   // FSDPModule::set_communication_overlap
-  // On a root, of the units under it ([Note: overlap]): the order in which forward first
-  // used them, this forward's and the last complete one's, and the order in which it last
-  // used them (FSDP2's post-forward order), this step.
-  std::vector<std::weak_ptr<FSDPParamGroup>> pre_order;
-  std::vector<std::weak_ptr<FSDPParamGroup>> last_pre_order;
-  std::vector<std::weak_ptr<FSDPParamGroup>> post_order;
 
   std::optional<bool> reshard_after_forward;
   // reshard_after_forward as an int k (1 < k < shard_size): the k ranks that rebuild the
@@ -124,8 +153,6 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
   bool requires_gradient_sync = true;
   bool requires_all_reduce = true; // HSDP: [Note: partial reduce output] in reduce.cpp
   bool unshard_in_backward = true;
-  bool is_last_backward = true;                 // read on the root
-  std::shared_ptr<c10::Event> post_optim_event; // on the root, until the next forward
   // HSDP with requires_all_reduce false: the reduced shards so far, not all-reduced, and
   // which parameters had a gradient in them.
   at::Tensor partial_reduce_output;
@@ -139,6 +166,9 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
 
   bool is_root() const { return parent.expired(); }
   FSDPParamGroup& root();
+  // The context of this unit's root ([Note: per-root context]).
+  FSDPStateContext& context() { return *root().own_context; }
+  const std::shared_ptr<FSDPStateContext>& context_ptr() { return root().own_context; }
   bool is_ancestor_of(const FSDPParamGroup& other) const;
   bool effective_reshard_after_forward() const {
     return reshard_after_forward.value_or(!is_root());
@@ -209,35 +239,40 @@ struct FSDPParamGroup : std::enable_shared_from_this<FSDPParamGroup> {
   void accumulate_shard_grads(at::Tensor output, const std::vector<bool>& received);
 };
 
-// A reduce-scatter in flight and its unit.
-struct InFlightReduce {
-  std::shared_ptr<FSDPParamGroup> group;
-  std::shared_ptr<PendingReduce> pending;
-};
-
-// All live units, in creation order, and the per-step bookkeeping ([Note: overlap]).
+// All live units, in creation order, by module: a lookup table (fsdp_module, find_unit);
+// what units share lives in their root's context.
 struct FSDPRegistry {
   std::vector<std::pair<std::weak_ptr<torch::nn::Module>, std::shared_ptr<FSDPParamGroup>>> units;
-  EndOfBackward end_of_backward; // [Note: failed backward] in lib/parallel/end_of_backward.cpp
-  std::vector<InFlightReduce> reducing; // oldest first
-  size_t carried = 0; // of them, left in flight by an earlier backward ([Note: is_last_backward])
 };
 FSDPRegistry& fsdp_registry();
 std::vector<std::shared_ptr<FSDPParamGroup>> live_units();
 
 // Reduce-scatters in flight at most ([Note: overlap]).
 constexpr size_t kMaxReducesInFlight = 1;
-// Finishes the oldest reduce-scatters until another may go in flight; then queue it.
-void fsdp_make_room_for_reduce();
-void fsdp_track_reduce(InFlightReduce reduce);
-// Finishes every reduce-scatter in flight, oldest first.
-void fsdp_finish_reduces();
+// The units whose root is `root`, in creation order.
+std::vector<std::shared_ptr<FSDPParamGroup>> units_of_root(const FSDPParamGroup& root);
+
+// Finishes the oldest reduce-scatters of the context until another may go in flight; then
+// queue it.
+void fsdp_make_room_for_reduce(FSDPStateContext& context);
+void fsdp_track_reduce(FSDPStateContext& context, InFlightReduce reduce);
+// Finishes every reduce-scatter in flight of the context, oldest first.
+void fsdp_finish_reduces(FSDPStateContext& context);
 
 // Called before a unit's unsharded parameters are used: reshards units whose forward is
 // over (forward only), unshards this one, runs its prefetches, and in backward queues the
 // end-of-backward callback.
 void fsdp_before_use(FSDPParamGroup& group, bool in_backward);
-void fsdp_queue_final_callback();
+// The unit's events on the module seam ([Note: fully_shard on the module seam]).
+void fsdp_pre_forward(FSDPParamGroup& group);
+void fsdp_post_forward(FSDPParamGroup& group);
+void fsdp_pre_backward(FSDPParamGroup& group);
+void fsdp_forward_failed(FSDPParamGroup& group);
+// Whether the seam's events already unsharded `group` for this forward or backward.
+bool fsdp_ready_by_seam(const FSDPParamGroup& group, bool in_backward);
+
+// Queues the end-of-backward callback of `group`'s root, once per backward.
+void fsdp_queue_final_callback(FSDPParamGroup& group);
 
 inline std::shared_ptr<const FsdpTag> fsdp_tag(const at::Tensor& t) {
   const DTensorMeta* m = dtensor_meta(t);

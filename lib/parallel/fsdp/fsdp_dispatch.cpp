@@ -13,7 +13,9 @@
 namespace dtensor::detail {
 
 // [Note: fully_shard without module hooks]
-// C++ modules have no forward hooks, so the units are driven from the ops themselves:
+// A unit called through dtensor::call gets its events from the module seam ([Note: fully_shard
+// on the module seam] in schedule.cpp). Otherwise, and for what the seam does not see, the
+// units are driven from the ops themselves (the fallback trigger):
 //  - Every op that reaches the DTensor handler with a managed parameter (or a view of one)
 //    among its arguments comes here first. If the op is "model math" -- its other tensors
 //    are plain activations -- the parameter's unit is unsharded (one all-gather for all of
@@ -123,7 +125,9 @@ at::Tensor unsharded_value(const Touch& t) {
 void substitute_unsharded(const OpArgs& args, const Touches& t, const std::string& name) {
   const bool backward = in_backward();
   for (const Touch& touch : t.touches) {
-    fsdp_before_use(*touch.group, backward);
+    if (!fsdp_ready_by_seam(*touch.group, backward)) {
+      fsdp_before_use(*touch.group, backward);
+    }
   }
   for (const Touch& touch : t.touches) {
     // A later touch may have resharded an earlier one's unit (two units in one op).
@@ -157,8 +161,8 @@ void check_input_dtypes(const OpArgs& args, const FSDPParamGroup& group, const s
       DTENSOR_CHECK(
           v.toTensor().scalar_type() == group.param_dtype,
           "{}: argument {} '{}' is {} but unit '{}' runs in mp_policy.param_dtype {}; "
-          "call the module through dtensor::fsdp_forward (FSDP2's cast_forward_inputs) or "
-          "cast its inputs to {} (C++ modules have no pre-forward hook to do it)",
+          "call the module through dtensor::call, whose fully_shard hooks cast its inputs "
+          "(FSDP2's cast_forward_inputs), or cast them to {} (module->forward runs no hooks)",
           name, i, args.name_of(i), c10::toString(v.toTensor().scalar_type()), group.name,
           c10::toString(group.param_dtype), c10::toString(group.param_dtype));
     }

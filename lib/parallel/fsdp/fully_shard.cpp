@@ -10,6 +10,7 @@
 
 #include <dtensor/clip_grad.h>
 #include <dtensor/dtensor.h>
+#include <dtensor/module_hooks.h>
 #include <dtensor/process_group.h>
 
 #include "internal/check.h"
@@ -38,6 +39,16 @@ std::vector<std::shared_ptr<FSDPParamGroup>> live_units() {
   for (auto& u : units) {
     if (seen.insert(u.second.get()).second) {
       out.push_back(u.second);
+    }
+  }
+  return out;
+}
+
+std::vector<std::shared_ptr<FSDPParamGroup>> units_of_root(const FSDPParamGroup& root) {
+  std::vector<std::shared_ptr<FSDPParamGroup>> out;
+  for (auto& g : live_units()) {
+    if (&g->root() == &root) {
+      out.push_back(std::move(g));
     }
   }
   return out;
@@ -274,6 +285,47 @@ gather_params(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
   return {std::move(params), std::move(children)};
 }
 
+at::Tensor fsdp_cast_floating(const at::Tensor& t, std::optional<c10::ScalarType> dtype) {
+  if (!dtype || !t.defined() || !t.is_floating_point() || t.scalar_type() == *dtype) {
+    return t;
+  }
+  return t.to(*dtype); // differentiable: the gradient comes back in t's dtype
+}
+
+// A unit's hooks on the module seam: FSDP2's casts around its forward ([Note: no input
+// casting]; floating inputs to param_dtype with cast_forward_inputs, floating outputs to
+// output_dtype) and its events ([Note: fully_shard on the module seam] in schedule.cpp). A
+// unit over several modules gets the casts only: its modules' calls are not one call.
+ModuleHooks fsdp_unit_hooks(const std::shared_ptr<detail::FSDPParamGroup>& group, bool events) {
+  const MixedPrecisionPolicy& mp = group->options.mp_policy();
+  const std::optional<c10::ScalarType> inputs =
+      mp.cast_forward_inputs() ? mp.param_dtype() : std::nullopt;
+  const std::optional<c10::ScalarType> outputs = mp.output_dtype();
+  std::weak_ptr<detail::FSDPParamGroup> weak = group;
+  auto event = [weak, events](void (*fn)(detail::FSDPParamGroup&)) {
+    if (auto g = weak.lock(); g && events) {
+      fn(*g);
+    }
+  };
+  return ModuleHooks()
+      .name("fully_shard")
+      .order(hook_order::kFullyShard)
+      .pre_forward([inputs, event](torch::nn::Module&, TensorList& ts) {
+        for (at::Tensor& t : ts) {
+          t = fsdp_cast_floating(t, inputs);
+        }
+        event(detail::fsdp_pre_forward);
+      })
+      .post_forward([outputs, event](torch::nn::Module&, TensorList& ts) {
+        event(detail::fsdp_post_forward);
+        for (at::Tensor& t : ts) {
+          t = fsdp_cast_floating(t, outputs);
+        }
+      })
+      .pre_backward([event](torch::nn::Module&) { event(detail::fsdp_pre_backward); })
+      .forward_failed([event](torch::nn::Module&) { event(detail::fsdp_forward_failed); });
+}
+
 FSDPModule shard_modules(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
                          const FullyShardOptions& options) {
   using namespace detail;
@@ -292,6 +344,7 @@ FSDPModule shard_modules(const std::vector<std::shared_ptr<torch::nn::Module>>& 
   move_states_to_device(name, modules, params, mesh);
 
   auto group = std::make_shared<FSDPParamGroup>();
+  group->own_context = std::make_shared<FSDPStateContext>();
   group->module = modules.front();
   for (const auto& m : modules) {
     group->modules.push_back(m);
@@ -317,6 +370,7 @@ FSDPModule shard_modules(const std::vector<std::shared_ptr<torch::nn::Module>>& 
   }
   for (const auto& m : modules) {
     fsdp_registry().units.emplace_back(m, group);
+    register_module_hooks(*m, fsdp_unit_hooks(group, /*events=*/modules.size() == 1));
   }
   return FSDPModule(group);
 }
@@ -367,30 +421,6 @@ units_under(const std::shared_ptr<detail::FSDPParamGroup>& group, bool recurse) 
 
 } // namespace
 
-namespace detail {
-
-ForwardCasts forward_casts(const torch::nn::Module& module) {
-  const std::shared_ptr<FSDPParamGroup> unit = find_unit(&module);
-  if (!unit) {
-    return {};
-  }
-  const MixedPrecisionPolicy& mp = unit->options.mp_policy();
-  ForwardCasts casts;
-  if (mp.cast_forward_inputs() && mp.param_dtype()) {
-    casts.inputs = mp.param_dtype();
-  }
-  casts.outputs = mp.output_dtype();
-  return casts;
-}
-
-at::Tensor cast_floating(const at::Tensor& t, std::optional<c10::ScalarType> dtype) {
-  if (!dtype || !t.defined() || !t.is_floating_point() || t.scalar_type() == *dtype) {
-    return t;
-  }
-  return t.to(*dtype); // differentiable: the gradient comes back in t's dtype
-}
-
-} // namespace detail
 
 UnshardHandle::UnshardHandle(std::shared_ptr<detail::FSDPParamGroup> group)
     : group_(std::move(group)) {}
@@ -423,7 +453,7 @@ void FSDPModule::set_requires_all_reduce(bool requires_all_reduce, bool recurse)
 }
 
 void FSDPModule::set_is_last_backward(bool is_last_backward) {
-  group_->root().is_last_backward = is_last_backward;
+  group_->context().is_last_backward = is_last_backward;
 }
 
 void FSDPModule::set_post_optim_event(c10::Event event) {
@@ -432,11 +462,11 @@ void FSDPModule::set_post_optim_event(c10::Event event) {
                 "set_post_optim_event: the event is a {} event but unit '{}' runs on a {} mesh",
                 c10::DeviceTypeName(event.device_type(), /*lower_case=*/true), root.name,
                 c10::DeviceTypeName(root.mesh.device_type(), /*lower_case=*/true));
-  root.post_optim_event = std::make_shared<c10::Event>(std::move(event));
+  group_->context().post_optim_event = std::make_shared<c10::Event>(std::move(event));
 }
 
 bool FSDPModule::has_post_optim_event() const {
-  return group_->root().post_optim_event != nullptr;
+  return group_->context().post_optim_event != nullptr;
 }
 
 void FSDPModule::set_unshard_in_backward(bool unshard_in_backward) {

@@ -35,7 +35,7 @@ struct PendingReduce {
 };
 
 void FSDPParamGroup::on_grad(size_t index, const at::Tensor& dgrad) {
-  fsdp_queue_final_callback();
+  fsdp_queue_final_callback(*this);
   FSDPParam& fp = params.at(index);
   at::NoGradGuard no_grad;
   at::Tensor grad = dgrad;
@@ -279,7 +279,7 @@ void FSDPParamGroup::accumulate_shard_grads(at::Tensor output, const std::vector
 
 void FSDPParamGroup::reduce_grads() {
   at::NoGradGuard no_grad;
-  fsdp_make_room_for_reduce(); // the memory bound ([Note: overlap])
+  fsdp_make_room_for_reduce(context()); // the memory bound ([Note: overlap])
   const CommAllocator& allocate = comm_hook ? CommAllocator() : custom_reduce_scatter.allocate;
   auto pending = std::make_shared<PendingReduce>(
       allocate_comm(shard_size * shard_numel, reduce_dtype, allocate, "reduce-scatter"));
@@ -294,7 +294,7 @@ void FSDPParamGroup::reduce_grads() {
     finish_reduce(*pending);
     return;
   }
-  fsdp_track_reduce({shared_from_this(), std::move(pending)});
+  fsdp_track_reduce(context(), {shared_from_this(), std::move(pending)});
 }
 
 void FSDPParamGroup::finish_reduce(PendingReduce& pending) {

@@ -6,6 +6,7 @@
 
 #include "internal/check.h"
 #include "parallel/fsdp/fsdp.h"
+#include "tensor/dispatch/op_args.h" // in_backward
 
 namespace dtensor::detail {
 
@@ -57,7 +58,7 @@ ptrdiff_t position(const UnitList& list, const FSDPParamGroup& group) {
   return -1;
 }
 
-void close_forward(FSDPParamGroup& root) {
+void close_forward(FSDPStateContext& root) {
   if (!root.pre_order.empty()) {
     root.last_pre_order = std::move(root.pre_order);
   }
@@ -66,7 +67,7 @@ void close_forward(FSDPParamGroup& root) {
 }
 
 void record_forward_use(FSDPParamGroup& group, bool first_use) {
-  FSDPParamGroup& root = group.root();
+  FSDPStateContext& root = group.context();
   if (first_use && !root.pre_order.empty() && root.pre_order.front().lock().get() == &group) {
     close_forward(root); // a new forward without a backward in between
   }
@@ -85,7 +86,7 @@ void record_forward_use(FSDPParamGroup& group, bool first_use) {
 // The unit expected after `group`: next in the last forward, or previous in this
 // forward's post-order for backward.
 std::shared_ptr<FSDPParamGroup> implicit_target(FSDPParamGroup& group, bool in_backward) {
-  const FSDPParamGroup& root = group.root();
+  const FSDPStateContext& root = group.context();
   const UnitList& list = in_backward ? root.post_order : root.last_pre_order;
   const ptrdiff_t at = position(list, group);
   const ptrdiff_t next = in_backward ? at - 1 : at + 1;
@@ -116,17 +117,18 @@ void prefetch(FSDPParamGroup& group, bool in_backward) {
   }
 }
 
-// Forward moved on to `group`: units whose forward is over are freed.
-void reshard_finished_units(const FSDPParamGroup& group) {
-  for (auto& other : live_units()) {
+// Forward moved on to `group`: units of its root whose forward is over are freed.
+void reshard_finished_units(FSDPParamGroup& group) {
+  for (auto& other : units_of_root(group.root())) {
     if (other.get() != &group && other->forward_used && other->state == ShardState::Unsharded &&
+        other->training_state != TrainingState::Forward && // inside its call: not over
         other->effective_reshard_after_forward() && !other->is_ancestor_of(group)) {
       other->reshard_after_forward_step();
     }
   }
 }
 
-void finish_oldest_reduce(FSDPRegistry& reg) {
+void finish_oldest_reduce(FSDPStateContext& reg) {
   InFlightReduce r = std::move(reg.reducing.front());
   reg.reducing.erase(reg.reducing.begin());
   reg.carried = reg.carried > 0 ? reg.carried - 1 : 0;
@@ -138,52 +140,40 @@ void finish_oldest_reduce(FSDPRegistry& reg) {
 // the streams unsynchronized); the next reduce that needs room, or the end of a backward
 // with it true, completes them. `carried` counts them (the oldest of `reducing`), so that
 // a failed backward after one drops only its own.
-bool waits_at_end(const std::vector<InFlightReduce>& reducing) {
-  for (const auto& r : reducing) {
-    if (r.group->root().is_last_backward) {
-      return true;
-    }
-  }
-  return false;
-}
-
-void end_of_backward() {
-  FSDPRegistry& reg = fsdp_registry();
+void end_of_backward(FSDPParamGroup& root) {
+  FSDPStateContext& reg = *root.own_context;
   reg.end_of_backward.ran();
-  auto units = live_units();
+  auto units = units_of_root(root);
   for (auto& g : units) {
     g->end_backward();
   }
-  if (waits_at_end(reg.reducing)) {
-    fsdp_finish_reduces();
+  if (reg.is_last_backward) {
+    fsdp_finish_reduces(reg);
   }
   reg.carried = reg.reducing.size();
   for (auto& g : units) {
     g->backward_used = false;
+    g->training_state = TrainingState::Idle;
     if (g->reshard_after_backward) {
       g->reshard();
     }
-    if (g->is_root()) {
-      close_forward(*g);
-    }
   }
+  close_forward(reg);
 }
 
 } // namespace
 
-void fsdp_make_room_for_reduce() {
-  FSDPRegistry& reg = fsdp_registry();
+void fsdp_make_room_for_reduce(FSDPStateContext& reg) {
   while (reg.reducing.size() >= kMaxReducesInFlight) {
     finish_oldest_reduce(reg);
   }
 }
 
-void fsdp_track_reduce(InFlightReduce reduce) {
-  fsdp_registry().reducing.push_back(std::move(reduce));
+void fsdp_track_reduce(FSDPStateContext& context, InFlightReduce reduce) {
+  context.reducing.push_back(std::move(reduce));
 }
 
-void fsdp_finish_reduces() {
-  FSDPRegistry& reg = fsdp_registry();
+void fsdp_finish_reduces(FSDPStateContext& reg) {
   while (!reg.reducing.empty()) {
     finish_oldest_reduce(reg);
   }
@@ -194,28 +184,41 @@ namespace {
 // After a failed backward ([Note: failed backward] in lib/parallel/end_of_backward.cpp). A pending
 // collective's Work is declared after its buffers: destroyed first, it waits for the
 // collective before they go (errors are printed, not thrown).
-void discard_failed_backward(FSDPRegistry& reg) {
+void discard_failed_backward(FSDPParamGroup& root) {
+  FSDPStateContext& reg = *root.own_context;
   while (reg.carried > 0) {
     finish_oldest_reduce(reg); // from an earlier backward ([Note: is_last_backward])
   }
   reg.reducing.clear();
-  for (auto& g : live_units()) {
+  for (auto& g : units_of_root(root)) {
     g->drop_backward_state();
+    g->training_state = TrainingState::Idle;
   }
 }
 
 } // namespace
 
-void fsdp_queue_final_callback() {
-  FSDPRegistry& reg = fsdp_registry();
-  reg.end_of_backward.queue([&reg] { discard_failed_backward(reg); }, end_of_backward);
+void fsdp_queue_final_callback(FSDPParamGroup& group) {
+  // The root, weakly: a model freed with a backward pending has nothing left to finish.
+  std::weak_ptr<FSDPParamGroup> weak = group.root().weak_from_this();
+  group.context().end_of_backward.queue(
+      [weak] {
+        if (auto root = weak.lock()) {
+          discard_failed_backward(*root);
+        }
+      },
+      [weak] {
+        if (auto root = weak.lock()) {
+          end_of_backward(*root);
+        }
+      });
 }
 
 namespace {
 
 // FSDPModule::set_post_optim_event: the current stream waits for it before forward's first
 // all-gather (collectives run on the current stream), once.
-void wait_for_post_optim_event(FSDPParamGroup& root) {
+void wait_for_post_optim_event(FSDPStateContext& root) {
   if (!root.post_optim_event) {
     return;
   }
@@ -236,11 +239,11 @@ void fsdp_before_use(FSDPParamGroup& group, bool in_backward) {
                   "not to unshard in backward (set_unshard_in_backward(false)); only a unit whose "
                   "backward needs no parameter values (an embedding) may skip it",
                   group.name);
-    fsdp_queue_final_callback();
+    fsdp_queue_final_callback(group);
     first_use = !group.backward_used;
     group.backward_used = true;
   } else {
-    wait_for_post_optim_event(group.root());
+    wait_for_post_optim_event(group.context());
     reshard_finished_units(group);
     first_use = !group.forward_used;
     group.forward_used = true;
@@ -250,6 +253,62 @@ void fsdp_before_use(FSDPParamGroup& group, bool in_backward) {
   if (first_use) {
     prefetch(group, in_backward);
   }
+}
+
+// [Note: fully_shard on the module seam]
+// A unit called through dtensor::call gets FSDP2's events from its hooks on the module seam
+// (fully_shard.cpp registers them, order hook_order::kFullyShard):
+//  - pre-forward: what the first op of its forward would do (fsdp_before_use: the post-optim
+//    event, resharding units whose forward is over, the forward order, the unshard and its
+//    prefetch), at the module's entry; the unit is then Forward, and its ops skip all of it;
+//  - post-forward: the unit moves to the back of the post-forward order (FSDP2's
+//    post_forward_order) and reshards after forward now (reshard_after_forward), not when
+//    forward next moves to another unit, so the last block of a model is freed at its exit
+//    and all-gathered again in backward, as FSDP2 does;
+//  - pre-backward: at the first gradient of its outputs, the backward unshard and its
+//    prefetch, and the end-of-backward callback; the unit is PreBackward until that
+//    callback, and its backward ops skip all of it.
+// The ops stay the trigger for everything the seam does not see ([Note: fully_shard without
+// module hooks] in fsdp_dispatch.cpp): a unit called as module->forward(...) (an
+// nn::Sequential's children), parameters used outside their unit's call, activation
+// checkpointing's recompute, a unit grouped over several modules (fully_shard({m1, m2}),
+// whose calls are not one call).
+
+void fsdp_pre_forward(FSDPParamGroup& group) {
+  if (in_backward()) {
+    fsdp_before_use(group, /*in_backward=*/true); // a forward inside backward: a recompute
+    return;
+  }
+  fsdp_before_use(group, /*in_backward=*/false);
+  group.training_state = TrainingState::Forward;
+}
+
+void fsdp_post_forward(FSDPParamGroup& group) {
+  if (group.training_state != TrainingState::Forward) {
+    return;
+  }
+  group.training_state = TrainingState::Idle;
+  record_forward_use(group, /*first_use=*/false);
+  if (group.effective_reshard_after_forward() && group.state == ShardState::Unsharded) {
+    group.reshard_after_forward_step();
+  }
+}
+
+void fsdp_pre_backward(FSDPParamGroup& group) {
+  if (!group.unshard_in_backward) {
+    return; // set_unshard_in_backward(false): its backward reads no parameter
+  }
+  fsdp_before_use(group, /*in_backward=*/true);
+  group.training_state = TrainingState::PreBackward;
+}
+
+void fsdp_forward_failed(FSDPParamGroup& group) {
+  group.training_state = TrainingState::Idle;
+}
+
+bool fsdp_ready_by_seam(const FSDPParamGroup& group, bool in_backward) {
+  const TrainingState want = in_backward ? TrainingState::PreBackward : TrainingState::Forward;
+  return group.training_state == want && group.state == ShardState::Unsharded;
 }
 
 } // namespace dtensor::detail

@@ -12,6 +12,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include <dtensor/dtensor.h>
+#include <dtensor/module_hooks.h>
 
 #include "internal/check.h"
 #include "parallel/module_ptr.h"
@@ -65,7 +66,9 @@ ModuleRegistry<std::shared_ptr<detail::TpLayouts>>& module_layouts() {
   return r;
 }
 
-std::shared_ptr<const TpTag> make_tag(const torch::nn::Module& module, const std::string& style,
+void tp_hook_module(torch::nn::Module& module);
+
+std::shared_ptr<const TpTag> make_tag(torch::nn::Module& module, const std::string& style,
                                       const Layouts& l) {
   auto tag =
       detail::make_tp_tags(&module, style, module.name(),
@@ -73,6 +76,7 @@ std::shared_ptr<const TpTag> make_tag(const torch::nn::Module& module, const std
   std::weak_ptr<const torch::nn::Module> owner = module.weak_from_this();
   if (!owner.expired()) {
     module_layouts().set(module, std::move(owner), tag->layouts);
+    tp_hook_module(module);
   }
   return tag;
 }
@@ -233,6 +237,7 @@ void PrepareModuleInput::apply(torch::nn::Module& module, const DeviceMesh& tp_m
   if (!has_own_tp_parameters(module)) {
     module_inputs().set(module, detail::owned_module(module, "PrepareModuleInput"),
                         ModuleInput{tp_mesh, *this});
+    tp_hook_module(module);
     return;
   }
   for (const auto& layouts : existing_layouts(module, name())) {
@@ -259,6 +264,72 @@ at::Tensor prepare_module_input(const torch::nn::Module& module, const at::Tenso
   DTensor out = d.placements() == want ? d : d.redistribute(want);
   return style.use_local_output() ? out.to_local() : at::Tensor(out);
 }
+
+namespace {
+
+// PrepareModuleInput's more_input_layouts: a plain input taken as this rank's piece in its
+// layout (Replicate: the whole tensor, so no sizes to agree on), a DTensor redistributed.
+void tp_more_inputs(const torch::nn::Module& module, TensorList& inputs) {
+  const std::optional<ModuleInput> entry = module_inputs().get(module);
+  if (!entry) {
+    return;
+  }
+  const auto& layouts = entry->style.more_input_layouts();
+  for (size_t k = 1; k < inputs.size() && k - 1 < layouts.size(); ++k) {
+    const std::optional<Placement>& layout = layouts[k - 1];
+    at::Tensor& t = inputs[k];
+    if (!layout || !t.defined()) {
+      continue;
+    }
+    if (is_dtensor(t)) {
+      DTensor d(t);
+      const Placements want{layout->normalized(d.dim())};
+      t = d.placements() == want ? t : at::Tensor(d.redistribute(want));
+    } else if (layout->is_replicate()) {
+      t = DTensor::from_local(t, entry->mesh, {*layout}, t.sizes().vec());
+    } else {
+      t = DTensor::from_local(t, entry->mesh, {*layout});
+    }
+  }
+}
+
+// [Note: tensor parallelism on the module seam] A parallelized module's hooks do what
+// PyTorch's style hooks do, at its boundary and above autograd: its first input to the
+// style's desired input layout (prepare_module_input), its other inputs per
+// more_input_layouts, its outputs to the style's output layout (tp_module_output). Called as
+// module->forward(...), the ops do the same conversions below autograd ([Note: tensor
+// parallelism without module hooks]).
+ModuleHooks tp_hooks() {
+  return ModuleHooks()
+      .name("tensor parallelism")
+      .order(hook_order::kTensorParallel)
+      .pre_forward([](torch::nn::Module& m, TensorList& inputs) {
+        if (!inputs.empty()) {
+          inputs[0] = prepare_module_input(m, inputs[0]);
+          tp_more_inputs(m, inputs);
+        }
+      })
+      .post_forward([](torch::nn::Module& m, TensorList& outputs) {
+        for (at::Tensor& t : outputs) {
+          t = detail::tp_module_output(t, &m);
+        }
+      });
+}
+
+ModuleRegistry<bool>& tp_hooked_modules() {
+  static ModuleRegistry<bool> r;
+  return r;
+}
+
+void tp_hook_module(torch::nn::Module& module) {
+  if (tp_hooked_modules().get(module)) {
+    return; // a second style on the same module: one set of hooks reads both
+  }
+  tp_hooked_modules().set(module, module.weak_from_this(), true);
+  register_module_hooks(module, tp_hooks());
+}
+
+} // namespace
 
 void PrepareModuleOutput::apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const {
   check_mesh(tp_mesh, name());

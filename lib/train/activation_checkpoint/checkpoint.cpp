@@ -211,6 +211,17 @@ at::Tensor activation_checkpoint(const std::function<at::Tensor(const at::Tensor
   return outs[0];
 }
 
+HookHandle checkpoint_module(torch::nn::Module& module, ActivationCheckpointOptions options) {
+  return register_module_hooks(
+      module, ModuleHooks()
+                  .name("activation checkpointing")
+                  .order(hook_order::kCheckpoint)
+                  .around_forward([options](torch::nn::Module&, const TensorList& inputs,
+                                            const ForwardFn& forward) {
+                    return activation_checkpoint(forward, inputs, options);
+                  }));
+}
+
 at::Tensor CheckpointWrapperImpl::forward(const at::Tensor& x) {
   return activation_checkpoint(forward_, x, options_);
 }

@@ -1,5 +1,5 @@
-// ModuleScope: modules reported to CommDebugMode ([Note: module attribution]).
-#include <dtensor/module_tracker.h>
+// CommDebugMode's module attribution on the module seam ([Note: module attribution]).
+#include "parallel/seam/attribution.h"
 
 #include <mutex>
 #include <unordered_map>
@@ -8,10 +8,10 @@
 
 #include "internal/check.h"
 #include "mesh/comm_debug.h"
-#include "parallel/tp/tensor_parallel.h"
+#include "parallel/tp/tensor_parallel.h" // plain_gradient
 #include "tensor/debug/torch_repr.h"
 
-namespace dtensor {
+namespace dtensor::detail {
 
 namespace {
 
@@ -23,6 +23,7 @@ namespace {
 using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
 struct Open {
   const torch::nn::Module* module;
+  std::string name;
   std::vector<WeakImpl> inner_outputs;
 };
 thread_local std::vector<Open> open_modules;
@@ -71,7 +72,7 @@ void name_tree(std::unordered_map<const torch::nn::Module*, std::string>& of,
 std::string name_of(const torch::nn::Module& m) {
   Names& n = names();
   std::lock_guard<std::mutex> lock(n.mutex);
-  if (open_modules.empty() && !detail::in_autograd_backward()) {
+  if (open_modules.empty() && !in_autograd_backward()) {
     n.of.clear(); // a new root
     name_tree(n.of, m, class_name(m));
   }
@@ -84,59 +85,64 @@ std::string name_of(const torch::nn::Module& m) {
   return n.of.at(&m);
 }
 
-detail::ModuleForward describe(const torch::nn::Module& m, std::string name) {
-  detail::ModuleForward f;
+ModuleForward describe(const torch::nn::Module& m, std::string name) {
+  ModuleForward f;
   f.name = std::move(name);
   f.type = fmt::format("class '{}'", m.name());
   for (const auto& p : m.named_parameters(/*recurse=*/false)) {
     const at::Tensor& t = p.value();
-    f.parameters.emplace_back(p.key(), is_dtensor(t) ? detail::torch_repr(DTensor(t).placements()) : "", t);
+    f.parameters.emplace_back(p.key(), is_dtensor(t) ? torch_repr(DTensor(t).placements()) : "", t);
   }
   return f;
 }
 
-} // namespace
-
-ModuleScope::ModuleScope(const torch::nn::Module& module) : module_(&module) {
-  if (!detail::comm_debug_active()) {
-    return;
-  }
-  active_ = true;
-  name_ = name_of(module);
-  detail::module_forward_begin(describe(module, name_));
-  open_modules.push_back({module_, {}});
+void attribution_begin(torch::nn::Module& module, TensorList&) {
+  std::string name = name_of(module);
+  module_forward_begin(describe(module, name));
+  open_modules.push_back({&module, std::move(name), {}});
 }
 
-at::Tensor ModuleScope::output(const at::Tensor& t) {
-  if (!t.defined()) {
-    return t;
-  }
-  at::Tensor out = detail::tp_module_output(t, module_);
-  if (!active_) {
-    return out;
+// Declares one output ([Note: module attribution]).
+void attribution_declare(at::Tensor& out) {
+  if (!out.defined()) {
+    return;
   }
   if (out.requires_grad() && !declared_inside(open_modules.back(), out)) {
     // A plain output whose gradient arrives as a DTensor is an input of a parallelized op of
     // the next module ([Note: gradients of plain inputs]): its conversion belongs to that
     // module's backward (PyTorch's input hook), so it happens here, before this module
     // becomes current; the input's own hook then finds a plain gradient.
-    out.register_hook([name = name_, plain = !is_dtensor(out)](const at::Tensor& grad) {
-      at::Tensor g = plain ? detail::plain_gradient(grad) : grad;
-      detail::module_backward_begin(name);
+    out.register_hook([name = open_modules.back().name, plain = !is_dtensor(out)](const at::Tensor& grad) {
+      at::Tensor g = plain ? plain_gradient(grad) : grad;
+      module_backward_begin(name);
       return g;
     });
   }
   if (open_modules.size() > 1) {
     open_modules[open_modules.size() - 2].inner_outputs.emplace_back(out.getIntrusivePtr());
   }
-  return out;
 }
 
-ModuleScope::~ModuleScope() {
-  if (active_) {
-    open_modules.pop_back();
-    detail::module_forward_end();
-  }
+void attribution_end(torch::nn::Module&) {
+  open_modules.pop_back();
+  module_forward_end();
 }
 
-} // namespace dtensor
+} // namespace
+
+ModuleHooks attribution_hooks() {
+  return ModuleHooks()
+      .name("CommDebugMode")
+      .order(hook_order::kAttribution)
+      .active([] { return comm_debug_active(); })
+      .pre_forward(attribution_begin)
+      .post_forward([](torch::nn::Module& m, TensorList& outputs) {
+        for (at::Tensor& t : outputs) {
+          attribution_declare(t);
+        }
+        attribution_end(m);
+      })
+      .forward_failed(attribution_end);
+}
+
+} // namespace dtensor::detail

@@ -1,6 +1,7 @@
 #pragma once
 
-// Hugging Face exchange of the Llama-3 model (models/llama3.h): a directory that
+// torchtitan's Llama3StateDictAdapter for the Llama-3 model: Hugging Face LlamaForCausalLM
+// names and rotary layout (to_hf / from_hf), and a directory that
 // transformers' LlamaForCausalLM.from_pretrained loads (config.json, model.safetensors.index.json
 // and the weights in one safetensors file, full tensors under Hugging Face's names, q / k
 // rows in its rotary layout), and the reverse, into a model on any layout.
@@ -16,7 +17,10 @@
 // are whole tensors: each rank reads only the rows of its own shards.
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -25,9 +29,147 @@
 #include <dtensor/process_group.h>
 #include <dtensor/state_dict.h>
 
-#include <models/llama3.h>
+#include <models/check.h>
+#include <models/llama3/args.h>
+#include <models/llama3/model.h>
 
 namespace dtensor::models {
+
+// ---------------------------------------------------------------------------------------------
+// Names and layouts (full tensors, no I/O)
+// ---------------------------------------------------------------------------------------------
+
+// (ours, Hugging Face's) for the parameters of block i, below "layers.{i}." and
+// "model.layers.{i}." (convert_llama_weights_to_hf.py, torchtitan's Llama3StateDictAdapter).
+inline const std::vector<std::pair<std::string, std::string>>& hf_block_names() {
+  static const std::vector<std::pair<std::string, std::string>> names = {
+      {"attention.wq.weight", "self_attn.q_proj.weight"},
+      {"attention.wk.weight", "self_attn.k_proj.weight"},
+      {"attention.wv.weight", "self_attn.v_proj.weight"},
+      {"attention.wo.weight", "self_attn.o_proj.weight"},
+      {"feed_forward.w1.weight", "mlp.gate_proj.weight"},
+      {"feed_forward.w2.weight", "mlp.down_proj.weight"},
+      {"feed_forward.w3.weight", "mlp.up_proj.weight"},
+      {"attention_norm.weight", "input_layernorm.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"},
+  };
+  return names;
+}
+
+inline const std::vector<std::pair<std::string, std::string>>& hf_top_names() {
+  static const std::vector<std::pair<std::string, std::string>> names = {
+      {"tok_embeddings.weight", "model.embed_tokens.weight"},
+      {"norm.weight", "model.norm.weight"},
+      {"output.weight", "lm_head.weight"},
+  };
+  return names;
+}
+
+namespace llama3_detail {
+
+inline bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// `name` mapped by the tables: top-level names directly, "<from_prefix>{i}.<rest>" to
+// "<to_prefix>{i}.<rest mapped>"; nullopt when nothing matches. `forward` picks the direction.
+inline std::optional<std::string> map_name(const std::string& name, bool forward) {
+  for (const auto& [ours, hf] : hf_top_names()) {
+    if (name == (forward ? ours : hf)) {
+      return forward ? hf : ours;
+    }
+  }
+  const std::string from_prefix = forward ? "layers." : "model.layers.";
+  const std::string to_prefix = forward ? "model.layers." : "layers.";
+  if (name.rfind(from_prefix, 0) != 0) {
+    return std::nullopt;
+  }
+  const size_t dot = name.find('.', from_prefix.size());
+  if (dot == std::string::npos) {
+    return std::nullopt;
+  }
+  const std::string index = name.substr(from_prefix.size(), dot - from_prefix.size());
+  const std::string rest = name.substr(dot + 1);
+  for (const auto& [ours, hf] : hf_block_names()) {
+    if (rest == (forward ? ours : hf)) {
+      return to_prefix + index + "." + (forward ? hf : ours);
+    }
+  }
+  return std::nullopt;
+}
+
+} // namespace llama3_detail
+
+// Our parameter name -> LlamaForCausalLM's ("layers.3.attention.wq.weight" ->
+// "model.layers.3.self_attn.q_proj.weight"). Throws for names without one (freqs_cis).
+inline std::string hf_name(const std::string& ours) {
+  std::optional<std::string> hf = llama3_detail::map_name(ours, /*forward=*/true);
+  DTENSOR_MODEL_CHECK(hf.has_value(), "hf_name: no Hugging Face name for '", ours, "'");
+  return *hf;
+}
+
+// LlamaForCausalLM's parameter name -> ours. Throws for names without one.
+inline std::string from_hf_name(const std::string& hf) {
+  std::optional<std::string> ours = llama3_detail::map_name(hf, /*forward=*/false);
+  DTENSOR_MODEL_CHECK(ours.has_value(), "from_hf_name: no Llama3 name for '", hf, "'");
+  return *ours;
+}
+
+// [Note: Hugging Face rotary layout] Hugging Face's rotate_half pairs feature i of a head with
+// i + head_dim / 2, not 2i with 2i+1 ([Note: interleaved rotary layout]). to_hf_qk is
+// convert_llama_weights_to_hf.py's permute (rows [n_heads, head_dim / 2, 2] -> [n_heads, 2,
+// head_dim / 2]), from_hf_qk its inverse; `n_heads`: n_heads for wq, n_kv_heads for wk.
+// Full (unsharded) weights [n_heads * head_dim, dim].
+inline at::Tensor to_hf_qk(const at::Tensor& w, int64_t n_heads) {
+  const int64_t rows = w.size(0), cols = w.size(1);
+  DTENSOR_MODEL_CHECK(rows % (2 * n_heads) == 0, "to_hf_qk: ", rows, " rows are not ", n_heads,
+              " heads of even size");
+  return w.reshape({n_heads, rows / n_heads / 2, 2, cols}).transpose(1, 2).reshape({rows, cols});
+}
+
+inline at::Tensor from_hf_qk(const at::Tensor& w, int64_t n_heads) {
+  const int64_t rows = w.size(0), cols = w.size(1);
+  DTENSOR_MODEL_CHECK(rows % (2 * n_heads) == 0, "from_hf_qk: ", rows, " rows are not ", n_heads,
+              " heads of even size");
+  return w.reshape({n_heads, 2, rows / n_heads / 2, cols}).transpose(1, 2).reshape({rows, cols});
+}
+
+// One entry of our state dict as Hugging Face's (name, tensor): wq / wk permuted, the rest as
+// is; nullopt for freqs_cis ([Note: freqs_cis is persistent]). Full tensors.
+inline std::optional<std::pair<std::string, at::Tensor>>
+to_hf(const std::string& name, const at::Tensor& t, const Llama3Args& args) {
+  if (name == "freqs_cis") {
+    return std::nullopt;
+  }
+  at::Tensor v = t;
+  if (llama3_detail::ends_with(name, ".attention.wq.weight")) {
+    v = to_hf_qk(t, args.n_heads());
+  } else if (llama3_detail::ends_with(name, ".attention.wk.weight")) {
+    v = to_hf_qk(t, args.kv_heads());
+  }
+  return std::make_pair(hf_name(name), v);
+}
+
+// One entry of a Hugging Face state dict as ours; nullopt for rotary_emb.inv_freq (older
+// checkpoints' buffer, dropped as torchtitan's adapter does).
+inline std::optional<std::pair<std::string, at::Tensor>>
+from_hf(const std::string& hf, const at::Tensor& t, const Llama3Args& args) {
+  if (llama3_detail::ends_with(hf, ".self_attn.rotary_emb.inv_freq")) {
+    return std::nullopt;
+  }
+  at::Tensor v = t;
+  if (llama3_detail::ends_with(hf, ".self_attn.q_proj.weight")) {
+    v = from_hf_qk(t, args.n_heads());
+  } else if (llama3_detail::ends_with(hf, ".self_attn.k_proj.weight")) {
+    v = from_hf_qk(t, args.kv_heads());
+  }
+  return std::make_pair(from_hf_name(hf), v);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Export and load
+// ---------------------------------------------------------------------------------------------
+
 
 // config.json for LlamaForCausalLM (transformers' LlamaConfig keys).
 inline nlohmann::json hf_config(const Llama3Args& a, c10::ScalarType dtype) {

@@ -1,0 +1,118 @@
+#pragma once
+
+// The Llama-3 model's arguments and torchtitan's flavors (torchtitan's
+// models/llama3/model/args.py and the flavors of its __init__.py).
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <torch/arg.h>
+
+namespace dtensor::models {
+
+// Llama 3.1's RoPE frequency scaling (torchtitan's RoPEScalingArgs; Hugging Face's
+// rope_scaling with rope_type "llama3").
+struct Llama3RopeScaling {
+  TORCH_ARG(double, scaling_factor) = 8.0;
+  TORCH_ARG(double, low_freq_factor) = 1.0;
+  TORCH_ARG(double, high_freq_factor) = 4.0;
+  TORCH_ARG(int64_t, original_max_position_embeddings) = 8192;
+};
+
+// torchtitan's TransformerModelArgs; chainable: Llama3Args().dim(512).n_kv_heads(4).
+// Defaults: torchtitan's "debugmodel" flavor, except max_seq_len, which torchtitan overwrites
+// with the training seq_len (2048 in its debug config) in update_from_config.
+struct Llama3Args {
+  TORCH_ARG(int64_t, dim) = 256;
+  TORCH_ARG(int64_t, n_layers) = 6;
+  TORCH_ARG(int64_t, n_heads) = 16;
+  TORCH_ARG(int64_t, n_kv_heads) = 0; // 0: n_heads (torchtitan's None)
+  TORCH_ARG(int64_t, vocab_size) = 2048;
+  TORCH_ARG(int64_t, multiple_of) = 256;
+  TORCH_ARG(double, ffn_dim_multiplier) = 0.0; // 0: none (torchtitan's None)
+  TORCH_ARG(double, norm_eps) = 1e-5;
+  TORCH_ARG(double, rope_theta) = 500000.0;
+  // torchtitan's args.py applies Llama 3.1's scaling by default; nullopt: plain RoPE (Llama 3.0).
+  TORCH_ARG(std::optional<Llama3RopeScaling>, rope_scaling) = Llama3RopeScaling();
+  TORCH_ARG(int64_t, max_seq_len) = 2048;
+  // The feed-forward width as given (a Hugging Face config's intermediate_size); 0: computed
+  // from dim, multiple_of and ffn_dim_multiplier as torchtitan.
+  TORCH_ARG(int64_t, ffn_hidden) = 0;
+  // Init std of wo / w2 / w3: by layer id (true) or by n_layers (false), as torchtitan.
+  TORCH_ARG(bool, depth_init) = true;
+
+ public:
+  int64_t kv_heads() const { return n_kv_heads() > 0 ? n_kv_heads() : n_heads(); }
+  int64_t head_dim() const { return dim() / n_heads(); }
+  // torchtitan's FeedForward: int(2 * (4 * dim) / 3), times ffn_dim_multiplier (truncated),
+  // rounded up to a multiple of multiple_of. (8B: 4096 -> 14336.)
+  int64_t ffn_hidden_dim() const {
+    if (ffn_hidden() > 0) {
+      return ffn_hidden();
+    }
+    int64_t hidden = 2 * (4 * dim()) / 3;
+    if (ffn_dim_multiplier() > 0.0) {
+      hidden = static_cast<int64_t>(ffn_dim_multiplier() * static_cast<double>(hidden));
+    }
+    return multiple_of() * ((hidden + multiple_of() - 1) / multiple_of());
+  }
+};
+
+// torchtitan's "8B" flavor (max_seq_len: its llama3_8b training seq_len).
+inline Llama3Args llama3_8b_args() {
+  return Llama3Args()
+      .dim(4096)
+      .n_layers(32)
+      .n_heads(32)
+      .n_kv_heads(8)
+      .vocab_size(128256)
+      .multiple_of(1024)
+      .ffn_dim_multiplier(1.3)
+      .rope_theta(500000.0)
+      .max_seq_len(8192);
+}
+
+// torchtitan's "70B" and "405B" flavors.
+inline Llama3Args llama3_70b_args() {
+  return llama3_8b_args().dim(8192).n_layers(80).n_heads(64).multiple_of(4096);
+}
+
+inline Llama3Args llama3_405b_args() {
+  return llama3_8b_args()
+      .dim(16384)
+      .n_layers(126)
+      .n_heads(128)
+      .multiple_of(4096)
+      .ffn_dim_multiplier(1.2);
+}
+
+// torchtitan's flavor by name ("llama3-8b", "llama3-70b", "llama3-405b"), if it is one.
+inline std::optional<Llama3Args> llama3_preset(const std::string& name) {
+  if (name == "llama3-8b") {
+    return llama3_8b_args();
+  }
+  if (name == "llama3-70b") {
+    return llama3_70b_args();
+  }
+  if (name == "llama3-405b") {
+    return llama3_405b_args();
+  }
+  return std::nullopt;
+}
+
+// A tiny model for tests and interchange checks (dim 64, 2 layers, 4 heads, 2 kv heads, vocab
+// 256, plain RoPE).
+inline Llama3Args llama3_tiny_args() {
+  return Llama3Args()
+      .dim(64)
+      .n_layers(2)
+      .n_heads(4)
+      .n_kv_heads(2)
+      .vocab_size(256)
+      .multiple_of(32)
+      .rope_theta(10000.0)
+      .rope_scaling(std::nullopt)
+      .max_seq_len(16);
+}
+
+} // namespace dtensor::models

@@ -1,0 +1,300 @@
+#pragma once
+
+// A Llama-3 Transformer after torchtitan's models/llama3/model/model.py (RMSNorm pre-norm
+// blocks, grouped-query attention with rotary embeddings and causal sdpa, SwiGLU, Linears
+// without bias), with parameter names and order exactly torchtitan's, and its init_weights()
+// on dtensor's layout-independent random ops (after parallelize / fully_shard / to_empty).
+// Left out: flex / varlen attention, positions, qk-norm, PEFT, tying.
+//
+// [Note: models carry no parallelism] As torchtitan's model.py, nothing here names a
+// parallelism: submodules are called through dtensor::call (the module seam,
+// dtensor/module_hooks.h), and tensor parallelism, fully_shard and activation checkpointing
+// are applied from outside by parallelize_llama3 (models/llama3/parallelize.h), whose hooks
+// run at those calls. The same forward runs the plain model on one process.
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+#include <optional>
+#include <utility>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/utils.h>
+
+#include <dtensor/module_hooks.h>
+#include <dtensor/random.h>
+
+#include <models/check.h>
+#include <models/llama3/args.h>
+
+namespace dtensor::models {
+
+namespace llama3_detail {
+
+inline torch::nn::Linear linear(int64_t in, int64_t out) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+}
+
+} // namespace llama3_detail
+
+// ---------------------------------------------------------------------------------------------
+// Rotary embeddings
+// ---------------------------------------------------------------------------------------------
+
+// torchtitan's apply_scaling (Llama 3.1): long wavelengths divided by scaling_factor, short
+// ones kept, the band between interpolated.
+inline at::Tensor apply_rope_scaling(const at::Tensor& freqs, const Llama3RopeScaling& s) {
+  const double original = static_cast<double>(s.original_max_position_embeddings());
+  const double low_freq_wavelen = original / s.low_freq_factor();
+  const double high_freq_wavelen = original / s.high_freq_factor();
+  at::Tensor wavelen = freqs.reciprocal() * (2.0 * std::numbers::pi);
+  at::Tensor scaled = at::where(wavelen > low_freq_wavelen, freqs / s.scaling_factor(), freqs);
+  at::Tensor smooth = (wavelen.reciprocal() * original - s.low_freq_factor()) /
+                      (s.high_freq_factor() - s.low_freq_factor());
+  at::Tensor band = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen);
+  return at::where(band, (1.0 - smooth) * scaled / s.scaling_factor() + smooth * scaled, scaled);
+}
+
+// [Note: interleaved rotary layout] torchtitan's precompute_freqs_cis as real pairs:
+// [end, head_dim / 2, 2] holding (cos, sin) of t * freq_i (view_as_real of its complex64
+// buffer). apply_rotary_emb reads q / k's last dim as pairs x[2i] + i x[2i+1] (Meta's layout)
+// and multiplies each by cis(t * freq_i).
+inline at::Tensor precompute_freqs_cis(int64_t head_dim, int64_t end, double theta,
+                                       const std::optional<Llama3RopeScaling>& scaling,
+                                       const at::TensorOptions& options = {}) {
+  const at::TensorOptions f32 = options.dtype(at::kFloat);
+  at::Tensor exponent =
+      at::arange(0, head_dim, 2, f32).slice(0, 0, head_dim / 2) / static_cast<double>(head_dim);
+  at::Tensor freqs = at::pow(theta, exponent).reciprocal();
+  if (scaling) {
+    freqs = apply_rope_scaling(freqs, *scaling);
+  }
+  at::Tensor angles = at::outer(at::arange(end, f32), freqs);
+  return at::stack({angles.cos(), angles.sin()}, -1);
+}
+
+// The (cos, sin) tables of the first `seqlen` positions, shaped [1, seqlen, 1, head_dim / 2]
+// to broadcast over [bs, seqlen, heads, head_dim / 2]. (Under tensor parallelism freqs_cis
+// arrives as a Replicate DTensor, next to q / k sharded by heads: the style's
+// more_input_layouts in models/llama3/parallelize.h.)
+inline std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& freqs_cis, int64_t seqlen) {
+  at::Tensor f = freqs_cis.narrow(0, 0, seqlen).to(at::kFloat);
+  const int64_t half = f.size(1);
+  auto table = [&](int64_t i) { return f.select(-1, i).contiguous().view({1, seqlen, 1, half}); };
+  return {table(0), table(1)};
+}
+
+// torchtitan's apply_rotary_emb on one of q / k ([bs, seqlen, heads, head_dim]), in fp32, with
+// real arithmetic for the complex product (x_r + i x_i)(cos + i sin).
+inline at::Tensor apply_rotary_emb(const at::Tensor& x, const at::Tensor& rot_cos,
+                                   const at::Tensor& rot_sin) {
+  at::Tensor pairs = x.to(at::kFloat).view({x.size(0), x.size(1), x.size(2), x.size(3) / 2, 2});
+  at::Tensor re = pairs.select(-1, 0);
+  at::Tensor im = pairs.select(-1, 1);
+  at::Tensor out =
+      at::stack({re * rot_cos - im * rot_sin, re * rot_sin + im * rot_cos}, -1).flatten(3);
+  return out.to(x.scalar_type());
+}
+
+// torchtitan's repeat_kv: [bs, seqlen, n_kv_heads, head_dim] -> [.., n_kv_heads * n_rep, ..],
+// each kv head repeated n_rep times in place (torch.repeat_interleave on dim 2).
+inline at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep) {
+  if (n_rep == 1) {
+    return x;
+  }
+  const int64_t bs = x.size(0), slen = x.size(1), n_kv = x.size(2), hd = x.size(3);
+  return x.unsqueeze(3).expand({bs, slen, n_kv, n_rep, hd}).reshape({bs, slen, n_kv * n_rep, hd});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Modules
+// ---------------------------------------------------------------------------------------------
+
+// x * rsqrt(mean(x^2) + eps) computed in fp32 and cast back to x's dtype, times `weight`
+// (Hugging Face's LlamaRMSNorm, torchtitan's former RMSNorm). A module of its own, not a
+// Linear, so SequenceParallel accepts it.
+struct RMSNormImpl : torch::nn::Module {
+  RMSNormImpl(int64_t dim, double eps_)
+      : eps(eps_), weight(register_parameter("weight", torch::ones({dim}))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = x.to(at::kFloat);
+    h = h * at::rsqrt(h.pow(2).mean({-1}, /*keepdim=*/true) + eps);
+    return h.to(x.scalar_type()) * weight;
+  }
+  void reset_parameters() {
+    torch::NoGradGuard no_grad;
+    weight.fill_(1.0);
+  }
+  double eps;
+  at::Tensor weight;
+};
+TORCH_MODULE(RMSNorm);
+
+// Grouped-query attention: wq (dim -> n_heads * head_dim), wk / wv (-> n_kv_heads * head_dim),
+// rotary q / k, kv heads repeated to n_heads, causal sdpa, wo.
+struct Llama3AttentionImpl : torch::nn::Module {
+  explicit Llama3AttentionImpl(const Llama3Args& args)
+      : n_rep(args.n_heads() / args.kv_heads()), head_dim(args.head_dim()),
+        wq(register_module("wq", llama3_detail::linear(args.dim(), args.n_heads() * head_dim))),
+        wk(register_module("wk", llama3_detail::linear(args.dim(), args.kv_heads() * head_dim))),
+        wv(register_module("wv", llama3_detail::linear(args.dim(), args.kv_heads() * head_dim))),
+        wo(register_module("wo", llama3_detail::linear(args.n_heads() * head_dim, args.dim()))) {
+    DTENSOR_MODEL_CHECK(args.dim() % args.n_heads() == 0, "Llama3: dim must be a multiple of n_heads");
+    DTENSOR_MODEL_CHECK(args.n_heads() % args.kv_heads() == 0,
+                "Llama3: n_heads must be a multiple of n_kv_heads");
+    DTENSOR_MODEL_CHECK(head_dim % 2 == 0, "Llama3: rotary embeddings need an even head_dim");
+  }
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& freqs_cis) {
+    const int64_t bs = x.size(0);
+    const int64_t seqlen = x.size(1);
+    // [Note: -1 heads] As torchtitan: -1, not n_heads / n_kv_heads, so the view also fits a
+    // projection whose output is a local shard of the heads (a plain local tensor); dtensor's
+    // DTensors have the global shape, where -1 gives the full count.
+    at::Tensor xq = dtensor::call(wq, x).view({bs, seqlen, -1, head_dim});
+    at::Tensor xk = dtensor::call(wk, x).view({bs, seqlen, -1, head_dim});
+    at::Tensor xv = dtensor::call(wv, x).view({bs, seqlen, -1, head_dim});
+    auto [rot_cos, rot_sin] = rope_tables(freqs_cis, seqlen);
+    xq = apply_rotary_emb(xq, rot_cos, rot_sin);
+    xk = apply_rotary_emb(xk, rot_cos, rot_sin);
+    at::Tensor keys = repeat_kv(xk, n_rep);
+    at::Tensor values = repeat_kv(xv, n_rep);
+    // [bs, heads, seqlen, head_dim]
+    at::Tensor out = at::scaled_dot_product_attention(xq.transpose(1, 2), keys.transpose(1, 2),
+                                                      values.transpose(1, 2), /*attn_mask=*/{},
+                                                      /*dropout_p=*/0.0, /*is_causal=*/true);
+    return dtensor::call(wo, out.transpose(1, 2).contiguous().view({bs, seqlen, -1}));
+  }
+  // torchtitan: wq / wk / wv trunc_normal_(std 0.02), wo trunc_normal_(init_std), both with
+  // PyTorch's default bounds [-2, 2] (absolute, so hardly truncated at these stds).
+  void init_weights(double init_std) {
+    torch::NoGradGuard no_grad;
+    for (torch::nn::Linear* l : {&wq, &wk, &wv}) {
+      dtensor::trunc_normal_((*l)->weight, 0.0, 0.02);
+    }
+    dtensor::trunc_normal_(wo->weight, 0.0, init_std);
+  }
+  int64_t n_rep;
+  int64_t head_dim;
+  torch::nn::Linear wq;
+  torch::nn::Linear wk;
+  torch::nn::Linear wv;
+  torch::nn::Linear wo;
+};
+TORCH_MODULE(Llama3Attention);
+
+// SwiGLU: w2(silu(w1 x) * w3 x), w1 / w3 dim -> hidden_dim, w2 back.
+struct Llama3FeedForwardImpl : torch::nn::Module {
+  Llama3FeedForwardImpl(int64_t dim, int64_t hidden_dim)
+      : w1(register_module("w1", llama3_detail::linear(dim, hidden_dim))),
+        w2(register_module("w2", llama3_detail::linear(hidden_dim, dim))),
+        w3(register_module("w3", llama3_detail::linear(dim, hidden_dim))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    return dtensor::call(w2, at::silu(dtensor::call(w1, x)) * dtensor::call(w3, x));
+  }
+  // torchtitan: w1 trunc_normal_(std 0.02), w2 / w3 trunc_normal_(init_std).
+  void init_weights(double init_std) {
+    torch::NoGradGuard no_grad;
+    dtensor::trunc_normal_(w1->weight, 0.0, 0.02);
+    dtensor::trunc_normal_(w2->weight, 0.0, init_std);
+    dtensor::trunc_normal_(w3->weight, 0.0, init_std);
+  }
+  torch::nn::Linear w1;
+  torch::nn::Linear w2;
+  torch::nn::Linear w3;
+};
+TORCH_MODULE(Llama3FeedForward);
+
+// h = x + attention(attention_norm(x)); out = h + feed_forward(ffn_norm(h)). Submodules in
+// torchtitan's order (attention, feed_forward, attention_norm, ffn_norm).
+struct Llama3BlockImpl : torch::nn::Module {
+  Llama3BlockImpl(int64_t layer_id, const Llama3Args& args)
+      : attention(register_module("attention", Llama3Attention(args))),
+        feed_forward(
+            register_module("feed_forward", Llama3FeedForward(args.dim(), args.ffn_hidden_dim()))),
+        attention_norm(register_module("attention_norm", RMSNorm(args.dim(), args.norm_eps()))),
+        ffn_norm(register_module("ffn_norm", RMSNorm(args.dim(), args.norm_eps()))),
+        weight_init_std(init_std(layer_id, args)) {}
+  // torchtitan: 0.02 / sqrt(2 * (layer_id + 1)) with depth_init, else 0.02 / sqrt(2 * n_layers).
+  static double init_std(int64_t layer_id, const Llama3Args& args) {
+    const int64_t depth = args.depth_init() ? layer_id + 1 : args.n_layers();
+    return 0.02 / std::sqrt(2.0 * static_cast<double>(depth));
+  }
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& freqs_cis) {
+    at::Tensor h = x + dtensor::call(attention, dtensor::call(attention_norm, x), freqs_cis);
+    return h + dtensor::call(feed_forward, dtensor::call(ffn_norm, h));
+  }
+  void init_weights() {
+    attention_norm->reset_parameters();
+    ffn_norm->reset_parameters();
+    attention->init_weights(weight_init_std);
+    feed_forward->init_weights(weight_init_std);
+  }
+  Llama3Attention attention;
+  Llama3FeedForward feed_forward;
+  RMSNorm attention_norm;
+  RMSNorm ffn_norm;
+  double weight_init_std;
+};
+TORCH_MODULE(Llama3Block);
+
+// forward(tokens [bs, seqlen] int64) -> logits [bs, seqlen, vocab_size] in the parameters'
+// dtype, as torchtitan (its loss casts to fp32). Rotary tables: the buffer freqs_cis.
+// [Note: freqs_cis is persistent] LibTorch has no persistent=False buffers: freqs_cis is in
+// named_buffers() and state dicts, where torchtitan's is not; to_hf skips it.
+// The constructor leaves LibTorch's default init: call init_weights() (after to_empty when
+// built on the meta device, docs/meta_init.md).
+struct Llama3Impl : torch::nn::Module {
+  explicit Llama3Impl(const Llama3Args& args = Llama3Args())
+      : model_args(args),
+        tok_embeddings(
+            register_module("tok_embeddings", torch::nn::Embedding(args.vocab_size(), args.dim()))),
+        freqs_cis(register_buffer("freqs_cis", compute_freqs_cis({}))),
+        layers(register_module("layers", torch::nn::ModuleList())) {
+    for (int64_t i = 0; i < args.n_layers(); ++i) {
+      layers->push_back(Llama3Block(i, args));
+    }
+    norm = register_module("norm", RMSNorm(args.dim(), args.norm_eps()));
+    output = register_module("output", llama3_detail::linear(args.dim(), args.vocab_size()));
+  }
+  at::Tensor forward(const at::Tensor& tokens) {
+    DTENSOR_MODEL_CHECK(tokens.size(1) <= freqs_cis.size(0), "Llama3: sequence of ", tokens.size(1),
+                " tokens is longer than max_seq_len ", freqs_cis.size(0));
+    at::Tensor h = dtensor::call(tok_embeddings, tokens);
+    for (const auto& layer : *layers) {
+      h = dtensor::call(*layer->as<Llama3BlockImpl>(), h, freqs_cis);
+    }
+    return dtensor::call(output, dtensor::call(norm, h));
+  }
+  // torchtitan's Transformer.init_weights: freqs_cis recomputed, tok_embeddings normal (std 1),
+  // the blocks', norm one, output truncated normal (std dim^-0.5, within 3 std). Every value
+  // from dtensor's random ops (docs/random.md) or a constant, in a fixed order: the same full
+  // values on every layout (plain, TP, FSDP, both) for the same seed.
+  void init_weights() {
+    torch::NoGradGuard no_grad;
+    freqs_cis.copy_(compute_freqs_cis(at::TensorOptions().device(freqs_cis.device())));
+    dtensor::normal_(tok_embeddings->weight, 0.0, 1.0);
+    for (const auto& layer : *layers) {
+      layer->as<Llama3BlockImpl>()->init_weights();
+    }
+    norm->reset_parameters();
+    const double final_out_std = 1.0 / std::sqrt(static_cast<double>(model_args.dim()));
+    dtensor::trunc_normal_(output->weight, 0.0, final_out_std, -3.0 * final_out_std,
+                           3.0 * final_out_std);
+  }
+  at::Tensor compute_freqs_cis(const at::TensorOptions& options) const {
+    return precompute_freqs_cis(model_args.head_dim(), model_args.max_seq_len(),
+                                model_args.rope_theta(), model_args.rope_scaling(), options);
+  }
+
+  Llama3Args model_args;
+  torch::nn::Embedding tok_embeddings;
+  at::Tensor freqs_cis;
+  torch::nn::ModuleList layers;
+  RMSNorm norm{nullptr};
+  torch::nn::Linear output{nullptr};
+};
+TORCH_MODULE(Llama3);
+
+} // namespace dtensor::models

@@ -1,0 +1,100 @@
+#pragma once
+
+// torchtitan's models/llama3/infra/parallelize.py for the Llama-3 model: tensor parallelism
+// (apply_tp), activation checkpointing (apply_ac) and fully_shard (apply_fsdp), applied from
+// outside the model ([Note: models carry no parallelism] in models/llama3/model.h).
+#include <memory>
+#include <optional>
+
+#include <dtensor/activation_checkpoint.h>
+#include <dtensor/device_mesh.h>
+#include <dtensor/fully_shard.h>
+#include <dtensor/placement.h>
+#include <dtensor/tensor_parallel.h>
+
+#include <models/check.h>
+#include <models/llama3/model.h>
+
+namespace dtensor::models {
+
+// torchtitan's apply_tp as one plan (no Float8, no context parallel): tok_embeddings row-wise
+// to Shard(1), so the residual stream is sequence-sharded between blocks; the norms
+// SequenceParallel; attention / feed_forward gather their Shard(1) input once (PrepareModuleInput,
+// whose hook runs when the block calls them; attention's second input, the rotary table, is
+// taken as Replicate next to q / k sharded by heads); wq / wk / wv / w1 / w3 column-wise; wo / w2 row-wise, reduce-scattered to Shard(1); output
+// column-wise from Shard(1), to Shard(-1) DTensor logits with loss_parallel (for
+// dtensor::LossParallel), else Replicate.
+inline dtensor::ParallelizePlan llama3_tp_plan(bool loss_parallel) {
+  using dtensor::ColwiseParallel;
+  using dtensor::Replicate;
+  using dtensor::RowwiseParallel;
+  using dtensor::SequenceParallel;
+  using dtensor::Shard;
+  auto style = [](auto s) -> std::shared_ptr<dtensor::ParallelStyle> {
+    return std::make_shared<decltype(s)>(std::move(s));
+  };
+  const auto gathered =
+      dtensor::PrepareModuleInput().input_layouts(Shard(1)).desired_input_layouts(Replicate());
+  const auto attention_inputs = dtensor::PrepareModuleInput(gathered).more_input_layouts({Replicate()});
+  const auto scattered = RowwiseParallel().output_layouts(Shard(1));
+  return {
+      {"tok_embeddings",
+       style(RowwiseParallel().input_layouts(Replicate()).output_layouts(Shard(1)))},
+      {"norm", style(SequenceParallel())},
+      // Replicate logits (loss_parallel off) are gathered as they leave `output`
+      // (test_llama3 checks them against the plain model's).
+      {"output", style(ColwiseParallel()
+                           .input_layouts(Shard(1))
+                           .output_layouts(loss_parallel ? Shard(-1) : Replicate())
+                           .use_local_output(!loss_parallel))},
+      {"layers.*.attention_norm", style(SequenceParallel())},
+      {"layers.*.attention", style(attention_inputs)},
+      {"layers.*.attention.w[qkv]", style(ColwiseParallel())},
+      {"layers.*.attention.wo", style(scattered)},
+      {"layers.*.ffn_norm", style(SequenceParallel())},
+      {"layers.*.feed_forward", style(gathered)},
+      {"layers.*.feed_forward.w[13]", style(ColwiseParallel())},
+      {"layers.*.feed_forward.w2", style(scattered)},
+  };
+}
+
+// Parallelizes `model` over the 1-D tp_mesh (collective: every rank of tp_mesh calls it).
+// Heads are sharded: n_heads and n_kv_heads must be multiples of the mesh size, so that
+// repeat_kv's local kv heads are those of the local q heads. freqs_cis stays a plain buffer,
+// taken as Replicate where attention is called.
+inline void apply_tp(Llama3& model, const dtensor::DeviceMesh& tp_mesh, bool loss_parallel) {
+  const Llama3Args& a = model->model_args;
+  DTENSOR_MODEL_CHECK(a.n_heads() % tp_mesh.size() == 0 && a.kv_heads() % tp_mesh.size() == 0,
+              "Llama3 apply_tp: n_heads (", a.n_heads(), ") and n_kv_heads (", a.kv_heads(),
+              ") must be multiples of the tensor-parallel degree ", tp_mesh.size());
+  dtensor::parallelize_module(*model, tp_mesh, llama3_tp_plan(loss_parallel));
+}
+
+// torchtitan's apply_ac (per-block): every block's forward checkpointed with `options`.
+inline void apply_ac(Llama3& model, const dtensor::ActivationCheckpointOptions& options) {
+  for (auto& layer : *model->layers) {
+    dtensor::checkpoint_module(*layer, options);
+  }
+}
+
+// torchtitan's parallelize_llama on a 3-D mesh named (dp_replicate, dp_shard, tp): apply_tp
+// over tp, apply_ac when `ac` is set, then fully_shard on each block and on the root over
+// (dp_replicate, dp_shard) (HSDP when dp_replicate > 1; mixed precision from `fsdp`).
+// Collective.
+inline void parallelize_llama3(
+    Llama3& model, const dtensor::DeviceMesh& mesh, bool loss_parallel,
+    const dtensor::FullyShardOptions& fsdp = {},
+    const std::optional<dtensor::ActivationCheckpointOptions>& ac = std::nullopt) {
+  apply_tp(model, mesh["tp"], loss_parallel);
+  if (ac) {
+    apply_ac(model, *ac);
+  }
+  auto options = fsdp;
+  options.mesh(mesh[{"dp_replicate", "dp_shard"}]);
+  for (auto& layer : *model->layers) {
+    dtensor::fully_shard(*layer, options);
+  }
+  dtensor::fully_shard(*model, options);
+}
+
+} // namespace dtensor::models
