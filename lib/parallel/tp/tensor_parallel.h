@@ -46,11 +46,12 @@ std::shared_ptr<const TpTag> make_tp_tags(const void* module, std::string style,
                                           std::string module_name, TpLayouts layouts);
 
 // An output of `module` as PyTorch's output hook leaves it, for a module called through
-// dtensor::traced_forward ([Note: module attribution]): an activation the module made is
+// dtensor::call ([Note: tensor parallelism on the module seam]): an activation the module made is
 // redistributed to the style's output layout above autograd (differentiable, PyTorch's
 // Redistribute backward) and, with use_local_output and a Replicate layout, handed over as
-// its local tensor. Anything else (not this module's activation, a view of one, a 2-D mesh,
-// activation checkpointing's recompute) is returned as it is, for the ops to convert.
+// its local tensor, in forward and in activation checkpointing's recompute (which must build
+// the same graph). Anything else (not this module's activation or a view of one, a 2-D
+// mesh, a call in backward) is returned as it is, for the ops to convert.
 at::Tensor tp_module_output(const at::Tensor& output, const void* module);
 
 // [Note: gradients of plain inputs] in tp_dispatch.cpp: the gradient a plain tensor gets,

@@ -366,8 +366,12 @@ at::Tensor plain_gradient(const at::Tensor& grad) {
 at::Tensor tp_module_output(const at::Tensor& output, const void* module) {
   const DTensorMeta* m = dtensor_meta(output);
   auto tag = m != nullptr ? m->extension<TpTag>() : nullptr;
-  if (tag == nullptr || tag->module != module || tag->role != TpRole::Activation ||
-      !tag->layouts->output || m->spec.mesh.ndim() != 1 || in_backward()) {
+  // At the module's boundary a reshaped activation (Linear's 3-D output is a view of its
+  // 2-D product) is the module's output as much as the product itself: the output layout
+  // applies to it, as PyTorch's output hook applies it (the ops, which meet a view anywhere
+  // inside the module, convert only a Partial one: leaves_to_output_layout).
+  if (tag == nullptr || tag->module != module || tag->role == TpRole::Parameter ||
+      !tag->layouts->output || m->spec.mesh.ndim() != 1 || (in_backward() && !in_recompute())) {
     return output;
   }
   const Placement out = *tag->layouts->output;
