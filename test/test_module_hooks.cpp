@@ -201,3 +201,73 @@ TEST_CASE("module seam: a tensor-parallel MLP called through the seam equals the
   const at::Tensor g1 = dtensor::DTensor(m->net1->weight.grad()).full_tensor();
   CHECK(close(g1, ref->net1->weight.grad()));
 }
+
+namespace {
+
+// An input layer held by the root, then two blocks: fully_shard units each, the root a unit.
+struct BlocksImpl : torch::nn::Module {
+  explicit BlocksImpl(bool through_seam) : seam(through_seam) {
+    torch::manual_seed(3);
+    in = register_module("in", torch::nn::Linear(6, 8));
+    blocks = register_module("blocks", torch::nn::ModuleList(torch::nn::Linear(8, 8),
+                                                             torch::nn::Linear(8, 8)));
+  }
+  at::Tensor forward(at::Tensor x) {
+    x = seam ? dtensor::call(in, x) : in->forward(x);
+    for (const auto& b : *blocks) {
+      auto* lin = b->as<torch::nn::LinearImpl>();
+      x = at::relu(seam ? dtensor::call(*lin, x) : lin->forward(x));
+    }
+    return x;
+  }
+  bool seam;
+  torch::nn::Linear in{nullptr};
+  torch::nn::ModuleList blocks{nullptr};
+};
+TORCH_MODULE(Blocks);
+
+} // namespace
+
+TEST_CASE("module seam: fully_shard's events; one pre-backward and one backward all-gather per "
+          "unit and backward; without the seam the ops drive the units",
+          "[module_hooks][fully_shard][world1][world2][world4]") {
+  auto dp = init_device_mesh(c10::kCPU, {world()}, {"dp"});
+  for (bool seam : {true, false}) {
+    INFO("through the seam: " << seam);
+    Blocks model(seam), plain(seam);
+    for (const auto& b : *model->blocks) {
+      dtensor::fully_shard(*b, FullyShardOptions().mesh(dp));
+    }
+    dtensor::fully_shard(*model, FullyShardOptions().mesh(dp));
+    int pre_backwards = 0;
+    std::vector<dtensor::HookHandle> handles;
+    for (const auto& b : *model->blocks) {
+      handles.push_back(dtensor::register_module_hooks(
+          *b, ModuleHooks().name("count").pre_backward(
+                  [&](torch::nn::Module&) { ++pre_backwards; })));
+    }
+    for (int step = 0; step < 2; ++step) {
+      at::manual_seed(100 + step * 7 + rank());
+      const at::Tensor x = at::randn({3, 6});
+      CommDebugMode mode;
+      at::Tensor loss = dtensor::call(model, x).pow(2).sum();
+      CHECK(mode.count(CollectiveKind::AllGather) == 3); // one per unit
+      loss.backward();
+      // Through the seam the last block reshards at its exit (FSDP2) and is gathered again in
+      // backward, as the first one is; driven by the ops it stays unsharded until backward.
+      CHECK(mode.count(CollectiveKind::AllGather) == 3 + (seam ? 2 : 1));
+      CHECK(mode.count(CollectiveKind::ReduceScatter) == 3);
+      CHECK(pre_backwards == (seam ? 2 * (step + 1) : 0));
+      // The plain model on every rank's batch: fully_shard averages over the ranks.
+      for (int r = 0; r < world(); ++r) {
+        at::manual_seed(100 + step * 7 + r);
+        (plain->forward(at::randn({3, 6})).pow(2).sum() / world()).backward();
+      }
+      auto p = model->parameters();
+      auto q = plain->parameters();
+      for (size_t i = 0; i < p.size(); ++i) {
+        CHECK(close(full_value(p[i].grad()), q[i].grad()));
+      }
+    }
+  }
+}

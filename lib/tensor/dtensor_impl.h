@@ -38,6 +38,7 @@ struct DTensorMeta : c10::BackendMeta {
     return nullptr;
   }
   void copy_extensions_from(const DTensorMeta& other) { extensions_ = other.extensions_; }
+  bool has_extensions() const { return !extensions_.empty(); }
   template <class T>
   void set_extension(std::shared_ptr<const T> value) {
     for (auto& [key, slot] : extensions_) {

@@ -231,7 +231,7 @@ bool fsdp_intercept(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 [[maybe_unused]] const bool fsdp_interceptor_registered =
-    register_interceptor({"fully_shard", /*order=*/10, fsdp_intercept, nullptr});
+    register_interceptor({"fully_shard", /*order=*/10, fsdp_intercept, nullptr, wants_extensions});
 
 } // namespace
 

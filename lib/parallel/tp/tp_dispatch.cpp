@@ -338,7 +338,8 @@ OutputFinisher tp_interceptor(const c10::OperatorHandle& op, torch::jit::Stack* 
 }
 
 [[maybe_unused]] const bool tp_interceptor_registered =
-    register_interceptor({"tensor parallelism", /*order=*/20, nullptr, tp_interceptor});
+    register_interceptor(
+        {"tensor parallelism", /*order=*/20, nullptr, tp_interceptor, wants_extensions_or_plain});
 
 } // namespace
 

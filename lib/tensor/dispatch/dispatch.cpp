@@ -38,6 +38,9 @@ struct Cached {
   std::vector<std::vector<std::vector<int64_t>>> out_strides;
   // No rule: the op runs its composite kernel ([Note: the decomposition fallback]).
   bool decompose = false;
+  // Per argument: the redistribution plan to the placements the rule wants (empty: none),
+  // a function of the decision's key, so kept with it: a hit looks up nothing else.
+  std::vector<std::vector<TransformStep>> input_plans;
 };
 
 // [Note: decision keys] A decision is cached under a flat list of integers that spells out
@@ -333,7 +336,7 @@ void collect_specs(OpInfo& info, const OpArgs& a) {
       return;
     }
     if (element < 0) {
-      info.specs[i] = m->spec;
+      info.specs[i] = SpecRef(&m->spec); // alive with the handler's copy of the arguments
     } else {
       info.list_specs[i].push_back(m->spec);
     }
@@ -373,6 +376,17 @@ void localize_shape_args(const OpInfo& info, Cached& c) {
   }
 }
 
+// The redistributions the decision asks of its DTensor arguments, planned once.
+void plan_inputs(const OpInfo& info, Cached& c) {
+  c.input_plans.resize(info.num_args());
+  for (size_t i = 0; i < info.num_args(); ++i) {
+    const auto& want = c.sharding.inputs[i];
+    if (info.specs[i] && want && *want != info.specs[i]->placements) {
+      c.input_plans[i] = plan_redistribute(*info.specs[i], *want);
+    }
+  }
+}
+
 // Decide, uncached: the rule's shardings (or [Note: the replicated fallback]) and the
 // outputs' global shapes.
 std::shared_ptr<const Cached> make_decision(const c10::OperatorHandle& op, const OpInfo& info) {
@@ -408,6 +422,7 @@ std::shared_ptr<const Cached> make_decision(const c10::OperatorHandle& op, const
     infer_output_shapes(op, info, *made);
   }
   localize_shape_args(info, *made);
+  plan_inputs(info, *made);
   return made;
 }
 
@@ -434,7 +449,8 @@ std::shared_ptr<const Cached> decide(const c10::OperatorHandle& op, const OpInfo
 
 // Unwrap, step 2: every DTensor argument becomes its local tensor, redistributed where the
 // rule asks; arguments the rule rewrites for the local op get their local values.
-void unwrap_args(const OpInfo& info, const OpSharding& sharding, const OpArgs& a) {
+void unwrap_args(const OpInfo& info, const Cached& decision, const OpArgs& a) {
+  const OpSharding& sharding = decision.sharding;
   for (size_t i = 0; i < a.count; ++i) {
     c10::IValue& slot = a[i];
     if (info.specs[i]) {
@@ -446,7 +462,7 @@ void unwrap_args(const OpInfo& info, const OpSharding& sharding, const OpArgs& a
                       "from {} to {}; redistribute it explicitly first",
                       info.name, a.name_of(i), to_string(m->spec.placements),
                       to_string(*sharding.inputs[i]));
-        local = redistribute_local(local, m->spec, *sharding.inputs[i]);
+        local = execute_redistribute(local, m->spec, decision.input_plans[i]);
       }
       slot = local;
     } else if (!info.list_specs[i].empty()) {
@@ -593,40 +609,55 @@ void record_for_comm_debug(const c10::OperatorHandle& op, const OpInfo& info) {
   record_dtensor_op(std::move(rec));
 }
 
-bool has_dtensor(const OpArgs& a) {
-  bool any = false;
-  a.for_each_tensor([&](size_t, int64_t, const at::Tensor& t) {
-    any = any || dtensor_meta(t) != nullptr;
+ArgSummary summarize(const OpArgs& a) {
+  ArgSummary s;
+  a.for_each_tensor([&](size_t, int64_t element, const at::Tensor& t) {
+    if (const DTensorMeta* m = dtensor_meta(t)) {
+      s.any_dtensor = true;
+      s.any_extension = s.any_extension || m->has_extensions();
+    } else if (t.defined() && (t.dim() > 0 || element >= 0)) {
+      s.any_plain = true;
+    }
   });
-  return any;
+  return s;
 }
 
 } // namespace
 
-// [Note: the handler's steps] As PyTorch's OpDispatcher: interceptors, then unwrap (specs)
-// -> decide (rule, cached) -> redistribute the arguments -> run the local op -> wrap.
 bool in_shape_inference() {
   return inferring_shapes;
 }
 
+// [Note: the handler's steps] As PyTorch's OpDispatcher: one walk of the arguments
+// (summarize), the interceptors that the op can concern, then unwrap (specs) -> decide (rule
+// and redistribution plans, one cache) -> redistribute the arguments -> run the local op ->
+// wrap. An op no subsystem claims (no extension on its DTensors, no plain tensor among them)
+// asks no interceptor but loss parallelism's flag.
 void handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::vector<OutputFinisher> finishers;
+  const OpArgs a(op, stack);
+  const ArgSummary summary = summarize(a);
+  bool rewritten = false;
   for (const OpInterceptor& i : interceptors()) {
+    if (i.wants != nullptr && !i.wants(summary)) {
+      continue;
+    }
     if (i.run != nullptr && i.run(op, stack)) {
       return;
     }
     if (i.prepare != nullptr) {
+      rewritten = true; // it may have rewritten the arguments
       if (OutputFinisher f = i.prepare(op, stack)) {
         finishers.push_back(std::move(f));
       }
     }
   }
-  const OpArgs a(op, stack);
-  if (!has_dtensor(a)) {
+  if (!(rewritten ? summarize(a).any_dtensor : summary.any_dtensor)) {
     op.callBoxed(*stack); // an interceptor made every argument plain ([Note: local outputs])
     return;
   }
-  // The arguments as they came (the stack's slots are rewritten with local tensors below).
+  // The arguments as they came (the stack's slots are rewritten with local tensors below;
+  // this copy keeps the DTensors, whose specs info.specs points into, alive).
   torch::jit::Stack args(stack->begin() + static_cast<std::ptrdiff_t>(a.base), stack->end());
   OpInfo info;
   info.op = &op;
@@ -641,7 +672,7 @@ void handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     run_decomposition(op, info.mesh->device_type(), stack);
     return;
   }
-  unwrap_args(info, decision->sharding, a);
+  unwrap_args(info, *decision, a);
   if (decision->sharding.local_kernel != nullptr) {
     decision->sharding.local_kernel(info, decision->sharding, stack);
   } else {

@@ -11,7 +11,8 @@
 //    return a function that finishes each DTensor output of the generic path (tags it).
 //    Tensor parallelism uses it for module input and output layouts.
 // Register from a static initializer in the subsystem's own file:
-//   [[maybe_unused]] const bool registered = register_interceptor({"name", 10, run, prepare});
+//   [[maybe_unused]] const bool registered =
+//       register_interceptor({"name", 10, run, prepare, wants_extensions});
 // Data of the subsystem's own rides on the DTensors as an extension ([Note: DTensor
 // extensions] in lib/tensor/dtensor_impl.h).
 #include <functional>
@@ -23,12 +24,28 @@ namespace dtensor::detail {
 
 using OutputFinisher = std::function<void(const at::Tensor& dtensor_output)>;
 
+// What the handler's one walk of an op's arguments found, before any interceptor runs.
+struct ArgSummary {
+  bool any_dtensor = false;
+  bool any_extension = false; // a DTensor argument carries an extension (a subsystem's tag)
+  bool any_plain = false;     // a plain tensor argument that is not 0-dim (or a list element)
+};
+
 struct OpInterceptor {
   const char* name = "";
   int order = 0; // lower first
   bool (*run)(const c10::OperatorHandle& op, torch::jit::Stack* stack) = nullptr;
   OutputFinisher (*prepare)(const c10::OperatorHandle& op, torch::jit::Stack* stack) = nullptr;
+  // Whether the op can concern the interceptor at all (nullptr: always ask). [Note: the
+  // handler's steps]: an op no subsystem claims costs one walk of its arguments, not one per
+  // interceptor.
+  bool (*wants)(const ArgSummary& summary) = nullptr;
 };
+
+// Predicates for `wants`.
+inline bool wants_extensions(const ArgSummary& s) { return s.any_extension; }
+inline bool wants_extensions_or_plain(const ArgSummary& s) { return s.any_extension || s.any_plain; }
+inline bool wants_plain(const ArgSummary& s) { return s.any_plain; }
 
 bool register_interceptor(const OpInterceptor& interceptor);
 const std::vector<OpInterceptor>& interceptors();

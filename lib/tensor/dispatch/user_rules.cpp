@@ -137,7 +137,7 @@ OutputFinisher replicate_plain_arguments(const c10::OperatorHandle& op, torch::j
 }
 
 [[maybe_unused]] const bool implicit_replication_registered = register_interceptor(
-    {"implicit replication", /*order=*/30, nullptr, replicate_plain_arguments});
+    {"implicit replication", /*order=*/30, nullptr, replicate_plain_arguments, wants_plain});
 
 } // namespace
 

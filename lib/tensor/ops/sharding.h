@@ -18,14 +18,31 @@
 
 namespace dtensor::detail {
 
+// A DTensor argument's spec as the handler found it, or none: reads like
+// std::optional<DTensorSpec> (if (s), *s, s->shape, s.has_value()), copies nothing. It points
+// into the argument's own state, which the handler keeps alive while the op is dispatched.
+class SpecRef {
+ public:
+  SpecRef() = default;
+  explicit SpecRef(const DTensorSpec* spec) : spec_(spec) {}
+  bool has_value() const { return spec_ != nullptr; }
+  explicit operator bool() const { return spec_ != nullptr; }
+  const DTensorSpec& operator*() const { return *spec_; }
+  const DTensorSpec* operator->() const { return spec_; }
+  bool operator==(std::nullopt_t) const { return spec_ == nullptr; }
+
+ private:
+  const DTensorSpec* spec_ = nullptr;
+};
+
 // What a rule sees: the op, its arguments (DTensors described by their specs, everything
 // else as IValues) and the mesh they share.
 struct OpInfo {
   const c10::OperatorHandle* op = nullptr;
   std::string_view name; // "aten::add.Tensor" (op_full_name's, alive for this thread)
   const DeviceMesh* mesh = nullptr;
-  // One entry per schema argument: the spec of a DTensor argument, nullopt otherwise.
-  std::vector<std::optional<DTensorSpec>> specs;
+  // One entry per schema argument: the spec of a DTensor argument, none otherwise.
+  std::vector<SpecRef> specs;
   // For TensorList arguments: the specs of their elements.
   std::vector<std::vector<DTensorSpec>> list_specs;
   const torch::jit::Stack* args = nullptr; // the original arguments (DTensors unreplaced)

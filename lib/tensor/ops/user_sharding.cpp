@@ -91,7 +91,10 @@ OpSharding user_sharding_rule(const OpInfo& info) {
   ShardingFn fn = find_fn(info);
   ShardingArgs args;
   args.values.assign(info.args->begin(), info.args->end());
-  args.specs = info.specs;
+  args.specs.reserve(info.specs.size());
+  for (const SpecRef& spec : info.specs) {
+    args.specs.push_back(spec ? std::optional<DTensorSpec>(*spec) : std::nullopt);
+  }
   const std::vector<AcceptableSharding> choices = fn(args);
   for (size_t k = 0; k < choices.size(); ++k) {
     check_lengths(info, choices[k], k);
