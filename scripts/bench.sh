@@ -6,7 +6,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 configure "$root/build" -Dcuda=disabled -Dbuildtype=debugoptimized
 ninja -C "$root/build" bench/bench_dispatch_overhead bench/bench_fsdp_step bench/bench_clip_grad_norm \
   bench/bench_checkpoint_io bench/bench_fsdp_overlap bench/bench_meta_init_memory \
-  bench/bench_activation_checkpoint bench/bench_loss_parallel bench/bench_reduce_scatter examples/train
+  bench/bench_activation_checkpoint bench/bench_loss_parallel bench/bench_reduce_scatter \
+  bench/bench_module_call examples/train
 export TORCH_CPP_LOG_LEVEL=${TORCH_CPP_LOG_LEVEL:-WARNING}
 echo "## dispatch overhead, 1 rank"
 "$root/build/bench/bench_dispatch_overhead"
@@ -17,6 +18,9 @@ echo
 echo "## dispatch overhead against PyTorch's DTensor, 1 and 2 ranks (alternating)"
 "$root/.venv/bin/python" "$root/bench/dispatch_overhead.py" "$root/.venv/bin/torchrun" \
   "$root/build/bench/bench_dispatch_overhead" --rounds 3 --ranks 1 2
+echo
+echo "## the module seam: dtensor::call against module->forward, 1 process"
+"$root/build/bench/bench_module_call"
 echo
 echo "## fully_shard step, Transformer, 2 and 4 ranks"
 torchrun --standalone --nproc-per-node 2 --no-python "$root/build/bench/bench_fsdp_step"

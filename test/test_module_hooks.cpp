@@ -190,8 +190,9 @@ TEST_CASE("module seam: a tensor-parallel MLP called through the seam equals the
   {
     CommDebugMode comms;
     y = dtensor::call(m, x);
-    CHECK(comms.count(CollectiveKind::AllReduce) == 1); // net2's Partial -> Replicate at its boundary
-    CHECK_FALSE(dtensor::is_dtensor(y));  // RowwiseParallel's use_local_output
+    // net2's Partial -> Replicate at its boundary; RowwiseParallel's use_local_output.
+    CHECK(comms.count(CollectiveKind::AllReduce) == 1);
+    CHECK_FALSE(dtensor::is_dtensor(y));
     y.sum().backward();
     CHECK(comms.total_count() == 1); // the input needs no gradient: nothing to reduce
   }
@@ -209,8 +210,8 @@ struct BlocksImpl : torch::nn::Module {
   explicit BlocksImpl(bool through_seam) : seam(through_seam) {
     torch::manual_seed(3);
     in = register_module("in", torch::nn::Linear(6, 8));
-    blocks = register_module("blocks", torch::nn::ModuleList(torch::nn::Linear(8, 8),
-                                                             torch::nn::Linear(8, 8)));
+    blocks = register_module(
+        "blocks", torch::nn::ModuleList(torch::nn::Linear(8, 8), torch::nn::Linear(8, 8)));
   }
   at::Tensor forward(at::Tensor x) {
     x = seam ? dtensor::call(in, x) : in->forward(x);
@@ -243,8 +244,8 @@ TEST_CASE("module seam: fully_shard's events; one pre-backward and one backward 
     std::vector<dtensor::HookHandle> handles;
     for (const auto& b : *model->blocks) {
       handles.push_back(dtensor::register_module_hooks(
-          *b, ModuleHooks().name("count").pre_backward(
-                  [&](torch::nn::Module&) { ++pre_backwards; })));
+          *b,
+          ModuleHooks().name("count").pre_backward([&](torch::nn::Module&) { ++pre_backwards; })));
     }
     for (int step = 0; step < 2; ++step) {
       at::manual_seed(100 + step * 7 + rank());

@@ -57,6 +57,7 @@ class HookRegistry {
   uint64_t add(torch::nn::Module& module, ModuleHooks hooks) {
     std::weak_ptr<const torch::nn::Module> owner = owned_module(module, "register_module_hooks");
     std::lock_guard<std::mutex> lock(mutex_);
+    sweep();
     const uint64_t id = next_id_++;
     HookedModule& e = live_entry(module);
     e.owner = owner;
@@ -67,8 +68,9 @@ class HookRegistry {
   void remove(uint64_t id) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto drop = [id](std::vector<RegisteredHooks>& v) {
-      v.erase(std::remove_if(v.begin(), v.end(), [id](const RegisteredHooks& r) { return r.id == id; }),
-              v.end());
+      v.erase(
+          std::remove_if(v.begin(), v.end(), [id](const RegisteredHooks& r) { return r.id == id; }),
+          v.end());
     };
     drop(globals_);
     for (auto& [m, e] : modules_) {
@@ -99,6 +101,18 @@ class HookRegistry {
   }
 
  private:
+  // Entries of freed modules go when the table has doubled since the last sweep: a program
+  // that builds and drops models keeps a table as large as its live hooked modules.
+  void sweep() {
+    if (modules_.size() < 2 * swept_size_ + 64) {
+      return;
+    }
+    for (auto it = modules_.begin(); it != modules_.end();) {
+      it = it->second.owner.expired() ? modules_.erase(it) : std::next(it);
+    }
+    swept_size_ = modules_.size();
+  }
+
   HookedModule& live_entry(const torch::nn::Module& module) {
     HookedModule& e = modules_[&module];
     if (e.owner.lock().get() != &module) {
@@ -109,6 +123,7 @@ class HookRegistry {
 
   std::mutex mutex_;
   uint64_t next_id_ = 1;
+  size_t swept_size_ = 0;
   std::vector<RegisteredHooks> globals_;
   std::unordered_map<const torch::nn::Module*, HookedModule> modules_;
 };
@@ -141,8 +156,8 @@ void register_pre_backward(const std::shared_ptr<torch::nn::Module>& module,
 }
 
 TensorList run_hooks_from(const std::shared_ptr<const ModuleCall>& call, size_t i,
-                    const std::shared_ptr<torch::nn::Module>& module, TensorList inputs,
-                    const ForwardFn& forward) {
+                          const std::shared_ptr<torch::nn::Module>& module, TensorList inputs,
+                          const ForwardFn& forward) {
   if (i == call->hooks.size()) {
     return forward(inputs);
   }
