@@ -1,6 +1,6 @@
 #pragma once
 
-// Communication hooks (seed 003: FSDP1's register_comm_hook, in per-parameter terms) and
+// Communication hooks (FSDP1's register_comm_hook, in per-parameter terms) and
 // FSDP2's custom collectives for fully_shard. See docs/comm_hooks.md.
 //
 //   auto root = dtensor::fully_shard(*model);

@@ -170,8 +170,8 @@ class FSDPModule {
   // An empty `call` restores the default.
   void set_custom_all_gather(CustomAllGather comm);
   void set_custom_reduce_scatter(CustomReduceScatter comm);
-  // Seed 003's communication hook: on the root, for the root and every unit below it. The
-  // hook's reduce_scatter replaces each unit's reduce-scatter and division (it then also
+  // The communication hook (FSDP1's register_comm_hook): on the root, for the root and every
+  // unit below it. Its reduce_scatter replaces each unit's reduce-scatter and division (it also
   // takes the place of a custom reduce-scatter). HSDP units also call its all_reduce over
   // the replicate dim (docs/comm_hooks.md). Errors: called on a nested unit, with a hook
   // without a reduce_scatter (or without an all_reduce on a model with an HSDP unit), or

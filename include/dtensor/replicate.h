@@ -43,8 +43,8 @@ class ReplicateHandle {
   // next backward with sync on all-reduces the accumulated gradients.
   void set_requires_gradient_sync(bool sync);
   int64_t num_buckets() const;
-  // Seed 003's communication hook for the no-shard case: hook.all_reduce replaces each
-  // bucket's all-reduce and division. Once only ("A communication hook is already
+  // The communication hook (DDP's register_comm_hook) for the no-shard case: its all_reduce
+  // replaces each bucket's all-reduce and division. Once only ("A communication hook is already
   // registered"); call it before the first backward.
   void register_comm_hook(CommHookState state, CommHook hook);
   bool has_comm_hook() const;

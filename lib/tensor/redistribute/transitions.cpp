@@ -41,7 +41,7 @@ ReduceOp partial_collective_op(const Placement& p) {
 // --- anything on a one-rank mesh dimension: the local tensor already is the value ----------
 // [Note: one-rank mesh dimensions communicate nothing] A group of one holds the whole of every
 // placement: its shard is the full extent, its partial value the reduced one. PyTorch 2.15
-// skips these steps too (counts match); earlier dtensor issued the collective as a local copy.
+// skips these steps too (counts match), rather than issuing the collective as a local copy.
 bool relabel_ok(const Placement&, const Placement&, const Shape&, int64_t k) { return k == 1; }
 at::Tensor relabel_apply(const at::Tensor& local, const TransformStep&, const DeviceMesh&) {
   return local;
