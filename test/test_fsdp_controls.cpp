@@ -178,7 +178,7 @@ TEST_CASE("fsdp controls: set_is_last_backward(false) for microbatches, true for
 
 TEST_CASE("fsdp controls: independent roots keep their own reduce queues and end-of-backward",
           "[fsdp_controls][world2][world4]") {
-  // [Note: per-root context] in lib/parallel/fsdp/fsdp.h. A leaves a reduce-scatter in flight
+  // [Note: per-root context] in lib/parallel/fsdp/fsdp_state.h. A leaves a reduce-scatter in flight
   // (set_is_last_backward(false)); B's backward, which waits for its own, must not finish
   // A's (it did when one queue served every root): A's input buffer is still held after it.
   auto dp = init_device_mesh(device_type(), {world()}, {"dp"});

@@ -1,5 +1,5 @@
 // fully_shard's overlap of communication with compute ([Note: overlap] in
-// lib/parallel/fsdp/schedule.cpp): the prefetch order seen from inside the model and in
+// lib/parallel/fsdp/fsdp_state.cpp): the prefetch order seen from inside the model and in
 // CommDebugMode's record order, counts and values equal with overlap off, and the memory
 // bound of docs/fsdp.md.
 #include <algorithm>

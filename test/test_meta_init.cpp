@@ -14,7 +14,7 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 
-#include "parallel/fsdp/fsdp.h" // white box: a unit's flat shard, for the exact byte count
+#include "parallel/fsdp/fsdp_param_group.h" // white box: a unit's flat shard, for the exact byte count
 #include "support/cpu_memory.h"
 #include "support/prelude.h"
 #include "support/transformer_tp.h"

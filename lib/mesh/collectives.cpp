@@ -156,7 +156,7 @@ bool reduce_scatter_as_all_to_all(const Group& group, ReduceOp op) {
 //  - all-gather: this rank's rows are copied into their place in the output and the peer's
 //    rows arrive in theirs. ProcessGroupGloo's allgather receives into a flat temporary of
 //    the whole output and copies it out: one output's size of memory while in flight (a
-//    prefetch, [Note: overlap] in lib/parallel/fsdp/schedule.cpp) and a copy, both gone.
+//    prefetch, [Note: overlap] in lib/parallel/fsdp/fsdp_state.cpp) and a copy, both gone.
 //  - reduce-scatter ([Note: Gloo's reduce-scatter as an all-to-all]): the peer's chunk is
 //    sent, the peer's half of this rank's shard received into a buffer of the output's size
 //    (half the input, where the n-rank path receives the input's size); the finish adds the

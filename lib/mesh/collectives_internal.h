@@ -47,7 +47,7 @@ class Uncounted {
 // inputs[i]; every rank passes pieces of the same shapes and dtype. CommDebugMode records
 // one all-gather of the pieces' total size. Gloo only (ProcessGroupGloo's
 // allgather_coalesced, which copies each piece straight into its output on Gloo's thread);
-// see [Note: all-gather into place] in lib/parallel/fsdp/param_group.cpp.
+// see [Note: all-gather into place] in lib/parallel/fsdp/fsdp_collectives.cpp.
 Work all_gather_into_pieces(std::vector<std::vector<at::Tensor>>& outputs,
                             std::vector<at::Tensor>& inputs, const Group& group,
                             const CollectiveOptions& options = {});

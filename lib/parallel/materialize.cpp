@@ -7,7 +7,7 @@
 #include <torch/nn/module.h>
 
 #include "internal/check.h"
-#include "parallel/fsdp/fsdp.h"
+#include "parallel/fsdp/fsdp_param_group.h"
 #include "tensor/dtensor_impl.h"
 
 namespace dtensor {

@@ -4,7 +4,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include "internal/check.h"
-#include "parallel/fsdp/fsdp.h"
+#include "parallel/fsdp/fsdp_state.h"
 #include "parallel/tp/tensor_parallel.h"
 #include "tensor/dispatch/interceptors.h"
 #include "tensor/dispatch/op_args.h"
@@ -14,7 +14,7 @@ namespace dtensor::detail {
 
 // [Note: fully_shard without module hooks]
 // A unit called through dtensor::call gets its events from the module seam ([Note: fully_shard
-// on the module seam] in schedule.cpp). Otherwise, and for what the seam does not see, the
+// on the module seam] in fsdp_state.cpp). Otherwise, and for what the seam does not see, the
 // units are driven from the ops themselves (the fallback trigger):
 //  - Every op that reaches the DTensor handler with a managed parameter (or a view of one)
 //    among its arguments comes here first. If the op is "model math" -- its other tensors
@@ -31,8 +31,8 @@ namespace dtensor::detail {
 //    freed. The root never is (backward needs it first).
 //  - Backward: gradients reach each parameter's FSDPAccumulateGrad node (param_group.cpp);
 //    a unit reduce-scatters once when all of its gradients are in (reduce.cpp); a callback
-//    at the end of the backward reduces what is left and reshards (schedule.cpp).
-//  - When collectives are issued and waited for: [Note: overlap] in schedule.cpp.
+//    at the end of the backward reduces what is left and reshards (fsdp_state.cpp).
+//  - When collectives are issued and waited for: [Note: overlap] in fsdp_state.cpp.
 
 namespace {
 
@@ -106,7 +106,7 @@ bool sharded_use(const OpArgs& args, const Touches& t, const std::string& name) 
 at::Tensor unsharded_value(const Touch& t) {
   switch (t.tag->role) {
   case FsdpRole::Parameter:
-    return t.group->unsharded_value(t.tag->index);
+    return t.group->params.at(t.tag->index).unsharded_value();
   case FsdpRole::UnshardedView:
     return t.meta->local;
   case FsdpRole::UnshardedDTensorView:
@@ -125,8 +125,9 @@ at::Tensor unsharded_value(const Touch& t) {
 void substitute_unsharded(const OpArgs& args, const Touches& t, const std::string& name) {
   const bool backward = in_backward();
   for (const Touch& touch : t.touches) {
-    if (!fsdp_ready_by_seam(*touch.group, backward)) {
-      fsdp_before_use(*touch.group, backward);
+    FSDPState& unit = touch.group->fsdp_state();
+    if (!unit.ready_by_seam(backward)) {
+      unit.before_use(backward);
     }
   }
   for (const Touch& touch : t.touches) {

@@ -15,7 +15,7 @@
 
 #include "internal/check.h"
 #include "mesh/rank_device.h"
-#include "parallel/fsdp/fsdp.h"
+#include "parallel/fsdp/fsdp_state.h"
 #include "parallel/module_ptr.h"
 #include "parallel/tp/tensor_parallel.h"
 
@@ -28,14 +28,14 @@ FSDPRegistry& fsdp_registry() {
   return registry;
 }
 
-std::vector<std::shared_ptr<FSDPParamGroup>> live_units() {
+std::vector<std::shared_ptr<FSDPState>> live_units() {
   FSDPRegistry& reg = fsdp_registry();
-  std::vector<std::shared_ptr<FSDPParamGroup>> out;
+  std::vector<std::shared_ptr<FSDPState>> out;
   auto& units = reg.units;
   units.erase(
       std::remove_if(units.begin(), units.end(), [](const auto& u) { return u.first.expired(); }),
       units.end());
-  std::unordered_set<const FSDPParamGroup*> seen; // a grouped unit has an entry per module
+  std::unordered_set<const FSDPState*> seen; // a grouped unit has an entry per module
   for (auto& u : units) {
     if (seen.insert(u.second.get()).second) {
       out.push_back(u.second);
@@ -44,11 +44,11 @@ std::vector<std::shared_ptr<FSDPParamGroup>> live_units() {
   return out;
 }
 
-std::vector<std::shared_ptr<FSDPParamGroup>> units_of_root(const FSDPParamGroup& root) {
-  std::vector<std::shared_ptr<FSDPParamGroup>> out;
-  for (auto& g : live_units()) {
-    if (&g->root() == &root) {
-      out.push_back(std::move(g));
+std::vector<std::shared_ptr<FSDPState>> units_of_root(const FSDPState& root) {
+  std::vector<std::shared_ptr<FSDPState>> out;
+  for (auto& s : live_units()) {
+    if (&s->root() == &root) {
+      out.push_back(std::move(s));
     }
   }
   return out;
@@ -56,7 +56,7 @@ std::vector<std::shared_ptr<FSDPParamGroup>> units_of_root(const FSDPParamGroup&
 
 namespace {
 
-std::shared_ptr<FSDPParamGroup> find_unit(const torch::nn::Module* module) {
+std::shared_ptr<FSDPState> find_unit(const torch::nn::Module* module) {
   for (auto& u : fsdp_registry().units) {
     if (auto m = u.first.lock(); m && m.get() == module) {
       return u.second;
@@ -95,7 +95,7 @@ DeviceMesh resolve_mesh(const FullyShardOptions& options) {
 // The outermost submodules that are units already: they keep their parameters.
 struct ChildUnits {
   std::vector<std::string> prefixes;
-  std::vector<std::shared_ptr<detail::FSDPParamGroup>> units;
+  std::vector<std::shared_ptr<detail::FSDPState>> units;
   bool contains(const std::string& name) const {
     for (const auto& prefix : prefixes) {
       if (detail::is_prefix_of(prefix, name)) {
@@ -204,7 +204,8 @@ void move_states_to_device(const std::string& unit_name,
                            const OwnParams& params, const DeviceMesh& mesh) {
   const std::string what = "fully_shard(" + unit_name + ")";
   auto move = [&](const at::Tensor& t) {
-    at::Tensor moved = detail::to_rank_device(t.detach(), mesh.device_type(), what, mesh.to_string());
+    at::Tensor moved =
+        detail::to_rank_device(t.detach(), mesh.device_type(), what, mesh.to_string());
     if (moved.device() != t.device()) {
       at::Tensor(t).set_data(moved);
     }
@@ -262,7 +263,7 @@ gather_params(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
   OwnParams params;
   ChildUnits children;
   std::unordered_set<const c10::TensorImpl*> seen;
-  std::unordered_set<const detail::FSDPParamGroup*> seen_units;
+  std::unordered_set<const detail::FSDPState*> seen_units;
   for (size_t i = 0; i < modules.size(); ++i) {
     const auto named = modules[i]->named_modules();
     const ChildUnits c = find_child_units(named, *modules[i]);
@@ -294,17 +295,17 @@ at::Tensor fsdp_cast_floating(const at::Tensor& t, std::optional<c10::ScalarType
 
 // A unit's hooks on the module seam: FSDP2's casts around its forward ([Note: no input
 // casting]; floating inputs to param_dtype with cast_forward_inputs, floating outputs to
-// output_dtype) and its events ([Note: fully_shard on the module seam] in schedule.cpp). A
-// unit over several modules gets the casts only: its modules' calls are not one call.
-ModuleHooks fsdp_unit_hooks(const std::shared_ptr<detail::FSDPParamGroup>& group, bool events) {
-  const MixedPrecisionPolicy& mp = group->options.mp_policy();
+// output_dtype) and its events ([Note: fully_shard on the module seam] in fsdp_state.cpp).
+// A unit over several modules gets the casts only: its modules' calls are not one call.
+ModuleHooks fsdp_unit_hooks(const std::shared_ptr<detail::FSDPState>& unit, bool events) {
+  const MixedPrecisionPolicy& mp = unit->group.options.mp_policy();
   const std::optional<c10::ScalarType> inputs =
       mp.cast_forward_inputs() ? mp.param_dtype() : std::nullopt;
   const std::optional<c10::ScalarType> outputs = mp.output_dtype();
-  std::weak_ptr<detail::FSDPParamGroup> weak = group;
-  auto event = [weak, events](void (*fn)(detail::FSDPParamGroup&)) {
-    if (auto g = weak.lock(); g && events) {
-      fn(*g);
+  std::weak_ptr<detail::FSDPState> weak = unit;
+  auto event = [weak, events](void (detail::FSDPState::*fn)()) {
+    if (auto s = weak.lock(); s && events) {
+      ((*s).*fn)();
     }
   };
   return ModuleHooks()
@@ -314,16 +315,16 @@ ModuleHooks fsdp_unit_hooks(const std::shared_ptr<detail::FSDPParamGroup>& group
         for (at::Tensor& t : ts) {
           t = fsdp_cast_floating(t, inputs);
         }
-        event(detail::fsdp_pre_forward);
+        event(&detail::FSDPState::pre_forward);
       })
       .post_forward([outputs, event](torch::nn::Module&, TensorList& ts) {
-        event(detail::fsdp_post_forward);
+        event(&detail::FSDPState::post_forward);
         for (at::Tensor& t : ts) {
           t = fsdp_cast_floating(t, outputs);
         }
       })
-      .pre_backward([event](torch::nn::Module&) { event(detail::fsdp_pre_backward); })
-      .forward_failed([event](torch::nn::Module&) { event(detail::fsdp_forward_failed); });
+      .pre_backward([event](torch::nn::Module&) { event(&detail::FSDPState::pre_backward); })
+      .forward_failed([event](torch::nn::Module&) { event(&detail::FSDPState::forward_failed); });
 }
 
 FSDPModule shard_modules(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
@@ -343,36 +344,37 @@ FSDPModule shard_modules(const std::vector<std::shared_ptr<torch::nn::Module>>& 
   check_params(name, params, mesh);
   move_states_to_device(name, modules, params, mesh);
 
-  auto group = std::make_shared<FSDPParamGroup>();
-  group->own_context = std::make_shared<FSDPStateContext>();
-  group->module = modules.front();
+  auto unit = std::make_shared<FSDPState>();
+  unit->own_context = std::make_shared<FSDPStateContext>();
+  unit->module = modules.front();
   for (const auto& m : modules) {
-    group->modules.push_back(m);
+    unit->modules.push_back(m);
   }
-  group->name = name;
-  group->mesh = mesh;
-  group->options = options;
+  FSDPParamGroup& group = unit->group;
+  group.name = name;
+  group.mesh = mesh;
+  group.options = options;
   if (!params.own.empty()) {
-    group->device = params.own.front().second.device();
+    group.device = params.own.front().second.device();
   }
-  group->init_sharded(std::move(params.own));
+  group.init_sharded(std::move(params.own));
   if (const auto& raf = options.reshard_after_forward()) {
     if (raf->is_group_size()) {
-      group->init_post_forward(raf->group_size());
+      group.init_post_forward(raf->group_size());
     } else {
-      group->reshard_after_forward = raf->reshard();
+      group.reshard_after_forward = raf->reshard();
     }
   }
   for (auto& child : children.units) {
     if (child->parent.expired()) {
-      child->parent = group;
+      child->parent = unit;
     }
   }
   for (const auto& m : modules) {
-    fsdp_registry().units.emplace_back(m, group);
-    register_module_hooks(*m, fsdp_unit_hooks(group, /*events=*/modules.size() == 1));
+    fsdp_registry().units.emplace_back(m, unit);
+    register_module_hooks(*m, fsdp_unit_hooks(unit, /*events=*/modules.size() == 1));
   }
-  return FSDPModule(group);
+  return FSDPModule(group.shared());
 }
 
 } // namespace
@@ -396,209 +398,9 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<torch::nn::Module>>& mo
 
 std::optional<FSDPModule> fsdp_module(const torch::nn::Module& module) {
   if (auto g = detail::find_unit(&module)) {
-    return FSDPModule(g);
+    return FSDPModule(g->group.shared());
   }
   return std::nullopt;
-}
-
-FSDPModule::FSDPModule(std::shared_ptr<detail::FSDPParamGroup> group) : group_(std::move(group)) {}
-
-namespace {
-
-// The unit and, with recurse, every unit inside its module.
-std::vector<std::shared_ptr<detail::FSDPParamGroup>>
-units_under(const std::shared_ptr<detail::FSDPParamGroup>& group, bool recurse) {
-  std::vector<std::shared_ptr<detail::FSDPParamGroup>> out{group};
-  if (recurse) {
-    for (auto& g : detail::live_units()) {
-      if (group->is_ancestor_of(*g)) {
-        out.push_back(g);
-      }
-    }
-  }
-  return out;
-}
-
-} // namespace
-
-
-UnshardHandle::UnshardHandle(std::shared_ptr<detail::FSDPParamGroup> group)
-    : group_(std::move(group)) {}
-
-void UnshardHandle::wait() {
-  if (group_) {
-    group_->finish_unshard();
-  }
-}
-
-UnshardHandle FSDPModule::unshard(bool async_op) {
-  group_->unshard(async_op, /*background=*/async_op);
-  return UnshardHandle(group_);
-}
-void FSDPModule::reshard() {
-  group_->reshard();
-}
-
-void FSDPModule::set_requires_gradient_sync(bool sync, bool recurse) {
-  for (auto& g : units_under(group_, recurse)) {
-    g->requires_gradient_sync = sync;
-    g->requires_all_reduce = sync;
-  }
-}
-
-void FSDPModule::set_requires_all_reduce(bool requires_all_reduce, bool recurse) {
-  for (auto& g : units_under(group_, recurse)) {
-    g->requires_all_reduce = requires_all_reduce;
-  }
-}
-
-void FSDPModule::set_is_last_backward(bool is_last_backward) {
-  group_->context().is_last_backward = is_last_backward;
-}
-
-void FSDPModule::set_post_optim_event(c10::Event event) {
-  detail::FSDPParamGroup& root = group_->root();
-  DTENSOR_CHECK(event.device_type() == root.mesh.device_type(),
-                "set_post_optim_event: the event is a {} event but unit '{}' runs on a {} mesh",
-                c10::DeviceTypeName(event.device_type(), /*lower_case=*/true), root.name,
-                c10::DeviceTypeName(root.mesh.device_type(), /*lower_case=*/true));
-  group_->context().post_optim_event = std::make_shared<c10::Event>(std::move(event));
-}
-
-bool FSDPModule::has_post_optim_event() const {
-  return group_->context().post_optim_event != nullptr;
-}
-
-void FSDPModule::set_unshard_in_backward(bool unshard_in_backward) {
-  group_->unshard_in_backward = unshard_in_backward;
-}
-
-void FSDPModule::set_reshard_after_forward(bool reshard, bool recurse) {
-  for (auto& g : units_under(group_, recurse)) {
-    g->reshard_after_forward = reshard;
-    g->post_forward_size = 0; // a bool replaces an int given to fully_shard
-  }
-}
-
-void FSDPModule::set_reshard_after_backward(bool reshard, bool recurse) {
-  for (auto& g : units_under(group_, recurse)) {
-    g->reshard_after_backward = reshard;
-  }
-}
-
-void FSDPModule::set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules) {
-  group_->forward_prefetch.clear();
-  for (const auto& m : modules) {
-    DTENSOR_CHECK(m.defined(),
-                  "set_modules_to_forward_prefetch: an undefined FSDPModule in the list");
-    group_->forward_prefetch.push_back(m.group_);
-  }
-}
-
-void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules) {
-  group_->backward_prefetch.clear();
-  for (const auto& m : modules) {
-    DTENSOR_CHECK(m.defined(),
-                  "set_modules_to_backward_prefetch: an undefined FSDPModule in the list");
-    group_->backward_prefetch.push_back(m.group_);
-  }
-}
-
-void FSDPModule::set_communication_overlap(bool enable, bool recurse) {
-  for (auto& g : units_under(group_, recurse)) {
-    g->overlap = enable;
-  }
-}
-
-void FSDPModule::set_gradient_divide_factor(double factor) {
-  DTENSOR_CHECK(factor > 0, "set_gradient_divide_factor: factor must be positive, got {}", factor);
-  group_->gradient_divide_factor = factor;
-}
-
-void FSDPModule::set_all_reduce_hook(std::function<void(at::Tensor&)> hook) {
-  group_->all_reduce_hook = std::move(hook);
-}
-
-void FSDPModule::set_force_sum_reduction_for_comms(bool enable) {
-  group_->force_sum_reduction = enable;
-}
-
-void FSDPModule::set_custom_all_gather(CustomAllGather comm) {
-  group_->custom_all_gather = std::move(comm);
-}
-
-void FSDPModule::set_custom_reduce_scatter(CustomReduceScatter comm) {
-  group_->custom_reduce_scatter = std::move(comm);
-}
-
-void FSDPModule::register_comm_hook(CommHookState state, CommHook hook) {
-  const auto& root = *group_;
-  DTENSOR_CHECK(root.is_root(),
-                "register_comm_hook can only be called on a root instance: unit '{}' is nested "
-                "in unit '{}'",
-                root.name, root.parent.lock() ? root.parent.lock()->name : "");
-  DTENSOR_CHECK(static_cast<bool>(hook.reduce_scatter),
-                "register_comm_hook on unit '{}': hook '{}' has no reduce_scatter, which "
-                "fully_shard units call",
-                root.name, hook.name);
-  const auto units = units_under(group_, /*recurse=*/true);
-  for (const auto& g : units) {
-    DTENSOR_CHECK(!g->replicate_group || static_cast<bool>(hook.all_reduce),
-                  "register_comm_hook on unit '{}': hook '{}' has no all_reduce, which HSDP unit "
-                  "'{}' (on {}) needs for its replicate dim ([Note: communication hooks on HSDP])",
-                  root.name, hook.name, g->name, g->mesh.to_string());
-    DTENSOR_CHECK(!g->comm_hook, "A communication hook is already registered (unit '{}' has '{}')",
-                  g->name, g->comm_hook ? g->comm_hook->second.name : "");
-  }
-  for (const auto& g : units) {
-    g->comm_hook.emplace(state, hook);
-  }
-}
-
-bool FSDPModule::has_comm_hook() const {
-  return group_->comm_hook.has_value();
-}
-
-at::Tensor FSDPModule::clip_grad_norm_(double max_norm, double norm_type, bool error_if_nonfinite) {
-  DTENSOR_CHECK(group_->is_root(),
-                "clip_grad_norm_ should only be called on the root FSDP instance; unit '{}' is "
-                "nested in another",
-                group_->name);
-  std::vector<at::Tensor> params;
-  std::unordered_set<const c10::TensorImpl*> seen; // a grouped unit's modules may share some
-  for (const auto& weak : group_->modules) {
-    auto module = weak.lock();
-    DTENSOR_CHECK(module != nullptr, "clip_grad_norm_: a module of unit '{}' no longer exists",
-                  group_->name);
-    for (const auto& p : module->parameters()) {
-      if (seen.insert(p.unsafeGetTensorImpl()).second) {
-        params.push_back(p);
-      }
-    }
-  }
-  return dtensor::clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite);
-}
-
-const DeviceMesh& FSDPModule::mesh() const {
-  return group_->mesh;
-}
-bool FSDPModule::is_root() const {
-  return group_->is_root();
-}
-bool FSDPModule::is_unsharded() const {
-  group_->finish_unshard();
-  return group_->state == detail::ShardState::Unsharded;
-}
-int64_t FSDPModule::unsharded_storage_bytes() const {
-  return group_->unsharded_storage_bytes();
-}
-
-std::vector<at::Tensor> FSDPModule::managed_parameters() const {
-  std::vector<at::Tensor> out;
-  for (const auto& p : group_->params) {
-    out.push_back(p.param);
-  }
-  return out;
 }
 
 } // namespace dtensor

@@ -19,6 +19,11 @@ struct FsdpMemory {
 };
 FsdpMemory& fsdp_memory();
 
+// An unsharded buffer's storage, allocated (to its tensor's size, if smaller) or freed in
+// place, counted: views of it stay valid across the two.
+void allocate_storage(const at::Tensor& t);
+void free_storage(const at::Tensor& t);
+
 // A communication buffer, counted while it lives.
 struct CommBuffer {
   explicit CommBuffer(at::Tensor t);

@@ -1,5 +1,5 @@
-// A fully_shard unit's data movement: the flat shard, all-gather into the unsharded buffer,
-// freeing it, and the reduce-scatter of gradients.
+// A fully_shard unit's parameters and buffers (fsdp_param_group.h): the flat shard, the
+// unsharded buffer, unsharding into it and freeing it.
 #include <algorithm>
 #include <optional>
 
@@ -14,8 +14,8 @@
 
 #include "internal/check.h"
 #include "mesh/collectives_internal.h"
-#include "parallel/fsdp/fsdp.h"
-#include "parallel/fsdp/memory.h"
+#include "parallel/fsdp/fsdp_collectives.h"
+#include "parallel/fsdp/fsdp_state.h"
 #include "parallel/tp/tensor_parallel.h"
 #include "tensor/ops/sharding.h"
 
@@ -48,6 +48,8 @@ struct FSDPAccumulateGrad : torch::autograd::Node {
   size_t index_;
 };
 
+} // namespace
+
 void free_storage(const at::Tensor& t) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
   fsdp_memory().unsharded -= static_cast<int64_t>(s->nbytes());
@@ -65,6 +67,8 @@ void allocate_storage(const at::Tensor& t) {
     fsdp_memory().note_peak();
   }
 }
+
+namespace {
 
 // A tensor of `numel` elements whose storage is not allocated yet (allocate_storage fills
 // it in when the unit is first unsharded): no rank holds a whole unit before it is used.
@@ -108,159 +112,8 @@ CommBuffer::~CommBuffer() {
   fsdp_memory().comm -= bytes;
 }
 
-// An all-gather in flight: its input is kept alive with the output until it completes
-// ([Note: overlap] in schedule.cpp).
-struct PendingGather {
-  explicit PendingGather(at::Tensor in) : input(std::move(in)) {}
-  at::Tensor input;
-  std::optional<CommBuffer> buffer; // the gathered shards, to be copied out (not in place)
-  Work work;
-};
-
-// [Note: all-gather into place]
-// The usual all-gather fills a buffer of every rank's flat shard, from which each
-// parameter's rows are copied out into the unsharded buffer. ProcessGroupGloo gathers into
-// a temporary of its own and copies that into our buffer first, so the data is copied
-// twice after the transfer. When every parameter's rows split evenly (no padding), the
-// pieces can name their final places instead: rank r's piece i is parameter i's rows
-// [r * chunk, (r + 1) * chunk) in the unsharded buffer, and Gloo's allgather_coalesced
-// copies each piece there itself, on its own thread, while compute goes on. One copy
-// fewer, no communication buffer, same collective count. Only for an all-gather waited for
-// where it is issued: while one is in flight (a prefetch), allgather_coalesced holds flat
-// temporaries of its input and output besides the unsharded buffer it fills, about 2.5
-// units where the buffer path holds one -- measured at the start of backward, where the
-// activations peak, as 4.7 MB above PyTorch FSDP2's peak for the d = 256 Transformer of
-// bench/activation_checkpoint (docs/benchmarks.md); with the buffer path the peaks are
-// equal to the byte. Elsewhere (prefetches, padding, NCCL, a custom all-gather) the buffer
-// and copy-out stay.
-bool FSDPParamGroup::gathers_in_place() const {
-  if (custom_all_gather.call || shard_group.backend_type() != BackendType::Gloo ||
-      at::isComplexType(param_dtype)) {
-    return false;
-  }
-  for (const FSDPParam& fp : params) {
-    if (fp.chunk == 0 || fp.chunk * shard_size != fp.shape[static_cast<size_t>(fp.shard_dim)]) {
-      return false;
-    }
-  }
-  return true;
-}
-
-Work FSDPParamGroup::gather_in_place(const at::Tensor& input, bool async) {
-  allocate_storage(unsharded_flat);
-  std::vector<at::Tensor> inputs;
-  std::vector<std::vector<at::Tensor>> outputs(static_cast<size_t>(shard_size));
-  for (const FSDPParam& fp : params) {
-    inputs.push_back(input.narrow(0, fp.offset, fp.segment_numel()).view(fp.chunk_shape(fp.chunk)));
-    for (int64_t r = 0; r < shard_size; ++r) {
-      outputs[static_cast<size_t>(r)].push_back(
-          fp.unsharded.narrow(fp.shard_dim, r * fp.chunk, fp.chunk));
-    }
-  }
-  return all_gather_into_pieces(outputs, inputs, shard_group, CollectiveOptions().async_op(async));
-}
-
-int64_t FSDPParam::rows_on(int64_t shard_rank, int64_t shard_size) const {
-  return chunk_size(shape[static_cast<size_t>(shard_dim)], shard_size, shard_rank);
-}
-
-std::vector<int64_t> FSDPParam::chunk_shape(int64_t rows) const {
-  std::vector<int64_t> s = shape;
-  s[static_cast<size_t>(shard_dim)] = rows;
-  return s;
-}
-
-FSDPParamGroup& FSDPParamGroup::root() {
-  FSDPParamGroup* g = this;
-  for (auto p = parent.lock(); p; p = p->parent.lock()) {
-    g = p.get();
-  }
-  return *g;
-}
-
-bool FSDPParamGroup::is_ancestor_of(const FSDPParamGroup& other) const {
-  for (auto p = other.parent.lock(); p; p = p->parent.lock()) {
-    if (p.get() == this) {
-      return true;
-    }
-  }
-  return false;
-}
-
-// The sharded placements of a parameter: Replicate first for HSDP, then `shard`; for
-// FSDP x TP the parameter's tp placement before them, on the (tp, dp...) mesh ([Note:
-// FSDP x TP]).
-void FSDPParamGroup::set_sharded_spec(FSDPParam& fp, const Placement& shard) const {
-  const c10::ScalarType dtype = fp.param.scalar_type();
-  Placements placements;
-  if (mesh.ndim() == 2) {
-    placements.push_back(Placement::replicate());
-  }
-  placements.push_back(shard);
-  if (!fp.tp_spec) {
-    fp.spec = make_spec(mesh, placements, fp.shape, dtype);
-    return;
-  }
-  const DeviceMesh& tp = fp.tp_spec->mesh;
-  DTENSOR_CHECK(!tp.dim_names().empty() && !mesh.dim_names().empty(),
-                "fully_shard({}): FSDP x TP needs named meshes (slices of one "
-                "init_device_mesh), got {} and {}",
-                name, mesh.to_string(), tp.to_string());
-  const std::vector<std::string>& dp_names = mesh.dim_names();
-  DTENSOR_CHECK(tp.root_mesh() == mesh.root_mesh() &&
-                    std::find(dp_names.begin(), dp_names.end(), tp.dim_names()[0]) ==
-                        dp_names.end(),
-                "fully_shard({}): parameter '{}' is a DTensor on {}, which is not another "
-                "dimension of the data-parallel mesh {}'s root mesh {}",
-                name, fp.fqn, tp.to_string(), mesh.to_string(), mesh.root_mesh().to_string());
-  std::vector<std::string> names{tp.dim_names()[0]};
-  names.insert(names.end(), dp_names.begin(), dp_names.end());
-  placements.insert(placements.begin(), fp.tp_spec->placements[0]);
-  fp.spec = make_spec(mesh.root_mesh()[names], placements, fp.tp_spec->shape, dtype);
-}
-
-// One parameter's place in the flat shard (its segment starts at `offset`); `value` is
-// what its shard is cut from; `first` is the unit's first parameter (for the dtype check).
-FSDPParam FSDPParamGroup::plan_param(const std::string& fqn, const at::Tensor& p,
-                                     const at::Tensor& value, int64_t offset,
-                                     const std::pair<std::string, at::Tensor>& first) const {
-  FSDPParam fp;
-  fp.param = p;
-  fp.fqn = fqn;
-  fp.shape = value.sizes().vec();
-  if (const DTensorMeta* tp_meta = dtensor_meta(p)) {
-    fp.tp_spec = tp_meta->spec;
-    fp.tp_tag = tp_tag(p);
-  }
-  DTENSOR_CHECK(p.dim() > 0,
-                "fully_shard({}): parameter '{}' is a scalar (0-dim) and cannot be "
-                "sharded; pass it in ignored_params",
-                name, fqn);
-  std::optional<Placement> placement;
-  if (options.shard_placement_fn()) {
-    placement = options.shard_placement_fn()(p);
-  }
-  const Placement shard = placement.value_or(Placement::shard(0)).normalized(p.dim());
-  DTENSOR_CHECK(shard.is_shard() && shard.dim() >= 0 && shard.dim() < p.dim(),
-                "fully_shard({}): shard_placement_fn gave {} for parameter '{}' of shape {}; "
-                "expected Shard(d) with 0 <= d < {}",
-                name, shard.to_string(), fqn, fp.shape, p.dim());
-  fp.shard_dim = shard.dim();
-  const int64_t dim_size = fp.shape[static_cast<size_t>(fp.shard_dim)];
-  DTENSOR_CHECK(fp.shard_dim == 0 || dim_size % shard_size == 0,
-                "fully_shard({}): parameter '{}' of shape {} would be sharded unevenly on dim {} "
-                "({} rows over {} ranks); only dim 0 may be uneven",
-                name, fqn, fp.shape, fp.shard_dim, dim_size, shard_size);
-  DTENSOR_CHECK(
-      p.scalar_type() == first.second.scalar_type(),
-      "fully_shard({}): parameters of one unit must share a dtype: '{}' is {}, '{}' is {}", name,
-      fqn, c10::toString(p.scalar_type()), first.first, c10::toString(first.second.scalar_type()));
-  fp.chunk = chunk_size(dim_size, shard_size, 0);
-  fp.row_numel = dim_size == 0 ? 0 : value.numel() / dim_size;
-  fp.offset = offset;
-  fp.local_rows = fp.rows_on(shard_rank, shard_size);
-  set_sharded_spec(fp, shard);
-  return fp;
+std::shared_ptr<FSDPParamGroup> FSDPParamGroup::shared() const {
+  return {owner_->shared_from_this(), const_cast<FSDPParamGroup*>(this)};
 }
 
 // The flat shard (zeros: padding stays zero) and the unsharded buffer, unallocated, with
@@ -289,25 +142,18 @@ void FSDPParamGroup::allocate_buffers() {
   }
 }
 
-at::Tensor FSDPParamGroup::local_shard(const FSDPParam& fp) const {
-  return flat_shard.narrow(0, fp.offset, fp.local_rows * fp.row_numel)
-      .view(fp.chunk_shape(fp.local_rows));
-}
-
 // Turns each parameter, in place, into its Shard DTensor over its piece of the flat shard,
 // with the unit's gradient accumulator.
 void FSDPParamGroup::bind_params() {
-  at::NoGradGuard no_grad;
+  const std::weak_ptr<FSDPParamGroup> weak = shared();
   for (size_t i = 0; i < params.size(); ++i) {
     FSDPParam& fp = params[i];
-    at::Tensor dt = make_dtensor(local_shard(fp), fp.spec);
     auto tag = std::make_shared<FsdpTag>();
-    tag->group = weak_from_this();
+    tag->group = weak;
     tag->index = i;
-    set_fsdp_tag(dt, std::move(tag));
-    replace_data(fp.param, dt);
+    fp.to_sharded(flat_shard, std::move(tag));
     if (fp.param.requires_grad() && !device.is_meta()) {
-      fp.grad_node = compat::make_node<FSDPAccumulateGrad>(weak_from_this(), i, unsharded_value(i));
+      fp.grad_node = compat::make_node<FSDPAccumulateGrad>(weak, i, fp.unsharded_value());
       compat::set_grad_accumulator(fp.param, fp.grad_node);
     }
   }
@@ -323,7 +169,7 @@ void FSDPParamGroup::materialize(const std::vector<at::Tensor>& values) {
     const int64_t start =
         chunk_offset(fp.shape[static_cast<size_t>(fp.shard_dim)], shard_size, shard_rank);
     if (fp.local_rows > 0) {
-      local_shard(fp).copy_(values[i].narrow(fp.shard_dim, start, fp.local_rows));
+      fp.local_rows_of(flat_shard).copy_(values[i].narrow(fp.shard_dim, start, fp.local_rows));
     }
   }
   bind_params();
@@ -358,10 +204,23 @@ void FSDPParamGroup::init_sharded(std::vector<std::pair<std::string, at::Tensor>
   // _StridedShard; the pieces are the same.
   int64_t offset = 0;
   std::vector<at::Tensor> values; // what each parameter's shard is cut from
+  auto shard_placement = [this](const at::Tensor& p) {
+    std::optional<Placement> chosen;
+    if (options.shard_placement_fn()) {
+      chosen = options.shard_placement_fn()(p);
+    }
+    return chosen.value_or(Placement::shard(0)).normalized(p.dim());
+  };
   for (auto& [fqn, p] : named_params) {
+    const auto& [first_fqn, first] = named_params.front();
     const DTensorMeta* tp_meta = dtensor_meta(p);
     values.push_back(tp_meta ? tp_meta->local : p.detach());
-    params.push_back(plan_param(fqn, p, values.back(), offset, named_params.front()));
+    DTENSOR_CHECK(p.scalar_type() == first.scalar_type(),
+                  "fully_shard({}): parameters of one unit must share a dtype: '{}' is {}, '{}' "
+                  "is {}",
+                  name, fqn, c10::toString(p.scalar_type()), first_fqn,
+                  c10::toString(first.scalar_type()));
+    params.emplace_back(fqn, p, values.back(), offset, shard_placement(p), shard_info(), name);
     offset += params.back().segment_numel();
   }
   shard_numel = offset;
@@ -373,20 +232,6 @@ void FSDPParamGroup::init_sharded(std::vector<std::pair<std::string, at::Tensor>
   param_dtype = mp.param_dtype().value_or(orig_dtype);
   reduce_dtype = mp.reduce_dtype().value_or(param_dtype);
   materialize(values);
-}
-
-at::Tensor FSDPParamGroup::allocate_comm(int64_t numel, c10::ScalarType dtype,
-                                         const CommAllocator& allocate, const char* what) const {
-  if (!allocate) {
-    return at::empty({numel}, at::TensorOptions().dtype(dtype).device(device));
-  }
-  at::Tensor t = allocate({numel}, dtype, device);
-  DTENSOR_CHECK(t.defined() && t.numel() == numel && t.scalar_type() == dtype &&
-                    t.device() == device,
-                "fully_shard unit '{}': the custom {}'s allocate must give a {} tensor of {} "
-                "elements on {}",
-                name, what, c10::toString(dtype), numel, device.str());
-  return t.view({numel});
 }
 
 void FSDPParamGroup::unshard(bool async, bool explicit_background) {
@@ -409,21 +254,9 @@ void FSDPParamGroup::unshard(bool async, bool explicit_background) {
   const bool post_forward = state == ShardState::ShardedPostForward;
   auto pending = std::make_shared<PendingGather>(post_forward ? take_post_forward_piece()
                                                               : flat_shard.to(device, param_dtype));
-  const Group& group = post_forward ? post_forward_group : shard_group;
   const bool background = async && (overlap || explicit_background);
-  if (!post_forward && !background && gathers_in_place()) {
-    pending->work = gather_in_place(pending->input, background);
-  } else {
-    pending->buffer.emplace(allocate_comm(shard_size * shard_numel, param_dtype,
-                                          custom_all_gather.allocate, "all-gather"));
-    at::Tensor& gathered = pending->buffer->tensor;
-    if (custom_all_gather.call) {
-      custom_all_gather.call(gathered, pending->input, group);
-    } else {
-      pending->work = detail::all_gather_into_tensor(gathered, pending->input, group,
-                                             CollectiveOptions().async_op(background));
-    }
-  }
+  all_gather_flat(*this, *pending, post_forward ? post_forward_group : shard_group, background,
+                  /*may_gather_in_place=*/!post_forward);
   gather = std::move(pending);
   state = ShardState::Unsharding;
   if (!async) {
@@ -437,25 +270,7 @@ void FSDPParamGroup::finish_unshard() {
   }
   std::shared_ptr<PendingGather> pending = std::move(gather);
   state = ShardState::Sharded; // until the copy-out is done (a failed wait leaves it so)
-  pending->work.wait();
-  if (!pending->buffer) {
-    state = ShardState::Unsharded; // gathered in place
-    return;
-  }
-  at::NoGradGuard no_grad;
-  allocate_storage(unsharded_flat);
-  const at::Tensor& gathered = pending->buffer->tensor;
-  for (const FSDPParam& fp : params) {
-    for (int64_t r = 0; r < shard_size; ++r) {
-      const int64_t rows = fp.rows_on(r, shard_size);
-      if (rows == 0) {
-        continue;
-      }
-      at::Tensor src = gathered.narrow(0, r * shard_numel + fp.offset, rows * fp.row_numel)
-                           .view(fp.chunk_shape(rows));
-      fp.unsharded.narrow(fp.shard_dim, r * fp.chunk, rows).copy_(src);
-    }
-  }
+  all_gather_copy_out(*this, *pending);
   state = ShardState::Unsharded;
 }
 
@@ -486,18 +301,6 @@ void FSDPParamGroup::reshard() {
 
 int64_t FSDPParamGroup::unsharded_storage_bytes() const {
   return unsharded_flat.defined() ? static_cast<int64_t>(unsharded_flat.storage().nbytes()) : 0;
-}
-
-at::Tensor FSDPParamGroup::unsharded_value(size_t index) const {
-  const FSDPParam& fp = params.at(index);
-  if (!fp.tp_spec) {
-    return fp.unsharded;
-  }
-  DTensorSpec spec = *fp.tp_spec;
-  spec.dtype = fp.unsharded.scalar_type();
-  at::Tensor dt = make_dtensor(fp.unsharded, spec);
-  set_tp_tag(dt, fp.tp_tag);
-  return dt;
 }
 
 } // namespace dtensor::detail

@@ -7,7 +7,7 @@
 #include <dtensor/process_group.h>
 
 #include "internal/check.h"
-#include "parallel/fsdp/fsdp.h"
+#include "parallel/fsdp/fsdp_param_group.h"
 #include "parallel/fsdp/memory.h"
 
 namespace dtensor::detail {

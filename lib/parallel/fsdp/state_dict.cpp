@@ -8,10 +8,11 @@
 
 #include <dtensor/collectives.h>
 #include <dtensor/dtensor.h>
+#include <dtensor/fully_shard.h>
 
 #include "internal/check.h"
 #include "mesh/agree.h"
-#include "parallel/fsdp/fsdp.h"
+#include "tensor/dtensor_impl.h"
 #include "tensor/ops/sharding.h"
 #include "tensor/redistribute/redistribute.h"
 
@@ -76,7 +77,9 @@ StateDict get_model_state_dict(torch::nn::Module& module, const StateDictOptions
 
 namespace {
 
-std::string shape_str(at::IntArrayRef s) { return fmt::format("{}", s); }
+std::string shape_str(at::IntArrayRef s) {
+  return fmt::format("{}", s);
+}
 
 // What is wrong with `state` as a state dict for `targets` ("" when nothing), found before
 // any value is touched. `where` says whose dict it is (" on rank 0" for broadcast loads).
@@ -104,7 +107,8 @@ std::string validate(const std::vector<std::pair<std::string, at::Tensor>>& targ
     const detail::DTensorMeta* vm = detail::dtensor_meta(*found);
     const detail::DTensorMeta* tm = detail::dtensor_meta(t);
     if (vm != nullptr && full_only) {
-      return fmt::format("'{}'{} is a DTensor; broadcast_from_rank0 loads full tensors", name, where);
+      return fmt::format("'{}'{} is a DTensor; broadcast_from_rank0 loads full tensors", name,
+                         where);
     }
     if (found->sizes() != t.sizes()) {
       return fmt::format("'{}' has shape {}{} but the module's is {}", name,
@@ -160,8 +164,8 @@ void set_model_state_dict(torch::nn::Module& module, const StateDict& state,
       // Rank 0's value, or a buffer of the right shape elsewhere, broadcast over the world,
       // on the world's device: a CPU module in an NCCL world goes through the GPU (as
       // PyTorch's broadcast of a full state dict), then into the module below.
-      const c10::Device via = world_group().device_type() == t.device().type() ? t.device()
-                                                                              : default_device();
+      const c10::Device via =
+          world_group().device_type() == t.device().type() ? t.device() : default_device();
       if (get_rank() == 0) {
         value = found->detach().to(via, t.scalar_type()).contiguous();
       } else {

@@ -1,11 +1,12 @@
-// When fully_shard's collectives are issued and waited for: the order in which forward and
-// backward use the units, prefetching, and the reduce-scatters in flight.
+// A fully_shard unit's state (fsdp_state.h): its events, and when its collectives are
+// issued and waited for: the order in which forward and backward use the units,
+// prefetching, and the reduce-scatters in flight.
 #include <algorithm>
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include "internal/check.h"
-#include "parallel/fsdp/fsdp.h"
+#include "parallel/fsdp/fsdp_state.h"
 #include "tensor/dispatch/op_args.h" // in_backward
 
 namespace dtensor::detail {
@@ -47,48 +48,67 @@ namespace dtensor::detail {
 
 namespace {
 
-using UnitList = std::vector<std::weak_ptr<FSDPParamGroup>>;
+using UnitList = std::vector<std::weak_ptr<FSDPState>>;
 
-ptrdiff_t position(const UnitList& list, const FSDPParamGroup& group) {
+ptrdiff_t position(const UnitList& list, const FSDPState& unit) {
   for (size_t i = 0; i < list.size(); ++i) {
-    if (list[i].lock().get() == &group) {
+    if (list[i].lock().get() == &unit) {
       return static_cast<ptrdiff_t>(i);
     }
   }
   return -1;
 }
 
-void close_forward(FSDPStateContext& root) {
-  if (!root.pre_order.empty()) {
-    root.last_pre_order = std::move(root.pre_order);
+} // namespace
+
+FSDPState& FSDPState::root() {
+  FSDPState* s = this;
+  for (auto p = parent.lock(); p; p = p->parent.lock()) {
+    s = p.get();
   }
-  root.pre_order.clear();
-  root.post_order.clear();
+  return *s;
 }
 
-void record_forward_use(FSDPParamGroup& group, bool first_use) {
-  FSDPStateContext& root = group.context();
-  if (first_use && !root.pre_order.empty() && root.pre_order.front().lock().get() == &group) {
-    close_forward(root); // a new forward without a backward in between
-  }
-  if (root.post_order.empty() || root.post_order.back().lock().get() != &group) {
-    const ptrdiff_t at = position(root.post_order, group);
-    if (at >= 0) {
-      root.post_order.erase(root.post_order.begin() + at);
+bool FSDPState::is_ancestor_of(const FSDPState& other) const {
+  for (auto p = other.parent.lock(); p; p = p->parent.lock()) {
+    if (p.get() == this) {
+      return true;
     }
-    root.post_order.push_back(group.weak_from_this());
+  }
+  return false;
+}
+
+void FSDPStateContext::close_forward() {
+  if (!pre_order.empty()) {
+    last_pre_order = std::move(pre_order);
+  }
+  pre_order.clear();
+  post_order.clear();
+}
+
+void FSDPState::record_forward_use(bool first_use) {
+  FSDPStateContext& ctx = context();
+  if (first_use && !ctx.pre_order.empty() && ctx.pre_order.front().lock().get() == this) {
+    ctx.close_forward(); // a new forward without a backward in between
+  }
+  if (ctx.post_order.empty() || ctx.post_order.back().lock().get() != this) {
+    const ptrdiff_t at = position(ctx.post_order, *this);
+    if (at >= 0) {
+      ctx.post_order.erase(ctx.post_order.begin() + at);
+    }
+    ctx.post_order.push_back(weak_from_this());
   }
   if (first_use) {
-    root.pre_order.push_back(group.weak_from_this());
+    ctx.pre_order.push_back(weak_from_this());
   }
 }
 
-// The unit expected after `group`: next in the last forward, or previous in this
+// The unit expected after this one: next in the last forward, or previous in this
 // forward's post-order for backward.
-std::shared_ptr<FSDPParamGroup> implicit_target(FSDPParamGroup& group, bool in_backward) {
-  const FSDPStateContext& root = group.context();
-  const UnitList& list = in_backward ? root.post_order : root.last_pre_order;
-  const ptrdiff_t at = position(list, group);
+std::shared_ptr<FSDPState> FSDPState::implicit_target(bool in_backward) {
+  const FSDPStateContext& ctx = context();
+  const UnitList& list = in_backward ? ctx.post_order : ctx.last_pre_order;
+  const ptrdiff_t at = position(list, *this);
   const ptrdiff_t next = in_backward ? at - 1 : at + 1;
   if (at < 0 || next < 0 || next >= static_cast<ptrdiff_t>(list.size())) {
     return nullptr;
@@ -96,12 +116,12 @@ std::shared_ptr<FSDPParamGroup> implicit_target(FSDPParamGroup& group, bool in_b
   return list[static_cast<size_t>(next)].lock();
 }
 
-void prefetch(FSDPParamGroup& group, bool in_backward) {
-  const auto& listed = in_backward ? group.backward_prefetch : group.forward_prefetch;
+void FSDPState::prefetch(bool in_backward) {
+  const auto& listed = in_backward ? backward_prefetch : forward_prefetch;
   if (!listed.empty()) {
     for (const auto& w : listed) {
-      if (auto g = w.lock(); g && (!in_backward || g->unshard_in_backward)) {
-        g->unshard(/*async=*/true);
+      if (auto s = w.lock(); s && (!in_backward || s->group.unshard_in_backward)) {
+        s->group.unshard(/*async=*/true);
       }
     }
     return;
@@ -109,30 +129,47 @@ void prefetch(FSDPParamGroup& group, bool in_backward) {
   if (!group.overlap) {
     return;
   }
-  if (auto g = implicit_target(group, in_backward); g && g.get() != &group) {
-    if (in_backward && !g->unshard_in_backward) {
+  if (auto s = implicit_target(in_backward); s && s.get() != this) {
+    if (in_backward && !s->group.unshard_in_backward) {
       return; // FSDPModule::set_unshard_in_backward(false)
     }
-    g->unshard(/*async=*/true);
+    s->group.unshard(/*async=*/true);
   }
 }
 
-// Forward moved on to `group`: units of its root whose forward is over are freed.
-void reshard_finished_units(FSDPParamGroup& group) {
-  for (auto& other : units_of_root(group.root())) {
-    if (other.get() != &group && other->forward_used && other->state == ShardState::Unsharded &&
+// Forward moved on to this unit: units of its root whose forward is over are freed.
+void FSDPState::reshard_finished_units() {
+  for (auto& other : units_of_root(root())) {
+    const FSDPParamGroup& g = other->group;
+    if (other.get() != this && g.forward_used && g.state == ShardState::Unsharded &&
         other->training_state != TrainingState::Forward && // inside its call: not over
-        other->effective_reshard_after_forward() && !other->is_ancestor_of(group)) {
-      other->reshard_after_forward_step();
+        other->effective_reshard_after_forward() && !other->is_ancestor_of(*this)) {
+      other->group.reshard_after_forward_step();
     }
   }
 }
 
-void finish_oldest_reduce(FSDPStateContext& reg) {
-  InFlightReduce r = std::move(reg.reducing.front());
-  reg.reducing.erase(reg.reducing.begin());
-  reg.carried = reg.carried > 0 ? reg.carried - 1 : 0;
+void FSDPStateContext::finish_oldest_reduce() {
+  InFlightReduce r = std::move(reducing.front());
+  reducing.erase(reducing.begin());
+  carried = carried > 0 ? carried - 1 : 0;
   r.group->finish_reduce(*r.pending);
+}
+
+void FSDPStateContext::make_room_for_reduce() {
+  while (reducing.size() >= kMaxReducesInFlight) {
+    finish_oldest_reduce();
+  }
+}
+
+void FSDPStateContext::track_reduce(InFlightReduce reduce) {
+  reducing.push_back(std::move(reduce));
+}
+
+void FSDPStateContext::finish_reduces() {
+  while (!reducing.empty()) {
+    finish_oldest_reduce();
+  }
 }
 
 // [Note: is_last_backward] FSDPModule::set_is_last_backward(false) on a root: its
@@ -140,125 +177,100 @@ void finish_oldest_reduce(FSDPStateContext& reg) {
 // the streams unsynchronized); the next reduce that needs room, or the end of a backward
 // with it true, completes them. `carried` counts them (the oldest of `reducing`), so that
 // a failed backward after one drops only its own.
-void end_of_backward(FSDPParamGroup& root) {
-  FSDPStateContext& reg = *root.own_context;
-  reg.end_of_backward.ran();
-  auto units = units_of_root(root);
-  for (auto& g : units) {
-    g->end_backward();
+void FSDPState::end_of_backward() {
+  FSDPStateContext& ctx = *own_context;
+  ctx.end_of_backward.ran();
+  auto units = units_of_root(*this);
+  for (auto& s : units) {
+    s->group.end_backward();
   }
-  if (reg.is_last_backward) {
-    fsdp_finish_reduces(reg);
+  if (ctx.is_last_backward) {
+    ctx.finish_reduces();
   }
-  reg.carried = reg.reducing.size();
-  for (auto& g : units) {
-    g->backward_used = false;
-    g->training_state = TrainingState::Idle;
-    if (g->reshard_after_backward) {
-      g->reshard();
+  ctx.carried = ctx.reducing.size();
+  for (auto& s : units) {
+    s->group.backward_used = false;
+    s->training_state = TrainingState::Idle;
+    if (s->group.reshard_after_backward) {
+      s->group.reshard();
     }
   }
-  close_forward(reg);
+  ctx.close_forward();
 }
-
-} // namespace
-
-void fsdp_make_room_for_reduce(FSDPStateContext& reg) {
-  while (reg.reducing.size() >= kMaxReducesInFlight) {
-    finish_oldest_reduce(reg);
-  }
-}
-
-void fsdp_track_reduce(FSDPStateContext& context, InFlightReduce reduce) {
-  context.reducing.push_back(std::move(reduce));
-}
-
-void fsdp_finish_reduces(FSDPStateContext& reg) {
-  while (!reg.reducing.empty()) {
-    finish_oldest_reduce(reg);
-  }
-}
-
-namespace {
 
 // After a failed backward ([Note: failed backward] in lib/parallel/end_of_backward.cpp). A pending
 // collective's Work is declared after its buffers: destroyed first, it waits for the
 // collective before they go (errors are printed, not thrown).
-void discard_failed_backward(FSDPParamGroup& root) {
-  FSDPStateContext& reg = *root.own_context;
-  while (reg.carried > 0) {
-    finish_oldest_reduce(reg); // from an earlier backward ([Note: is_last_backward])
+void FSDPState::discard_failed_backward() {
+  FSDPStateContext& ctx = *own_context;
+  while (ctx.carried > 0) {
+    ctx.finish_oldest_reduce(); // from an earlier backward ([Note: is_last_backward])
   }
-  reg.reducing.clear();
-  for (auto& g : units_of_root(root)) {
-    g->drop_backward_state();
-    g->training_state = TrainingState::Idle;
+  ctx.reducing.clear();
+  for (auto& s : units_of_root(*this)) {
+    s->group.drop_backward_state();
+    s->training_state = TrainingState::Idle;
   }
 }
 
-} // namespace
-
-void fsdp_queue_final_callback(FSDPParamGroup& group) {
+void FSDPState::queue_final_callback() {
   // The root, weakly: a model freed with a backward pending has nothing left to finish.
-  std::weak_ptr<FSDPParamGroup> weak = group.root().weak_from_this();
-  group.context().end_of_backward.queue(
+  std::weak_ptr<FSDPState> weak = root().weak_from_this();
+  context().end_of_backward.queue(
       [weak] {
-        if (auto root = weak.lock()) {
-          discard_failed_backward(*root);
+        if (auto r = weak.lock()) {
+          r->discard_failed_backward();
         }
       },
       [weak] {
-        if (auto root = weak.lock()) {
-          end_of_backward(*root);
+        if (auto r = weak.lock()) {
+          r->end_of_backward();
         }
       });
 }
 
-namespace {
-
 // FSDPModule::set_post_optim_event: the current stream waits for it before forward's first
 // all-gather (collectives run on the current stream), once.
-void wait_for_post_optim_event(FSDPStateContext& root) {
-  if (!root.post_optim_event) {
+void FSDPState::wait_for_post_optim_event() {
+  FSDPStateContext& ctx = context();
+  if (!ctx.post_optim_event) {
     return;
   }
-  const std::shared_ptr<c10::Event> event = std::move(root.post_optim_event);
-  root.post_optim_event = nullptr;
+  const std::shared_ptr<c10::Event> event = std::move(ctx.post_optim_event);
+  ctx.post_optim_event = nullptr;
   if (event->was_marked_for_recording()) { // else there is nothing to wait for
     event->block(c10::impl::getDeviceGuardImpl(event->device_type())->getStream(event->device()));
   }
 }
 
-} // namespace
-
-void fsdp_before_use(FSDPParamGroup& group, bool in_backward) {
+void FSDPState::before_use(bool in_backward) {
   bool first_use = false;
   if (in_backward) {
     DTENSOR_CHECK(group.unshard_in_backward,
                   "fully_shard unit '{}': backward reads its parameters, but the unit was set "
                   "not to unshard in backward (set_unshard_in_backward(false)); only a unit whose "
                   "backward needs no parameter values (an embedding) may skip it",
-                  group.name);
-    fsdp_queue_final_callback(group);
+                  name());
+    queue_final_callback();
     first_use = !group.backward_used;
     group.backward_used = true;
   } else {
-    wait_for_post_optim_event(group.context());
-    reshard_finished_units(group);
+    wait_for_post_optim_event();
+    reshard_finished_units();
     first_use = !group.forward_used;
     group.forward_used = true;
-    record_forward_use(group, first_use);
+    record_forward_use(first_use);
   }
   group.unshard(); // its own all-gather, or the wait for its prefetch, and the copy-out
   if (first_use) {
-    prefetch(group, in_backward);
+    prefetch(in_backward);
   }
 }
 
 // [Note: fully_shard on the module seam]
 // A unit called through dtensor::call gets FSDP2's events from its hooks on the module seam
 // (fully_shard.cpp registers them, order hook_order::kFullyShard):
-//  - pre-forward: what the first op of its forward would do (fsdp_before_use: the post-optim
+//  - pre-forward: what the first op of its forward would do (before_use: the post-optim
 //    event, resharding units whose forward is over, the forward order, the unshard and its
 //    prefetch), at the module's entry; the unit is then Forward, and its ops skip all of it;
 //  - post-forward: the unit moves to the back of the post-forward order (FSDP2's
@@ -274,41 +286,41 @@ void fsdp_before_use(FSDPParamGroup& group, bool in_backward) {
 // checkpointing's recompute, a unit grouped over several modules (fully_shard({m1, m2}),
 // whose calls are not one call).
 
-void fsdp_pre_forward(FSDPParamGroup& group) {
+void FSDPState::pre_forward() {
   if (in_backward()) {
-    fsdp_before_use(group, /*in_backward=*/true); // a forward inside backward: a recompute
+    before_use(/*in_backward=*/true); // a forward inside backward: a recompute
     return;
   }
-  fsdp_before_use(group, /*in_backward=*/false);
-  group.training_state = TrainingState::Forward;
+  before_use(/*in_backward=*/false);
+  training_state = TrainingState::Forward;
 }
 
-void fsdp_post_forward(FSDPParamGroup& group) {
-  if (group.training_state != TrainingState::Forward) {
+void FSDPState::post_forward() {
+  if (training_state != TrainingState::Forward) {
     return;
   }
-  group.training_state = TrainingState::Idle;
-  record_forward_use(group, /*first_use=*/false);
-  if (group.effective_reshard_after_forward() && group.state == ShardState::Unsharded) {
+  training_state = TrainingState::Idle;
+  record_forward_use(/*first_use=*/false);
+  if (effective_reshard_after_forward() && group.state == ShardState::Unsharded) {
     group.reshard_after_forward_step();
   }
 }
 
-void fsdp_pre_backward(FSDPParamGroup& group) {
+void FSDPState::pre_backward() {
   if (!group.unshard_in_backward) {
     return; // set_unshard_in_backward(false): its backward reads no parameter
   }
-  fsdp_before_use(group, /*in_backward=*/true);
-  group.training_state = TrainingState::PreBackward;
+  before_use(/*in_backward=*/true);
+  training_state = TrainingState::PreBackward;
 }
 
-void fsdp_forward_failed(FSDPParamGroup& group) {
-  group.training_state = TrainingState::Idle;
+void FSDPState::forward_failed() {
+  training_state = TrainingState::Idle;
 }
 
-bool fsdp_ready_by_seam(const FSDPParamGroup& group, bool in_backward) {
+bool FSDPState::ready_by_seam(bool in_backward) const {
   const TrainingState want = in_backward ? TrainingState::PreBackward : TrainingState::Forward;
-  return group.training_state == want && group.state == ShardState::Unsharded;
+  return training_state == want && group.state == ShardState::Unsharded;
 }
 
 } // namespace dtensor::detail
