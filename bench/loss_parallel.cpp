@@ -62,14 +62,6 @@ Flags parse(int argc, char** argv) {
   return f;
 }
 
-std::shared_ptr<dtensor::ParallelStyle> style(const dtensor::ParallelStyle& s) {
-  if (const auto* c = dynamic_cast<const dtensor::ColwiseParallel*>(&s)) {
-    return std::make_shared<dtensor::ColwiseParallel>(*c);
-  }
-  return std::make_shared<dtensor::RowwiseParallel>(
-      dynamic_cast<const dtensor::RowwiseParallel&>(s));
-}
-
 struct Measured {
   int64_t collectives = 0, all_gathers = 0, bytes_in = 0, peak = 0;
   double ms = 0, loss = 0;
@@ -94,13 +86,13 @@ Measured run(const Flags& f, const dtensor::DeviceMesh& tp, bool loss_parallel,
   dtensor::parallelize_module(
       *model, tp,
       dtensor::ParallelizePlan{
-          {"tok_embeddings", style(embedding)},
-          {"pos_embeddings", style(embedding)},
-          {"layers.*.attention.w[qkv]", style(dtensor::ColwiseParallel().use_local_output(false))},
-          {"layers.*.attention.wo", style(dtensor::RowwiseParallel().use_local_output(false))},
-          {"layers.*.feed_forward.w1", style(dtensor::ColwiseParallel().use_local_output(false))},
-          {"layers.*.feed_forward.w2", style(dtensor::RowwiseParallel().use_local_output(false))},
-          {"output", style(dtensor::ColwiseParallel().use_local_output(false))},
+          {"tok_embeddings", embedding},
+          {"pos_embeddings", embedding},
+          {"layers.*.attention.w[qkv]", dtensor::ColwiseParallel().use_local_output(false)},
+          {"layers.*.attention.wo", dtensor::RowwiseParallel().use_local_output(false)},
+          {"layers.*.feed_forward.w1", dtensor::ColwiseParallel().use_local_output(false)},
+          {"layers.*.feed_forward.w2", dtensor::RowwiseParallel().use_local_output(false)},
+          {"output", dtensor::ColwiseParallel().use_local_output(false)},
       });
   dtensor::distribute_module(*model, tp); // the norms' parameters: Replicate
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(1e-2));

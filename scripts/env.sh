@@ -14,7 +14,8 @@ configure() {
   local dir=$1
   shift
   if [[ -f $dir/build.ninja ]]; then
-    meson configure "$dir" "$@" >/dev/null
+    # b_ndebug: the default since [Note: NDEBUG] (meson.build), for directories set up before.
+    meson configure "$dir" -Db_ndebug=true "$@" >/dev/null
     # Regenerate now if a meson.build changed, so that introspection sees the current
     # targets and tests (ninja would otherwise do it only at the next build).
     ninja -C "$dir" build.ninja >/dev/null

@@ -12,6 +12,7 @@ if [[ ${1:-} == --sanitize ]]; then
   shift
   exec "$root/scripts/sanitize.sh" --all "$@"
 fi
+total_start=$SECONDS
 "$root/scripts/setup.sh"
 # A clean clone grows to about 15 GB (docs/build.md, "Disk"); a full disk fails a link.
 free_disk() { df -h --output=avail "$root" | tail -1 | tr -d ' '; }
@@ -62,5 +63,8 @@ if [[ ${DTENSOR_SKIP_CUDA_BUILD:-0} != 1 ]]; then
   fi
 fi
 echo "[test] free disk: $(free_disk)"
+# The budget (docs/testing.md, "Budget"): where this run's time went.
+echo "[test] suites: $(python3 "$root/scripts/test_times.py" --summary "$root/build")"
+echo "[test] total: $((SECONDS - total_start)) s"
 echo "tests: $summary"
 exit $status

@@ -13,7 +13,6 @@
 #include <models/mlp_models.h>
 
 using dtensor::testing::near;
-using dtensor::testing::style;
 
 namespace {
 
@@ -165,8 +164,8 @@ TEST_CASE("clip_grad_norm_: gradients on different meshes, one all-reduce per di
   // LayerNorm are fully sharded over dp only.
   dtensor::parallelize_module(*model, mesh["tp"],
                               dtensor::ParallelizePlan{
-                                  {"0.in_proj", style(dtensor::ColwiseParallel())},
-                                  {"0.out_proj", style(dtensor::RowwiseParallel())},
+                                  {"0.in_proj", dtensor::ColwiseParallel()},
+                                  {"0.out_proj", dtensor::RowwiseParallel()},
                               });
   for (size_t i = 0; i < 3; ++i) {
     dtensor::fully_shard(*model[i], FullyShardOptions().mesh(dp));
@@ -197,9 +196,10 @@ TEST_CASE("get_total_norm: gradients on meshes that share no root, or without na
     return dtensor::distribute_tensor(at::ones({4}, options()), mesh,
                                       dtensor::Placements(mesh.ndim(), dtensor::Replicate()));
   };
-  REQUIRE_THROWS_WITH(dtensor::get_total_norm({on(unnamed), on(named)}),
-                      contains("get_total_norm: gradients live on several meshes, and DeviceMesh(") &&
-                          contains("has no dimension names to place it on the root mesh"));
+  REQUIRE_THROWS_WITH(
+      dtensor::get_total_norm({on(unnamed), on(named)}),
+      contains("get_total_norm: gradients live on several meshes, and DeviceMesh(") &&
+          contains("has no dimension names to place it on the root mesh"));
   REQUIRE_THROWS_WITH(dtensor::get_total_norm({on(named), on(other)}),
                       contains("get_total_norm: gradients live on meshes of different roots: ") &&
                           contains("names=(x, y)") && contains("names=(dp)"));

@@ -111,7 +111,7 @@ TEST_CASE("reduce_scatter along dim 0 and dim 1", "[collectives][world1][world2]
 
 // Every rank can build every rank's input, so each rank computes the reduced shard itself,
 // adding the ranks' chunks in rank order: [Note: Gloo's reduce-scatter as an all-to-all] in
-// lib/mesh/collectives.cpp promises that order, so on Gloo the float sums match exactly.
+// lib/mesh/gloo_fast_paths.cpp promises that order, so on Gloo the float sums match exactly.
 TEST_CASE("reduce_scatter in every dtype, asynchronous, its input dropped by the caller",
           "[collectives][world1][world2][world4]") {
   for (const auto& g : groups_under_test()) {

@@ -10,7 +10,6 @@
 
 using dtensor::testing::near;
 using dtensor::testing::parallelize_mlp_stack;
-using dtensor::testing::style;
 
 namespace {
 
@@ -115,10 +114,10 @@ TEST_CASE("FSDP x TP: Transformer with tensor-parallel attention and MLP, each b
   dtensor::parallelize_module(
       *model, tp,
       dtensor::ParallelizePlan{
-          {"layers.*.attention.w[qkv]", style(ColwiseParallel().use_local_output(false))},
-          {"layers.*.attention.wo", style(RowwiseParallel().use_local_output(false))},
-          {"layers.*.feed_forward.w1", style(ColwiseParallel().use_local_output(false))},
-          {"layers.*.feed_forward.w2", style(RowwiseParallel().use_local_output(false))},
+          {"layers.*.attention.w[qkv]", ColwiseParallel().use_local_output(false)},
+          {"layers.*.attention.wo", RowwiseParallel().use_local_output(false)},
+          {"layers.*.feed_forward.w1", ColwiseParallel().use_local_output(false)},
+          {"layers.*.feed_forward.w2", RowwiseParallel().use_local_output(false)},
       });
   for (auto& layer : *model->layers) {
     dtensor::fully_shard(*layer, FullyShardOptions().mesh(dp));

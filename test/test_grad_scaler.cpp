@@ -12,11 +12,12 @@
 
 using dtensor::GradScaler;
 using dtensor::GradScalerOptions;
-using dtensor::testing::style;
 
 namespace {
 
-double value(const c10::IValue& v) { return v.toTensor().item<double>(); }
+double value(const c10::IValue& v) {
+  return v.toTensor().item<double>();
+}
 
 // The flag and the local gradients after one unscale_: every rank's flag must be the same.
 float agreed_flag(const GradScaler& scaler, const torch::optim::Optimizer& opt) {
@@ -90,7 +91,8 @@ TEST_CASE("GradScaler: sparse gradients unscale and report inf (seed 002)",
   REQUIRE(same(param.grad().to_dense(), (s / 2).to_dense()));
   scaler.update(2.0);
 
-  param.mutable_grad() = at::sparse_coo_tensor(i, at::tensor({16.0, 32.0, INFINITY}, at::kFloat), {2, 3});
+  param.mutable_grad() =
+      at::sparse_coo_tensor(i, at::tensor({16.0, 32.0, INFINITY}, at::kFloat), {2, 3});
   scaler.unscale_(opt);
   REQUIRE(scaler.found_inf(opt).item<float>() == 1.0F);
   scaler.update(2.0);
@@ -203,7 +205,7 @@ TEST_CASE("GradScaler: found-inf over gradients on two meshes, one all-reduce pe
   torch::nn::Sequential model(torch::nn::Linear(8, 8), torch::nn::Linear(8, 8));
   model->to(options().device());
   dtensor::parallelize_module(*model, mesh["tp"],
-                              dtensor::ParallelizePlan{{"1", style(dtensor::ColwiseParallel())}});
+                              dtensor::ParallelizePlan{{"1", dtensor::ColwiseParallel()}});
   dtensor::fully_shard(*model[0], FullyShardOptions().mesh(dp));
   dtensor::fully_shard(*model[1], FullyShardOptions().mesh(dp));
   dtensor::fully_shard(*model, FullyShardOptions().mesh(dp));

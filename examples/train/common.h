@@ -1,7 +1,7 @@
 #pragma once
 
-// What both recipes of examples/train use: the text, muted output, the process's memory
-// figures, and a checked write of an output file.
+// What examples/train (and test/drivers/gpt_train.cpp) use: the text, muted output, the
+// process's memory figures, and a checked write of an output file.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -10,8 +10,8 @@
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <stdexcept>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -93,8 +93,7 @@ inline double peak_resident_mib() {
   return status_mib("VmHWM");
 }
 
-// The recipes (examples/train/gpt.cpp, llama.cpp); argv without --model.
-int run_gpt(int argc, char** argv);
+// The recipe (examples/train/llama.cpp; argv without --model) and its planner (simulate.cpp).
 int run_llama(int argc, char** argv);
 int run_simulate(int argc, char** argv);
 

@@ -10,24 +10,10 @@
 //
 //   torchrun --standalone --nproc-per-node 8 --no-python build/examples/train --mesh 2x2x2
 //
-// Flags: --mesh AxBxC (dp_replicate x dp_shard x tp; default from the world size: 8 ->
-// 2x2x2, 4 -> 1x2x2, 2 -> 1x1x2), --steps N, --dim N, --layers N, --heads N, --kv-heads N,
-// --seq N, --vocab N (the tokenizer's pieces, 128), --batch N (the global batch, split over the
-// data-parallel ranks, so that runs on other meshes see the same data), --lr X, --max-norm X, --ac
-// full|selective|none,
-// --precision bf16|fp32, --metrics FILE (JSON lines; default train-out/metrics.jsonl),
-// --log-every N, --export-hf DIR (Hugging Face LlamaForCausalLM directory at the end),
-// --init-from-hf DIR (start from one; its config.json gives the model's shape), --save DIR
-// (a checkpoint folder: DIR/step-<N> per save, as torchtitan's; refused when DIR holds anything
-// else), --save-every N, --keep-latest K (keep the K newest checkpoints; 0, the default, keeps
-// all), --resume DIR (a checkpoint, or the newest under a checkpoint folder; docs/checkpoint.md),
-// --async-save (checkpoints written in the background while training goes on), --auto-resume
-// (continue from the newest checkpoint under --save DIR: a job restarted by torchrun
-// --max-restarts after a rank died picks up from its last complete checkpoint), --preset llama3-8b|llama3-70b|llama3-405b
-// (torchtitan's flavors; `--model llama3-8b` in main.cpp), --report DIR (the last step's
-// RankReport of each rank as DIR/rank<R>.json, dtensor/simulate.h). Under a simulated world
-// (DTENSOR_SIMULATE, docs/simulation.md) the same program runs on the simulated device: the
-// batch is only a shape, nothing reads values, no checkpoint or sample.
+// Flags: `train --help` (the table in flag_table below). --preset and `--model llama3-8b`
+// (main.cpp) choose torchtitan's flavors; --report writes RankReports (dtensor/simulate.h).
+// Under a simulated world (DTENSOR_SIMULATE, docs/simulation.md) the same program runs on the
+// simulated device: the batch is only a shape, nothing reads values, no checkpoint or sample.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -53,6 +39,7 @@
 
 #include "checkpoints.h"
 #include "common.h"
+#include "flags.h"
 #include "tokenizer.h"
 
 namespace dtensor::train {
@@ -71,96 +58,80 @@ struct Flags {
   std::string metrics = "train-out/metrics.jsonl";
   std::string export_hf, init_from_hf, save, resume;
   std::string preset, report; // torchtitan's flavor; the directory of step reports
-  bool async_save = false;  // checkpoints written in the background ([Note: asynchronous save])
-  bool auto_resume = false; // continue from --save DIR when it holds a checkpoint
+  bool async_save = false;    // checkpoints written in the background ([Note: asynchronous save])
+  bool auto_resume = false;   // continue from --save DIR when it holds a checkpoint
 };
-
-[[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr, "train: %s (see the flags at the top of examples/train/llama.cpp)\n",
-               why.c_str());
-  std::exit(2);
-}
 
 std::vector<int64_t> parse_mesh(const std::string& s) {
   std::vector<int64_t> out;
   size_t start = 0;
   while (start <= s.size()) {
     const size_t x = s.find('x', start);
-    out.push_back(std::stoll(s.substr(start, x - start)));
+    out.push_back(FlagTable::parse_int(s.substr(start, x - start)));
     if (x == std::string::npos) {
       break;
     }
     start = x + 1;
   }
   if (out.size() != 3) {
-    usage("--mesh takes dp_replicate x dp_shard x tp, e.g. 2x2x2; got " + s);
+    throw std::invalid_argument("three sizes: dp_replicate x dp_shard x tp");
   }
   return out;
 }
 
+// The recipe's flags: `train --help` prints them.
+FlagTable flag_table(Flags& f) {
+  FlagTable t("train", "examples/train/llama.cpp");
+  t.value("--mesh",
+          "dp_replicate x dp_shard x tp, e.g. 2x2x2 (default from the world size: "
+          "8 -> 2x2x2, 4 -> 1x2x2, 2 -> 1x1x2)",
+          [&f](const std::string& v) { f.mesh = parse_mesh(v); })
+      .value("--preset", "torchtitan's flavor: llama3-8b|llama3-70b|llama3-405b",
+             [&f](const std::string& v) {
+               if (!models::llama3_preset(v)) {
+                 throw std::invalid_argument("not a flavor");
+               }
+               f.preset = v;
+             })
+      .value("--steps", "training steps (200)", f.steps)
+      .value("--dim", "model width (64)", f.dim)
+      .value("--layers", "transformer blocks (2)", f.layers)
+      .value("--heads", "attention heads (4)", f.heads)
+      .value("--kv-heads", "key/value heads (2)", f.kv_heads)
+      .value("--seq", "sequence length (32)", f.seq)
+      .value("--batch", "global batch, split over the data-parallel ranks (32)", f.batch)
+      .value("--vocab", "the tokenizer's pieces (128)", f.vocab)
+      .value("--lr", "AdamW's learning rate (3e-3)", f.lr)
+      .value("--max-norm", "clip_grad_norm_'s max norm (1.0)", f.max_norm)
+      .value("--ac", "activation checkpointing per block", f.ac, {"full", "selective", "none"})
+      .value("--precision", "parameters in forward and backward", f.precision, {"bf16", "fp32"})
+      .value("--log-every", "print every N-th step (20)",
+             [&f](const std::string& v) {
+               f.log_every = std::max<int64_t>(1, FlagTable::parse_int(v));
+             })
+      .value("--metrics", "JSON lines of every step (train-out/metrics.jsonl)", f.metrics)
+      .value("--export-hf", "a Hugging Face LlamaForCausalLM directory at the end", f.export_hf)
+      .value("--init-from-hf", "start from one (its config.json gives the shape)", f.init_from_hf)
+      .value("--save", "a checkpoint folder: DIR/step-<N> per save, as torchtitan's", f.save)
+      .value("--save-every", "steps between checkpoints (0: at the end only)", f.save_every)
+      .value("--keep-latest", "keep the K newest checkpoints (0: all)", f.keep_latest)
+      .value("--resume", "a checkpoint, or the newest under a checkpoint folder", f.resume)
+      .toggle("--async-save", "checkpoints written in the background while training goes on",
+              f.async_save)
+      .toggle("--auto-resume", "continue from the newest checkpoint under --save DIR",
+              f.auto_resume)
+      .value("--report", "the last step's RankReport of each rank as DIR/rank<R>.json", f.report);
+  return t;
+}
+
+[[noreturn]] void usage(const std::string& why) {
+  Flags f;
+  flag_table(f).fail(why);
+}
+
 Flags parse(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string k = argv[i];
-    if (k == "--async-save" || k == "--auto-resume") {
-      (k == "--async-save" ? f.async_save : f.auto_resume) = true;
-      --i; // takes no value
-      continue;
-    }
-    if (i + 1 >= argc) {
-      usage("flag " + k + " needs a value");
-    }
-    const std::string v = argv[i + 1];
-    auto num = [&] { return std::stoll(v); };
-    if (k == "--mesh")
-      f.mesh = parse_mesh(v);
-    else if (k == "--steps")
-      f.steps = num();
-    else if (k == "--dim")
-      f.dim = num();
-    else if (k == "--layers")
-      f.layers = num();
-    else if (k == "--heads")
-      f.heads = num();
-    else if (k == "--kv-heads")
-      f.kv_heads = num();
-    else if (k == "--seq")
-      f.seq = num();
-    else if (k == "--batch")
-      f.batch = num();
-    else if (k == "--vocab")
-      f.vocab = num();
-    else if (k == "--log-every")
-      f.log_every = std::max<int64_t>(1, num());
-    else if (k == "--save-every")
-      f.save_every = num();
-    else if (k == "--keep-latest")
-      f.keep_latest = num();
-    else if (k == "--lr")
-      f.lr = std::stod(v);
-    else if (k == "--max-norm")
-      f.max_norm = std::stod(v);
-    else if (k == "--ac" && (v == "full" || v == "selective" || v == "none"))
-      f.ac = v;
-    else if (k == "--precision" && (v == "bf16" || v == "fp32"))
-      f.precision = v;
-    else if (k == "--metrics")
-      f.metrics = v;
-    else if (k == "--export-hf")
-      f.export_hf = v;
-    else if (k == "--init-from-hf")
-      f.init_from_hf = v;
-    else if (k == "--save")
-      f.save = v;
-    else if (k == "--resume")
-      f.resume = v;
-    else if (k == "--preset" && models::llama3_preset(v))
-      f.preset = v;
-    else if (k == "--report")
-      f.report = v;
-    else
-      usage("unknown flag or value: " + k + " " + v);
-  }
+  flag_table(f).parse(argc, argv);
   return f;
 }
 
@@ -277,7 +248,8 @@ struct Loop {
   // This rank's rows of the step's global batch (the same global batch on every mesh).
   std::pair<at::Tensor, at::Tensor> batch(int64_t step) const {
     if (is_simulated()) { // only the shape matters (and the text may be shorter than --seq)
-      const auto tokens = at::empty({f.batch / dp.size(), f.seq}, at::dtype(at::kLong).device(device));
+      const auto tokens =
+          at::empty({f.batch / dp.size(), f.seq}, at::dtype(at::kLong).device(device));
       return {tokens, tokens};
     }
     at::manual_seed(1000 + 31 * step);
@@ -378,7 +350,8 @@ struct Loop {
 
   void write_report(const RankReport& report) const {
     std::filesystem::create_directories(f.report);
-    const auto path = std::filesystem::path(f.report) / ("rank" + std::to_string(report.rank) + ".json");
+    const auto path =
+        std::filesystem::path(f.report) / ("rank" + std::to_string(report.rank) + ".json");
     write_output(path.string(), report.to_json() + "\n");
   }
 
@@ -513,9 +486,11 @@ int run_llama(int argc, char** argv) {
     usage("a simulated world has no values to save, resume or export");
   }
   // What is at --save and --export-hf is checked before anything is written or trained.
-  const CheckpointFolder folder = f.save.empty() ? CheckpointFolder() : CheckpointFolder(f.save, f.keep_latest);
+  const CheckpointFolder folder =
+      f.save.empty() ? CheckpointFolder() : CheckpointFolder(f.save, f.keep_latest);
   if (!f.export_hf.empty()) {
-    on_rank0("--export-hf", [&] { checkpoint::check_target(f.export_hf); }, world_group());
+    on_rank0(
+        "--export-hf", [&] { checkpoint::check_target(f.export_hf); }, world_group());
   }
   if (f.auto_resume && !f.save.empty()) {
     f.resume = latest_checkpoint(f.save); // complete ones only: saves are published atomically
@@ -535,10 +510,13 @@ int run_llama(int argc, char** argv) {
                 "%lld (global), %s, AC %s, AdamW lr %g, clip %g\n",
                 static_cast<long long>(world), static_cast<long long>(f.mesh[0]),
                 static_cast<long long>(f.mesh[1]), static_cast<long long>(f.mesh[2]),
-                is_simulated() ? "the simulated device" : cuda ? "cuda" : "cpu", static_cast<long long>(args.vocab_size()),
-                static_cast<long long>(args.dim()), static_cast<long long>(args.n_layers()),
-                static_cast<long long>(args.n_heads()), static_cast<long long>(args.kv_heads()),
-                static_cast<long long>(f.batch), static_cast<long long>(f.seq),
+                is_simulated() ? "the simulated device"
+                : cuda         ? "cuda"
+                               : "cpu",
+                static_cast<long long>(args.vocab_size()), static_cast<long long>(args.dim()),
+                static_cast<long long>(args.n_layers()), static_cast<long long>(args.n_heads()),
+                static_cast<long long>(args.kv_heads()), static_cast<long long>(f.batch),
+                static_cast<long long>(f.seq),
                 f.precision == "bf16" ? "bf16 parameters, fp32 reductions" : "fp32", f.ac.c_str(),
                 f.lr, f.max_norm);
   }

@@ -1,7 +1,6 @@
-// The main job (scripts/demo.sh): `train [--model llama|gpt] [flags]`. llama (the default) is
-// torchtitan's Llama 3 recipe (examples/train/llama.cpp); gpt the small GPT-style Transformer
-// of the first waves (examples/train/gpt.cpp), which the fp16, compression-hook and checkpoint
-// tests drive. `--simulate WORLD` plans the recipe on a simulated world
+// The main job (scripts/demo.sh): `train [--model llama|llama3-8b|llama3-70b|llama3-405b]
+// [flags]`, torchtitan's Llama 3 recipe (examples/train/llama.cpp; `train --help` lists its
+// flags). `--simulate WORLD` plans the recipe on a simulated world
 // (examples/train/simulate.cpp).
 #include <algorithm>
 #include <cstdio>
@@ -30,20 +29,17 @@ int main(int argc, char** argv) {
     rest.push_back(model_arg);
     model = "llama";
   }
-  if (model != "llama" && model != "gpt") {
-    std::fprintf(stderr, "train: --model takes llama, llama3-8b|70b|405b or gpt, got %s\n",
+  if (model != "llama") {
+    std::fprintf(stderr, "train: --model takes llama or llama3-8b|70b|405b, got %s\n",
                  model.c_str());
     return 2;
   }
   try {
-    if (std::find_if(argv + 1, argv + argc, [](const char* a) {
-          return std::string(a) == "--simulate";
-        }) != argv + argc) {
+    if (std::find_if(argv + 1, argv + argc,
+                     [](const char* a) { return std::string(a) == "--simulate"; }) != argv + argc) {
       return dtensor::train::run_simulate(argc, argv); // plans; runs the recipe as children
     }
-    const int n = static_cast<int>(rest.size());
-    return model == "llama" ? dtensor::train::run_llama(n, rest.data())
-                            : dtensor::train::run_gpt(n, rest.data());
+    return dtensor::train::run_llama(static_cast<int>(rest.size()), rest.data());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train: error on rank %d: %s\n",
                  dtensor::is_initialized() ? dtensor::get_rank() : -1, e.what());

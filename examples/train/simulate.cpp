@@ -21,8 +21,8 @@
 
 #include <algorithm>
 #include <csignal>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -38,6 +38,7 @@
 #include <dtensor/simulate.h>
 
 #include "common.h"
+#include "flags.h"
 
 extern char** environ;
 
@@ -56,7 +57,8 @@ struct SimFlags {
 };
 
 [[noreturn]] void sim_usage(const std::string& why) {
-  std::fprintf(stderr, "train --simulate: %s (see examples/train/simulate.cpp)\n", why.c_str());
+  std::fprintf(stderr, "train --simulate: %s (train --simulate 1 --help lists the flags)\n",
+               why.c_str());
   std::exit(2);
 }
 
@@ -76,38 +78,26 @@ std::vector<int64_t> mesh_of(const std::string& s) {
 SimFlags parse_sim(int argc, char** argv) {
   SimFlags f;
   std::string meshes;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    const bool own = k == "--simulate" || k == "--mesh" || k == "--out" || k == "--sample" ||
-                     k == "--jobs" || k == "--tflops" || k == "--node" || k == "--nvlink-gbps" ||
-                     k == "--network-gbps";
-    if (!own) {
-      f.passed.push_back(k);
-      continue;
-    }
-    if (i + 1 >= argc) {
-      sim_usage("flag " + k + " needs a value");
-    }
-    const std::string v = argv[++i];
-    if (k == "--simulate")
-      f.world = std::stoll(v);
-    else if (k == "--mesh")
-      meshes = v;
-    else if (k == "--out")
-      f.out = v;
-    else if (k == "--sample")
-      f.sample = std::stoll(v);
-    else if (k == "--tflops")
-      f.time.achieved_tflops(std::stod(v));
-    else if (k == "--node")
-      f.time.ranks_per_node(std::stoll(v));
-    else if (k == "--nvlink-gbps")
-      f.time.intra_node_gbps(std::stod(v));
-    else if (k == "--network-gbps")
-      f.time.inter_node_gbps(std::stod(v));
-    else
-      f.jobs = std::max<int64_t>(1, std::stoll(v));
-  }
+  FlagTable t("train --simulate", "examples/train/simulate.cpp; the other flags go to every "
+                                  "simulated rank: train --help");
+  t.value("--simulate", "the world size", f.world)
+      .value("--mesh",
+             "comma-separated AxBxC (dp_replicate x dp_shard x tp) meshes; default tp "
+             "8, the rest dp_shard",
+             meshes)
+      .value("--out", "output directory (train-out/simulation)", f.out)
+      .value("--sample", "random ranks beyond the extremes (8)", f.sample)
+      .value("--jobs", "children at once (the cores)",
+             [&f](const std::string& v) { f.jobs = std::max<int64_t>(1, FlagTable::parse_int(v)); })
+      .value("--tflops", "achieved TFLOP/s per GPU (400)",
+             [&f](const std::string& v) { f.time.achieved_tflops(FlagTable::parse_double(v)); })
+      .value("--node", "GPUs per node (8)",
+             [&f](const std::string& v) { f.time.ranks_per_node(FlagTable::parse_int(v)); })
+      .value("--nvlink-gbps", "intra-node GB/s (360)",
+             [&f](const std::string& v) { f.time.intra_node_gbps(FlagTable::parse_double(v)); })
+      .value("--network-gbps", "inter-node GB/s (45)",
+             [&f](const std::string& v) { f.time.inter_node_gbps(FlagTable::parse_double(v)); });
+  t.parse(argc, argv, &f.passed);
   if (f.world < 1) {
     sim_usage("--simulate takes the world size, at least 1");
   }
@@ -265,9 +255,8 @@ nlohmann::json summarize(const std::vector<int64_t>& mesh, const std::vector<Ran
   for (const auto& r : reports) {
     ranks.push_back(r.rank);
   }
-  return {{"mesh", mesh_name(mesh)}, {"ranks", ranks},
-          {"memory", memory},         {"bytes_by_dim", bytes},
-          {"flops", flops},           {"time", predicted_time(reports, o)},
+  return {{"mesh", mesh_name(mesh)},    {"ranks", ranks}, {"memory", memory},
+          {"bytes_by_dim", bytes},      {"flops", flops}, {"time", predicted_time(reports, o)},
           {"plan_mismatches", problems}};
 }
 
@@ -291,9 +280,10 @@ void print_summary(const nlohmann::json& s, int64_t world) {
   const auto& t = s["time"];
   std::printf("  predicted step %.3f s (", t["step_s"].get<double>());
   for (const auto& p : t["phases"]) {
-    std::printf(" %s %.3f: compute %.3f + waits %.3f, beside %.3f;", p["name"].get<std::string>().c_str(),
-                p["total_s"].get<double>(), p["compute_s"].get<double>(),
-                p["sync_comm_s"].get<double>(), p["async_comm_s"].get<double>());
+    std::printf(" %s %.3f: compute %.3f + waits %.3f, beside %.3f;",
+                p["name"].get<std::string>().c_str(), p["total_s"].get<double>(),
+                p["compute_s"].get<double>(), p["sync_comm_s"].get<double>(),
+                p["async_comm_s"].get<double>());
   }
   std::printf(" ), %.0f tokens/s per GPU\n", t["tokens_per_s_per_gpu"].get<double>());
 }
@@ -303,7 +293,8 @@ void print_summary(const nlohmann::json& s, int64_t world) {
 void draw_chart(const std::string& out) {
 #if defined(DTENSOR_PLOT_PYTHON) && defined(DTENSOR_PLOT_SCRIPT)
   const std::string cmd = std::string("'") + DTENSOR_PLOT_PYTHON + "' '" + DTENSOR_PLOT_SCRIPT +
-                          "' '" + out + "/simulation.png' '" + out + "/simulation.json' > /dev/null";
+                          "' '" + out + "/simulation.png' '" + out +
+                          "/simulation.json' > /dev/null";
   if (std::system(cmd.c_str()) == 0) {
     std::printf("chart: %s/simulation.png\n", out.c_str());
     return;

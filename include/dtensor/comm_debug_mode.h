@@ -31,10 +31,6 @@ struct CollectiveRecord {
   bool async = false;
 };
 
-namespace detail {
-void record_collective(const CollectiveRecord& rec); // lib/mesh/comm_debug.h
-} // namespace detail
-
 // [Note: CommDebugMode]
 // An RAII scope that records every collective issued through the choke point while it is
 // alive. Scopes nest: a collective is recorded by every scope active on the issuing thread,

@@ -16,10 +16,6 @@
 
 namespace dtensor {
 
-namespace detail {
-struct MeshState;
-} // namespace detail
-
 // [Note: DeviceMesh]
 // An N-D array of global ranks with optional dimension names. Each process holds the groups
 // of its own slices: for dimension d, the ranks that share its coordinates on every other
@@ -101,11 +97,13 @@ class DeviceMesh {
   std::string to_string() const; // "DeviceMesh(cpu, [[0, 1], [2, 3]], names=(dp, tp))"
   bool defined() const { return state_ != nullptr; }
 
+  struct State; // what a mesh is inside the library (lib/mesh/device_mesh.cpp)
+
  private:
   friend DeviceMesh init_device_mesh(c10::DeviceType, const std::vector<int64_t>&,
                                      const std::vector<std::string>&, const DeviceMeshOptions&);
-  explicit DeviceMesh(std::shared_ptr<detail::MeshState> state);
-  std::shared_ptr<detail::MeshState> state_;
+  explicit DeviceMesh(std::shared_ptr<State> state);
+  std::shared_ptr<State> state_;
 };
 
 // A mesh over all ranks of the world, ranks laid out row-major over `shape`. Collective:

@@ -25,18 +25,15 @@ class Module;
 
 namespace dtensor {
 
-namespace detail {
-struct FSDPParamGroup;
-} // namespace detail
-
 // Mixed precision: parameters are all-gathered (and used in forward and backward) in
 // param_dtype; gradients are reduce-scattered in reduce_dtype (default: param_dtype) and
 // stored in the parameters' own dtype unless keep_low_precision_grads.
 // [Note: no input casting] The casts FSDP2 makes around a unit's forward (floating inputs to
 // param_dtype when cast_forward_inputs, floating outputs to output_dtype) are the unit's
 // hooks on the module seam: they happen when the unit is called through dtensor::call
-// (dtensor/module_hooks.h), not when its forward is called directly. Otherwise the model's floating inputs must already be in param_dtype: an op that
-// mixes them with the unsharded parameters is refused with an error naming both dtypes.
+// (dtensor/module_hooks.h), not when its forward is called directly. Otherwise the model's floating
+// inputs must already be in param_dtype: an op that mixes them with the unsharded parameters is
+// refused with an error naming both dtypes.
 struct MixedPrecisionPolicy {
   TORCH_ARG(std::optional<c10::ScalarType>, param_dtype) = std::nullopt;
   TORCH_ARG(std::optional<c10::ScalarType>, reduce_dtype) = std::nullopt;
@@ -89,25 +86,15 @@ struct FullyShardOptions {
   TORCH_ARG(std::function<std::optional<Placement>(const at::Tensor&)>, shard_placement_fn);
 };
 
-// An all-gather started by FSDPModule::unshard(async_op = true) (FSDP2's UnshardHandle).
-// wait(): the all-gather has completed and the unsharded parameters are filled; forward
-// waits by itself when the unit is first used without it. Waiting twice, or on a handle of
-// a synchronous unshard, does nothing.
-class UnshardHandle {
- public:
-  UnshardHandle() = default;
-  explicit UnshardHandle(std::shared_ptr<detail::FSDPParamGroup> group);
-  void wait();
-
- private:
-  std::shared_ptr<detail::FSDPParamGroup> group_;
-};
-
 // The handle of a fully_shard unit (FSDP2's FSDPModule methods). Copies share the unit.
+class UnshardHandle;
+
 class FSDPModule {
  public:
+  struct Unit; // a unit inside the library (lib/parallel/fsdp/fsdp_param_group.h)
+
   FSDPModule() = default;
-  explicit FSDPModule(std::shared_ptr<detail::FSDPParamGroup> group);
+  explicit FSDPModule(std::shared_ptr<Unit> unit);
 
   // All-gather this unit's parameters now / free them now. async_op: return with the
   // all-gather in flight (also with communication overlap off); the handle's wait(), or the
@@ -191,10 +178,25 @@ class FSDPModule {
   int64_t unsharded_storage_bytes() const;
   // The parameters this unit manages (DTensors), in registration order.
   std::vector<at::Tensor> managed_parameters() const;
-  bool defined() const { return group_ != nullptr; }
+  bool defined() const { return unit_ != nullptr; }
 
  private:
-  std::shared_ptr<detail::FSDPParamGroup> group_;
+  friend class UnshardHandle;
+  std::shared_ptr<Unit> unit_;
+};
+
+// An all-gather started by FSDPModule::unshard(async_op = true) (FSDP2's UnshardHandle).
+// wait(): the all-gather has completed and the unsharded parameters are filled; forward
+// waits by itself when the unit is first used without it. Waiting twice, or on a handle of
+// a synchronous unshard, does nothing.
+class UnshardHandle {
+ public:
+  UnshardHandle() = default;
+  explicit UnshardHandle(FSDPModule unit);
+  void wait();
+
+ private:
+  FSDPModule unit_;
 };
 
 // Shards `module`'s parameters that no nested unit already manages: each becomes, in

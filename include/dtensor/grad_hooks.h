@@ -22,9 +22,4 @@ using PostAccumulateGradHook = std::function<void(const at::Tensor& param)>;
 // `param` must be a leaf that requires grad.
 void register_post_accumulate_grad_hook(const at::Tensor& param, PostAccumulateGradHook hook);
 
-namespace detail {
-// Runs `param`'s post-accumulate-grad hooks, if any (fully_shard, after writing .grad).
-void run_post_accumulate_grad_hooks(const at::Tensor& param);
-} // namespace detail
-
 } // namespace dtensor

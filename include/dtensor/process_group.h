@@ -53,17 +53,15 @@ struct ProcessGroupOptions {
   TORCH_ARG(std::optional<int>, master_port) = std::nullopt;
 };
 
-namespace detail {
-struct GroupState;
-} // namespace detail
-
 // A handle on one c10d communicator: the ranks it spans (global ranks, in group-rank
 // order) and a label that CommDebugMode uses to attribute its collectives ("world",
 // a mesh dimension name such as "dp", ...). Copies share the communicator.
 class Group {
  public:
+  struct State; // one c10d communicator inside the library (lib/mesh/process_group_state.h)
+
   Group() = default;
-  Group(std::shared_ptr<const detail::GroupState> state, std::string label);
+  Group(std::shared_ptr<const State> state, std::string label);
 
   bool defined() const { return state_ != nullptr; }
   int rank() const; // this process's rank inside the group
@@ -83,7 +81,7 @@ class Group {
   bool operator!=(const Group& other) const { return !(*this == other); }
 
  private:
-  std::shared_ptr<const detail::GroupState> state_;
+  std::shared_ptr<const State> state_;
   std::string label_;
 };
 

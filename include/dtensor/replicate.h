@@ -17,10 +17,6 @@ class Module;
 
 namespace dtensor {
 
-namespace detail {
-struct ReplicateState;
-} // namespace detail
-
 struct ReplicateOptions {
   // Gradients are all-reduced in buckets of at most this many MiB (a parameter larger than
   // the cap gets a bucket of its own), filled in reverse parameter order.
@@ -37,8 +33,10 @@ struct ReplicateOptions {
 // a weak reference and do nothing once every handle is gone.
 class ReplicateHandle {
  public:
+  struct State; // the replicated module's buckets and hooks (lib/parallel/replicate.cpp)
+
   ReplicateHandle() = default;
-  explicit ReplicateHandle(std::shared_ptr<detail::ReplicateState> state);
+  explicit ReplicateHandle(std::shared_ptr<State> state);
   // false: gradients accumulate locally, no communication (gradient accumulation); the
   // next backward with sync on all-reduces the accumulated gradients.
   void set_requires_gradient_sync(bool sync);
@@ -51,7 +49,7 @@ class ReplicateHandle {
   const DeviceMesh& mesh() const;
 
  private:
-  std::shared_ptr<detail::ReplicateState> state_;
+  std::shared_ptr<State> state_;
 };
 
 // DDP semantics on an unmodified module: parameters stay plain tensors, equal on every rank

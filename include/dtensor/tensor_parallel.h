@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -117,15 +118,30 @@ class PrepareModuleOutput : public ParallelStyle {
 };
 
 // Module path pattern -> style. Patterns are dotted paths whose atoms match like fnmatch
-// ("layers.*.attention.wq", "mlp.w[12]"); applied in order.
-using ParallelizePlan = std::vector<std::pair<std::string, std::shared_ptr<ParallelStyle>>>;
+// ("layers.*.attention.wq", "mlp.w[12]"); applied in order. Styles are taken by value, as
+// PyTorch's plan dict holds them: {{"w1", ColwiseParallel()}, {"w2", RowwiseParallel()}}
+// (a shared pointer to a style is accepted too).
+struct ParallelizePlanEntry {
+  template <typename Style,
+            typename = std::enable_if_t<std::is_base_of_v<ParallelStyle, std::decay_t<Style>>>>
+  ParallelizePlanEntry(std::string path, Style s) // NOLINT(google-explicit-constructor)
+      : pattern(std::move(path)), style(std::make_shared<const std::decay_t<Style>>(std::move(s))) {
+  }
+  ParallelizePlanEntry(std::string path, std::shared_ptr<const ParallelStyle> s)
+      : pattern(std::move(path)), style(std::move(s)) {}
+  std::string pattern;
+  std::shared_ptr<const ParallelStyle> style;
+};
+using ParallelizePlan = std::vector<ParallelizePlanEntry>;
 
 // Applies `style` to `module` itself, or every plan entry to the submodules its pattern
 // matches. Errors: a pattern matching no submodule, a style on a module type it does not
 // support, a mesh that is not 1-D. Collective: every rank of tp_mesh calls it alike
 // (parameters are distributed from the mesh's first rank).
 void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
-                        const std::shared_ptr<ParallelStyle>& style);
+                        const ParallelStyle& style);
+void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
+                        const std::shared_ptr<const ParallelStyle>& style);
 void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
                         const ParallelizePlan& plan);
 

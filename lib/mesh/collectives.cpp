@@ -38,7 +38,9 @@ void check_tensor(const char* what, const char* name, const at::Tensor& t, const
 // Gloo has no complex types, so a complex tensor travels as its real view (a trailing dim
 // of 2: real and imaginary parts), which sums, averages, gathers, scatters and broadcasts
 // exactly like the complex numbers. Max / min / product have no meaning on it: refused.
-at::Tensor wire(const at::Tensor& t) { return t.is_complex() ? at::view_as_real(t) : t; }
+at::Tensor wire(const at::Tensor& t) {
+  return t.is_complex() ? at::view_as_real(t) : t;
+}
 
 void check_complex_op(const char* what, ReduceOp op, const at::Tensor& t) {
   DTENSOR_CHECK(!t.is_complex() || op == ReduceOp::Sum || op == ReduceOp::Avg,
@@ -119,110 +121,11 @@ Work run(const std::string& what, const Group& group, const CollectiveOptions& o
 
 int64_t normalize_dim(const char* what, int64_t dim, const at::Tensor& t) {
   int64_t nd = t.dim();
-  DTENSOR_CHECK(nd > 0, "{}: needs a tensor with at least one dimension, got {}", what, describe(t));
+  DTENSOR_CHECK(nd > 0, "{}: needs a tensor with at least one dimension, got {}", what,
+                describe(t));
   DTENSOR_CHECK(dim >= -nd && dim < nd, "{}: dim {} is out of range for {}", what, dim,
                 describe(t));
   return dim < 0 ? dim + nd : dim;
-}
-
-// [Note: Gloo's reduce-scatter as an all-to-all]
-// ProcessGroupGloo's reduce_scatter_tensor clones its input and all-reduces the clone: every
-// rank sends 2 (n - 1) / n of the input over the wire and then keeps 1 / n of the result. An
-// all-to-all sends each rank's chunk r straight to rank r ((n - 1) / n of the input) and the
-// sum of the n chunks received is the rank's shard: half the traffic and no clone, which on
-// loopback TCP measured 1.5-2.4x faster (2 and 4 ranks, 3 and 12 MiB; bench/reduce_scatter,
-// docs/benchmarks.md).
-// The sum runs when the collective is waited on, over the chunks in rank order, so every rank
-// adds in the same order. Sum and avg only (avg: the sum divided, [Note: emulated average]);
-// the others keep Gloo's reduce-scatter. CommDebugMode still records one reduce-scatter.
-// Gloo reads the input until the all-to-all completes, so the caller holds it until then.
-// Two ranks exchange only the peer's chunk ([Note: two Gloo ranks by split sizes]).
-// Under TORCH_DISTRIBUTED_DEBUG=DETAIL Gloo's own collectives run: c10d's wrapper compares
-// every rank's shapes before a reduce-scatter or an all-gather, never before an all-to-all
-// (uneven splits are legal there), and a size mismatch inside Gloo aborts the process
-// ([Note: TORCH_DISTRIBUTED_DEBUG=DETAIL] in lib/mesh/backend_gloo.cpp).
-bool gloo_by_all_to_all(const Group& group) {
-  return group.backend_type() == BackendType::Gloo && group.size() > 1 && !detail::debug_detail();
-}
-
-bool reduce_scatter_as_all_to_all(const Group& group, ReduceOp op) {
-  return gloo_by_all_to_all(group) && (op == ReduceOp::Sum || op == ReduceOp::Avg);
-}
-
-// [Note: two Gloo ranks by split sizes]
-// On a Gloo group of two ranks an all-to-all with split sizes (0 rows to oneself) moves just
-// what crosses to the peer, straight between the callers' tensors (gloo::alltoallv sends
-// from and receives into the pointers it is given):
-//  - all-gather: this rank's rows are copied into their place in the output and the peer's
-//    rows arrive in theirs. ProcessGroupGloo's allgather receives into a flat temporary of
-//    the whole output and copies it out: one output's size of memory while in flight (a
-//    prefetch, [Note: overlap] in lib/parallel/fsdp/fsdp_state.cpp) and a copy, both gone.
-//  - reduce-scatter ([Note: Gloo's reduce-scatter as an all-to-all]): the peer's chunk is
-//    sent, the peer's half of this rank's shard received into a buffer of the output's size
-//    (half the input, where the n-rank path receives the input's size); the finish adds the
-//    two, in rank order (the same sum either way: a + b == b + a in floating point).
-// Wire bytes and CommDebugMode's records are those of the collective named.
-bool two_gloo_ranks(const Group& group, const at::Tensor& t) {
-  return gloo_by_all_to_all(group) && group.size() == 2 && t.numel() > 0;
-}
-
-// (two ranks) Sends `send` to the peer and receives the peer's rows into `receive`.
-c10::intrusive_ptr<c10d::Work> exchange_with_peer(c10d::Backend& b, const Group& group,
-                                                  at::Tensor& receive, at::Tensor& send) {
-  const int peer = 1 - group.rank();
-  std::vector<int64_t> out_splits(2, 0);
-  std::vector<int64_t> in_splits(2, 0);
-  out_splits[static_cast<size_t>(peer)] = receive.size(0);
-  in_splits[static_cast<size_t>(peer)] = send.size(0);
-  return b.alltoall_base(receive, send, out_splits, in_splits, c10d::AllToAllOptions());
-}
-
-Work reduce_scatter_with_peer(std::string what, const at::Tensor& out, const at::Tensor& in,
-                              ReduceOp op, const Group& group, const CollectiveOptions& options) {
-  const int64_t me = group.rank();
-  const int64_t rows = out.size(0);
-  at::Tensor send = in.narrow(0, (1 - me) * rows, rows);
-  at::Tensor received = at::empty_like(out);
-  std::function<void()> finish = [shard = at::Tensor(out), mine = in.narrow(0, me * rows, rows),
-                                  received, me, op]() mutable {
-    if (me == 0) {
-      at::add_out(shard, mine, received);
-    } else {
-      at::add_out(shard, received, mine);
-    }
-    if (op == ReduceOp::Avg) {
-      shard.div_(2);
-    }
-  };
-  return run(
-      what, group, options,
-      [&](c10d::Backend& b) { return exchange_with_peer(b, group, received, send); },
-      std::move(finish));
-}
-
-Work reduce_scatter_by_all_to_all(std::string what, const at::Tensor& out, const at::Tensor& in,
-                                  ReduceOp op, const Group& group,
-                                  const CollectiveOptions& options) {
-  if (two_gloo_ranks(group, in)) {
-    return reduce_scatter_with_peer(std::move(what), out, in, op, group, options);
-  }
-  const int64_t n = group.size();
-  at::Tensor received = at::empty_like(in);
-  std::function<void()> finish = [out, received, op, n]() mutable {
-    at::Tensor flat = out.view({-1});
-    at::sum_out(flat, received.view({n, -1}), {0}, false, flat.scalar_type());
-    if (op == ReduceOp::Avg) {
-      out.div_(n);
-    }
-  };
-  std::vector<int64_t> even; // empty split sizes: n equal chunks of dim 0
-  return run(
-      what, group, options,
-      [&](c10d::Backend& b) {
-        return b.alltoall_base(received, const_cast<at::Tensor&>(in), even, even,
-                               c10d::AllToAllOptions());
-      },
-      std::move(finish));
 }
 
 } // namespace
@@ -239,9 +142,15 @@ namespace {
 thread_local int uncounted_depth = 0;
 } // namespace
 
-Uncounted::Uncounted() { ++uncounted_depth; }
-Uncounted::~Uncounted() { --uncounted_depth; }
-bool Uncounted::active() { return uncounted_depth > 0; }
+Uncounted::Uncounted() {
+  ++uncounted_depth;
+}
+Uncounted::~Uncounted() {
+  --uncounted_depth;
+}
+bool Uncounted::active() {
+  return uncounted_depth > 0;
+}
 
 } // namespace detail
 
@@ -380,15 +289,9 @@ Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const G
   at::Tensor in = wire(input);
   at::Tensor out = wire(output);
   std::string name = fmt::format("all_gather_into_tensor({})", describe(input));
-  if (two_gloo_ranks(group, in)) { // [Note: two Gloo ranks by split sizes]
-    const int64_t rows = in.size(0);
-    out.narrow(0, group.rank() * rows, rows).copy_(in);
-    at::Tensor receive = out.narrow(0, (1 - group.rank()) * rows, rows);
-    return run(std::move(name), group, options,
-               [&](c10d::Backend& b) { return exchange_with_peer(b, group, receive, in); });
-  }
-  return run(std::move(name), group, options,
-             [&](c10d::Backend& b) { return b._allgather_base(out, in, c10d::AllgatherOptions()); });
+  return run(std::move(name), group, options, [&](c10d::Backend& b) {
+    return b._allgather_base(out, in, c10d::AllgatherOptions());
+  });
 }
 
 Work all_gather_into_pieces(std::vector<std::vector<at::Tensor>>& outputs,
@@ -396,8 +299,8 @@ Work all_gather_into_pieces(std::vector<std::vector<at::Tensor>>& outputs,
                             const CollectiveOptions& options) {
   const char* what = "all_gather_into_pieces";
   check_group(what, group);
-  DTENSOR_CHECK(group.backend_type() == BackendType::Gloo,
-                "{}: only on Gloo groups, got group {}", what, group.to_string());
+  DTENSOR_CHECK(group.backend_type() == BackendType::Gloo, "{}: only on Gloo groups, got group {}",
+                what, group.to_string());
   DTENSOR_CHECK(!inputs.empty() && outputs.size() == static_cast<size_t>(group.size()),
                 "{}: {} input pieces and {} output lists for the {} ranks of group {}", what,
                 inputs.size(), outputs.size(), group.size(), group.to_string());
@@ -442,7 +345,12 @@ Work all_gather_into_pieces(std::vector<std::vector<at::Tensor>>& outputs,
 
 bool reduce_scatter_input_free_at_issue(const Group& group, ReduceOp op) {
   // [Note: reduce-scatter input released at issue]
-  return group.backend_type() == BackendType::Gloo && !reduce_scatter_as_all_to_all(group, op);
+  // ProcessGroupGloo clones the input at issue; its decorator's all-to-all path (SUM, and so
+  // an emulated average) reads it until done ([Note: Gloo's reduce-scatter as an all-to-all]
+  // in gloo_fast_paths.cpp).
+  const bool by_all_to_all =
+      detail::has_gloo_fast_paths(*group.backend()) && (op == ReduceOp::Sum || op == ReduceOp::Avg);
+  return group.backend_type() == BackendType::Gloo && !by_all_to_all;
 }
 
 at::Tensor all_gather_tensor(const at::Tensor& input, int64_t gather_dim, const Group& group) {
@@ -486,9 +394,6 @@ Work reduce_scatter_tensor_into(at::Tensor& output, const at::Tensor& input, Red
   at::Tensor in = wire(input);
   at::Tensor out = wire(output);
   std::string name = fmt::format("reduce_scatter_tensor({}, {})", to_string(op), describe(input));
-  if (reduce_scatter_as_all_to_all(group, op)) {
-    return reduce_scatter_by_all_to_all(std::move(name), out, in, op, group, options);
-  }
   return run(
       std::move(name), group, options,
       [&](c10d::Backend& b) { return b._reduce_scatter_base(out, in, opts); }, std::move(finish));
@@ -560,7 +465,9 @@ at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>
   at::Tensor win = wire(in);
   at::Tensor wout = wire(out);
   run(fmt::format("all_to_all_single({})", describe(in)), group, CollectiveOptions(),
-      [&](c10d::Backend& b) { return b.alltoall_base(wout, win, os, is, c10d::AllToAllOptions()); });
+      [&](c10d::Backend& b) {
+        return b.alltoall_base(wout, win, os, is, c10d::AllToAllOptions());
+      });
   return out;
 }
 

@@ -58,7 +58,7 @@ Work all_gather_into_pieces(std::vector<std::vector<at::Tensor>>& outputs,
 // may free the input as soon as the call returns, while the collective is still in flight.
 // NCCL reads the input on its stream until the collective completes. True for the first,
 // false for the second (and for any other backend). Not for the ops that go as an all-to-all
-// on Gloo ([Note: Gloo's reduce-scatter as an all-to-all] in collectives.cpp), which reads the
+// on Gloo ([Note: Gloo's reduce-scatter as an all-to-all] in gloo_fast_paths.cpp), which reads the
 // input until completion.
 bool reduce_scatter_input_free_at_issue(const Group& group, ReduceOp op);
 

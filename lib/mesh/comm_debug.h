@@ -17,8 +17,9 @@ bool comm_debug_active();
 void record_collective(const CollectiveRecord& rec);
 
 // --- [Note: module attribution] -----------------------------------------------------------
-// A module's forward begins (the attribution hooks of the module seam): its name as PyTorch prints it, its type,
-// its own parameters (name, PyTorch's placements text or "" for a plain one, the tensor).
+// A module's forward begins (the attribution hooks of the module seam): its name as PyTorch prints
+// it, its type, its own parameters (name, PyTorch's placements text or "" for a plain one, the
+// tensor).
 struct ModuleForward {
   std::string name;
   std::string type;

@@ -27,7 +27,7 @@ struct ModuleSeen {
 
 // PyTorch's _CommModeModuleTracker, one per scope.
 struct ModuleLog {
-  std::string current = "Global"; // where collectives and operations are attributed
+  std::string current = "Global";           // where collectives and operations are attributed
   std::vector<std::string> stack{"Global"}; // modules whose forward runs (PyTorch's parent_list)
   bool recomputing = false; // a module's forward runs inside backward (activation checkpointing)
   std::vector<std::string> order{"Global"}; // modules in the order they first ran

@@ -8,6 +8,7 @@
 
 #include "internal/check.h"
 #include "internal/torch_compat.h"
+#include "mesh/comm_debug.h"
 #include "mesh/comm_debug_log.h"
 
 namespace dtensor {

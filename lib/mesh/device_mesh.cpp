@@ -19,7 +19,7 @@ struct RootMesh {
   c10::DeviceType device = c10::DeviceType::CPU;
   std::vector<int64_t> shape;
   std::vector<std::string> names;
-  std::vector<int> ranks; // row-major over shape
+  std::vector<int> ranks;        // row-major over shape
   std::vector<int64_t> my_coord; // this rank's coordinate in the root mesh
   std::mutex mutex;
   std::map<std::string, std::vector<int64_t>> flattened; // name -> root dims it merges
@@ -30,8 +30,10 @@ struct RootMesh {
   std::vector<Group> given;
 };
 
-struct MeshState {
-  std::shared_ptr<RootMesh> root;
+} // namespace detail
+
+struct DeviceMesh::State {
+  std::shared_ptr<detail::RootMesh> root;
   // For each dimension of this mesh, the root dimensions it spans (row-major); a plain
   // dimension spans one root dimension, a flattened one several.
   std::vector<std::vector<int64_t>> root_dims;
@@ -42,11 +44,9 @@ struct MeshState {
   std::vector<Group> groups;  // this rank's group per dimension
 };
 
-} // namespace detail
-
 namespace {
 
-using detail::MeshState;
+using MeshState = DeviceMesh::State;
 using detail::RootMesh;
 
 std::string nested_ranks(const std::vector<int>& ranks, const std::vector<int64_t>& shape,
@@ -66,7 +66,7 @@ std::string nested_ranks(const std::vector<int>& ranks, const std::vector<int64_
 }
 
 std::string describe_mesh(const std::vector<int64_t>& shape, const std::vector<int>& ranks,
-                     const std::vector<std::string>& names, c10::DeviceType device) {
+                          const std::vector<std::string>& names, c10::DeviceType device) {
   std::string s = fmt::format("DeviceMesh({}, {}", c10::DeviceTypeName(device, true),
                               nested_ranks(ranks, shape, 0, 0));
   if (!names.empty()) {
@@ -150,9 +150,9 @@ std::shared_ptr<MeshState> make_mesh(std::shared_ptr<RootMesh> root,
 
 } // namespace
 
-DeviceMesh::DeviceMesh(std::shared_ptr<detail::MeshState> state) : state_(std::move(state)) {}
+DeviceMesh::DeviceMesh(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
-#define DTENSOR_MESH_DEFINED(what)                                                       \
+#define DTENSOR_MESH_DEFINED(what)                                                                 \
   DTENSOR_CHECK(state_ != nullptr, "DeviceMesh::{}: undefined mesh (default-constructed)", what)
 
 c10::DeviceType DeviceMesh::device_type() const {
@@ -165,9 +165,13 @@ const std::vector<int64_t>& DeviceMesh::shape() const {
   return state_->shape;
 }
 
-int64_t DeviceMesh::ndim() const { return static_cast<int64_t>(shape().size()); }
+int64_t DeviceMesh::ndim() const {
+  return static_cast<int64_t>(shape().size());
+}
 
-int64_t DeviceMesh::size() const { return static_cast<int64_t>(ranks().size()); }
+int64_t DeviceMesh::size() const {
+  return static_cast<int64_t>(ranks().size());
+}
 
 int64_t DeviceMesh::size(int64_t dim) const {
   DTENSOR_CHECK(dim >= -ndim() && dim < ndim(), "DeviceMesh::size: dim {} is out of range for {}",
@@ -182,8 +186,9 @@ const std::vector<std::string>& DeviceMesh::dim_names() const {
 
 int64_t DeviceMesh::dim_index(const std::string& name) const {
   DTENSOR_MESH_DEFINED("dim_index");
-  DTENSOR_CHECK(!state_->names.empty(), "DeviceMesh: no dimension named '{}': {} has no dimension names",
-                name, to_string());
+  DTENSOR_CHECK(!state_->names.empty(),
+                "DeviceMesh: no dimension named '{}': {} has no dimension names", name,
+                to_string());
   auto it = std::find(state_->names.begin(), state_->names.end(), name);
   DTENSOR_CHECK(it != state_->names.end(), "DeviceMesh: no dimension named '{}' in {}", name,
                 to_string());
@@ -216,7 +221,9 @@ Group DeviceMesh::get_group(int64_t dim) const {
   return state_->groups[static_cast<size_t>(dim < 0 ? dim + ndim() : dim)];
 }
 
-Group DeviceMesh::get_group(const std::string& dim) const { return get_group(dim_index(dim)); }
+Group DeviceMesh::get_group(const std::string& dim) const {
+  return get_group(dim_index(dim));
+}
 
 Group DeviceMesh::get_group() const {
   DTENSOR_CHECK(ndim() == 1,
@@ -252,8 +259,9 @@ DeviceMesh DeviceMesh::operator[](const std::vector<std::string>& names) const {
   DTENSOR_MESH_DEFINED("operator[]");
   DTENSOR_CHECK(!names.empty(), "DeviceMesh: slicing {} needs at least one dimension name",
                 to_string());
-  DTENSOR_CHECK(!state_->names.empty(), "DeviceMesh: cannot slice {} by names ({}): it has no "
-                                        "dimension names",
+  DTENSOR_CHECK(!state_->names.empty(),
+                "DeviceMesh: cannot slice {} by names ({}): it has no "
+                "dimension names",
                 to_string(), fmt::join(names, ", "));
   std::set<int64_t> mine; // root dims this mesh spans
   for (const auto& d : state_->root_dims) {
@@ -463,8 +471,9 @@ std::vector<GroupOptions> dim_options(const std::string& what, c10::DeviceType d
       o.backend(default_backend(what, device_type));
     } else {
       const BackendType b = o.backend();
-      DTENSOR_CHECK(b != BackendType::Fake, "{}: dimension {}: backend fake outside a simulated "
-                                            "world",
+      DTENSOR_CHECK(b != BackendType::Fake,
+                    "{}: dimension {}: backend fake outside a simulated "
+                    "world",
                     what, dim);
       DTENSOR_CHECK((b == BackendType::Nccl) == (device_type == c10::kCUDA),
                     "{}: dimension {}: backend {} does not serve {} tensors", what, dim,
@@ -485,9 +494,9 @@ DeviceMesh init_device_mesh(c10::DeviceType device_type, const std::vector<int64
 DeviceMesh init_device_mesh(c10::DeviceType device_type, const std::vector<int64_t>& shape,
                             const std::vector<std::string>& dim_names,
                             const DeviceMeshOptions& options) {
-  std::string what = fmt::format("init_device_mesh({}, shape={}, names=({}))",
-                                 c10::DeviceTypeName(device_type, true), shape,
-                                 fmt::join(dim_names, ", "));
+  std::string what =
+      fmt::format("init_device_mesh({}, shape={}, names=({}))",
+                  c10::DeviceTypeName(device_type, true), shape, fmt::join(dim_names, ", "));
   check_layout(what, device_type, shape, dim_names);
   int64_t n = 1;
   for (int64_t s : shape) {
@@ -520,9 +529,9 @@ DeviceMesh DeviceMesh::from_group(const Group& group, c10::DeviceType device_typ
 DeviceMesh DeviceMesh::from_group(const std::vector<Group>& groups, c10::DeviceType device_type,
                                   const std::vector<int64_t>& shape, const std::vector<int>& ranks,
                                   const std::vector<std::string>& dim_names) {
-  std::string what = fmt::format("DeviceMesh::from_group({}, shape={}, ranks={}, names=({}))",
-                                 c10::DeviceTypeName(device_type, true), shape, ranks,
-                                 fmt::join(dim_names, ", "));
+  std::string what =
+      fmt::format("DeviceMesh::from_group({}, shape={}, ranks={}, names=({}))",
+                  c10::DeviceTypeName(device_type, true), shape, ranks, fmt::join(dim_names, ", "));
   check_layout(what, device_type, shape, dim_names);
   DTENSOR_CHECK(groups.size() == shape.size(), "{}: {} groups for {} dimensions", what,
                 groups.size(), shape.size());
@@ -535,7 +544,8 @@ DeviceMesh DeviceMesh::from_group(const std::vector<Group>& groups, c10::DeviceT
   DTENSOR_CHECK(std::set<int>(ranks.begin(), ranks.end()).size() == ranks.size(),
                 "{}: a rank appears twice", what);
   auto coord = coordinate_of(dtensor::get_rank(), shape, ranks);
-  DTENSOR_CHECK(coord.has_value(), "{}: this rank ({}) is not in the mesh", what, dtensor::get_rank());
+  DTENSOR_CHECK(coord.has_value(), "{}: this rank ({}) is not in the mesh", what,
+                dtensor::get_rank());
   const bool simulated = is_simulated();
   auto root = std::make_shared<RootMesh>(); // for slice_ranks only
   root->shape = shape;
@@ -543,7 +553,8 @@ DeviceMesh DeviceMesh::from_group(const std::vector<Group>& groups, c10::DeviceT
   root->my_coord = *coord;
   std::vector<GroupOptions> opts;
   for (size_t d = 0; d < groups.size(); ++d) {
-    const std::string dim = dim_names.empty() ? fmt::format("{}", d) : fmt::format("'{}'", dim_names[d]);
+    const std::string dim =
+        dim_names.empty() ? fmt::format("{}", d) : fmt::format("'{}'", dim_names[d]);
     DTENSOR_CHECK(groups[d].defined(), "{}: the group of dimension {} is undefined", what, dim);
     std::vector<int> expected = slice_ranks(*root, {{static_cast<int64_t>(d)}});
     DTENSOR_CHECK(groups[d].ranks() == expected,
@@ -556,8 +567,8 @@ DeviceMesh DeviceMesh::from_group(const std::vector<Group>& groups, c10::DeviceT
                   c10::DeviceTypeName(device_type, true));
     opts.push_back(GroupOptions().backend(groups[d].backend_type()));
   }
-  GroupOptions flat = GroupOptions().backend(simulated ? BackendType::Fake
-                                                       : default_backend(what, device_type));
+  GroupOptions flat =
+      GroupOptions().backend(simulated ? BackendType::Fake : default_backend(what, device_type));
   return DeviceMesh(make_root(simulated ? detail::kSimulatedDevice : device_type, shape, ranks,
                               dim_names, std::move(opts), flat, groups));
 }

@@ -100,8 +100,7 @@ std::optional<Simulated> simulated_world(const ProcessGroupOptions& options) {
   Simulated s;
   if (auto node = env("DTENSOR_SIMULATE_NODE")) {
     s.node = env_int("DTENSOR_SIMULATE_NODE", *node);
-    DTENSOR_CHECK(s.node >= 1, "init_process_group: DTENSOR_SIMULATE_NODE={} must be >= 1",
-                  s.node);
+    DTENSOR_CHECK(s.node >= 1, "init_process_group: DTENSOR_SIMULATE_NODE={} must be >= 1", s.node);
   }
   if (auto spec = env("DTENSOR_SIMULATE")) {
     const size_t colon = spec->find(':');
@@ -164,12 +163,14 @@ std::shared_ptr<const detail::GroupState> make_group(const c10::intrusive_ptr<c1
   auto state = std::make_shared<detail::GroupState>();
   int size = static_cast<int>(ranks.size());
   try {
-    state->backend = type == BackendType::Nccl ? detail::make_nccl_backend(store, group_rank, size, timeout)
-                     : type == BackendType::Fake
-                         ? detail::make_fake_backend(group_rank, size)
-                         : detail::make_gloo_backend(store, group_rank, size, timeout);
+    state->backend =
+        type == BackendType::Nccl   ? detail::make_nccl_backend(store, group_rank, size, timeout)
+        : type == BackendType::Fake ? detail::make_fake_backend(group_rank, size)
+                                    : detail::make_gloo_backend(store, group_rank, size, timeout);
     if (detail::debug_detail() && type != BackendType::Fake) {
       state->backend = detail::wrap_for_debug(state->backend, store, group_rank, size, timeout);
+    } else if (type == BackendType::Gloo) {
+      state->backend = detail::with_gloo_fast_paths(state->backend);
     }
   } catch (const c10::Error& e) {
     DTENSOR_FAIL("creating the {} group over ranks {} (group rank {}) failed: {}", to_string(type),
@@ -240,7 +241,7 @@ std::string to_string(BackendType backend) {
   return "?";
 }
 
-Group::Group(std::shared_ptr<const detail::GroupState> state, std::string label)
+Group::Group(std::shared_ptr<const State> state, std::string label)
     : state_(std::move(state)), label_(std::move(label)) {}
 
 #define DTENSOR_GROUP_DEFINED(what)                                                                \
@@ -303,8 +304,7 @@ void init_process_group(const ProcessGroupOptions& options) {
     port = env_int("MASTER_PORT");
   }
   int local_rank = simulated ? rank % simulated->node : env_int("LOCAL_RANK").value_or(0);
-  int local_world =
-      simulated ? simulated->node : env_int("LOCAL_WORLD_SIZE").value_or(world_size);
+  int local_world = simulated ? simulated->node : env_int("LOCAL_WORLD_SIZE").value_or(world_size);
 
   BackendType type = simulated ? BackendType::Fake : options.backend();
   if (type == BackendType::Auto) {
@@ -428,11 +428,9 @@ Group detail::new_background_group(const std::string& label) {
   std::vector<int> all(w.world->ranks.size());
   std::iota(all.begin(), all.end(), 0);
   auto prefix = fmt::format("dtensor/background/{}/", label);
-  auto state = make_group(c10::make_intrusive<c10d::PrefixStore>(prefix, w.store), all,
-                          w.world->rank,
-                          w.world->type == BackendType::Fake ? BackendType::Fake
-                                                             : BackendType::Gloo,
-                          w.world->timeout);
+  auto state = make_group(
+      c10::make_intrusive<c10d::PrefixStore>(prefix, w.store), all, w.world->rank,
+      w.world->type == BackendType::Fake ? BackendType::Fake : BackendType::Gloo, w.world->timeout);
   ++w.num_created;
   return Group(state, label);
 }
@@ -455,8 +453,8 @@ Group new_group(const std::vector<int>& ranks, std::string label, const GroupOpt
                 "all fake, a real world's none",
                 ranks, label, to_string(type), to_string(w.world->type));
   auto timeout = options.timeout().value_or(w.world->timeout);
-  DTENSOR_CHECK(timeout.count() > 0, "new_group({}, '{}'): timeout {} ms must be > 0", ranks,
-                label, timeout.count());
+  DTENSOR_CHECK(timeout.count() > 0, "new_group({}, '{}'): timeout {} ms must be > 0", ranks, label,
+                timeout.count());
   int me = w.world->rank;
   auto it = std::find(ranks.begin(), ranks.end(), me);
   if (it == ranks.end()) {
@@ -494,7 +492,7 @@ Group wrap_group(const c10::intrusive_ptr<c10d::Backend>& backend, const std::ve
   DTENSOR_CHECK(backend, "{}: the backend is null", what);
   check_group_ranks(what, ranks, static_cast<int>(w.world->ranks.size()));
   const std::string name = backend->getBackendName();
-  BackendType type = name == "gloo" ? BackendType::Gloo
+  BackendType type = name == "gloo"   ? BackendType::Gloo
                      : name == "nccl" ? BackendType::Nccl
                      : name == "fake" ? BackendType::Fake
                                       : BackendType::Auto;

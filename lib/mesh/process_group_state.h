@@ -10,14 +10,10 @@
 
 #include <dtensor/process_group.h>
 
-namespace dtensor::detail {
-
-// The device of a simulated world's tensors: c10's MAIA type, unused by LibTorch, whose
-// kernels lib/sim/sim_device.cpp provides ([Note: the simulated device]).
-constexpr c10::DeviceType kSimulatedDevice = c10::DeviceType::MAIA;
+namespace dtensor {
 
 // What a Group points at: one c10d communicator over a list of global ranks.
-struct GroupState {
+struct Group::State {
   c10::intrusive_ptr<c10d::Backend> backend;
   std::vector<int> ranks; // global ranks; index = group rank
   int rank = -1;          // this process's group rank
@@ -25,6 +21,16 @@ struct GroupState {
   c10::DeviceType device = c10::DeviceType::CPU;
   std::chrono::milliseconds timeout{0};
 };
+
+} // namespace dtensor
+
+namespace dtensor::detail {
+
+using GroupState = Group::State;
+
+// The device of a simulated world's tensors: c10's MAIA type, unused by LibTorch, whose
+// kernels lib/sim/sim_device.cpp provides ([Note: the simulated device]).
+constexpr c10::DeviceType kSimulatedDevice = c10::DeviceType::MAIA;
 
 // Backend constructors, one translation unit each so that only they see the Gloo / NCCL
 // headers and defines (lib/mesh/backend_gloo.cpp, lib/mesh/backend_nccl.cpp).
@@ -34,6 +40,10 @@ c10::intrusive_ptr<c10d::Backend> make_gloo_backend(const c10::intrusive_ptr<c10
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store,
                                                     int rank, int size,
                                                     std::chrono::milliseconds timeout);
+// ProcessGroupGloo decorated with faster paths for all-gather and reduce-scatter (a group of
+// one is returned as it is); lib/mesh/gloo_fast_paths.cpp.
+c10::intrusive_ptr<c10d::Backend> with_gloo_fast_paths(c10::intrusive_ptr<c10d::Backend> gloo);
+bool has_gloo_fast_paths(const c10d::Backend& backend);
 // [Note: the fake backend] in lib/mesh/backend_fake.cpp.
 c10::intrusive_ptr<c10d::Backend> make_fake_backend(int rank, int size);
 // `backend` wrapped in c10d::ProcessGroupWrapper for TORCH_DISTRIBUTED_DEBUG=DETAIL (see

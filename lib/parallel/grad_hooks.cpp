@@ -9,6 +9,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "internal/check.h"
+#include "parallel/grad_hooks_internal.h"
 
 namespace dtensor {
 

@@ -156,8 +156,9 @@ std::unordered_map<const torch::nn::Module*, std::weak_ptr<ReplicateState>>& reg
 
 } // namespace detail
 
-ReplicateHandle::ReplicateHandle(std::shared_ptr<detail::ReplicateState> state)
-    : state_(std::move(state)) {}
+struct ReplicateHandle::State : detail::ReplicateState {};
+
+ReplicateHandle::ReplicateHandle(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
 void ReplicateHandle::set_requires_gradient_sync(bool sync) {
   DTENSOR_CHECK(state_ != nullptr, "ReplicateHandle: empty handle");
@@ -204,7 +205,7 @@ ReplicateHandle replicate(torch::nn::Module& module, const DeviceMesh& mesh,
     DTENSOR_CHECK(it == detail::registry().end() || it->second.expired(),
                   "replicate({}): this module is already replicated", module.name());
   }
-  auto state = std::make_shared<detail::ReplicateState>();
+  auto state = std::make_shared<ReplicateHandle::State>();
   state->mesh = mesh;
   state->group = mesh.get_group();
   state->reduce_dtype = options.reduce_dtype();

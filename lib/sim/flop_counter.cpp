@@ -1,9 +1,9 @@
 // The FLOP counter: RecordFunction callbacks on the matrix products and attention kernels.
-//
-// NDEBUG before any header: RecordFunction::inputs() asserts, in builds without NDEBUG, a
-// flag that LibTorch's release build never sets, so without it every call would fail here.
+// RecordFunction::inputs() needs the library built with NDEBUG, as LibTorch is ([Note:
+// NDEBUG] in meson.build).
 #ifndef NDEBUG
-#define NDEBUG
+#error                                                                                             \
+    "dtensor is built with NDEBUG, as LibTorch is ([Note: NDEBUG] in meson.build): configure with -Db_ndebug=true"
 #endif
 #include "sim/flop_counter.h"
 

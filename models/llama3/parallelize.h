@@ -21,40 +21,37 @@ namespace dtensor::models {
 // to Shard(1), so the residual stream is sequence-sharded between blocks; the norms
 // SequenceParallel; attention / feed_forward gather their Shard(1) input once (PrepareModuleInput,
 // whose hook runs when the block calls them; attention's second input, the rotary table, is
-// taken as Replicate next to q / k sharded by heads); wq / wk / wv / w1 / w3 column-wise; wo / w2 row-wise, reduce-scattered to Shard(1); output
-// column-wise from Shard(1), to Shard(-1) DTensor logits with loss_parallel (for
-// dtensor::LossParallel), else Replicate.
+// taken as Replicate next to q / k sharded by heads); wq / wk / wv / w1 / w3 column-wise; wo / w2
+// row-wise, reduce-scattered to Shard(1); output column-wise from Shard(1), to Shard(-1) DTensor
+// logits with loss_parallel (for dtensor::LossParallel), else Replicate.
 inline dtensor::ParallelizePlan llama3_tp_plan(bool loss_parallel) {
   using dtensor::ColwiseParallel;
   using dtensor::Replicate;
   using dtensor::RowwiseParallel;
   using dtensor::SequenceParallel;
   using dtensor::Shard;
-  auto style = [](auto s) -> std::shared_ptr<dtensor::ParallelStyle> {
-    return std::make_shared<decltype(s)>(std::move(s));
-  };
   const auto gathered =
       dtensor::PrepareModuleInput().input_layouts(Shard(1)).desired_input_layouts(Replicate());
-  const auto attention_inputs = dtensor::PrepareModuleInput(gathered).more_input_layouts({Replicate()});
+  const auto attention_inputs =
+      dtensor::PrepareModuleInput(gathered).more_input_layouts({Replicate()});
   const auto scattered = RowwiseParallel().output_layouts(Shard(1));
   return {
-      {"tok_embeddings",
-       style(RowwiseParallel().input_layouts(Replicate()).output_layouts(Shard(1)))},
-      {"norm", style(SequenceParallel())},
+      {"tok_embeddings", RowwiseParallel().input_layouts(Replicate()).output_layouts(Shard(1))},
+      {"norm", SequenceParallel()},
       // Replicate logits (loss_parallel off) are gathered as they leave `output`
       // (test_llama3 checks them against the plain model's).
-      {"output", style(ColwiseParallel()
-                           .input_layouts(Shard(1))
-                           .output_layouts(loss_parallel ? Shard(-1) : Replicate())
-                           .use_local_output(!loss_parallel))},
-      {"layers.*.attention_norm", style(SequenceParallel())},
-      {"layers.*.attention", style(attention_inputs)},
-      {"layers.*.attention.w[qkv]", style(ColwiseParallel())},
-      {"layers.*.attention.wo", style(scattered)},
-      {"layers.*.ffn_norm", style(SequenceParallel())},
-      {"layers.*.feed_forward", style(gathered)},
-      {"layers.*.feed_forward.w[13]", style(ColwiseParallel())},
-      {"layers.*.feed_forward.w2", style(scattered)},
+      {"output", ColwiseParallel()
+                     .input_layouts(Shard(1))
+                     .output_layouts(loss_parallel ? Shard(-1) : Replicate())
+                     .use_local_output(!loss_parallel)},
+      {"layers.*.attention_norm", SequenceParallel()},
+      {"layers.*.attention", attention_inputs},
+      {"layers.*.attention.w[qkv]", ColwiseParallel()},
+      {"layers.*.attention.wo", scattered},
+      {"layers.*.ffn_norm", SequenceParallel()},
+      {"layers.*.feed_forward", gathered},
+      {"layers.*.feed_forward.w[13]", ColwiseParallel()},
+      {"layers.*.feed_forward.w2", scattered},
   };
 }
 
@@ -65,8 +62,8 @@ inline dtensor::ParallelizePlan llama3_tp_plan(bool loss_parallel) {
 inline void apply_tp(Llama3& model, const dtensor::DeviceMesh& tp_mesh, bool loss_parallel) {
   const Llama3Args& a = model->model_args;
   DTENSOR_MODEL_CHECK(a.n_heads() % tp_mesh.size() == 0 && a.kv_heads() % tp_mesh.size() == 0,
-              "Llama3 apply_tp: n_heads (", a.n_heads(), ") and n_kv_heads (", a.kv_heads(),
-              ") must be multiples of the tensor-parallel degree ", tp_mesh.size());
+                      "Llama3 apply_tp: n_heads (", a.n_heads(), ") and n_kv_heads (", a.kv_heads(),
+                      ") must be multiples of the tensor-parallel degree ", tp_mesh.size());
   dtensor::parallelize_module(*model, tp_mesh, llama3_tp_plan(loss_parallel));
 }
 
@@ -81,10 +78,10 @@ inline void apply_ac(Llama3& model, const dtensor::ActivationCheckpointOptions& 
 // over tp, apply_ac when `ac` is set, then fully_shard on each block and on the root over
 // (dp_replicate, dp_shard) (HSDP when dp_replicate > 1; mixed precision from `fsdp`).
 // Collective.
-inline void parallelize_llama3(
-    Llama3& model, const dtensor::DeviceMesh& mesh, bool loss_parallel,
-    const dtensor::FullyShardOptions& fsdp = {},
-    const std::optional<dtensor::ActivationCheckpointOptions>& ac = std::nullopt) {
+inline void
+parallelize_llama3(Llama3& model, const dtensor::DeviceMesh& mesh, bool loss_parallel,
+                   const dtensor::FullyShardOptions& fsdp = {},
+                   const std::optional<dtensor::ActivationCheckpointOptions>& ac = std::nullopt) {
   apply_tp(model, mesh["tp"], loss_parallel);
   if (ac) {
     apply_ac(model, *ac);

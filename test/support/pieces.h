@@ -75,12 +75,6 @@ inline at::Tensor local_piece(const at::Tensor& full, const dtensor::DeviceMesh&
   return local.contiguous().clone();
 }
 
-// A parallel style as the shared pointer ParallelizePlan takes.
-template <typename T>
-std::shared_ptr<dtensor::ParallelStyle> style(T s) {
-  return std::make_shared<T>(std::move(s));
-}
-
 // The C++ port of MLPStack.parallelize(tp_mesh, dp_mesh, use_activation_checkpointing=False,
 // reshard_after_forward) from common_fsdp.py (seed 004): in_proj colwise, out_proj rowwise
 // (the last one to Shard(1)), the LayerNorm sequence-parallel; fully_shard on each MLP over
@@ -94,10 +88,10 @@ inline std::vector<dtensor::FSDPModule> parallelize_mlp_stack(torch::nn::Sequent
   dtensor::parallelize_module(
       *s, tp,
       dtensor::ParallelizePlan{
-          {"*.in_proj", style(ColwiseParallel().use_local_output(false))},
-          {"[01].out_proj", style(RowwiseParallel().use_local_output(false))},
-          {"2.out_proj", style(RowwiseParallel().output_layouts(dtensor::Shard(1)))},
-          {"3", style(dtensor::SequenceParallel(1))},
+          {"*.in_proj", ColwiseParallel().use_local_output(false)},
+          {"[01].out_proj", RowwiseParallel().use_local_output(false)},
+          {"2.out_proj", RowwiseParallel().output_layouts(dtensor::Shard(1))},
+          {"3", dtensor::SequenceParallel(1)},
       });
   std::vector<dtensor::FSDPModule> units;
   auto opts = dtensor::FullyShardOptions().mesh(dp).reshard_after_forward(reshard_after_forward);

@@ -40,12 +40,12 @@ inline void parallelize_transformer_tp(dtensor::models::Transformer& model, cons
   dtensor::parallelize_module(
       *model, tp,
       dtensor::ParallelizePlan{
-          {"tok_embeddings", style(embedding)},
-          {"pos_embeddings", style(embedding)},
-          {"layers.*.attention.w[qkv]", style(ColwiseParallel().use_local_output(false))},
-          {"layers.*.attention.wo", style(RowwiseParallel().use_local_output(false))},
-          {"layers.*.feed_forward.w1", style(ColwiseParallel().use_local_output(false))},
-          {"layers.*.feed_forward.w2", style(RowwiseParallel().use_local_output(false))},
+          {"tok_embeddings", embedding},
+          {"pos_embeddings", embedding},
+          {"layers.*.attention.w[qkv]", ColwiseParallel().use_local_output(false)},
+          {"layers.*.attention.wo", RowwiseParallel().use_local_output(false)},
+          {"layers.*.feed_forward.w1", ColwiseParallel().use_local_output(false)},
+          {"layers.*.feed_forward.w2", RowwiseParallel().use_local_output(false)},
       });
 }
 

@@ -14,9 +14,13 @@
 
 namespace dtensor {
 
-FSDPModule::FSDPModule(std::shared_ptr<detail::FSDPParamGroup> group) : group_(std::move(group)) {}
+FSDPModule::FSDPModule(std::shared_ptr<Unit> unit) : unit_(std::move(unit)) {}
 
 namespace {
+
+detail::FSDPParamGroup& group_of(const std::shared_ptr<FSDPModule::Unit>& unit) {
+  return static_cast<detail::FSDPParamGroup&>(*unit);
+}
 
 // The unit and, with recurse, every unit inside its module.
 std::vector<detail::FSDPParamGroup*> units_under(detail::FSDPParamGroup& group, bool recurse) {
@@ -33,119 +37,119 @@ std::vector<detail::FSDPParamGroup*> units_under(detail::FSDPParamGroup& group, 
 
 } // namespace
 
-UnshardHandle::UnshardHandle(std::shared_ptr<detail::FSDPParamGroup> group)
-    : group_(std::move(group)) {}
+UnshardHandle::UnshardHandle(FSDPModule unit) : unit_(std::move(unit)) {}
 
 void UnshardHandle::wait() {
-  if (group_) {
-    group_->finish_unshard();
+  if (unit_.defined()) {
+    group_of(unit_.unit_).finish_unshard();
   }
 }
 
 UnshardHandle FSDPModule::unshard(bool async_op) {
-  group_->unshard(async_op, /*background=*/async_op);
-  return UnshardHandle(group_);
+  group_of(unit_).unshard(async_op, /*background=*/async_op);
+  return UnshardHandle(*this);
 }
 void FSDPModule::reshard() {
-  group_->reshard();
+  group_of(unit_).reshard();
 }
 
 void FSDPModule::set_requires_gradient_sync(bool sync, bool recurse) {
-  for (auto& g : units_under(*group_, recurse)) {
+  for (auto& g : units_under(group_of(unit_), recurse)) {
     g->requires_gradient_sync = sync;
     g->requires_all_reduce = sync;
   }
 }
 
 void FSDPModule::set_requires_all_reduce(bool requires_all_reduce, bool recurse) {
-  for (auto& g : units_under(*group_, recurse)) {
+  for (auto& g : units_under(group_of(unit_), recurse)) {
     g->requires_all_reduce = requires_all_reduce;
   }
 }
 
 void FSDPModule::set_is_last_backward(bool is_last_backward) {
-  group_->fsdp_state().context().is_last_backward = is_last_backward;
+  group_of(unit_).fsdp_state().context().is_last_backward = is_last_backward;
 }
 
 void FSDPModule::set_post_optim_event(c10::Event event) {
-  const detail::FSDPParamGroup& root = group_->fsdp_state().root().group;
+  const detail::FSDPParamGroup& root = group_of(unit_).fsdp_state().root().group;
   DTENSOR_CHECK(event.device_type() == root.mesh.device_type(),
                 "set_post_optim_event: the event is a {} event but unit '{}' runs on a {} mesh",
                 c10::DeviceTypeName(event.device_type(), /*lower_case=*/true), root.name,
                 c10::DeviceTypeName(root.mesh.device_type(), /*lower_case=*/true));
-  group_->fsdp_state().context().post_optim_event = std::make_shared<c10::Event>(std::move(event));
+  group_of(unit_).fsdp_state().context().post_optim_event =
+      std::make_shared<c10::Event>(std::move(event));
 }
 
 bool FSDPModule::has_post_optim_event() const {
-  return group_->fsdp_state().context().post_optim_event != nullptr;
+  return group_of(unit_).fsdp_state().context().post_optim_event != nullptr;
 }
 
 void FSDPModule::set_unshard_in_backward(bool unshard_in_backward) {
-  group_->unshard_in_backward = unshard_in_backward;
+  group_of(unit_).unshard_in_backward = unshard_in_backward;
 }
 
 void FSDPModule::set_reshard_after_forward(bool reshard, bool recurse) {
-  for (auto& g : units_under(*group_, recurse)) {
+  for (auto& g : units_under(group_of(unit_), recurse)) {
     g->reshard_after_forward = reshard;
     g->post_forward_size = 0; // a bool replaces an int given to fully_shard
   }
 }
 
 void FSDPModule::set_reshard_after_backward(bool reshard, bool recurse) {
-  for (auto& g : units_under(*group_, recurse)) {
+  for (auto& g : units_under(group_of(unit_), recurse)) {
     g->reshard_after_backward = reshard;
   }
 }
 
 void FSDPModule::set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules) {
-  auto& prefetch = group_->fsdp_state().forward_prefetch;
+  auto& prefetch = group_of(unit_).fsdp_state().forward_prefetch;
   prefetch.clear();
   for (const auto& m : modules) {
     DTENSOR_CHECK(m.defined(),
                   "set_modules_to_forward_prefetch: an undefined FSDPModule in the list");
-    prefetch.push_back(m.group_->fsdp_state().weak_from_this());
+    prefetch.push_back(group_of(m.unit_).fsdp_state().weak_from_this());
   }
 }
 
 void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules) {
-  auto& prefetch = group_->fsdp_state().backward_prefetch;
+  auto& prefetch = group_of(unit_).fsdp_state().backward_prefetch;
   prefetch.clear();
   for (const auto& m : modules) {
     DTENSOR_CHECK(m.defined(),
                   "set_modules_to_backward_prefetch: an undefined FSDPModule in the list");
-    prefetch.push_back(m.group_->fsdp_state().weak_from_this());
+    prefetch.push_back(group_of(m.unit_).fsdp_state().weak_from_this());
   }
 }
 
 void FSDPModule::set_communication_overlap(bool enable, bool recurse) {
-  for (auto& g : units_under(*group_, recurse)) {
+  for (auto& g : units_under(group_of(unit_), recurse)) {
     g->overlap = enable;
   }
 }
 
 void FSDPModule::set_gradient_divide_factor(double factor) {
   DTENSOR_CHECK(factor > 0, "set_gradient_divide_factor: factor must be positive, got {}", factor);
-  group_->gradient_divide_factor = factor;
+  group_of(unit_).gradient_divide_factor = factor;
 }
 
 void FSDPModule::set_all_reduce_hook(std::function<void(at::Tensor&)> hook) {
-  group_->all_reduce_hook = std::move(hook);
+  group_of(unit_).all_reduce_hook = std::move(hook);
 }
 
 void FSDPModule::set_force_sum_reduction_for_comms(bool enable) {
-  group_->force_sum_reduction = enable;
+  group_of(unit_).force_sum_reduction = enable;
 }
 
 void FSDPModule::set_custom_all_gather(CustomAllGather comm) {
-  group_->custom_all_gather = std::move(comm);
+  group_of(unit_).custom_all_gather = std::move(comm);
 }
 
 void FSDPModule::set_custom_reduce_scatter(CustomReduceScatter comm) {
-  group_->custom_reduce_scatter = std::move(comm);
+  group_of(unit_).custom_reduce_scatter = std::move(comm);
 }
 
 void FSDPModule::register_comm_hook(CommHookState state, CommHook hook) {
-  const auto& root = *group_;
+  const auto& root = group_of(unit_);
   const auto parent = root.fsdp_state().parent.lock();
   DTENSOR_CHECK(parent == nullptr,
                 "register_comm_hook can only be called on a root instance: unit '{}' is nested "
@@ -155,7 +159,7 @@ void FSDPModule::register_comm_hook(CommHookState state, CommHook hook) {
                 "register_comm_hook on unit '{}': hook '{}' has no reduce_scatter, which "
                 "fully_shard units call",
                 root.name, hook.name);
-  const auto units = units_under(*group_, /*recurse=*/true);
+  const auto units = units_under(group_of(unit_), /*recurse=*/true);
   for (const auto& g : units) {
     DTENSOR_CHECK(!g->replicate_group || static_cast<bool>(hook.all_reduce),
                   "register_comm_hook on unit '{}': hook '{}' has no all_reduce, which HSDP unit "
@@ -170,20 +174,20 @@ void FSDPModule::register_comm_hook(CommHookState state, CommHook hook) {
 }
 
 bool FSDPModule::has_comm_hook() const {
-  return group_->comm_hook.has_value();
+  return group_of(unit_).comm_hook.has_value();
 }
 
 at::Tensor FSDPModule::clip_grad_norm_(double max_norm, double norm_type, bool error_if_nonfinite) {
-  DTENSOR_CHECK(group_->fsdp_state().is_root(),
+  DTENSOR_CHECK(group_of(unit_).fsdp_state().is_root(),
                 "clip_grad_norm_ should only be called on the root FSDP instance; unit '{}' is "
                 "nested in another",
-                group_->name);
+                group_of(unit_).name);
   std::vector<at::Tensor> params;
   std::unordered_set<const c10::TensorImpl*> seen; // a grouped unit's modules may share some
-  for (const auto& weak : group_->fsdp_state().modules) {
+  for (const auto& weak : group_of(unit_).fsdp_state().modules) {
     auto module = weak.lock();
     DTENSOR_CHECK(module != nullptr, "clip_grad_norm_: a module of unit '{}' no longer exists",
-                  group_->name);
+                  group_of(unit_).name);
     for (const auto& p : module->parameters()) {
       if (seen.insert(p.unsafeGetTensorImpl()).second) {
         params.push_back(p);
@@ -194,22 +198,22 @@ at::Tensor FSDPModule::clip_grad_norm_(double max_norm, double norm_type, bool e
 }
 
 const DeviceMesh& FSDPModule::mesh() const {
-  return group_->mesh;
+  return group_of(unit_).mesh;
 }
 bool FSDPModule::is_root() const {
-  return group_->fsdp_state().is_root();
+  return group_of(unit_).fsdp_state().is_root();
 }
 bool FSDPModule::is_unsharded() const {
-  group_->finish_unshard();
-  return group_->state == detail::ShardState::Unsharded;
+  group_of(unit_).finish_unshard();
+  return group_of(unit_).state == detail::ShardState::Unsharded;
 }
 int64_t FSDPModule::unsharded_storage_bytes() const {
-  return group_->unsharded_storage_bytes();
+  return group_of(unit_).unsharded_storage_bytes();
 }
 
 std::vector<at::Tensor> FSDPModule::managed_parameters() const {
   std::vector<at::Tensor> out;
-  for (const auto& p : group_->params) {
+  for (const auto& p : group_of(unit_).params) {
     out.push_back(p.param);
   }
   return out;

@@ -17,6 +17,13 @@
 
 #include "parallel/fsdp/fsdp_param.h"
 
+namespace dtensor {
+
+// What FSDPModule holds: a param group (below), seen through the public header.
+struct FSDPModule::Unit {};
+
+} // namespace dtensor
+
 namespace dtensor::detail {
 
 // Unsharding: the unit's all-gather is in flight (a prefetch); its unsharded buffer is
@@ -30,7 +37,7 @@ struct PendingReduce;    // a reduce-scatter in flight (fsdp_collectives.h)
 struct PostForwardPiece; // what a unit keeps after forward to a smaller group (post_forward.cpp)
 struct FSDPState;
 
-struct FSDPParamGroup {
+struct FSDPParamGroup : FSDPModule::Unit {
   // A group belongs to its unit's state (fsdp_state.h), which holds it by value:
   // shared_ptrs to a group share the state's ownership.
   explicit FSDPParamGroup(FSDPState& owner) : owner_(&owner) {}

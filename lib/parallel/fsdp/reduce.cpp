@@ -14,6 +14,7 @@
 #include "mesh/collectives_internal.h"
 #include "parallel/fsdp/fsdp_collectives.h"
 #include "parallel/fsdp/fsdp_state.h"
+#include "parallel/grad_hooks_internal.h"
 
 namespace dtensor::detail {
 

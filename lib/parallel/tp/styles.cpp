@@ -340,7 +340,12 @@ void PrepareModuleOutput::apply(torch::nn::Module& module, const DeviceMesh& tp_
 }
 
 void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
-                        const std::shared_ptr<ParallelStyle>& style) {
+                        const ParallelStyle& style) {
+  style.apply(module, tp_mesh);
+}
+
+void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
+                        const std::shared_ptr<const ParallelStyle>& style) {
   DTENSOR_CHECK(style != nullptr, "parallelize_module({}): null style", module.name());
   style->apply(module, tp_mesh);
 }

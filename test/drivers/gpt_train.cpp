@@ -1,21 +1,14 @@
-// `train --model gpt`: trains a small GPT-style Transformer (character level, on an embedded text)
-// with tensor parallelism on attention and MLP, fully_shard on each block and the root,
-// AdamW and clip_grad_norm_, on a (dp, tp) mesh. Prints every few steps: loss, tokens/s, total
-// gradient norm, and the step's collectives (CommDebugMode); at the end a greedy sample of
-// generated text.
+// gpt_train: the driver of the fp16 (GradScaler) and compression-hook tests (test/meson.build):
+// trains a small GPT-style Transformer (character level, on an embedded text) with tensor
+// parallelism on attention and MLP, fully_shard on each block and the root, AdamW and
+// clip_grad_norm_, on a (dp, tp) mesh; exits non-zero unless the loss falls. Prints every few
+// steps: loss, tokens/s, total gradient norm, and the step's collectives (CommDebugMode); at
+// the end a greedy sample of generated text. The main job is examples/train (the Llama 3
+// recipe); this is the first waves' recipe, kept for the tests that drive it.
 //
-//   torchrun --standalone --nproc-per-node 4 --no-python build/examples/train --model gpt --dp 2
-//   --tp 2
+//   torchrun --standalone --nproc-per-node 4 --no-python build/test/gpt_train --dp 2 --tp 2
 //
-// Flags: --dp N --tp N (default: tp = min(2, world), dp = world / tp), --steps N, --dim N,
-// --layers N, --heads N, --seq N, --batch N, --lr X, --max-norm X, --norm-type X (inf ok),
-// --log-every N (print every N-th step), --memory (also every rank's resident memory and the
-// cache sizes, for soak runs: docs/reliability.md), --fp16 (fp16 compute: fully_shard
-// mixed precision with fp16 parameters and reductions, dtensor::GradScaler; prints the scale
-// and the skipped steps), --compress bf16|fp16 (gradients reduced through the compression
-// communication hook, docs/comm_hooks.md), --save DIR (a checkpoint of model, optimizer,
-// scaler and step at the end, and every --save-every N steps; docs/checkpoint.md),
-// --resume DIR (continue from a checkpoint, on any mesh shape or number of ranks).
+// Flags: `gpt_train --help` (the table in flag_table below).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -42,7 +35,8 @@
 
 #include <models/fsdp_models.h> // common_dtensor's Transformer (also used by the tests)
 
-#include "common.h"
+#include "common.h" // examples/train: the text, muted output, memory figures
+#include "flags.h"  // examples/train: the flag table
 
 namespace dtensor::train {
 
@@ -61,56 +55,36 @@ struct Flags {
 
 Flags parse(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i < argc; i += 2) {
-    std::string k = argv[i];
-    if (k == "--fp16" || k == "--memory") {
-      (k == "--fp16" ? f.fp16 : f.memory) = true;
-      --i; // takes no value
-      continue;
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "train: flag %s needs a value\n", k.c_str());
-      std::exit(2);
-    }
-    const char* v = argv[i + 1];
-    auto num = [&] { return std::strtoll(v, nullptr, 10); };
-    if (k == "--dp")
-      f.dp = num();
-    else if (k == "--tp")
-      f.tp = num();
-    else if (k == "--steps")
-      f.steps = num();
-    else if (k == "--log-every")
-      f.log_every = num();
-    else if (k == "--dim")
-      f.dim = num();
-    else if (k == "--layers")
-      f.layers = num();
-    else if (k == "--heads")
-      f.heads = num();
-    else if (k == "--seq")
-      f.seq = num();
-    else if (k == "--batch")
-      f.batch = num();
-    else if (k == "--lr")
-      f.lr = std::strtod(v, nullptr);
-    else if (k == "--max-norm")
-      f.max_norm = std::strtod(v, nullptr);
-    else if (k == "--norm-type")
-      f.norm_type = std::string(v) == "inf" ? INFINITY : std::strtod(v, nullptr);
-    else if (k == "--compress" && (std::string(v) == "bf16" || std::string(v) == "fp16"))
-      f.compress = v;
-    else if (k == "--save")
-      f.save = v;
-    else if (k == "--save-every")
-      f.save_every = num();
-    else if (k == "--resume")
-      f.resume = v;
-    else {
-      std::fprintf(stderr, "train: unknown flag %s\n", k.c_str());
-      std::exit(2);
-    }
-  }
+  FlagTable("gpt_train", "test/drivers/gpt_train.cpp")
+      .value("--dp", "data-parallel degree (default: world / tp)", f.dp)
+      .value("--tp", "tensor-parallel degree (default: min(2, world))", f.tp)
+      .value("--steps", "training steps (300)", f.steps)
+      .value("--dim", "model width (64)", f.dim)
+      .value("--layers", "transformer blocks (2)", f.layers)
+      .value("--heads", "attention heads (4)", f.heads)
+      .value("--seq", "sequence length (32)", f.seq)
+      .value("--batch", "batch per data-parallel rank (8)", f.batch)
+      .value("--lr", "AdamW's learning rate (1e-2)", f.lr)
+      .value("--max-norm", "clip_grad_norm_'s max norm (1.0)", f.max_norm)
+      .value("--norm-type", "clip_grad_norm_'s norm type (2; inf)",
+             [&f](const std::string& v) {
+               f.norm_type = v == "inf" ? INFINITY : FlagTable::parse_double(v);
+             })
+      .value("--log-every", "print every N-th step (25)", f.log_every)
+      .toggle("--memory",
+              "every rank's resident memory and cache sizes with each log line "
+              "(soak runs: docs/reliability.md)",
+              f.memory)
+      .toggle("--fp16",
+              "fp16 compute: fully_shard mixed precision with fp16 parameters and "
+              "reductions, dtensor::GradScaler",
+              f.fp16)
+      .value("--compress", "gradients reduced through the compression hook (docs/comm_hooks.md)",
+             f.compress, {"bf16", "fp16"})
+      .value("--save", "a checkpoint of model, optimizer, scaler and step at the end", f.save)
+      .value("--save-every", "steps between checkpoints (0: at the end only)", f.save_every)
+      .value("--resume", "continue from a checkpoint, on any mesh or number of ranks", f.resume)
+      .parse(argc, argv);
   return f;
 }
 
@@ -198,14 +172,7 @@ int64_t resume(const std::string& dir, torch::nn::Module& model, torch::optim::O
   return s.all["step"].item<int64_t>();
 }
 
-template <typename T>
-std::shared_ptr<dtensor::ParallelStyle> style(T s) {
-  return std::make_shared<T>(std::move(s));
-}
-
-} // namespace
-
-int run_gpt(int argc, char** argv) {
+int run(int argc, char** argv) {
   at::set_num_threads(1);
   Flags f = parse(argc, argv);
   std::optional<Muted> muted;
@@ -262,10 +229,10 @@ int run_gpt(int argc, char** argv) {
   model->to(device);
   dtensor::parallelize_module(*model, tp,
                               dtensor::ParallelizePlan{
-                                  {"layers.*.attention.w[qkv]", style(dtensor::ColwiseParallel())},
-                                  {"layers.*.attention.wo", style(dtensor::RowwiseParallel())},
-                                  {"layers.*.feed_forward.w1", style(dtensor::ColwiseParallel())},
-                                  {"layers.*.feed_forward.w2", style(dtensor::RowwiseParallel())},
+                                  {"layers.*.attention.w[qkv]", dtensor::ColwiseParallel()},
+                                  {"layers.*.attention.wo", dtensor::RowwiseParallel()},
+                                  {"layers.*.feed_forward.w1", dtensor::ColwiseParallel()},
+                                  {"layers.*.feed_forward.w2", dtensor::RowwiseParallel()},
                               });
   auto fsdp = dtensor::FullyShardOptions().mesh(dp);
   if (f.fp16) {
@@ -399,4 +366,16 @@ int run_gpt(int argc, char** argv) {
   return ok ? 0 : 1;
 }
 
+} // namespace
+
 } // namespace dtensor::train
+
+int main(int argc, char** argv) {
+  try {
+    return dtensor::train::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpt_train: error on rank %d: %s\n",
+                 dtensor::is_initialized() ? dtensor::get_rank() : -1, e.what());
+    return 1;
+  }
+}

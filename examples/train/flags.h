@@ -1,0 +1,143 @@
+#pragma once
+
+// The command line of examples/train: one table of flags per recipe, each bound to the field
+// it sets, with its help line; parsing, value checks and the usage text come from the table.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace dtensor::train {
+
+class FlagTable {
+ public:
+  // `program` prefixes errors ("train", "train --simulate"); `source` is where the flags are
+  // described at length.
+  FlagTable(std::string program, std::string source)
+      : program_(std::move(program)), source_(std::move(source)) {}
+
+  // A flag taking a value; `set` parses and stores it and throws std::exception on a bad one.
+  FlagTable& value(const char* name, const char* help,
+                   std::function<void(const std::string&)> set) {
+    flags_.push_back({name, help, std::move(set), true});
+    return *this;
+  }
+  FlagTable& value(const char* name, const char* help, int64_t& target) {
+    return value(name, help, [&target](const std::string& v) { target = parse_int(v); });
+  }
+  FlagTable& value(const char* name, const char* help, double& target) {
+    return value(name, help, [&target](const std::string& v) { target = parse_double(v); });
+  }
+  FlagTable& value(const char* name, const char* help, std::string& target,
+                   std::vector<std::string> choices = {}) {
+    return value(name, help, [&target, choices = std::move(choices), name](const std::string& v) {
+      if (!choices.empty() && std::find(choices.begin(), choices.end(), v) == choices.end()) {
+        std::string all;
+        for (const auto& c : choices) {
+          all += (all.empty() ? "" : "|") + c;
+        }
+        throw std::invalid_argument(std::string(name) + " takes " + all);
+      }
+      target = v;
+    });
+  }
+  // A flag without a value: sets `target` to true.
+  FlagTable& toggle(const char* name, const char* help, bool& target) {
+    flags_.push_back({name, help, [&target](const std::string&) { target = true; }, false});
+    return *this;
+  }
+
+  // Parses argv[1..]. Flags not in the table go to `rest` (in order, with the word after
+  // them) when it is given; otherwise they are an error.
+  void parse(int argc, char** argv, std::vector<std::string>* rest = nullptr) const {
+    for (int i = 1; i < argc; ++i) {
+      const std::string k = argv[i];
+      if (k == "--help") {
+        std::fputs(usage().c_str(), stdout);
+        std::exit(0);
+      }
+      const Flag* flag = find(k);
+      if (flag == nullptr) {
+        if (rest == nullptr) {
+          fail("unknown flag " + k);
+        }
+        rest->push_back(k);
+        continue;
+      }
+      if (flag->takes_value && i + 1 >= argc) {
+        fail("flag " + k + " needs a value");
+      }
+      const std::string v = flag->takes_value ? argv[++i] : "";
+      try {
+        flag->set(v);
+      } catch (const std::exception& e) {
+        fail("bad value '" + v + "' for " + k + " (" + e.what() + ")");
+      }
+    }
+  }
+
+  [[noreturn]] void fail(const std::string& why) const {
+    std::fprintf(stderr, "%s: %s\n%s", program_.c_str(), why.c_str(), usage().c_str());
+    std::exit(2);
+  }
+
+  // A whole integer / number, or std::invalid_argument.
+  static int64_t parse_int(const std::string& v) {
+    size_t used = 0;
+    int64_t n = 0;
+    try {
+      n = std::stoll(v, &used);
+    } catch (const std::exception&) {
+    }
+    if (used == 0 || used != v.size()) {
+      throw std::invalid_argument("not an integer");
+    }
+    return n;
+  }
+  static double parse_double(const std::string& v) {
+    size_t used = 0;
+    double d = 0;
+    try {
+      d = std::stod(v, &used);
+    } catch (const std::exception&) {
+    }
+    if (used == 0 || used != v.size()) {
+      throw std::invalid_argument("not a number");
+    }
+    return d;
+  }
+  std::string usage() const {
+    std::string out = "flags (" + source_ + "):\n";
+    for (const Flag& f : flags_) {
+      out += "  " + f.name + (f.takes_value ? " V" : "") + "  " + f.help + "\n";
+    }
+    return out;
+  }
+
+ private:
+  struct Flag {
+    std::string name;
+    std::string help;
+    std::function<void(const std::string&)> set;
+    bool takes_value;
+  };
+
+  const Flag* find(const std::string& name) const {
+    for (const Flag& f : flags_) {
+      if (f.name == name) {
+        return &f;
+      }
+    }
+    return nullptr;
+  }
+
+  std::string program_;
+  std::string source_;
+  std::vector<Flag> flags_;
+};
+
+} // namespace dtensor::train

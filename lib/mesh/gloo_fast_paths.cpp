@@ -1,0 +1,248 @@
+// A c10d::Backend decorating ProcessGroupGloo with faster paths for two of its collectives,
+// built as c10d's ProcessGroupWrapper is: every other call goes to the wrapped backend. The
+// collective choke point (collectives.cpp) stays generic: it calls the c10d::Backend API and
+// never asks which backend it talks to.
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "mesh/process_group_state.h"
+
+namespace dtensor::detail {
+
+namespace {
+
+// [Note: Gloo's reduce-scatter as an all-to-all]
+// ProcessGroupGloo's reduce_scatter_tensor clones its input and all-reduces the clone: every
+// rank sends 2 (n - 1) / n of the input over the wire and then keeps 1 / n of the result. An
+// all-to-all sends each rank's chunk r straight to rank r ((n - 1) / n of the input) and the
+// sum of the n chunks received is the rank's shard: half the traffic and no clone, which on
+// loopback TCP measured 1.5-2.4x faster (2 and 4 ranks, 3 and 12 MiB; bench/reduce_scatter,
+// docs/benchmarks.md).
+// The sum runs when the collective is waited on, over the chunks in rank order, so every rank
+// adds in the same order. SUM only (an average is a SUM divided afterwards by the choke point,
+// [Note: emulated average] in collectives.cpp); other ops keep Gloo's reduce-scatter.
+// CommDebugMode still records one reduce-scatter (the choke point records what it asked for).
+// Gloo reads the input until the all-to-all completes: the Work holds it until then.
+// Two ranks exchange only the peer's chunk ([Note: two Gloo ranks by split sizes]).
+// Under TORCH_DISTRIBUTED_DEBUG=DETAIL no group is decorated: c10d's wrapper compares every
+// rank's shapes before a reduce-scatter or an all-gather, never before an all-to-all (uneven
+// splits are legal there), and a size mismatch inside Gloo aborts the process ([Note:
+// TORCH_DISTRIBUTED_DEBUG=DETAIL] in lib/mesh/backend_gloo.cpp).
+//
+// [Note: two Gloo ranks by split sizes]
+// On a Gloo group of two ranks an all-to-all with split sizes (0 rows to oneself) moves just
+// what crosses to the peer, straight between the callers' tensors (gloo::alltoallv sends
+// from and receives into the pointers it is given):
+//  - all-gather: this rank's rows are copied into their place in the output and the peer's
+//    rows arrive in theirs. ProcessGroupGloo's allgather receives into a flat temporary of
+//    the whole output and copies it out: one output's size of memory while in flight (a
+//    prefetch, [Note: overlap] in lib/parallel/fsdp/fsdp_state.cpp) and a copy, both gone.
+//  - reduce-scatter: the peer's chunk is sent, the peer's half of this rank's shard received
+//    into a buffer of the output's size (half the input, where the n-rank path receives the
+//    input's size); the finish adds the two, in rank order (the same sum either way: a + b ==
+//    b + a in floating point).
+// Wire bytes and CommDebugMode's records are those of the collective named.
+
+// A collective whose result needs a last local step once the transfer is done: `finish` runs
+// once, in the first wait(), after the wrapped Work's.
+class FinishingWork : public c10d::Work {
+ public:
+  FinishingWork(c10::intrusive_ptr<c10d::Work> inner, std::function<void()> finish,
+                c10d::OpType type)
+      : c10d::Work(-1, type), inner_(std::move(inner)), finish_(std::move(finish)) {}
+  bool isCompleted() override { return inner_->isCompleted(); }
+  bool isSuccess() const override { return inner_->isSuccess(); }
+  std::exception_ptr exception() const override { return inner_->exception(); }
+  std::vector<at::Tensor> result() override { return inner_->result(); }
+  bool wait(std::chrono::milliseconds timeout) override {
+    const bool done = inner_->wait(timeout);
+    std::call_once(once_, [this] {
+      finish_();
+      finish_ = nullptr; // the buffers it holds go now
+    });
+    return done;
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> inner_;
+  std::function<void()> finish_;
+  std::once_flag once_;
+};
+
+class GlooFastPaths : public c10d::Backend {
+ public:
+  explicit GlooFastPaths(c10::intrusive_ptr<c10d::Backend> gloo)
+      : c10d::Backend(gloo->getRank(), gloo->getSize()), gloo_(std::move(gloo)) {}
+
+  const std::string getBackendName() const override { return gloo_->getBackendName(); }
+
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& out, at::Tensor& in,
+                                                 const c10d::AllgatherOptions& opts) override {
+    if (size_ != 2 || in.numel() == 0) {
+      return gloo_->_allgather_base(out, in, opts);
+    }
+    const int64_t rows = in.size(0);
+    out.narrow(0, rank_ * rows, rows).copy_(in);
+    at::Tensor receive = out.narrow(0, (1 - rank_) * rows, rows);
+    return exchange_with_peer(receive, in);
+  }
+
+  c10::intrusive_ptr<c10d::Work>
+  _reduce_scatter_base(at::Tensor& out, at::Tensor& in,
+                       const c10d::ReduceScatterOptions& opts) override {
+    if (opts.reduceOp != c10d::ReduceOp::SUM) {
+      return gloo_->_reduce_scatter_base(out, in, opts);
+    }
+    return size_ == 2 && in.numel() > 0 ? reduce_scatter_with_peer(out, in)
+                                        : reduce_scatter_by_all_to_all(out, in);
+  }
+
+  // The rest as the wrapped backend does it.
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override {
+    return gloo_->broadcast(tensors, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override {
+    return gloo_->allreduce(tensors, opts);
+  }
+  c10::intrusive_ptr<c10d::Work>
+  allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                      const c10d::AllreduceCoalescedOptions& opts) override {
+    return gloo_->allreduce_coalesced(tensors, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override {
+    return gloo_->reduce(tensors, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override {
+    return gloo_->allgather(outputs, inputs, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override {
+    return gloo_->allgather_coalesced(outputs, inputs, opts);
+  }
+  c10::intrusive_ptr<c10d::Work>
+  allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                  const c10d::AllgatherOptions& opts) override {
+    return gloo_->allgather_into_tensor_coalesced(outputs, inputs, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override {
+    return gloo_->gather(outputs, inputs, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override {
+    return gloo_->scatter(outputs, inputs, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override {
+    return gloo_->reduce_scatter(outputs, inputs, opts);
+  }
+  c10::intrusive_ptr<c10d::Work>
+  reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                  const c10d::ReduceScatterOptions& opts) override {
+    return gloo_->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& out, at::Tensor& in,
+                                               std::vector<int64_t>& out_splits,
+                                               std::vector<int64_t>& in_splits,
+                                               const c10d::AllToAllOptions& opts) override {
+    return gloo_->alltoall_base(out, in, out_splits, in_splits, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override {
+    return gloo_->alltoall(outputs, inputs, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
+    return gloo_->send(tensors, dst, tag);
+  }
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
+    return gloo_->recv(tensors, src, tag);
+  }
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override {
+    return gloo_->recvAnysource(tensors, tag);
+  }
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
+    return gloo_->barrier(opts);
+  }
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override {
+    gloo_->monitoredBarrier(opts, wait_all_ranks);
+  }
+  void setSequenceNumberForGroup() override { gloo_->setSequenceNumberForGroup(); }
+  uint64_t getSequenceNumberForGroup() override { return gloo_->getSequenceNumberForGroup(); }
+  void setTimeout(std::chrono::milliseconds timeout) override { gloo_->setTimeout(timeout); }
+
+ private:
+  // (two ranks) Sends `send` to the peer and receives the peer's rows into `receive`.
+  c10::intrusive_ptr<c10d::Work> exchange_with_peer(at::Tensor& receive, at::Tensor& send) {
+    const int peer = 1 - rank_;
+    std::vector<int64_t> out_splits(2, 0);
+    std::vector<int64_t> in_splits(2, 0);
+    out_splits[static_cast<size_t>(peer)] = receive.size(0);
+    in_splits[static_cast<size_t>(peer)] = send.size(0);
+    return gloo_->alltoall_base(receive, send, out_splits, in_splits, c10d::AllToAllOptions());
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_with_peer(const at::Tensor& out,
+                                                          const at::Tensor& in) {
+    const int64_t me = rank_;
+    const int64_t rows = out.size(0);
+    at::Tensor send = in.narrow(0, (1 - me) * rows, rows);
+    at::Tensor received = at::empty_like(out);
+    auto work = exchange_with_peer(received, send);
+    auto finish = [shard = out, mine = in.narrow(0, me * rows, rows), received, me]() mutable {
+      if (me == 0) {
+        at::add_out(shard, mine, received);
+      } else {
+        at::add_out(shard, received, mine);
+      }
+    };
+    return c10::make_intrusive<FinishingWork>(std::move(work), std::move(finish),
+                                              c10d::OpType::_REDUCE_SCATTER_BASE);
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_by_all_to_all(const at::Tensor& out,
+                                                              const at::Tensor& in) {
+    const int64_t n = size_;
+    at::Tensor received = at::empty_like(in);
+    at::Tensor input = in;
+    std::vector<int64_t> even; // empty split sizes: n equal chunks of dim 0
+    auto work = gloo_->alltoall_base(received, input, even, even, c10d::AllToAllOptions());
+    auto finish = [out, received, input, n]() mutable {
+      at::Tensor flat = out.view({-1});
+      at::sum_out(flat, received.view({n, -1}), {0}, false, flat.scalar_type());
+    };
+    return c10::make_intrusive<FinishingWork>(std::move(work), std::move(finish),
+                                              c10d::OpType::_REDUCE_SCATTER_BASE);
+  }
+
+  c10::intrusive_ptr<c10d::Backend> gloo_;
+};
+
+} // namespace
+
+c10::intrusive_ptr<c10d::Backend> with_gloo_fast_paths(c10::intrusive_ptr<c10d::Backend> gloo) {
+  if (gloo->getSize() < 2) {
+    return gloo;
+  }
+  return c10::make_intrusive<GlooFastPaths>(std::move(gloo));
+}
+
+bool has_gloo_fast_paths(const c10d::Backend& backend) {
+  return dynamic_cast<const GlooFastPaths*>(&backend) != nullptr;
+}
+
+} // namespace dtensor::detail
