@@ -87,16 +87,22 @@ def oracle_from_cache(scenario, world, out):
 
 
 def oracle_to_cache(scenario, world, out):
+    """Keeps this run's PyTorch records. Best effort: a cache that cannot be written (a full
+    disk, a file where the directory should be) costs the next run time, never this verdict."""
     cached = oracle_cache_dir(scenario, world, out)
     tmp = f"{cached}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    shutil.copytree(os.path.join(out, "torch"), os.path.join(tmp, "torch"))
-    for name in ("torch.log", "ref.pt"):
-        shutil.copy(os.path.join(out, name), os.path.join(tmp, name))
-    open(os.path.join(tmp, "complete"), "w").write("")
-    shutil.rmtree(cached, ignore_errors=True)
-    os.replace(tmp, cached)  # whole or not at all: a reader sees `complete` only in a full entry
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        shutil.copytree(os.path.join(out, "torch"), os.path.join(tmp, "torch"))
+        for name in ("torch.log", "ref.pt"):
+            shutil.copy(os.path.join(out, name), os.path.join(tmp, name))
+        open(os.path.join(tmp, "complete"), "w").write("")
+        shutil.rmtree(cached, ignore_errors=True)  # an older entry of this same key
+        os.replace(tmp, cached)  # whole or not at all: `complete` only in a full entry
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        print(f"[conformance] the oracle cache was not written ({cached}): {e}")
 
 
 def died_of_signal(log):
