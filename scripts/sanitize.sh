@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # AddressSanitizer (with LeakSanitizer) + UndefinedBehaviorSanitizer: builds the library and test programs in
-# build-asan/ (-Db_sanitize=address,undefined, unity build to keep the compile short) and
+# build-asan/ (-Db_sanitize=address,undefined; the library as unity units to keep the compile short) and
 # runs them on real ranks. Any sanitizer report fails the run (halt_on_error); the only
 # suppressions are LibTorch's own, each explained in test/sanitizer/*.supp. Warnings are not
 # errors there (GCC's -Wmaybe-uninitialized gives false positives in libstdc++ under the
@@ -26,7 +26,7 @@ fi
 dir="$root/build-asan"
 start=$SECONDS
 configure "$dir" -Dcuda=disabled -Db_sanitize=address,undefined -Db_lundef=false \
-  -Dunity=on -Dunity_size=6 -Dexamples=false -Dbenchmarks=false -Dbuildtype=debugoptimized \
+  -Dunity=off -Dlib_unity_size=6 -Dexamples=false -Dbenchmarks=false -Dbuildtype=debugoptimized \
   -Dwerror=false
 supp="$root/test/sanitizer"
 export ASAN_OPTIONS="halt_on_error=1:abort_on_error=1:detect_leaks=1:suppressions=$supp/asan.supp"

@@ -1,6 +1,7 @@
 // Process group: environment, world group, cached subgroups, errors.
 #include <cstdlib>
 
+#include "mesh/dispatch_keys.h"
 #include "support/prelude.h"
 
 TEST_CASE("world group matches the torchrun environment", "[pg][world1][world2][world4]") {
@@ -89,4 +90,20 @@ TEST_CASE("harness self-check: fails on rank 1 only", "[.][harness-self-check]")
   dtensor::all_reduce_(t, dtensor::ReduceOp::Sum, dtensor::world_group());
   REQUIRE(t.item<float>() == static_cast<float>(world()));
   CHECK(rank() != 1);
+}
+
+// A library that renames PrivateUse1 (an out-of-tree device) cannot share the process with
+// dtensor: init_process_group says so, naming the key and the device. Renaming is for the
+// process's life, so this case runs alone in its own test (dispatch-keys-w1, test/meson.build).
+TEST_CASE("another library's PrivateUse1 device is refused by name", "[dispatch_keys]") {
+  REQUIRE(dtensor::detail::dispatch_key_conflicts().empty()); // LibTorch alone: nothing noted
+  c10::register_privateuse1_backend("npu");
+  const auto conflicts = dtensor::detail::dispatch_key_conflicts();
+  REQUIRE(conflicts.size() == 1);
+  REQUIRE_THAT(conflicts[0], contains("PrivateUse1 is the device 'npu' of another library"));
+  // init_process_group checks the keys first (before "already initialized").
+  REQUIRE_THROWS_WITH(dtensor::init_process_group(),
+                      contains("dtensor cannot share this process with a library that uses the "
+                               "c10 dispatch keys it occupies") &&
+                          contains("'npu'"));
 }

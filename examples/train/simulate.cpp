@@ -39,6 +39,7 @@
 
 #include "common.h"
 #include "flags.h"
+#include "plot_paths.h"
 
 extern char** environ;
 
@@ -291,15 +292,12 @@ void print_summary(const nlohmann::json& s, int64_t world) {
 // OUT/simulation.png, by scripts/plot_simulation.py with the Python the build was configured
 // with (matplotlib is in the project's venv); a line saying how otherwise.
 void draw_chart(const std::string& out) {
-#if defined(DTENSOR_PLOT_PYTHON) && defined(DTENSOR_PLOT_SCRIPT)
-  const std::string cmd = std::string("'") + DTENSOR_PLOT_PYTHON + "' '" + DTENSOR_PLOT_SCRIPT +
-                          "' '" + out + "/simulation.png' '" + out +
-                          "/simulation.json' > /dev/null";
+  const std::string cmd = std::string("'") + plot_python() + "' '" + plot_script() + "' '" + out +
+                          "/simulation.png' '" + out + "/simulation.json' > /dev/null";
   if (std::system(cmd.c_str()) == 0) {
     std::printf("chart: %s/simulation.png\n", out.c_str());
     return;
   }
-#endif
   std::printf("chart: python scripts/plot_simulation.py %s/simulation.png %s/simulation.json "
               "(needs matplotlib)\n",
               out.c_str(), out.c_str());

@@ -5,9 +5,11 @@
 #include <numeric>
 #include <tuple>
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/library.h>
 
 #include "internal/check.h"
 #include "mesh/process_group_state.h"
@@ -227,6 +229,67 @@ bool detail::debug_detail() {
   return detail;
 }
 
+namespace {
+
+struct DispatchKeyConflicts {
+  std::mutex mutex;
+  std::vector<std::string> noted;
+  std::vector<std::unique_ptr<torch::Library>> fallbacks; // registered for the process's life
+};
+
+DispatchKeyConflicts& dispatch_key_state() {
+  static DispatchKeyConflicts state; // used at load, from other files' initializers
+  return state;
+}
+
+} // namespace
+
+void detail::register_fallback(c10::DispatchKey key, torch::CppFunction&& fallback,
+                               const char* user) {
+  auto& s = dispatch_key_state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (c10::Dispatcher::singleton().hasBackendFallbackForDispatchKey(key)) {
+    s.noted.push_back(fmt::format("{} already has a fallback kernel, registered by another "
+                                  "library; dtensor needs it for {}",
+                                  c10::toString(key), user));
+    return;
+  }
+  s.fallbacks.push_back(
+      std::make_unique<torch::Library>(torch::Library::IMPL, "_", key, __FILE__, __LINE__));
+  s.fallbacks.back()->fallback(std::move(fallback));
+}
+
+void detail::note_dispatch_key_conflict(std::string what) {
+  auto& s = dispatch_key_state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.noted.push_back(std::move(what));
+}
+
+std::vector<std::string> detail::dispatch_key_conflicts() {
+  auto& s = dispatch_key_state();
+  std::vector<std::string> out;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    out = s.noted;
+  }
+  const std::string name = c10::get_privateuse1_backend(/*lower_case=*/true);
+  if (name != "privateuseone") {
+    out.push_back(fmt::format("PrivateUse1 is the device '{}' of another library (it renamed "
+                              "the backend); dtensor needs it for DTensor's handler",
+                              name));
+  }
+  return out;
+}
+
+void detail::check_dispatch_keys() {
+  const auto conflicts = dispatch_key_conflicts();
+  DTENSOR_CHECK(conflicts.empty(),
+                "dtensor cannot share this process with a library that uses the c10 dispatch "
+                "keys it occupies (PrivateUse1, PrivateUse2, MAIA; docs/architecture.md, "
+                "\"Dispatch keys\"): {}",
+                fmt::join(conflicts, "; "));
+}
+
 std::string to_string(BackendType backend) {
   switch (backend) {
   case BackendType::Auto:
@@ -283,6 +346,7 @@ std::string Group::to_string() const {
 }
 
 void init_process_group(const ProcessGroupOptions& options) {
+  detail::check_dispatch_keys();
   World& w = world_state();
   std::lock_guard<std::mutex> lock(w.mutex);
   DTENSOR_CHECK(!w.initialized, "init_process_group: already initialized (rank {} of {})",

@@ -10,6 +10,8 @@
 
 #include <dtensor/process_group.h>
 
+#include "mesh/dispatch_keys.h" // kSimulatedDevice: the device of a simulated world's tensors
+
 namespace dtensor {
 
 // What a Group points at: one c10d communicator over a list of global ranks.
@@ -27,10 +29,6 @@ struct Group::State {
 namespace dtensor::detail {
 
 using GroupState = Group::State;
-
-// The device of a simulated world's tensors: c10's MAIA type, unused by LibTorch, whose
-// kernels lib/sim/sim_device.cpp provides ([Note: the simulated device]).
-constexpr c10::DeviceType kSimulatedDevice = c10::DeviceType::MAIA;
 
 // Backend constructors, one translation unit each so that only they see the Gloo / NCCL
 // headers and defines (lib/mesh/backend_gloo.cpp, lib/mesh/backend_nccl.cpp).

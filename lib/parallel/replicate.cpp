@@ -14,6 +14,7 @@
 
 #include "internal/check.h"
 #include "mesh/collectives_internal.h"
+#include "mesh/dispatch_keys.h"
 #include "mesh/rank_device.h"
 #include "parallel/end_of_backward.h"
 #include "parallel/grad_reduce.h"
@@ -212,7 +213,7 @@ ReplicateHandle replicate(torch::nn::Module& module, const DeviceMesh& mesh,
   auto params = module.parameters();
   for (const auto& p : params) {
     DTENSOR_CHECK(
-        !p.unsafeGetTensorImpl()->key_set().has_backend(c10::BackendComponent::PrivateUse1Bit),
+        !p.unsafeGetTensorImpl()->key_set().has_backend(detail::kDTensorBackend),
         "replicate({}): parameter of shape {} is a DTensor; replicate takes plain parameters",
         module.name(), p.sizes());
   }

@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 
+#include "mesh/dispatch_keys.h"
 #include "tensor/dispatch/handler.h"
 
 namespace dtensor::detail {
@@ -83,7 +84,7 @@ int64_t op_flops(const std::string_view name, c10::ArrayRef<const c10::IValue> i
 bool is_dtensor_call(c10::ArrayRef<const c10::IValue> in) {
   for (const auto& v : in) {
     if (v.isTensor() && v.toTensor().defined() &&
-        v.toTensor().key_set().has(c10::DispatchKey::PrivateUse1)) {
+        v.toTensor().key_set().has(kDTensorKey)) {
       return true;
     }
   }

@@ -66,7 +66,12 @@ class CountingAllocator final : public c10::Allocator {
 CountingAllocator counting;
 
 const bool allocator_registered = [] {
-  c10::SetAllocator(c10::DeviceType::MAIA, &counting, /*priority=*/1);
+  c10::SetAllocator(detail::kSimulatedDevice, &counting, /*priority=*/1);
+  if (c10::GetAllocator(detail::kSimulatedDevice) != &counting) {
+    detail::note_dispatch_key_conflict(
+        "the MAIA device already has an allocator of higher priority, registered by another "
+        "library; dtensor needs it for the simulated device");
+  }
   return true;
 }();
 
@@ -135,7 +140,7 @@ at::Tensor view_of(const at::Tensor& base, const at::Tensor& meta_base,
 
 at::Tensor fresh(const at::Tensor& meta) {
   return at::detail::empty_strided_generic(meta.sizes(), meta.strides(), &counting,
-                                           c10::DispatchKeySet(c10::DispatchKey::MAIA),
+                                           c10::DispatchKeySet(detail::kSimulatedKey),
                                            meta.scalar_type());
 }
 
@@ -203,7 +208,7 @@ at::Tensor sim_empty(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
                      std::optional<at::Layout> /*layout*/, std::optional<at::Device> /*device*/,
                      std::optional<bool> /*pin_memory*/,
                      std::optional<at::MemoryFormat> memory_format) {
-  return at::detail::empty_generic(size, &counting, c10::DispatchKeySet(c10::DispatchKey::MAIA),
+  return at::detail::empty_generic(size, &counting, c10::DispatchKeySet(detail::kSimulatedKey),
                                    dtype.value_or(at::get_default_dtype_as_scalartype()),
                                    memory_format);
 }
@@ -214,7 +219,7 @@ at::Tensor sim_empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                              std::optional<at::Device> /*device*/,
                              std::optional<bool> /*pin_memory*/) {
   return at::detail::empty_strided_generic(size, stride, &counting,
-                                           c10::DispatchKeySet(c10::DispatchKey::MAIA),
+                                           c10::DispatchKeySet(detail::kSimulatedKey),
                                            dtype.value_or(at::get_default_dtype_as_scalartype()));
 }
 
@@ -316,8 +321,14 @@ TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse2, m) {
   m.impl("scaled_dot_product_attention", sdpa_above_backends);
 }
 
-TORCH_LIBRARY_IMPL(_, MAIA, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&sim_fallback>());
-}
+namespace {
+// [Note: the dispatch keys dtensor occupies]: the token MAIA in the registrations above.
+static_assert(detail::kSimulatedKey == c10::DispatchKey::MAIA);
+[[maybe_unused]] const bool sim_fallback_registered =
+    (detail::register_fallback(detail::kSimulatedKey,
+                               torch::CppFunction::makeFromBoxedFunction<&sim_fallback>(),
+                               "the simulated device"),
+     true);
+} // namespace
 
 } // namespace dtensor

@@ -5,6 +5,7 @@
 
 #include "internal/check.h"
 #include "internal/torch_compat.h"
+#include "mesh/dispatch_keys.h"
 #include "tensor/ops/sharding.h"
 
 namespace dtensor::detail {
@@ -14,7 +15,7 @@ c10::DispatchKeySet dtensor_key_set(c10::Device device) {
   // (the higher backend), and LibTorch's set_data accepts the tensor as a dense one of
   // the same device (has_compatible_shallow_copy_type).
   c10::DispatchKey backend = device.is_cuda() ? c10::DispatchKey::CUDA : c10::DispatchKey::CPU;
-  return c10::DispatchKeySet(c10::DispatchKey::PrivateUse1) | c10::DispatchKeySet(backend);
+  return c10::DispatchKeySet(kDTensorKey) | c10::DispatchKeySet(backend);
 }
 
 // [Note: meta tensors change device in place]
@@ -85,7 +86,7 @@ DTensorMeta* mutable_dtensor_meta(const at::Tensor& t) {
     return nullptr;
   }
   c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  if (!impl->key_set().has_backend(c10::BackendComponent::PrivateUse1Bit)) {
+  if (!impl->key_set().has_backend(kDTensorBackend)) {
     return nullptr;
   }
   return dynamic_cast<DTensorMeta*>(impl->get_backend_meta());

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "internal/check.h"
+#include "mesh/dispatch_keys.h"
 #include "tensor/dispatch/handler.h"
 #include "tensor/dtensor_impl.h"
 #include "tensor/ops/sharding.h"
@@ -94,8 +95,9 @@ void ensure_dispatch_registered() {
   static std::once_flag once;
   std::call_once(once, [] {
     static std::unique_ptr<torch::Library> lib = std::make_unique<torch::Library>(
-        torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+        torch::Library::IMPL, "aten", kDTensorKey, __FILE__, __LINE__);
     auto& d = c10::Dispatcher::singleton();
+    std::vector<std::string> foreign; // aten kernels at dtensor's key before it registers any
     for (const auto& name : d.getAllOpNames()) {
       if (name.name.rfind("aten::", 0) != 0) {
         continue;
@@ -107,9 +109,12 @@ void ensure_dispatch_registered() {
       bool explicit_composite =
           h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
           h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
+      if (h->hasKernelForDispatchKey(kDTensorKey)) {
+        foreign.push_back(c10::toString(name));
+        continue;
+      }
       if (!explicit_composite || is_inplace_view(name) ||
-          h->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
-          h->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+          h->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
         continue;
       }
       std::string op =
@@ -125,6 +130,14 @@ void ensure_dispatch_registered() {
         lib->impl(op.c_str(), torch::CppFunction::makeFromBoxedFunction<&inplace_view>());
       }
     }
+    if (!foreign.empty()) {
+      note_dispatch_key_conflict(fmt::format(
+          "{} aten ops already have a kernel at PrivateUse1, registered by another library "
+          "(first: {}); dtensor needs the key for DTensor's handler",
+          foreign.size(), foreign.front()));
+    }
+    register_fallback(kDTensorKey, torch::CppFunction::makeFromBoxedFunction<&handler>(),
+                      "DTensor's handler");
     register_builtin_rules();
   });
 }
@@ -143,7 +156,7 @@ void route_to_handler(const std::string& op) {
     }
     auto h = c10::Dispatcher::singleton().findOp(name);
     // [Note: what reaches the handler]: a composite kernel would otherwise run on the DTensor.
-    if (!h || h->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+    if (!h || h->hasKernelForDispatchKey(kDTensorKey) ||
         !(h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
           h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))) {
       continue;
@@ -151,8 +164,8 @@ void route_to_handler(const std::string& op) {
     const std::string ns = base.substr(0, colon);
     auto& lib = libraries[ns];
     if (lib == nullptr) {
-      lib = std::make_unique<torch::Library>(torch::Library::IMPL, ns,
-                                             c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+      lib = std::make_unique<torch::Library>(torch::Library::IMPL, ns, kDTensorKey, __FILE__,
+                                             __LINE__);
     }
     const std::string local =
         name.name.substr(colon + 2) + (name.overload_name.empty() ? "" : "." + name.overload_name);
@@ -163,12 +176,9 @@ void route_to_handler(const std::string& op) {
 } // namespace dtensor::detail
 
 namespace {
-// Loading the library registers the handler and the rules (LibTorch, loaded first, has
+// Loading the library registers the handler (its kernels and its fallback at kDTensorKey:
+// [Note: the dispatch keys dtensor occupies]) and the rules (LibTorch, loaded first, has
 // registered every aten op by then); nothing has to happen when a DTensor is made.
 [[maybe_unused]] const bool dispatch_registered =
     (dtensor::detail::ensure_dispatch_registered(), true);
 } // namespace
-
-TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&dtensor::detail::handler>());
-}

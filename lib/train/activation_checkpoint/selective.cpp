@@ -11,6 +11,7 @@
 #include <torch/library.h>
 
 #include "internal/check.h"
+#include "mesh/dispatch_keys.h"
 #include "tensor/dispatch/op_args.h"
 #include "tensor/dtensor_impl.h"
 
@@ -141,12 +142,12 @@ void remember_saved(SelectiveMode& m, size_t entry) {
 void run_below(const SelectiveMode& m, const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                torch::jit::Stack* stack) {
   c10::impl::LocalDispatchKeySet keys = c10::impl::tls_local_dispatch_key_set();
-  keys.included_ = keys.included_.remove_backend(c10::BackendComponent::PrivateUse2Bit);
+  keys.included_ = keys.included_.remove_backend(kSelectiveCheckpointBackend);
   if (!m.outside.included_.has(c10::DispatchKey::Dense)) {
     keys.included_ = keys.included_ - c10::DispatchKeySet(c10::DispatchKey::Dense);
   }
   c10::impl::ForceDispatchKeyGuard below(keys);
-  op.redispatchBoxed(ks.remove_backend(c10::BackendComponent::PrivateUse2Bit), stack);
+  op.redispatchBoxed(ks.remove_backend(kSelectiveCheckpointBackend), stack);
 }
 
 void mode_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
@@ -192,13 +193,13 @@ void ensure_registered() {
   static std::once_flag once;
   std::call_once(once, [] {
     static std::unique_ptr<torch::Library> lib = std::make_unique<torch::Library>(
-        torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse2, __FILE__, __LINE__);
+        torch::Library::IMPL, "aten", kSelectiveCheckpointKey, __FILE__, __LINE__);
     auto& d = c10::Dispatcher::singleton();
     for (const auto& name : d.getAllOpNames()) {
       auto h = d.findOp(name);
       if (!h || name.name.rfind("aten::", 0) != 0 ||
           h->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
-          h->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse2) ||
+          h->hasKernelForDispatchKey(kSelectiveCheckpointKey) ||
           !(h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
             h->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))) {
         continue;
@@ -219,7 +220,7 @@ std::unique_ptr<SelectiveMode> enter(CheckpointPolicyFn policy, SavedOps& saved,
   m->previous = active;
   active = m.get();
   c10::impl::LocalDispatchKeySet inside = m->outside;
-  inside.included_ = inside.included_ | c10::DispatchKeySet(c10::DispatchKey::PrivateUse2);
+  inside.included_ = inside.included_ | c10::DispatchKeySet(kSelectiveCheckpointKey);
   c10::impl::_force_tls_local_dispatch_key_set(inside);
   return m;
 }
@@ -263,6 +264,12 @@ void SelectiveReplayGuard::finish() {
 } // namespace detail
 } // namespace dtensor
 
-TORCH_LIBRARY_IMPL(_, PrivateUse2, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&dtensor::detail::mode_kernel>());
-}
+namespace {
+// The mode's fallback at kSelectiveCheckpointKey ([Note: the dispatch keys dtensor occupies]).
+[[maybe_unused]] const bool mode_fallback_registered =
+    (dtensor::detail::register_fallback(
+         dtensor::detail::kSelectiveCheckpointKey,
+         torch::CppFunction::makeFromBoxedFunction<&dtensor::detail::mode_kernel>(),
+         "selective activation checkpointing's mode"),
+     true);
+} // namespace
