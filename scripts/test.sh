@@ -3,14 +3,22 @@
 # the default LibTorch (2.15), then the AddressSanitizer + UndefinedBehaviorSanitizer subset
 # (scripts/sanitize.sh), then the library and a smoke subset of the tests against the older
 # LibTorch (2.9.1: scripts/old-torch-test.sh), then build the CUDA/NCCL variant of the
-# library and demo (compile and link only: no GPU is needed, nothing of it runs here).
+# library and the main job's program (compile and link only: no GPU is needed, nothing of it
+# runs here).
 # Extra arguments go to `meson test`.
 #   scripts/test.sh --sanitize   only the sanitizer build, on the whole world1 + world2 suites
+#   scripts/test.sh --quick      the inner loop: the default build and its world1 + world2
+#                                suites only (no world4 / world8, sanitizers, 2.9.1, CUDA)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 if [[ ${1:-} == --sanitize ]]; then
   shift
   exec "$root/scripts/sanitize.sh" --all "$@"
+fi
+if [[ ${1:-} == --quick ]]; then
+  shift
+  export DTENSOR_SKIP_SANITIZE=1 DTENSOR_SKIP_OLD_TORCH=1 DTENSOR_SKIP_CUDA_BUILD=1
+  set -- --suite world1 --suite world2 "$@"
 fi
 total_start=$SECONDS
 "$root/scripts/setup.sh"
@@ -55,8 +63,10 @@ fi
 if [[ ${DTENSOR_SKIP_CUDA_BUILD:-0} != 1 ]]; then
   if ls "$venv"/lib/python3*/site-packages/torch/lib/libtorch_cuda.so >/dev/null 2>&1; then
     start=$SECONDS
-    configure "$root/build-cuda" -Dcuda=enabled -Dtests=false -Dexamples=true
-    ninja -C "$root/build-cuda" || status=1
+    # The library and the main job's program: what a GPU user links (each variant builds
+    # only what it checks: docs/testing.md, "Budget").
+    configure "$root/build-cuda" -Dcuda=enabled -Dtests=false -Dexamples=true -Dbenchmarks=false
+    ninja -C "$root/build-cuda" examples/train || status=1
     echo "[test] CUDA/NCCL variant (compile + link): $((SECONDS - start)) s"
   else
     echo "[test] no libtorch_cuda in this LibTorch: CUDA/NCCL variant not built"

@@ -7,7 +7,7 @@
    reference(): the plain op on the full tensors, single process, no DTensor).
 2. torchrun N ranks of oracle.py (PyTorch from the venv) -> DIR/torch/rank<r>.pt, or the
    same records from the oracle cache ([Note: the oracle cache] below).
-3. torchrun N ranks of the dtensor program -> DIR/dtensor/rank<r>.pt.
+3. N ranks of the dtensor program (test/launch.py) -> DIR/dtensor/rank<r>.pt.
 4. Compares record by record (compare.py) and exits non-zero on any difference that the
    scenario does not explain (by_design()).
 """
@@ -32,10 +32,15 @@ import torch  # noqa: E402
 import compare  # noqa: E402
 
 
-def torchrun(world, argv, timeout, log):
-    exe = os.path.join(os.path.dirname(sys.executable), "torchrun")
+def launch(world, argv, timeout, log):
+    """PyTorch's side under torchrun, as its users run it; dtensor's program ("--no-python")
+    under test/launch.py, with torchrun's variables ([Note: the test launcher])."""
+    if argv[0] == "--no-python":
+        cmd = [sys.executable, os.path.join(HERE, "..", "launch.py"), str(world)] + argv[1:]
+    else:
+        exe = os.path.join(os.path.dirname(sys.executable), "torchrun")
+        cmd = [exe, "--standalone", f"--nproc-per-node={world}"] + argv
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = [exe, "--standalone", f"--nproc-per-node={world}"] + argv
     t0 = time.time()
     with open(log, "w") as f:
         try:
@@ -146,7 +151,7 @@ def main():
             print(f"[conformance] {args.scenario} w{args.world}: torch records from the oracle "
                   f"cache ({oracle_cache_dir(args.scenario, args.world, out)})")
             continue
-        rc, secs = torchrun(args.world, argv, args.timeout, os.path.join(out, side + ".log"))
+        rc, secs = launch(args.world, argv, args.timeout, os.path.join(out, side + ".log"))
         signal = side == "torch" and rc != 0 and died_of_signal(os.path.join(out, "torch.log"))
         if signal:
             # PyTorch, the oracle, sometimes loses a rank to a signal on a loaded machine
@@ -156,7 +161,7 @@ def main():
             shutil.copy(os.path.join(out, "torch.log"), os.path.join(out, "torch-crashed.log"))
             print(f"[conformance] {args.scenario} w{args.world}: torch lost a rank ({signal}) "
                   f"after {secs:.1f} s; running the PyTorch side once more")
-            rc, secs = torchrun(args.world, argv, args.timeout, os.path.join(out, side + ".log"))
+            rc, secs = launch(args.world, argv, args.timeout, os.path.join(out, side + ".log"))
         status[side] = rc
         print(f"[conformance] {args.scenario} w{args.world}: {side} exit {rc} in {secs:.1f} s")
         if side == "torch" and rc == 0:
