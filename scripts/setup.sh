@@ -64,7 +64,9 @@ install_venv() {
   fi
   [[ -x $dir/bin/python ]] || { log "creating venv $dir"; "$python" -m venv "$dir"; }
   log "installing $* into $dir from $wheelhouse"
-  "$dir/bin/python" -m pip install -q --no-index --find-links "$wheelhouse" "$@"
+  # --no-compile: Python writes the bytecode of what is imported when it is first imported;
+  # compiling all of torch's files at install took about a minute per venv.
+  "$dir/bin/python" -m pip install -q --no-compile --no-index --find-links "$wheelhouse" "$@"
   touch "$stamp"
 }
 
