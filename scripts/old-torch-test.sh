@@ -17,13 +17,15 @@ fi
 # The smoke subset: the programs that touch every LibTorch API the library uses. On 1 and 2
 # ranks: collectives, redistribution, fully_shard, TP and clipping, CommDebugMode, meta init
 # (c10d backends and works, autograd nodes and hooks, the dispatcher, thread-local debug
-# info); on 1 rank: every sharding rule family (the dispatcher's op schemas), selective
-# activation checkpointing (a dispatch-key mode), checkpoints (serialization), the module
-# seam and RNG (generators), and the LibTorch configuration probe. Only these are built
-# here ([Note: each build compiles what it runs] in docs/testing.md).
+# info); on 1 rank: every sharding rule family (the dispatcher's op schemas), the attention
+# kernels (whose schemas change between releases; judged by this LibTorch's meta kernels),
+# selective activation checkpointing (a dispatch-key mode), checkpoints (serialization), the
+# module seam, RNG (generators), reliability (c10d's debug wrapper, error paths), and the
+# LibTorch configuration probe. Only these are built here (docs/build.md, "Compile time").
 WORLD2=(collectives redistribute fully_shard fsdp_tp clip_grad_norm comm_debug_mode comm_debug_modules
         mesh_groups meta_init)
-WORLD1=("${WORLD2[@]}" sharding_rules activation_checkpoint checkpoint module_hooks random)
+WORLD1=("${WORLD2[@]}" sharding_rules attention_kernels activation_checkpoint checkpoint module_hooks
+        random reliability)
 
 dir="$root/build-torch2.9.1"
 start=$SECONDS
@@ -36,7 +38,8 @@ done
 for t in "${WORLD2[@]}"; do
   tests+=("$t-w2")
 done
-# The programs those tests run (they link the library, which comes first).
+# The programs those tests run (they link the library, which comes first; test_attention_kernels
+# reads the meta shapes that this LibTorch gives at build time).
 mapfile -t targets < <(meson introspect "$dir" --tests | python3 -c '
 import json, sys
 wanted = set(sys.argv[1:])
@@ -53,6 +56,6 @@ if wanted:
     sys.exit("old-torch-test: no such tests: " + " ".join(sorted(wanted)))
 print("\n".join(sorted(names)))
 ' "${tests[@]}" | sed "s|^$dir/||")
-ninja -C "$dir" "${targets[@]}"
+ninja -C "$dir" "${targets[@]}" test/attention_meta_shapes.json
 echo "[old-torch] build: $((SECONDS - start)) s"
 meson test -C "$dir" --no-rebuild --print-errorlogs "${tests[@]}" "$@"

@@ -232,6 +232,22 @@ def record(per_overload=2, only=None):
     """The kept calls, grouped by overload (sorted by name), at most `per_overload` each."""
     from torch.testing._internal.common_methods_invocations import op_db
     torch.manual_seed(0)
+    # Uninitialized memory (a sample made by torch.empty, as fill_'s input) reads as NaN in
+    # deterministic mode, so the recorded calls are the same on every run and the oracle
+    # cache, keyed on them ([Note: the oracle cache] in run.py), hits. warn_only: no sample
+    # is lost to an op without a deterministic kernel.
+    was = (torch.are_deterministic_algorithms_enabled(),
+           torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return _record(op_db, per_overload, only)
+    finally:
+        torch.use_deterministic_algorithms(was[0], warn_only=was[1])
+
+
+def _record(op_db, per_overload, only):
     by_op = {}
     seen = set()
     for info in op_db:
