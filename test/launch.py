@@ -8,11 +8,12 @@ store). Like torchrun, the first rank to fail stops the others (SIGTERM, then SI
 its exit status is the launcher's; a signal that stops the launcher stops the ranks.
 
 [Note: the test launcher] torchrun imports torch before it starts a rank: about 3.3 CPU
-seconds on the build machines, most of a small test's cost and about 9 minutes of the
-suites' time. The Catch2 programs run under this launcher (Python without torch: milliseconds);
-torchrun itself stays the launcher of the tests that are about launching (the recipe and its
-fault and resume drivers, fail_fast, the checkpoint drivers, the conformance suite's both
-sides) and of test_mesh_groups, which joins torchrun's agent store.
+seconds on the build machines, most of a small test's cost and about 9 CPU-minutes of the
+suites' time. The Catch2 programs and dtensor's side of the conformance suite run under this
+launcher (Python without torch: milliseconds); torchrun stays the launcher where launching is
+what is used or tested (the demo, the recipe and its fault and resume drivers, fail_fast, the
+checkpoint drivers, the Hugging Face exchange, PyTorch's side of the conformance suite) and
+of test_mesh_groups, which joins torchrun's agent store.
 """
 import os
 import signal
