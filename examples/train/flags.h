@@ -87,28 +87,14 @@ class FlagTable {
 
   // A whole integer / number, or std::invalid_argument.
   static int64_t parse_int(const std::string& v) {
-    size_t used = 0;
-    int64_t n = 0;
-    try {
-      n = std::stoll(v, &used);
-    } catch (const std::exception&) {
-    }
-    if (used == 0 || used != v.size()) {
-      throw std::invalid_argument("not an integer");
-    }
-    return n;
+    return parse_whole<int64_t>(
+        v, [](const std::string& s, size_t* used) { return std::stoll(s, used); },
+        "not an integer");
   }
   static double parse_double(const std::string& v) {
-    size_t used = 0;
-    double d = 0;
-    try {
-      d = std::stod(v, &used);
-    } catch (const std::exception&) {
-    }
-    if (used == 0 || used != v.size()) {
-      throw std::invalid_argument("not a number");
-    }
-    return d;
+    return parse_whole<double>(
+        v, [](const std::string& s, size_t* used) { return std::stod(s, used); },
+        "not a number");
   }
   std::string usage() const {
     std::string out = "flags (" + source_ + "):\n";
@@ -119,6 +105,22 @@ class FlagTable {
   }
 
  private:
+  // `convert` must take the whole of `v` (no trailing characters, no overflow).
+  template <typename T, typename Convert>
+  static T parse_whole(const std::string& v, Convert convert, const char* what) {
+    size_t used = 0;
+    T value{};
+    try {
+      value = convert(v, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != v.size()) {
+      throw std::invalid_argument(what);
+    }
+    return value;
+  }
+
   struct Flag {
     std::string name;
     std::string help;
