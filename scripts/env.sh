@@ -6,6 +6,9 @@ venv_old_torch=${DTENSOR_VENV_OLD_TORCH:-$root/.venv-torch2.9.1}
 export PATH="$venv/bin:$PATH"
 # Objects are shared between clones and between the CPU and CUDA build directories.
 export CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1
+# [Note: precompiled headers] in meson.build: ccache caches units that use one only with
+# this sloppiness (the header's own __DATE__/__TIME__ and its -D flags are checked by GCC).
+export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros}
 # One intra-op thread per rank: several ranks share the cores of one machine.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
