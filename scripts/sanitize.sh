@@ -26,7 +26,7 @@ fi
 dir="$root/build-asan"
 start=$SECONDS
 configure "$dir" -Dcuda=disabled -Db_sanitize=address,undefined -Db_lundef=false \
-  -Dunity=off -Dlib_unity_size=6 -Dexamples=false -Dbenchmarks=false -Dbuildtype=debugoptimized \
+  -Dunity=off -Dlib_unity_size=6 -Dpch=false -Dexamples=false -Dbenchmarks=false -Dbuildtype=debugoptimized \
   -Dwerror=false
 supp="$root/test/sanitizer"
 export ASAN_OPTIONS="halt_on_error=1:abort_on_error=1:detect_leaks=1:suppressions=$supp/asan.supp"

@@ -46,21 +46,14 @@ def flags_of(command):
     return out
 
 
-def write_if_changed(path, text):
-    if os.path.exists(path):
-        with open(path) as f:
-            if f.read() == text:
-                return
-    with open(path, "w") as f:
-        f.write(text)
-
-
 def main():
     compile_commands, like, header, stub, gch, stamp, depfile = sys.argv[1:8]
     entry = template(compile_commands, like)
     here = os.path.dirname(os.path.abspath(stub))
     rel = os.path.relpath(os.path.abspath(header), here).replace(os.sep, "/")
-    write_if_changed(stub, '#include "{}"\n'.format(rel))
+    # Written on every run: ninja reruns a step whose outputs are older than its inputs.
+    with open(stub, "w") as f:
+        f.write('#include "{}"\n'.format(rel))
     # Paths relative to the build directory, as in the units' own commands: ccache then
     # sees the same command line in every clone.
     def rel_to_build(p):
