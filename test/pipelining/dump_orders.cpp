@@ -1,0 +1,70 @@
+// dtensor's pipeline schedules as text, for test/pipelining/schedules_judge.py, which
+// compares them with PyTorch's. Reads commands from stdin, one per line:
+//   generate KIND PP MICROBATCHES STAGES_PER_RANK
+//     "== KIND PP M V", then "compute" and one line per rank (schedule_to_text), "lowered"
+//     and the lowered program, "csv" and schedule_to_csv's rows; or "ERROR <message>".
+//   lower-csv PATH NUM_STAGES MICROBATCHES
+//     "== lower-csv PATH", then "lowered" and the program lower_schedule makes of the CSV's
+//     compute schedule; or "ERROR <message>".
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+#include <dtensor/error.h>
+#include <dtensor/pipeline_schedule.h>
+
+namespace {
+
+void generate(std::istringstream& in) {
+  std::string kind;
+  int pp = 0, m = 0, v = 0;
+  in >> kind >> pp >> m >> v;
+  std::cout << "== " << kind << " " << pp << " " << m << " " << v << "\n";
+  try {
+    auto k = dtensor::schedule_kind(kind);
+    auto order = dtensor::generate_schedule(k, pp, m, v);
+    auto lowered = dtensor::lower_schedule(order, pp * v, m);
+    std::cout << "compute\n" << dtensor::schedule_to_text(order) << "lowered\n"
+              << dtensor::schedule_to_text(lowered) << "csv\n" << dtensor::schedule_to_csv(order);
+  } catch (const dtensor::Error& e) {
+    std::cout << "ERROR " << e.what() << "\n";
+  }
+}
+
+void lower_csv(std::istringstream& in) {
+  std::string path;
+  int stages = 0, m = 0;
+  in >> path >> stages >> m;
+  std::cout << "== lower-csv " << path << "\n";
+  try {
+    std::ifstream f(path);
+    std::stringstream text;
+    text << f.rdbuf();
+    auto order = dtensor::schedule_from_csv(text.str(), path);
+    std::cout << "lowered\n" << dtensor::schedule_to_text(dtensor::lower_schedule(order, stages, m));
+  } catch (const dtensor::Error& e) {
+    std::cout << "ERROR " << e.what() << "\n";
+  }
+}
+
+} // namespace
+
+int main() {
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    std::string cmd;
+    in >> cmd;
+    if (cmd == "generate") {
+      generate(in);
+    } else if (cmd == "lower-csv") {
+      lower_csv(in);
+    } else if (!cmd.empty()) {
+      std::cerr << "dump_orders: unknown command '" << cmd << "'\n";
+      return 2;
+    }
+  }
+  std::cout << "== end\n";
+  return 0;
+}
