@@ -127,4 +127,41 @@ PipelineOrder schedule_from_csv(std::string_view text, std::string_view file = {
 // One line per rank, actions comma-separated, idle steps as "_": how tests compare orders.
 std::string schedule_to_text(const PipelineOrder& order);
 
+// Per-action costs of the timed simulation (any unit: seconds, or 1 per forward).
+struct ScheduleCosts {
+  TORCH_ARG(double, forward) = 1.0;
+  TORCH_ARG(double, backward_input) = 1.0;
+  TORCH_ARG(double, backward_weight) = 1.0;
+  TORCH_ARG(double, full_backward) = 2.0;
+  // An OVERLAP_F_B step; 0: its forward and full backward one after the other.
+  TORCH_ARG(double, overlapped_f_b) = 0.0;
+  // From the end of an action to its output's arrival on another rank.
+  TORCH_ARG(double, p2p_latency) = 0.0;
+};
+
+struct TimedAction {
+  int rank = 0;
+  PipelineAction action;
+  double start = 0.0;
+  double end = 0.0;
+};
+
+struct ScheduleTimeline {
+  double makespan = 0.0;
+  // 1 - (busy time of all ranks) / (ranks x makespan).
+  double bubble_fraction = 0.0;
+  std::vector<double> busy; // per rank
+  // Per rank: the most (stage, microbatch) activations held at once, from the start of a
+  // forward to the end of its full backward or, split, its weight gradient (W).
+  std::vector<int> peak_activations;
+  std::vector<TimedAction> actions; // in the order simulated
+};
+
+// Times a compute schedule (idle steps are ignored; each rank runs its actions in order,
+// each as soon as its inputs exist: a forward after the previous stage's forward of the
+// microbatch, a backward after the next stage's, a W after its I, plus p2p_latency between
+// ranks). Throws if the schedule cannot complete, naming each waiting rank, its action and
+// the action it waits for.
+ScheduleTimeline simulate_schedule(const PipelineOrder& compute, int num_stages, const ScheduleCosts& costs = {});
+
 } // namespace dtensor

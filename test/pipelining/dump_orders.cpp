@@ -3,10 +3,14 @@
 //   generate KIND PP MICROBATCHES STAGES_PER_RANK
 //     "== KIND PP M V", then "compute" and one line per rank (schedule_to_text), "lowered"
 //     and the lowered program, "csv" and schedule_to_csv's rows; or "ERROR <message>".
+//   simulate KIND PP MICROBATCHES STAGES_PER_RANK
+//     "== simulate KIND PP M V", then "timeline makespan M bubble B peaks P0,P1,..." for unit
+//     costs (F = I = W = 1, B = 2, no latency); or "ERROR <message>".
 //   lower-csv PATH NUM_STAGES MICROBATCHES
 //     "== lower-csv PATH", then "lowered" and the program lower_schedule makes of the CSV's
 //     compute schedule; or "ERROR <message>".
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -32,6 +36,24 @@ void generate(std::istringstream& in) {
   }
 }
 
+void simulate(std::istringstream& in) {
+  std::string kind;
+  int pp = 0, m = 0, v = 0;
+  in >> kind >> pp >> m >> v;
+  std::cout << "== simulate " << kind << " " << pp << " " << m << " " << v << "\n";
+  try {
+    auto order = dtensor::generate_schedule(dtensor::schedule_kind(kind), pp, m, v);
+    auto t = dtensor::simulate_schedule(order, pp * v);
+    std::cout << "timeline makespan " << t.makespan << " bubble " << t.bubble_fraction << " peaks ";
+    for (size_t r = 0; r < t.peak_activations.size(); ++r) {
+      std::cout << (r ? "," : "") << t.peak_activations[r];
+    }
+    std::cout << "\n";
+  } catch (const dtensor::Error& e) {
+    std::cout << "ERROR " << e.what() << "\n";
+  }
+}
+
 void lower_csv(std::istringstream& in) {
   std::string path;
   int stages = 0, m = 0;
@@ -51,6 +73,7 @@ void lower_csv(std::istringstream& in) {
 } // namespace
 
 int main() {
+  std::cout << std::setprecision(17);
   std::string line;
   while (std::getline(std::cin, line)) {
     std::istringstream in(line);
@@ -58,6 +81,8 @@ int main() {
     in >> cmd;
     if (cmd == "generate") {
       generate(in);
+    } else if (cmd == "simulate") {
+      simulate(in);
     } else if (cmd == "lower-csv") {
       lower_csv(in);
     } else if (!cmd.empty()) {

@@ -20,8 +20,15 @@ same grid. Compared, per grid point and rank:
 - the CSV: dtensor's bytes equal PyTorch's _dump_csv, and PyTorch's _load_csv of dtensor's
   file gives back PyTorch's own order;
 - a compute schedule that deadlocks across ranks (each rank's order valid on its own):
-  refused by both lowerings before anything runs.
+  refused by both lowerings before anything runs;
+- the timed simulation with unit costs (F = I = W = 1, B = 2): the bubble fraction equals the
+  closed forms where they hold ((p-1)/(m+p-1) for GPipe and 1F1B; (p-1)/(v m+p-1) for
+  Interleaved 1F1B and LoopedBFS, m >= p; (p-1)/(3 v m+p-1) for Interleaved zero-bubble,
+  m >= p; (p-1)/(6m+p-1) for ZBV, m >= 3p/2; 2(p-1)/(6m+2(p-1)) for DualPipeV), and each
+  rank's peak of live activations equals PyTorch's analyze_pipeline_activation_liveness
+  (GPipe: m; 1F1B: min(m, p-r)).
 """
+from fractions import Fraction
 import os
 import subprocess
 import sys
@@ -81,10 +88,12 @@ def dtensor_side(commands):
     blocks, current = [], None
     for line in out.stdout.splitlines():
         if line.startswith("== "):
-            current = {"head": line[3:], "sections": {}, "error": None, "section": None}
+            current = {"head": line[3:], "sections": {}, "error": None, "section": None, "timeline": None}
             blocks.append(current)
         elif line.startswith("ERROR "):
             current["error"] = line[6:]
+        elif line.startswith("timeline "):
+            current["timeline"] = line
         elif line in ("compute", "lowered", "csv"):
             current["section"] = line
             current["sections"][line] = []
@@ -110,6 +119,7 @@ grid = [(k, pp, m, v) for k in KINDS for pp in (1, 2, 3, 4) for m in (1, 2, 3, 4
 ours = dtensor_side([f"generate {k} {pp} {m} {v}" for k, pp, m, v in grid])
 assert len(ours) == len(grid), (len(ours), len(grid))
 counts = {"built": 0, "refused": 0, "lowered": 0, "csv": 0}
+built = {}
 tmp = tempfile.mkdtemp()
 for (kind, pp, m, v), mine in zip(grid, ours):
     point = f"{kind} pp={pp} m={m} v={v}"
@@ -131,6 +141,7 @@ for (kind, pp, m, v), mine in zip(grid, ours):
             continue
         assert got[r] == expect, f"{point} rank {r} compute:\n  PyTorch {expect}\n  dtensor {got[r]}"
     counts["built"] += 1
+    built[(kind, pp, m, v)] = sched
     if lowered is not None:
         mine_lowered = mine["sections"]["lowered"]
         for r in range(pp):
@@ -168,3 +179,64 @@ except AssertionError as e:
 print(f"schedules: {counts['built']} grid points equal PyTorch's ({counts['lowered']} lowered, "
       f"{counts['csv']} CSV both ways), {counts['refused']} refused by both; deadlock refused by both")
 print(f"deadlock: {mine['error']}")
+
+
+def closed_form(kind, p, m, v):
+    """The textbook bubble fraction with unit costs, where it holds exactly (else None)."""
+    if kind in SINGLE:
+        return Fraction(p - 1, m + p - 1)
+    if kind in ("Interleaved1F1B", "LoopedBFS") and m >= p:
+        return Fraction(p - 1, v * m + p - 1)
+    if kind == "InterleavedZeroBubble" and m >= p:
+        return Fraction(p - 1, 3 * v * m + p - 1)
+    if kind == "ZBVZeroBubble" and 2 * m >= 3 * p:
+        return Fraction(p - 1, 6 * m + p - 1)
+    if kind == "DualPipeV":
+        return Fraction(2 * (p - 1), 6 * m + 2 * (p - 1))
+    return None
+
+
+def local_stages(kind, p, v, r):
+    style = "v" if kind in V_STYLE else "loop"
+    return S.generate_rank_to_stage_mapping(p, p * v, style=style)[r]
+
+
+sim_grid = sorted(built) + [("Interleaved1F1B", 4, 8, 2), ("InterleavedZeroBubble", 4, 8, 2),
+                            ("ZBVZeroBubble", 4, 8, 2), ("DualPipeV", 4, 8, 2), ("1F1B", 4, 8, 1),
+                            ("ZBVZeroBubble", 8, 32, 2), ("Interleaved1F1B", 8, 32, 2)]
+timed = dtensor_side([f"simulate {k} {p} {m} {v}" for k, p, m, v in sim_grid])
+forms = 0
+for (kind, p, m, v), mine in zip(sim_grid, timed):
+    point = f"{kind} pp={p} m={m} v={v}"
+    assert not mine["error"], (point, mine["error"])
+    line = mine["timeline"]
+    assert line, (point, mine)
+    fields = line.split()
+    makespan, bubble = float(fields[2]), float(fields[4])
+    peaks = [int(x) for x in fields[6].split(",")]
+    # every rank does 3 v m units of work
+    assert abs(makespan * (1 - bubble) - 3 * v * m) < 1e-9, (point, line)
+    form = closed_form(kind, p, m, v)
+    if form is not None:
+        assert abs(bubble - float(form)) < 1e-12, f"{point}: bubble {bubble}, closed form {form}"
+        forms += 1
+    if kind == "GPipe":
+        expect = [m] * p
+    elif kind == "1F1B":
+        expect = [min(m, p - r) for r in range(p)]
+    else:
+        sched = built.get((kind, p, m, v))
+        if sched is None:
+            local = local_stages(kind, p, v, 0)
+            sched = S.get_schedule_class(kind)([StageStandIn(s, p * v, p) for s in local], m)
+        expect = [S.analyze_pipeline_activation_liveness(sched, pp_rank=r, stage_indices=local_stages(kind, p, v, r),
+                                                         granularity="stage_microbatch").num_slots
+                  for r in range(p)]
+    assert peaks == expect, f"{point}: peak activations {peaks}, PyTorch's liveness {expect}"
+reference = {("Interleaved1F1B", 4, 8, 2): 57, ("InterleavedZeroBubble", 4, 8, 2): 51,
+             ("ZBVZeroBubble", 4, 8, 2): 51, ("DualPipeV", 4, 8, 2): 54, ("1F1B", 4, 8, 1): 33}
+for (kind, p, m, v), mine in zip(sim_grid, timed):
+    if (kind, p, m, v) in reference:
+        assert float(mine["timeline"].split()[2]) == reference[(kind, p, m, v)], (kind, mine["timeline"])
+print(f"timeline: {len(sim_grid)} schedules timed with unit costs, {forms} bubbles equal their closed form, "
+      "every rank's peak activations equal PyTorch's liveness analysis")
