@@ -264,6 +264,61 @@ TEST_CASE("broadcast and barrier", "[collectives][world1][world2][world4]") {
   }
 }
 
+// Point-to-point (pipeline stages): each group rank sends to the next and receives from the
+// previous, twice in flight with different tags, every dtype a stage may send; CommDebugMode
+// counts one send and one receive per transfer with their bytes; a peer outside the group or
+// the rank itself is refused naming it.
+TEST_CASE("send and recv around a ring", "[collectives][world1][world2][world4]") {
+  for (const auto& g : groups_under_test()) {
+    INFO(g.to_string());
+    int n = g.size();
+    if (n == 1) {
+      auto t = at::ones({2}, options());
+      REQUIRE_THROWS_WITH(dtensor::send(t, 0, g), contains("send: peer group rank 0 is not another rank of group"));
+      REQUIRE_THROWS_WITH(dtensor::recv(t, 1, g), contains("recv: peer group rank 1 is not another rank"));
+      continue;
+    }
+    int next = (g.rank() + 1) % n, prev = (g.rank() + n - 1) % n;
+    for (auto dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
+      INFO(c10::toString(dtype));
+      auto opts = dtensor::CollectiveOptions().async_op(true);
+      auto a = contribution(g, dtype);
+      auto b = at::arange(4, options(dtype)).add(g.rank());
+      at::Tensor got_a = at::empty({3}, options(dtype));
+      at::Tensor got_b = at::empty({4}, options(dtype));
+      dtensor::CommDebugMode mode;
+      std::vector<dtensor::Work> works;
+      // Even ranks send first, odd ranks receive first: Gloo pairs them either way.
+      if (g.rank() % 2 == 0) {
+        works.push_back(dtensor::send(a, next, g, 1, opts));
+        works.push_back(dtensor::send(b, next, g, 2, opts));
+        works.push_back(dtensor::recv(got_b, prev, g, 2, opts));
+        works.push_back(dtensor::recv(got_a, prev, g, 1, opts));
+      } else {
+        works.push_back(dtensor::recv(got_b, prev, g, 2, opts));
+        works.push_back(dtensor::recv(got_a, prev, g, 1, opts));
+        works.push_back(dtensor::send(a, next, g, 1, opts));
+        works.push_back(dtensor::send(b, next, g, 2, opts));
+      }
+      for (auto& w : works) {
+        w.wait();
+      }
+      double v = prev + 1;
+      CHECK(same(got_a, tensor({v, 10 * v, 100 * v}, dtype)));
+      CHECK(same(got_b, at::arange(4, options(dtype)).add(prev)));
+      CHECK(mode.count(dtensor::CollectiveKind::Send) == 2);
+      CHECK(mode.count(dtensor::CollectiveKind::Recv) == 2);
+      int64_t elem = c10::elementSize(dtype);
+      CHECK(mode.bytes_in(dtensor::CollectiveKind::Send) == 7 * elem);
+      CHECK(mode.total_bytes_out() == 7 * elem); // the receives
+    }
+    auto t = at::ones({2}, options());
+    REQUIRE_THROWS_WITH(dtensor::send(t, n, g), contains("send: peer group rank " + std::to_string(n) +
+                                                         " is not another rank of group"));
+    REQUIRE_THROWS_WITH(dtensor::recv(t, g.rank(), g), contains("(this rank is " + std::to_string(g.rank()) + ")"));
+  }
+}
+
 TEST_CASE("async collectives complete on wait()", "[collectives][world1][world2][world4]") {
   for (const auto& g : groups_under_test()) {
     INFO(g.to_string());

@@ -31,3 +31,5 @@
 #include <dtensor/visualize_sharding.h>
 #include <dtensor/module_hooks.h>
 #include <dtensor/module_tracker.h>
+#include <dtensor/pipeline_schedule.h>
+#include <dtensor/pipelining.h>

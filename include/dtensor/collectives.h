@@ -97,6 +97,15 @@ Work broadcast_(at::Tensor& tensor, int src, const Group& group,
 
 void barrier(const Group& group);
 
+// Point-to-point, between two ranks of `group` (group ranks): `tensor` goes to `dst`, or
+// arrives from `src` into `tensor` (same shape and dtype as sent). `tag` tells apart
+// transfers in flight between the same two ranks. With async_op the caller waits on the
+// returned Work (a send's tensor must stay alive and unchanged until then).
+Work send(const at::Tensor& tensor, int dst, const Group& group, int tag = 0,
+          const CollectiveOptions& options = {});
+Work recv(at::Tensor& tensor, int src, const Group& group, int tag = 0,
+          const CollectiveOptions& options = {});
+
 // Group rank 0 runs `body` (file-system work, say); every rank then raises the same
 // dtensor::Error, "<what>: rank r: <message>", when it threw. One all-gather of one integer
 // when it did not.

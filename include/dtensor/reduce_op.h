@@ -9,8 +9,10 @@ namespace dtensor {
 enum class ReduceOp { Sum, Avg, Max, Min, Product };
 std::string to_string(ReduceOp op);
 
-enum class CollectiveKind { AllReduce, AllGather, ReduceScatter, AllToAll, Broadcast, Barrier };
-constexpr int kNumCollectiveKinds = 6;
+// Send and Recv are point-to-point (pipeline stages); PyTorch's CommDebugMode does not count
+// them, dtensor's does.
+enum class CollectiveKind { AllReduce, AllGather, ReduceScatter, AllToAll, Broadcast, Barrier, Send, Recv };
+constexpr int kNumCollectiveKinds = 8;
 std::string to_string(CollectiveKind kind);
 
 } // namespace dtensor

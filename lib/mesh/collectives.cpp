@@ -184,6 +184,10 @@ std::string to_string(CollectiveKind kind) {
     return "broadcast";
   case CollectiveKind::Barrier:
     return "barrier";
+  case CollectiveKind::Send:
+    return "send";
+  case CollectiveKind::Recv:
+    return "recv";
   }
   return "?";
 }
@@ -489,6 +493,40 @@ Work broadcast_(at::Tensor& tensor, int src, const Group& group, const Collectiv
 }
 
 } // namespace detail
+
+namespace {
+
+void check_peer(const char* what, int peer, const Group& group) {
+  DTENSOR_CHECK(peer >= 0 && peer < group.size() && peer != group.rank(),
+                "{}: peer group rank {} is not another rank of group {} (this rank is {})", what, peer,
+                group.to_string(), group.rank());
+}
+
+} // namespace
+
+Work send(const at::Tensor& tensor, int dst, const Group& group, int tag, const CollectiveOptions& options) {
+  const char* what = "send";
+  check_group(what, group);
+  check_tensor(what, "tensor", tensor, group);
+  check_peer(what, dst, group);
+  report(CollectiveKind::Send, group, ReduceOp::Sum, tensor, 0, options.async_op());
+  std::vector<at::Tensor> tensors{wire(tensor.contiguous())};
+  return run(fmt::format("send({} to group rank {}, tag {})", describe(tensor), dst, tag), group, options,
+             [&](c10d::Backend& b) { return b.send(tensors, dst, tag); });
+}
+
+Work recv(at::Tensor& tensor, int src, const Group& group, int tag, const CollectiveOptions& options) {
+  const char* what = "recv";
+  check_group(what, group);
+  check_tensor(what, "tensor", tensor, group);
+  check_peer(what, src, group);
+  DTENSOR_CHECK(tensor.is_contiguous(), "recv: the receiving tensor must be contiguous, got {}", describe(tensor));
+  report(CollectiveKind::Recv, group, ReduceOp::Sum, at::Tensor(), static_cast<int64_t>(tensor.nbytes()),
+         options.async_op());
+  std::vector<at::Tensor> tensors{wire(tensor)};
+  return run(fmt::format("recv({} from group rank {}, tag {})", describe(tensor), src, tag), group, options,
+             [&](c10d::Backend& b) { return b.recv(tensors, src, tag); });
+}
 
 void barrier(const Group& group) {
   check_group("barrier", group);

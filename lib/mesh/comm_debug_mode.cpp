@@ -38,7 +38,8 @@ const ActiveScopes* active_scopes() {
 
 constexpr CollectiveKind kAllKinds[kNumCollectiveKinds] = {
     CollectiveKind::AllReduce, CollectiveKind::AllGather, CollectiveKind::ReduceScatter,
-    CollectiveKind::AllToAll,  CollectiveKind::Broadcast, CollectiveKind::Barrier};
+    CollectiveKind::AllToAll,  CollectiveKind::Broadcast, CollectiveKind::Barrier,
+    CollectiveKind::Send,      CollectiveKind::Recv};
 
 std::string json_string(const std::string& s) {
   std::string out = "\"";

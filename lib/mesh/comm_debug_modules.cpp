@@ -125,6 +125,10 @@ std::string torch_name(CollectiveKind kind) {
     return "c10d_functional.broadcast";
   case CollectiveKind::Barrier:
     return "c10d.barrier";
+  case CollectiveKind::Send: // PyTorch's CommDebugMode does not count point-to-point
+    return "c10d.send";
+  case CollectiveKind::Recv:
+    return "c10d.recv_";
   }
   return "?";
 }

@@ -134,7 +134,8 @@ const std::vector<std::pair<CollectiveKind, std::string>>& kind_names() {
     std::vector<std::pair<CollectiveKind, std::string>> v;
     for (auto k :
          {CollectiveKind::AllReduce, CollectiveKind::AllGather, CollectiveKind::ReduceScatter,
-          CollectiveKind::AllToAll, CollectiveKind::Broadcast, CollectiveKind::Barrier}) {
+          CollectiveKind::AllToAll, CollectiveKind::Broadcast, CollectiveKind::Barrier,
+          CollectiveKind::Send, CollectiveKind::Recv}) {
       v.emplace_back(k, to_string(k));
     }
     return v;

@@ -46,6 +46,10 @@ double collective_seconds(const CollectiveRecord& c, const TimeModelOptions& o) 
       return alpha + static_cast<double>(c.bytes_in) / bw;
     case CollectiveKind::Barrier:
       return (k - 1) * alpha;
+    case CollectiveKind::Send: // one link, one way
+      return alpha + static_cast<double>(c.bytes_in) / bw;
+    case CollectiveKind::Recv:
+      return alpha + static_cast<double>(c.bytes_out) / bw;
   }
   return 0.0;
 }

@@ -91,7 +91,9 @@ c10::impl::GenericDict counts_of(const dtensor::CommDebugMode& mode) {
       {dtensor::CollectiveKind::ReduceScatter, "reduce_scatter"},
       {dtensor::CollectiveKind::AllToAll, "all_to_all"},
       {dtensor::CollectiveKind::Broadcast, "broadcast"},
-      {dtensor::CollectiveKind::Barrier, "barrier"}};
+      {dtensor::CollectiveKind::Barrier, "barrier"},
+      {dtensor::CollectiveKind::Send, "send"},
+      {dtensor::CollectiveKind::Recv, "recv"}};
   c10::impl::GenericDict out(c10::StringType::get(), c10::IntType::get());
   for (const auto& [kind, n] : mode.comm_counts()) {
     if (n != 0) {

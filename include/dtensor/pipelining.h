@@ -1,0 +1,77 @@
+#pragma once
+
+// Pipeline parallelism (docs/pipeline.md): a model cut into stages on the ranks of a pipeline
+// group, microbatches run through them in the order of a schedule
+// (dtensor/pipeline_schedule.h). Activations and their gradients move between ranks by
+// point-to-point transfers through the collective choke point (CommDebugMode counts them).
+//
+//   auto pp = mesh.get_group("pp");
+//   dtensor::PipelineStage stage{index, module, [&](const at::Tensor& x) { return module->forward(x); }};
+//   auto order = dtensor::generate_schedule(dtensor::ScheduleKind::OneFOneB, pp.size(), 8);
+//   dtensor::PipelineSchedule schedule({stage}, pp, order, 8, loss_fn);
+//   auto losses = schedule.step(tokens, targets); // gradients accumulate into the stages
+//
+// The loss contract: the loss of a microbatch is what its backward starts from; gradients
+// are never rescaled afterwards. A sum loss divided by the batch's global token count gives
+// the gradients of the model without pipelining; `mean_over_microbatches` divides each
+// microbatch's loss by the number of microbatches first (a mean loss over equal microbatches).
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+
+#include <dtensor/pipeline_schedule.h>
+#include <dtensor/process_group.h>
+
+namespace dtensor {
+
+// One stage of the model on this rank: its index among all stages, the module holding its
+// parameters, and its computation (one tensor in, one out: token ids to hidden states on the
+// first stage, hidden states to logits on the last).
+struct PipelineStage {
+  int index = 0;
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<at::Tensor(const at::Tensor&)> forward;
+};
+
+// The last stage's output for one microbatch and that microbatch's target -> a scalar loss.
+using PipelineLoss = std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>;
+
+struct PipelineOptions {
+  // Divide each microbatch's loss by the number of microbatches before its backward.
+  TORCH_ARG(bool, mean_over_microbatches) = false;
+  TORCH_ARG(LoweringOptions, lowering) = {};
+};
+
+class PipelineSchedule {
+ public:
+  // `stages`: this rank's stages; `group`: the pipeline group (its ranks are the pipeline
+  // ranks of `compute`); `compute`: every rank's compute actions (generate_schedule, or a
+  // CSV through schedule_from_csv). The schedule is checked and lowered here: one that
+  // deadlocks, or that places on this rank other stages than `stages`, is refused naming
+  // them.
+  PipelineSchedule(std::vector<PipelineStage> stages, Group group, const PipelineOrder& compute,
+                   int microbatches, PipelineLoss loss, PipelineOptions options = {});
+  ~PipelineSchedule();
+  PipelineSchedule(const PipelineSchedule&) = delete;
+  PipelineSchedule& operator=(const PipelineSchedule&) = delete;
+
+  // One step: `input` (read on the rank of stage 0) and `target` (on the rank of the last
+  // stage) split along dim 0 into the microbatches. Returns the microbatches' losses (as
+  // loss_fn gave them) on the last stage's rank, none elsewhere; gradients accumulate into
+  // the stages' parameters. A failure names this rank's action, its stage and microbatch.
+  std::vector<at::Tensor> step(const at::Tensor& input, const at::Tensor& target);
+
+  // The lowered program of every pipeline rank (lower_schedule).
+  const PipelineOrder& program() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+} // namespace dtensor

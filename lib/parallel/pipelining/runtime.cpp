@@ -1,0 +1,380 @@
+// Running a lowered pipeline program (PipelineSchedule, include/dtensor/pipelining.h).
+// [Note: the pipeline runtime]
+//
+// [Note: the pipeline runtime]
+// Each rank runs its own lowered program (lower_schedule) action by action. A forward takes
+// its input from the microbatch (stage 0), a receive buffer (RECV_F posted earlier) or, at a
+// V's turn, the previous stage's output on this rank; it keeps (input, output) for the
+// backward. A full backward (B) starts from the loss (last stage) or the received output
+// gradient, and leaves the input's gradient for SEND_B. A split backward computes the input
+// gradient first (I, keeping the graph) and the weights' later (W, a backward whose only
+// inputs are the parameters, so their gradient hooks fire as in any backward). Sends are
+// asynchronous and waited for at WAIT_SEND; receives are posted at RECV and waited for by
+// the action that reads them. Receive buffers need the shapes of each stage's input and
+// output: the first step finds them by one forward per stage on its first microbatch, stage
+// after stage, each rank sending the next stage's input shape ahead (uncounted, as the
+// library's bookkeeping). Later forwards whose output shape differs are refused.
+#include <dtensor/pipelining.h>
+
+#include <map>
+#include <tuple>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <dtensor/collectives.h>
+
+#include "internal/check.h"
+#include "mesh/collectives_internal.h"
+
+namespace dtensor {
+
+namespace {
+
+using AT = ActionType;
+using Slot = std::pair<int, int>; // stage, microbatch
+
+constexpr int kMetaLen = 10; // [ndim, dtype, up to 8 sizes]
+constexpr int kMetaTag = 1 << 24;
+
+struct Shape {
+  std::vector<int64_t> sizes;
+  at::ScalarType dtype = at::kFloat;
+};
+
+at::Tensor encode(const Shape& s) {
+  DTENSOR_CHECK(s.sizes.size() <= kMetaLen - 2, "pipeline: a stage's tensors may have at most {} dimensions, got {}",
+                kMetaLen - 2, s.sizes.size());
+  at::Tensor t = at::zeros({kMetaLen}, at::kLong);
+  t[0] = static_cast<int64_t>(s.sizes.size());
+  t[1] = static_cast<int64_t>(s.dtype);
+  for (size_t i = 0; i < s.sizes.size(); ++i) {
+    t[static_cast<int64_t>(i) + 2] = s.sizes[i];
+  }
+  return t;
+}
+
+Shape decode(const at::Tensor& t) {
+  Shape s;
+  auto v = t.accessor<int64_t, 1>();
+  s.dtype = static_cast<at::ScalarType>(v[1]);
+  for (int64_t i = 0; i < v[0]; ++i) {
+    s.sizes.push_back(v[i + 2]);
+  }
+  return s;
+}
+
+Shape shape_of(const at::Tensor& t) {
+  return {t.sizes().vec(), t.scalar_type()};
+}
+
+} // namespace
+
+struct PipelineSchedule::Impl {
+  std::map<int, PipelineStage> stages; // this rank's, by index
+  Group group;
+  int microbatches = 0;
+  int num_stages = 0;
+  PipelineLoss loss;
+  PipelineOptions options;
+  std::vector<int> placement; // stage -> pipeline rank
+  PipelineOrder program;
+  bool shapes_known = false;
+  std::map<int, Shape> in_shape, out_shape; // per local stage
+
+  // Per step.
+  std::vector<at::Tensor> input_mbs, target_mbs, losses;
+  std::map<Slot, at::Tensor> inputs, outputs, grad_outputs, input_grads;
+  // Posted receives and sends in flight: (type, stage, microbatch) -> (work, its tensor).
+  std::map<std::tuple<AT, int, int>, std::pair<Work, at::Tensor>> in_flight;
+
+  bool is_local(int stage) const { return stages.count(stage) > 0; }
+  int tag(bool fwd, int stage, int mb) const { return ((stage * 2 + (fwd ? 0 : 1)) * microbatches + mb) + 1; }
+
+  void find_shapes();
+  void run(const PipelineAction& a);
+  void forward(int s, int mb);
+  void backward(AT type, int s, int mb);
+  void post_recv(bool fwd, int s, int mb);
+  void post_send(bool fwd, int s, int mb);
+  void wait_send(bool fwd, int s, int mb);
+  at::Tensor take_recv(bool fwd, int s, int mb);
+  void check_done();
+};
+
+void PipelineSchedule::Impl::find_shapes() {
+  detail::Uncounted uncounted;
+  std::vector<Work> sends;
+  std::vector<at::Tensor> keep;
+  for (auto& [s, stage] : stages) {
+    Shape in;
+    if (s == 0) {
+      in = shape_of(input_mbs.at(0));
+    } else if (is_local(s - 1)) {
+      in = out_shape.at(s - 1);
+    } else {
+      at::Tensor meta = at::empty({kMetaLen}, at::kLong);
+      dtensor::recv(meta, placement[s - 1], group, kMetaTag + s);
+      in = decode(meta);
+    }
+    in_shape[s] = in;
+    at::Tensor x = s == 0 ? input_mbs.at(0) : at::zeros(in.sizes, at::TensorOptions().dtype(in.dtype));
+    {
+      at::NoGradGuard no_grad;
+      out_shape[s] = shape_of(stage.forward(x));
+    }
+    if (s + 1 < num_stages && !is_local(s + 1)) {
+      keep.push_back(encode(out_shape[s]));
+      sends.push_back(dtensor::send(keep.back(), placement[s + 1], group, kMetaTag + s + 1,
+                                    CollectiveOptions().async_op(true)));
+    }
+  }
+  for (auto& w : sends) {
+    w.wait();
+  }
+  shapes_known = true;
+}
+
+void PipelineSchedule::Impl::post_recv(bool fwd, int s, int mb) {
+  // A forward receive fills stage s's input from stage s-1; a backward one its output's
+  // gradient from stage s+1.
+  const Shape& shape = fwd ? in_shape.at(s) : out_shape.at(s);
+  at::Tensor buf = at::empty(shape.sizes, at::TensorOptions().dtype(shape.dtype));
+  int peer = placement[fwd ? s - 1 : s + 1];
+  Work w = dtensor::recv(buf, peer, group, tag(fwd, s, mb), CollectiveOptions().async_op(true));
+  in_flight.emplace(std::tuple{fwd ? AT::RecvF : AT::RecvB, s, mb}, std::pair{std::move(w), buf});
+}
+
+at::Tensor PipelineSchedule::Impl::take_recv(bool fwd, int s, int mb) {
+  auto it = in_flight.find({fwd ? AT::RecvF : AT::RecvB, s, mb});
+  DTENSOR_CHECK(it != in_flight.end(), "nothing was received for stage {}, microbatch {} ({})", s, mb,
+                fwd ? "its input" : "its output's gradient");
+  it->second.first.wait();
+  at::Tensor t = it->second.second;
+  in_flight.erase(it);
+  return t;
+}
+
+void PipelineSchedule::Impl::post_send(bool fwd, int s, int mb) {
+  // Stage s's output goes to s+1; its input's gradient to s-1. The tag is the receiver's.
+  at::Tensor t = fwd ? outputs.at({s, mb}).detach() : input_grads.at({s, mb});
+  int to = fwd ? s + 1 : s - 1;
+  Work w = dtensor::send(t, placement[to], group, tag(fwd, to, mb), CollectiveOptions().async_op(true));
+  in_flight.emplace(std::tuple{fwd ? AT::SendF : AT::SendB, s, mb}, std::pair{std::move(w), t});
+  if (!fwd) {
+    input_grads.erase({s, mb});
+  }
+}
+
+void PipelineSchedule::Impl::wait_send(bool fwd, int s, int mb) {
+  auto it = in_flight.find({fwd ? AT::SendF : AT::SendB, s, mb});
+  DTENSOR_CHECK(it != in_flight.end(), "no send of stage {}, microbatch {} to wait for", s, mb);
+  it->second.first.wait();
+  in_flight.erase(it);
+}
+
+void PipelineSchedule::Impl::forward(int s, int mb) {
+  at::Tensor x;
+  if (s == 0) {
+    x = input_mbs.at(mb);
+  } else if (is_local(s - 1)) {
+    x = outputs.at({s - 1, mb}).detach(); // a V's turn: the previous stage is on this rank
+  } else {
+    x = take_recv(true, s, mb);
+  }
+  if (s > 0 && at::isFloatingType(x.scalar_type())) {
+    x = x.detach().requires_grad_(true);
+  }
+  at::Tensor y = stages.at(s).forward(x);
+  DTENSOR_CHECK(shape_of(y).sizes == out_shape.at(s).sizes && y.scalar_type() == out_shape.at(s).dtype,
+                "stage {}'s output for microbatch {} is {}{} but was {}{} on the first microbatch: a pipeline "
+                "stage's output shape must not change",
+                s, mb, c10::toString(y.scalar_type()), y.sizes(), c10::toString(out_shape.at(s).dtype),
+                out_shape.at(s).sizes);
+  inputs[{s, mb}] = x;
+  if (s == num_stages - 1) {
+    at::Tensor l = loss(y, target_mbs.at(mb));
+    losses.at(mb) = l.detach();
+    y = options.mean_over_microbatches() ? l / microbatches : l;
+  }
+  outputs[{s, mb}] = y;
+}
+
+void PipelineSchedule::Impl::backward(AT type, int s, int mb) {
+  Slot slot{s, mb};
+  at::Tensor y = outputs.at(slot);
+  at::Tensor x = inputs.at(slot);
+  at::Tensor dy;
+  if (type != AT::BackwardWeight) {
+    if (s == num_stages - 1) {
+      dy = at::Tensor(); // the loss: its gradient is one
+    } else if (is_local(s + 1)) {
+      dy = input_grads.at({s + 1, mb}); // a V's turn
+      input_grads.erase({s + 1, mb});
+    } else {
+      dy = take_recv(false, s, mb);
+    }
+    grad_outputs[slot] = dy;
+  } else {
+    dy = grad_outputs.at(slot);
+  }
+  std::vector<at::Tensor> dys;
+  if (dy.defined()) {
+    dys.push_back(dy);
+  }
+  bool needs_input_grad = s > 0 && x.requires_grad();
+  if (type == AT::BackwardInput) {
+    if (needs_input_grad) {
+      input_grads[slot] = torch::autograd::grad({y}, {x}, dys, /*retain_graph=*/true)[0];
+    }
+    return; // the graph stays for W
+  }
+  std::vector<at::Tensor> params;
+  for (const auto& p : stages.at(s).module->parameters()) {
+    if (p.requires_grad()) {
+      params.push_back(p);
+    }
+  }
+  if (type == AT::FullBackward) {
+    if (needs_input_grad) {
+      params.push_back(x);
+    }
+    torch::autograd::backward({y}, dys, /*retain_graph=*/false, /*create_graph=*/false, params);
+    if (needs_input_grad) {
+      input_grads[slot] = x.grad();
+    }
+  } else { // W: the weights only, after I
+    torch::autograd::backward({y}, dys, /*retain_graph=*/false, /*create_graph=*/false, params);
+  }
+  inputs.erase(slot);
+  outputs.erase(slot);
+  grad_outputs.erase(slot);
+}
+
+void PipelineSchedule::Impl::run(const PipelineAction& a) {
+  for (const auto& part : a.sub_actions) { // OVERLAP_F_B: one after the other
+    run(part);
+  }
+  int s = a.stage;
+  int mb = a.microbatch.value_or(-1);
+  switch (a.type) {
+    case AT::Forward:
+      forward(s, mb);
+      break;
+    case AT::FullBackward:
+    case AT::BackwardInput:
+    case AT::BackwardWeight:
+      backward(a.type, s, mb);
+      break;
+    case AT::RecvF:
+    case AT::RecvB:
+      post_recv(a.type == AT::RecvF, s, mb);
+      break;
+    case AT::SendF:
+    case AT::SendB:
+      post_send(a.type == AT::SendF, s, mb);
+      break;
+    case AT::WaitSendF:
+    case AT::WaitSendB:
+      wait_send(a.type == AT::WaitSendF, s, mb);
+      break;
+    case AT::Unshard: // fully_shard under pipelining comes with the next step of issue 47
+    case AT::Reshard:
+    case AT::ReduceGrad:
+    case AT::WaitReduceGrad:
+    case AT::OverlapFB:
+      break;
+  }
+}
+
+void PipelineSchedule::Impl::check_done() {
+  std::vector<std::string> left;
+  for (const auto& [k, v] : in_flight) {
+    auto [type, s, mb] = k;
+    left.push_back(fmt::format("{}{}{}", s, action_type_name(type), mb));
+  }
+  DTENSOR_CHECK(left.empty(), "pipeline step ended with transfers never waited for: {}", fmt::join(left, ", "));
+  inputs.clear();
+  outputs.clear();
+  grad_outputs.clear();
+  input_grads.clear();
+}
+
+PipelineSchedule::PipelineSchedule(std::vector<PipelineStage> stages, Group group, const PipelineOrder& compute,
+                                   int microbatches, PipelineLoss loss, PipelineOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& d = *impl_;
+  d.group = std::move(group);
+  d.microbatches = microbatches;
+  d.loss = std::move(loss);
+  d.options = std::move(options);
+  DTENSOR_CHECK(d.group.defined(), "PipelineSchedule: the pipeline group is undefined");
+  DTENSOR_CHECK(static_cast<int>(compute.size()) == d.group.size(),
+                "PipelineSchedule: the schedule has {} pipeline ranks but the group {} has {}", compute.size(),
+                d.group.to_string(), d.group.size());
+  for (const auto& rank : compute) {
+    for (const auto& a : rank) {
+      if (a) {
+        for (const auto& part : a->sub_actions.empty() ? std::vector<PipelineAction>{*a} : a->sub_actions) {
+          d.num_stages = std::max(d.num_stages, part.stage + 1);
+        }
+      }
+    }
+  }
+  d.program = lower_schedule(compute, d.num_stages, microbatches, d.options.lowering());
+  d.placement = validate_schedule(compute, d.num_stages, microbatches);
+  std::vector<int> mine, given;
+  for (int s = 0; s < d.num_stages; ++s) {
+    if (d.placement[s] == d.group.rank()) {
+      mine.push_back(s);
+    }
+  }
+  for (auto& st : stages) {
+    DTENSOR_CHECK(st.module && st.forward, "PipelineSchedule: stage {} needs a module and a forward", st.index);
+    given.push_back(st.index);
+    int index = st.index;
+    d.stages.emplace(index, std::move(st));
+  }
+  std::sort(given.begin(), given.end());
+  DTENSOR_CHECK(given == mine, "PipelineSchedule: the schedule places stages [{}] on pipeline rank {}, but this "
+                "rank was given stages [{}]",
+                fmt::join(mine, ", "), d.group.rank(), fmt::join(given, ", "));
+}
+
+PipelineSchedule::~PipelineSchedule() = default;
+
+const PipelineOrder& PipelineSchedule::program() const {
+  return impl_->program;
+}
+
+std::vector<at::Tensor> PipelineSchedule::step(const at::Tensor& input, const at::Tensor& target) {
+  Impl& d = *impl_;
+  int m = d.microbatches;
+  bool first = d.is_local(0), last = d.is_local(d.num_stages - 1);
+  auto split = [&](const at::Tensor& t, const char* what) {
+    DTENSOR_CHECK(t.defined() && t.dim() > 0 && t.size(0) % m == 0,
+                  "PipelineSchedule::step: the {} ({}) does not split into {} microbatches along dim 0", what,
+                  t.defined() ? detail::describe(t) : "undefined", m);
+    return t.split(t.size(0) / m);
+  };
+  d.input_mbs = first ? split(input, "input") : std::vector<at::Tensor>{};
+  d.target_mbs = last ? split(target, "target") : std::vector<at::Tensor>{};
+  d.losses.assign(last ? m : 0, at::Tensor());
+  if (!d.shapes_known) {
+    d.find_shapes();
+  }
+  const auto& mine = d.program.at(d.group.rank());
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const PipelineAction& a = *mine[i];
+    try {
+      d.run(a);
+    } catch (const std::exception& e) {
+      DTENSOR_FAIL("pipeline rank {} ({}), action {} (step {} of its program): {}", d.group.rank(),
+                   d.group.to_string(), a.str(), i, e.what());
+    }
+  }
+  d.check_done();
+  return last ? d.losses : std::vector<at::Tensor>{};
+}
+
+} // namespace dtensor
