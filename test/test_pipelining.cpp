@@ -65,7 +65,8 @@ const std::vector<Case> kCases = {
 };
 
 // This rank's stages of `model`, as the schedule places them.
-std::vector<dtensor::PipelineStage> stages_of(Model& model, const PipelineOrder& order, int num_stages) {
+std::vector<dtensor::PipelineStage> stages_of(Model& model, const PipelineOrder& order,
+                                              int num_stages) {
   auto placement = dtensor::validate_schedule(order, num_stages, 8);
   int per = 8 / num_stages;
   std::vector<dtensor::PipelineStage> out;
@@ -77,7 +78,9 @@ std::vector<dtensor::PipelineStage> stages_of(Model& model, const PipelineOrder&
     for (int i = s * per; i < (s + 1) * per; ++i) {
       holder->register_module("layer" + std::to_string(i), model.layers[i]);
     }
-    out.push_back({s, holder, [&model, s, per](const at::Tensor& x) { return model.run(x, s * per, (s + 1) * per); }});
+    out.push_back({s, holder, [&model, s, per](const at::Tensor& x) {
+                     return model.run(x, s * per, (s + 1) * per);
+                   }});
   }
   return out;
 }
@@ -135,7 +138,8 @@ TEST_CASE("every schedule's gradients equal the plain model's", "[pipelining][wo
         sends += (s > 0 && placement[s - 1] != rank()) ? 8 : 0;
       }
       CHECK(mode.count(dtensor::CollectiveKind::Send) == sends);
-      CHECK(mode.count(dtensor::CollectiveKind::Recv) == sends); // each rank receives as much as it sends here
+      CHECK(mode.count(dtensor::CollectiveKind::Recv) ==
+            sends); // each rank receives as much as it sends here
       CHECK(mode.total_bytes_in() == sends * (kBatch / 8) * kWidth * 4);
       CHECK(mode.count(dtensor::CollectiveKind::AllReduce) == 0);
     }
@@ -150,8 +154,9 @@ TEST_CASE("pipeline errors name what was wrong", "[pipelining][world2][world4]")
   auto mine = stages_of(model, order, world());
   mine[0].index = (rank() + 1) % world();
   REQUIRE_THROWS_WITH(dtensor::PipelineSchedule(mine, pp, order, 8, sum_loss),
-                      contains("the schedule places stages [" + std::to_string(rank()) + "] on pipeline rank " +
-                               std::to_string(rank()) + ", but this rank was given stages [" +
+                      contains("the schedule places stages [" + std::to_string(rank()) +
+                               "] on pipeline rank " + std::to_string(rank()) +
+                               ", but this rank was given stages [" +
                                std::to_string((rank() + 1) % world()) + "]"));
   // A batch that does not split into the microbatches (checked before any transfer).
   dtensor::PipelineSchedule schedule(stages_of(model, order, world()), pp, order, 8, sum_loss);
@@ -160,7 +165,8 @@ TEST_CASE("pipeline errors name what was wrong", "[pipelining][world2][world4]")
                         contains("does not split into 8 microbatches along dim 0"));
   }
   // Microbatch counts a schedule cannot take.
-  REQUIRE_THROWS_WITH(dtensor::generate_schedule(ScheduleKind::DualPipeV, world(), 2 * world() - 1, 2),
-                      contains("DualPipeV: " + std::to_string(2 * world() - 1) + " microbatches for " +
-                               std::to_string(2 * world()) + " stages"));
+  REQUIRE_THROWS_WITH(
+      dtensor::generate_schedule(ScheduleKind::DualPipeV, world(), 2 * world() - 1, 2),
+      contains("DualPipeV: " + std::to_string(2 * world() - 1) + " microbatches for " +
+               std::to_string(2 * world()) + " stages"));
 }

@@ -95,7 +95,8 @@ std::vector<int> stage_to_rank(ScheduleKind kind, int pp, int num_stages);
 // from 1 (its runtime runs them from 0, as here). Throws when the schedule cannot take the
 // shape (1F1B: microbatches >= pp; Interleaved: microbatches a multiple of the rounds;
 // ZBV, DualPipeV: two stages per rank; DualPipeV: microbatches >= 2 pp).
-PipelineOrder generate_schedule(ScheduleKind kind, int pp, int microbatches, int stages_per_rank = 1);
+PipelineOrder generate_schedule(ScheduleKind kind, int pp, int microbatches,
+                                int stages_per_rank = 1);
 
 // Checks a compute schedule as PyTorch's _validate_schedule does (every backward after its
 // forward, every W after its I, each stage on one rank, each stage's forward and backward
@@ -162,6 +163,7 @@ struct ScheduleTimeline {
 // microbatch, a backward after the next stage's, a W after its I, plus p2p_latency between
 // ranks). Throws if the schedule cannot complete, naming each waiting rank, its action and
 // the action it waits for.
-ScheduleTimeline simulate_schedule(const PipelineOrder& compute, int num_stages, const ScheduleCosts& costs = {});
+ScheduleTimeline simulate_schedule(const PipelineOrder& compute, int num_stages,
+                                   const ScheduleCosts& costs = {});
 
 } // namespace dtensor

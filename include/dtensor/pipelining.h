@@ -6,8 +6,9 @@
 // point-to-point transfers through the collective choke point (CommDebugMode counts them).
 //
 //   auto pp = mesh.get_group("pp");
-//   dtensor::PipelineStage stage{index, module, [&](const at::Tensor& x) { return module->forward(x); }};
-//   auto order = dtensor::generate_schedule(dtensor::ScheduleKind::OneFOneB, pp.size(), 8);
+//   dtensor::PipelineStage stage{index, module, [&](const at::Tensor& x) { return
+//   module->forward(x); }}; auto order =
+//   dtensor::generate_schedule(dtensor::ScheduleKind::OneFOneB, pp.size(), 8);
 //   dtensor::PipelineSchedule schedule({stage}, pp, order, 8, loss_fn);
 //   auto losses = schedule.step(tokens, targets); // gradients accumulate into the stages
 //

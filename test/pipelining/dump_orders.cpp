@@ -29,8 +29,10 @@ void generate(std::istringstream& in) {
     auto k = dtensor::schedule_kind(kind);
     auto order = dtensor::generate_schedule(k, pp, m, v);
     auto lowered = dtensor::lower_schedule(order, pp * v, m);
-    std::cout << "compute\n" << dtensor::schedule_to_text(order) << "lowered\n"
-              << dtensor::schedule_to_text(lowered) << "csv\n" << dtensor::schedule_to_csv(order);
+    std::cout << "compute\n"
+              << dtensor::schedule_to_text(order) << "lowered\n"
+              << dtensor::schedule_to_text(lowered) << "csv\n"
+              << dtensor::schedule_to_csv(order);
   } catch (const dtensor::Error& e) {
     std::cout << "ERROR " << e.what() << "\n";
   }
@@ -64,7 +66,8 @@ void lower_csv(std::istringstream& in) {
     std::stringstream text;
     text << f.rdbuf();
     auto order = dtensor::schedule_from_csv(text.str(), path);
-    std::cout << "lowered\n" << dtensor::schedule_to_text(dtensor::lower_schedule(order, stages, m));
+    std::cout << "lowered\n"
+              << dtensor::schedule_to_text(dtensor::lower_schedule(order, stages, m));
   } catch (const dtensor::Error& e) {
     std::cout << "ERROR " << e.what() << "\n";
   }

@@ -61,7 +61,8 @@ bool all_digits(std::string_view s) {
 }
 
 int to_int(std::string_view digits, std::string_view text) {
-  DTENSOR_CHECK(digits.size() <= 9, "invalid pipeline action '{}': number {} too large", text, digits);
+  DTENSOR_CHECK(digits.size() <= 9, "invalid pipeline action '{}': number {} too large", text,
+                digits);
   int v = 0;
   for (char c : digits) {
     v = v * 10 + (c - '0');
@@ -70,9 +71,10 @@ int to_int(std::string_view digits, std::string_view text) {
 }
 
 [[noreturn]] void bad_action(std::string_view text) {
-  DTENSOR_FAIL("invalid pipeline action '{}': expected [stage][type][microbatch] (e.g. 2F0, 1UNSHARD, "
-               "3SEND_F1) or (sub;sub)OVERLAP_F_B",
-               text);
+  DTENSOR_FAIL(
+      "invalid pipeline action '{}': expected [stage][type][microbatch] (e.g. 2F0, 1UNSHARD, "
+      "3SEND_F1) or (sub;sub)OVERLAP_F_B",
+      text);
 }
 
 PipelineAction parse_simple(std::string_view text) {
@@ -144,7 +146,8 @@ PipelineAction PipelineAction::parse(std::string_view text) {
   PipelineAction a;
   a.stage = -1;
   std::string_view type = t.substr(close + 1);
-  auto it = std::find_if(kNames.begin(), kNames.end(), [&](const auto& n) { return n.first == type; });
+  auto it =
+      std::find_if(kNames.begin(), kNames.end(), [&](const auto& n) { return n.first == type; });
   if (it == kNames.end()) {
     bad_action(text);
   }
@@ -157,27 +160,29 @@ PipelineAction PipelineAction::parse(std::string_view text) {
     }
     inner = semi == std::string_view::npos ? std::string_view{} : inner.substr(semi + 1);
   }
-  DTENSOR_CHECK(!a.sub_actions.empty(), "invalid pipeline action '{}': a compound action needs sub-actions", text);
+  DTENSOR_CHECK(!a.sub_actions.empty(),
+                "invalid pipeline action '{}': a compound action needs sub-actions", text);
   return a;
 }
 
 bool PipelineAction::is_compute() const {
   switch (type) {
-    case ActionType::Forward:
-    case ActionType::BackwardInput:
-    case ActionType::BackwardWeight:
-    case ActionType::FullBackward:
-    case ActionType::OverlapFB:
-      return true;
-    default:
-      return false;
+  case ActionType::Forward:
+  case ActionType::BackwardInput:
+  case ActionType::BackwardWeight:
+  case ActionType::FullBackward:
+  case ActionType::OverlapFB:
+    return true;
+  default:
+    return false;
   }
 }
 
 ScheduleKind schedule_kind(std::string_view name) {
   auto lower = [](std::string_view s) {
     std::string out(s);
-    std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return std::tolower(c); });
+    std::transform(out.begin(), out.end(), out.begin(),
+                   [](unsigned char c) { return std::tolower(c); });
     return out;
   };
   std::vector<std::string_view> known;
@@ -187,7 +192,8 @@ ScheduleKind schedule_kind(std::string_view name) {
     }
     known.push_back(n);
   }
-  DTENSOR_FAIL("unknown pipeline schedule '{}': the schedules are {}", name, fmt::join(known, ", "));
+  DTENSOR_FAIL("unknown pipeline schedule '{}': the schedules are {}", name,
+               fmt::join(known, ", "));
 }
 
 std::string_view schedule_name(ScheduleKind kind) {
@@ -205,7 +211,8 @@ bool is_single_stage(ScheduleKind kind) {
 
 std::vector<int> stage_to_rank(ScheduleKind kind, int pp, int num_stages) {
   DTENSOR_CHECK(pp > 0 && num_stages > 0 && num_stages % pp == 0,
-                "{}: {} stages cannot be placed evenly on {} pipeline ranks", schedule_name(kind), num_stages, pp);
+                "{}: {} stages cannot be placed evenly on {} pipeline ranks", schedule_name(kind),
+                num_stages, pp);
   bool v = kind == ScheduleKind::ZBVZeroBubble || kind == ScheduleKind::DualPipeV;
   std::vector<int> ranks(num_stages);
   for (int s = 0; s < num_stages; ++s) {
@@ -250,7 +257,8 @@ PipelineOrder schedule_from_csv(std::string_view text, std::string_view file) {
         try {
           rank.push_back(PipelineAction::parse(cell));
         } catch (const Error& e) {
-          DTENSOR_FAIL("{}: rank {} (line {}), step {}: {}", name, order.size(), line_no, rank.size(), e.what());
+          DTENSOR_FAIL("{}: rank {} (line {}), step {}: {}", name, order.size(), line_no,
+                       rank.size(), e.what());
         }
       }
       if (comma == std::string_view::npos) {

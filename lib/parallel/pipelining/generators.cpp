@@ -201,7 +201,9 @@ RankActions zbv(int p, int m, int r) {
   int f0 = 0, f1 = 0, b0 = 0, b1 = 0;
   RankActions out;
   idle(out, r);
-  auto emit = [&](int stage, AT type, int& counter) { out.emplace_back(act(stage, type, counter++)); };
+  auto emit = [&](int stage, AT type, int& counter) {
+    out.emplace_back(act(stage, type, counter++));
+  };
   for (int i = 0; i < 2 * (p - r) - 1; ++i) {
     emit(c0, AT::Forward, f0);
   }
@@ -348,20 +350,23 @@ class DualPipeV {
 PipelineOrder generate_schedule(ScheduleKind kind, int pp, int microbatches, int stages_per_rank) {
   std::string_view name = schedule_name(kind);
   int p = pp, m = microbatches, v = stages_per_rank;
-  DTENSOR_CHECK(p >= 1 && m >= 1 && v >= 1,
-                "{}: pipeline ranks ({}), microbatches ({}) and stages per rank ({}) must be positive", name, p, m,
-                v);
+  DTENSOR_CHECK(
+      p >= 1 && m >= 1 && v >= 1,
+      "{}: pipeline ranks ({}), microbatches ({}) and stages per rank ({}) must be positive", name,
+      p, m, v);
   if (is_single_stage(kind)) {
     DTENSOR_CHECK(v == 1, "{} runs one stage per rank, not {}", name, v);
   }
   if (kind == ScheduleKind::OneFOneB) {
-    DTENSOR_CHECK(m >= p, "1F1B: {} microbatches for {} stages; it needs at least one microbatch per stage", m,
-                  p);
+    DTENSOR_CHECK(m >= p,
+                  "1F1B: {} microbatches for {} stages; it needs at least one microbatch per stage",
+                  m, p);
   }
   if (kind == ScheduleKind::Interleaved1F1B || kind == ScheduleKind::InterleavedZeroBubble) {
     int rounds = std::max(1, m / p);
     DTENSOR_CHECK(m % rounds == 0,
-                  "{}: {} microbatches on {} pipeline ranks: the microbatches must be a multiple of the {} rounds "
+                  "{}: {} microbatches on {} pipeline ranks: the microbatches must be a multiple "
+                  "of the {} rounds "
                   "(microbatches / ranks)",
                   name, m, p, rounds);
   }
@@ -369,33 +374,35 @@ PipelineOrder generate_schedule(ScheduleKind kind, int pp, int microbatches, int
     DTENSOR_CHECK(v == 2, "{} needs exactly 2 stages per rank (a V), got {}", name, v);
   }
   if (kind == ScheduleKind::DualPipeV) {
-    DTENSOR_CHECK(m >= 2 * p, "DualPipeV: {} microbatches for {} stages; it needs at least one microbatch per stage",
-                  m, 2 * p);
+    DTENSOR_CHECK(
+        m >= 2 * p,
+        "DualPipeV: {} microbatches for {} stages; it needs at least one microbatch per stage", m,
+        2 * p);
   }
   PipelineOrder order;
   for (int r = 0; r < p; ++r) {
     switch (kind) {
-      case ScheduleKind::GPipe:
-        order.push_back(gpipe(p, m, r));
-        break;
-      case ScheduleKind::OneFOneB:
-        order.push_back(one_f_one_b(p, m, r));
-        break;
-      case ScheduleKind::LoopedBFS:
-        order.push_back(looped_bfs(p, m, v, r));
-        break;
-      case ScheduleKind::Interleaved1F1B:
-        order.push_back(interleaved(p, m, v, r, false));
-        break;
-      case ScheduleKind::InterleavedZeroBubble:
-        order.push_back(interleaved(p, m, v, r, true));
-        break;
-      case ScheduleKind::ZBVZeroBubble:
-        order.push_back(zbv(p, m, r));
-        break;
-      case ScheduleKind::DualPipeV:
-        order.push_back(DualPipeV(p, m, r).run());
-        break;
+    case ScheduleKind::GPipe:
+      order.push_back(gpipe(p, m, r));
+      break;
+    case ScheduleKind::OneFOneB:
+      order.push_back(one_f_one_b(p, m, r));
+      break;
+    case ScheduleKind::LoopedBFS:
+      order.push_back(looped_bfs(p, m, v, r));
+      break;
+    case ScheduleKind::Interleaved1F1B:
+      order.push_back(interleaved(p, m, v, r, false));
+      break;
+    case ScheduleKind::InterleavedZeroBubble:
+      order.push_back(interleaved(p, m, v, r, true));
+      break;
+    case ScheduleKind::ZBVZeroBubble:
+      order.push_back(zbv(p, m, r));
+      break;
+    case ScheduleKind::DualPipeV:
+      order.push_back(DualPipeV(p, m, r).run());
+      break;
     }
   }
   if (kind == ScheduleKind::InterleavedZeroBubble) {

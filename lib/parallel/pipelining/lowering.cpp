@@ -67,10 +67,13 @@ std::vector<int> next_stages(const RankActions& actions, size_t i, int count) {
   return out;
 }
 
-std::vector<PipelineAction> add_unshard_reshard(const RankActions& actions, int max_active, int lookahead) {
+std::vector<PipelineAction> add_unshard_reshard(const RankActions& actions, int max_active,
+                                                int lookahead) {
   std::vector<int> active; // in the order they were unsharded
   std::vector<PipelineAction> out;
-  auto contains = [](const std::vector<int>& v, int s) { return std::find(v.begin(), v.end(), s) != v.end(); };
+  auto contains = [](const std::vector<int>& v, int s) {
+    return std::find(v.begin(), v.end(), s) != v.end();
+  };
   for (size_t i = 0; i < actions.size(); ++i) {
     if (!actions[i]) {
       continue;
@@ -80,8 +83,8 @@ std::vector<PipelineAction> add_unshard_reshard(const RankActions& actions, int 
       stages.insert(part.stage);
     }
     DTENSOR_CHECK(static_cast<int>(stages.size()) <= max_active,
-                  "pipeline action {} computes {} stages at once, more than max_active_stages={}", actions[i]->str(),
-                  stages.size(), max_active);
+                  "pipeline action {} computes {} stages at once, more than max_active_stages={}",
+                  actions[i]->str(), stages.size(), max_active);
     std::vector<int> resident = next_stages(actions, i, max_active);
     std::vector<int> prefetch = next_stages(actions, i, lookahead);
     std::vector<int> evict;
@@ -108,7 +111,8 @@ std::vector<PipelineAction> add_unshard_reshard(const RankActions& actions, int 
   return out;
 }
 
-std::vector<PipelineAction> add_reduce_grad(const std::vector<PipelineAction>& actions, int microbatches) {
+std::vector<PipelineAction> add_reduce_grad(const std::vector<PipelineAction>& actions,
+                                            int microbatches) {
   std::map<int, int> backwards;
   std::vector<PipelineAction> out;
   for (const auto& a : actions) {
@@ -126,7 +130,8 @@ std::vector<PipelineAction> add_reduce_grad(const std::vector<PipelineAction>& a
 
 class SendRecv {
  public:
-  SendRecv(const std::vector<int>& placement) : placement_(placement), num_stages_(placement.size()) {}
+  SendRecv(const std::vector<int>& placement)
+      : placement_(placement), num_stages_(placement.size()) {}
 
   PipelineOrder run(std::vector<std::deque<PipelineAction>> todo) {
     size_t ranks = todo.size();
@@ -140,7 +145,8 @@ class SendRecv {
         }
         const PipelineAction a = todo[r].front();
         auto parts = parts_of(a);
-        if (!std::all_of(parts.begin(), parts.end(), [&](const auto& p) { return ready(p, done[r]); })) {
+        if (!std::all_of(parts.begin(), parts.end(),
+                         [&](const auto& p) { return ready(p, done[r]); })) {
           continue;
         }
         out[r].emplace_back(a);
@@ -149,7 +155,8 @@ class SendRecv {
           if (has_comms(p)) {
             bool fwd = p.type == AT::Forward;
             PipelineAction send = make(p.stage, fwd ? AT::SendF : AT::SendB, p.microbatch);
-            PipelineAction recv = make(p.stage + (fwd ? 1 : -1), fwd ? AT::RecvF : AT::RecvB, p.microbatch);
+            PipelineAction recv =
+                make(p.stage + (fwd ? 1 : -1), fwd ? AT::RecvF : AT::RecvB, p.microbatch);
             out[r].emplace_back(send);
             done[r].insert(key_of(send));
             size_t peer = placement_.at(recv.stage);
@@ -184,7 +191,8 @@ class SendRecv {
       return done.count({a.stage, AT::RecvF, mb}) || done.count({a.stage - 1, AT::Forward, mb});
     }
     if ((a.type == AT::BackwardInput || a.type == AT::FullBackward) && a.stage != num_stages_ - 1) {
-      return done.count({a.stage, AT::RecvB, mb}) || done.count({a.stage + 1, AT::BackwardInput, mb}) ||
+      return done.count({a.stage, AT::RecvB, mb}) ||
+             done.count({a.stage + 1, AT::BackwardInput, mb}) ||
              done.count({a.stage + 1, AT::FullBackward, mb});
     }
     return true;
@@ -197,9 +205,10 @@ class SendRecv {
         waiting.push_back(fmt::format("rank {} at {}", r, todo[r].front().str()));
       }
     }
-    DTENSOR_FAIL("pipeline schedule deadlocks: no rank can run its next action, each waits for an input no "
-                 "other rank will send ({})",
-                 fmt::join(waiting, ", "));
+    DTENSOR_FAIL(
+        "pipeline schedule deadlocks: no rank can run its next action, each waits for an input no "
+        "other rank will send ({})",
+        fmt::join(waiting, ", "));
   }
 
   const std::vector<int>& placement_;
@@ -222,7 +231,8 @@ void add_wait_send(PipelineOrder& order) {
         if (part.type != AT::FullBackward && part.type != AT::BackwardInput) {
           continue;
         }
-        auto it = std::find(pending.begin(), pending.end(), Key{part.stage, AT::SendF, *part.microbatch});
+        auto it =
+            std::find(pending.begin(), pending.end(), Key{part.stage, AT::SendF, *part.microbatch});
         if (it != pending.end()) {
           out.push_back(make(part.stage, AT::WaitSendF, part.microbatch));
           pending.erase(it);
@@ -243,8 +253,8 @@ std::string where(size_t rank, size_t step, const PipelineAction& a) {
 } // namespace
 
 std::vector<int> validate_schedule(const PipelineOrder& order, int num_stages, int microbatches) {
-  DTENSOR_CHECK(num_stages > 0 && microbatches > 0, "pipeline schedule: {} stages and {} microbatches",
-                num_stages, microbatches);
+  DTENSOR_CHECK(num_stages > 0 && microbatches > 0,
+                "pipeline schedule: {} stages and {} microbatches", num_stages, microbatches);
   std::vector<int> placement(num_stages, -1);
   std::vector<std::map<AT, std::set<int>>> seen(num_stages);
   for (size_t r = 0; r < order.size(); ++r) {
@@ -254,26 +264,32 @@ std::vector<int> validate_schedule(const PipelineOrder& order, int num_stages, i
       }
       for (const auto& a : parts_of(*order[r][step])) {
         std::string at = where(r, step, *order[r][step]);
-        DTENSOR_CHECK(a.stage >= 0 && a.stage < num_stages, "pipeline schedule, {}: stage {} is not one of the {} "
-                      "stages", at, a.stage, num_stages);
+        DTENSOR_CHECK(a.stage >= 0 && a.stage < num_stages,
+                      "pipeline schedule, {}: stage {} is not one of the {} "
+                      "stages",
+                      at, a.stage, num_stages);
         if (a.is_compute()) {
           DTENSOR_CHECK(a.microbatch && *a.microbatch >= 0 && *a.microbatch < microbatches,
-                        "pipeline schedule, {}: microbatch {} is not one of the {} microbatches", at,
-                        a.microbatch ? std::to_string(*a.microbatch) : "(none)", microbatches);
+                        "pipeline schedule, {}: microbatch {} is not one of the {} microbatches",
+                        at, a.microbatch ? std::to_string(*a.microbatch) : "(none)", microbatches);
           auto& s = seen[a.stage];
           int mb = *a.microbatch;
-          DTENSOR_CHECK(a.type == AT::Forward || a.type == AT::BackwardWeight || s[AT::Forward].count(mb),
-                        "pipeline schedule, {}: backward of stage {}, microbatch {} before its forward", at, a.stage,
-                        mb);
+          DTENSOR_CHECK(
+              a.type == AT::Forward || a.type == AT::BackwardWeight || s[AT::Forward].count(mb),
+              "pipeline schedule, {}: backward of stage {}, microbatch {} before its forward", at,
+              a.stage, mb);
           DTENSOR_CHECK(a.type != AT::BackwardWeight || s[AT::BackwardInput].count(mb),
-                        "pipeline schedule, {}: weight gradient (W) of stage {}, microbatch {} before its input "
+                        "pipeline schedule, {}: weight gradient (W) of stage {}, microbatch {} "
+                        "before its input "
                         "gradient (I)",
                         at, a.stage, mb);
-          DTENSOR_CHECK(s[a.type].insert(mb).second, "pipeline schedule, {}: stage {} runs {} of microbatch {} twice",
-                        at, a.stage, action_type_name(a.type), mb);
+          DTENSOR_CHECK(s[a.type].insert(mb).second,
+                        "pipeline schedule, {}: stage {} runs {} of microbatch {} twice", at,
+                        a.stage, action_type_name(a.type), mb);
         }
         DTENSOR_CHECK(placement[a.stage] < 0 || placement[a.stage] == static_cast<int>(r),
-                      "pipeline schedule, {}: stage {} is on rank {} and rank {}", at, a.stage, placement[a.stage], r);
+                      "pipeline schedule, {}: stage {} is on rank {} and rank {}", at, a.stage,
+                      placement[a.stage], r);
         placement[a.stage] = static_cast<int>(r);
       }
     }
@@ -282,11 +298,12 @@ std::vector<int> validate_schedule(const PipelineOrder& order, int num_stages, i
     auto& c = seen[s];
     size_t f = c[AT::Forward].size(), b = c[AT::FullBackward].size();
     size_t i = c[AT::BackwardInput].size(), w = c[AT::BackwardWeight].size();
-    DTENSOR_CHECK(f == static_cast<size_t>(microbatches), "pipeline schedule: stage {} runs {} forwards, expected {}",
-                  s, f, microbatches);
+    DTENSOR_CHECK(f == static_cast<size_t>(microbatches),
+                  "pipeline schedule: stage {} runs {} forwards, expected {}", s, f, microbatches);
     DTENSOR_CHECK(i == w && b + i == static_cast<size_t>(microbatches),
-                  "pipeline schedule: stage {} runs B={} I={} W={} backwards, expected {} (B + I, with I = W)", s, b,
-                  i, w, microbatches);
+                  "pipeline schedule: stage {} runs B={} I={} W={} backwards, expected {} (B + I, "
+                  "with I = W)",
+                  s, b, i, w, microbatches);
   }
   return placement;
 }
@@ -296,15 +313,17 @@ PipelineOrder lower_schedule(const PipelineOrder& compute, int num_stages, int m
   for (size_t r = 0; r < compute.size(); ++r) {
     for (size_t step = 0; step < compute[r].size(); ++step) {
       const auto& a = compute[r][step];
-      DTENSOR_CHECK(!a || a->is_compute(),
-                    "lower_schedule: expected a compute-only schedule, found {} at rank {}, step {}", a->str(), r,
-                    step);
+      DTENSOR_CHECK(
+          !a || a->is_compute(),
+          "lower_schedule: expected a compute-only schedule, found {} at rank {}, step {}",
+          a->str(), r, step);
     }
   }
   int max_active = options.max_active_stages();
   int lookahead = options.unshard_lookahead() == 0 ? max_active : options.unshard_lookahead();
   DTENSOR_CHECK(max_active >= 1 && lookahead >= 1 && lookahead <= max_active,
-                "lower_schedule: unshard_lookahead {} must lie in [1, max_active_stages={}]", lookahead, max_active);
+                "lower_schedule: unshard_lookahead {} must lie in [1, max_active_stages={}]",
+                lookahead, max_active);
   std::vector<int> placement = validate_schedule(compute, num_stages, microbatches);
   std::vector<std::deque<PipelineAction>> per_rank;
   for (const auto& rank : compute) {

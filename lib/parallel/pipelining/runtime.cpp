@@ -43,8 +43,9 @@ struct Shape {
 };
 
 at::Tensor encode(const Shape& s) {
-  DTENSOR_CHECK(s.sizes.size() <= kMetaLen - 2, "pipeline: a stage's tensors may have at most {} dimensions, got {}",
-                kMetaLen - 2, s.sizes.size());
+  DTENSOR_CHECK(s.sizes.size() <= kMetaLen - 2,
+                "pipeline: a stage's tensors may have at most {} dimensions, got {}", kMetaLen - 2,
+                s.sizes.size());
   at::Tensor t = at::zeros({kMetaLen}, at::kLong);
   t[0] = static_cast<int64_t>(s.sizes.size());
   t[1] = static_cast<int64_t>(s.dtype);
@@ -89,7 +90,9 @@ struct PipelineSchedule::Impl {
   std::map<std::tuple<AT, int, int>, std::pair<Work, at::Tensor>> in_flight;
 
   bool is_local(int stage) const { return stages.count(stage) > 0; }
-  int tag(bool fwd, int stage, int mb) const { return ((stage * 2 + (fwd ? 0 : 1)) * microbatches + mb) + 1; }
+  int tag(bool fwd, int stage, int mb) const {
+    return ((stage * 2 + (fwd ? 0 : 1)) * microbatches + mb) + 1;
+  }
 
   void find_shapes();
   void run(const PipelineAction& a);
@@ -118,7 +121,8 @@ void PipelineSchedule::Impl::find_shapes() {
       in = decode(meta);
     }
     in_shape[s] = in;
-    at::Tensor x = s == 0 ? input_mbs.at(0) : at::zeros(in.sizes, at::TensorOptions().dtype(in.dtype));
+    at::Tensor x =
+        s == 0 ? input_mbs.at(0) : at::zeros(in.sizes, at::TensorOptions().dtype(in.dtype));
     {
       at::NoGradGuard no_grad;
       out_shape[s] = shape_of(stage.forward(x));
@@ -147,8 +151,8 @@ void PipelineSchedule::Impl::post_recv(bool fwd, int s, int mb) {
 
 at::Tensor PipelineSchedule::Impl::take_recv(bool fwd, int s, int mb) {
   auto it = in_flight.find({fwd ? AT::RecvF : AT::RecvB, s, mb});
-  DTENSOR_CHECK(it != in_flight.end(), "nothing was received for stage {}, microbatch {} ({})", s, mb,
-                fwd ? "its input" : "its output's gradient");
+  DTENSOR_CHECK(it != in_flight.end(), "nothing was received for stage {}, microbatch {} ({})", s,
+                mb, fwd ? "its input" : "its output's gradient");
   it->second.first.wait();
   at::Tensor t = it->second.second;
   in_flight.erase(it);
@@ -159,7 +163,8 @@ void PipelineSchedule::Impl::post_send(bool fwd, int s, int mb) {
   // Stage s's output goes to s+1; its input's gradient to s-1. The tag is the receiver's.
   at::Tensor t = fwd ? outputs.at({s, mb}).detach() : input_grads.at({s, mb});
   int to = fwd ? s + 1 : s - 1;
-  Work w = dtensor::send(t, placement[to], group, tag(fwd, to, mb), CollectiveOptions().async_op(true));
+  Work w =
+      dtensor::send(t, placement[to], group, tag(fwd, to, mb), CollectiveOptions().async_op(true));
   in_flight.emplace(std::tuple{fwd ? AT::SendF : AT::SendB, s, mb}, std::pair{std::move(w), t});
   if (!fwd) {
     input_grads.erase({s, mb});
@@ -186,11 +191,13 @@ void PipelineSchedule::Impl::forward(int s, int mb) {
     x = x.detach().requires_grad_(true);
   }
   at::Tensor y = stages.at(s).forward(x);
-  DTENSOR_CHECK(shape_of(y).sizes == out_shape.at(s).sizes && y.scalar_type() == out_shape.at(s).dtype,
-                "stage {}'s output for microbatch {} is {}{} but was {}{} on the first microbatch: a pipeline "
+  DTENSOR_CHECK(shape_of(y).sizes == out_shape.at(s).sizes &&
+                    y.scalar_type() == out_shape.at(s).dtype,
+                "stage {}'s output for microbatch {} is {}{} but was {}{} on the first microbatch: "
+                "a pipeline "
                 "stage's output shape must not change",
-                s, mb, c10::toString(y.scalar_type()), y.sizes(), c10::toString(out_shape.at(s).dtype),
-                out_shape.at(s).sizes);
+                s, mb, c10::toString(y.scalar_type()), y.sizes(),
+                c10::toString(out_shape.at(s).dtype), out_shape.at(s).sizes);
   inputs[{s, mb}] = x;
   if (s == num_stages - 1) {
     at::Tensor l = loss(y, target_mbs.at(mb));
@@ -258,32 +265,32 @@ void PipelineSchedule::Impl::run(const PipelineAction& a) {
   int s = a.stage;
   int mb = a.microbatch.value_or(-1);
   switch (a.type) {
-    case AT::Forward:
-      forward(s, mb);
-      break;
-    case AT::FullBackward:
-    case AT::BackwardInput:
-    case AT::BackwardWeight:
-      backward(a.type, s, mb);
-      break;
-    case AT::RecvF:
-    case AT::RecvB:
-      post_recv(a.type == AT::RecvF, s, mb);
-      break;
-    case AT::SendF:
-    case AT::SendB:
-      post_send(a.type == AT::SendF, s, mb);
-      break;
-    case AT::WaitSendF:
-    case AT::WaitSendB:
-      wait_send(a.type == AT::WaitSendF, s, mb);
-      break;
-    case AT::Unshard: // fully_shard under pipelining comes with the next step of issue 47
-    case AT::Reshard:
-    case AT::ReduceGrad:
-    case AT::WaitReduceGrad:
-    case AT::OverlapFB:
-      break;
+  case AT::Forward:
+    forward(s, mb);
+    break;
+  case AT::FullBackward:
+  case AT::BackwardInput:
+  case AT::BackwardWeight:
+    backward(a.type, s, mb);
+    break;
+  case AT::RecvF:
+  case AT::RecvB:
+    post_recv(a.type == AT::RecvF, s, mb);
+    break;
+  case AT::SendF:
+  case AT::SendB:
+    post_send(a.type == AT::SendF, s, mb);
+    break;
+  case AT::WaitSendF:
+  case AT::WaitSendB:
+    wait_send(a.type == AT::WaitSendF, s, mb);
+    break;
+  case AT::Unshard: // fully_shard under pipelining comes with the next step of issue 47
+  case AT::Reshard:
+  case AT::ReduceGrad:
+  case AT::WaitReduceGrad:
+  case AT::OverlapFB:
+    break;
   }
 }
 
@@ -293,15 +300,17 @@ void PipelineSchedule::Impl::check_done() {
     auto [type, s, mb] = k;
     left.push_back(fmt::format("{}{}{}", s, action_type_name(type), mb));
   }
-  DTENSOR_CHECK(left.empty(), "pipeline step ended with transfers never waited for: {}", fmt::join(left, ", "));
+  DTENSOR_CHECK(left.empty(), "pipeline step ended with transfers never waited for: {}",
+                fmt::join(left, ", "));
   inputs.clear();
   outputs.clear();
   grad_outputs.clear();
   input_grads.clear();
 }
 
-PipelineSchedule::PipelineSchedule(std::vector<PipelineStage> stages, Group group, const PipelineOrder& compute,
-                                   int microbatches, PipelineLoss loss, PipelineOptions options)
+PipelineSchedule::PipelineSchedule(std::vector<PipelineStage> stages, Group group,
+                                   const PipelineOrder& compute, int microbatches,
+                                   PipelineLoss loss, PipelineOptions options)
     : impl_(std::make_unique<Impl>()) {
   Impl& d = *impl_;
   d.group = std::move(group);
@@ -310,12 +319,13 @@ PipelineSchedule::PipelineSchedule(std::vector<PipelineStage> stages, Group grou
   d.options = std::move(options);
   DTENSOR_CHECK(d.group.defined(), "PipelineSchedule: the pipeline group is undefined");
   DTENSOR_CHECK(static_cast<int>(compute.size()) == d.group.size(),
-                "PipelineSchedule: the schedule has {} pipeline ranks but the group {} has {}", compute.size(),
-                d.group.to_string(), d.group.size());
+                "PipelineSchedule: the schedule has {} pipeline ranks but the group {} has {}",
+                compute.size(), d.group.to_string(), d.group.size());
   for (const auto& rank : compute) {
     for (const auto& a : rank) {
       if (a) {
-        for (const auto& part : a->sub_actions.empty() ? std::vector<PipelineAction>{*a} : a->sub_actions) {
+        for (const auto& part :
+             a->sub_actions.empty() ? std::vector<PipelineAction>{*a} : a->sub_actions) {
           d.num_stages = std::max(d.num_stages, part.stage + 1);
         }
       }
@@ -330,13 +340,15 @@ PipelineSchedule::PipelineSchedule(std::vector<PipelineStage> stages, Group grou
     }
   }
   for (auto& st : stages) {
-    DTENSOR_CHECK(st.module && st.forward, "PipelineSchedule: stage {} needs a module and a forward", st.index);
+    DTENSOR_CHECK(st.module && st.forward,
+                  "PipelineSchedule: stage {} needs a module and a forward", st.index);
     given.push_back(st.index);
     int index = st.index;
     d.stages.emplace(index, std::move(st));
   }
   std::sort(given.begin(), given.end());
-  DTENSOR_CHECK(given == mine, "PipelineSchedule: the schedule places stages [{}] on pipeline rank {}, but this "
+  DTENSOR_CHECK(given == mine,
+                "PipelineSchedule: the schedule places stages [{}] on pipeline rank {}, but this "
                 "rank was given stages [{}]",
                 fmt::join(mine, ", "), d.group.rank(), fmt::join(given, ", "));
 }
@@ -352,9 +364,10 @@ std::vector<at::Tensor> PipelineSchedule::step(const at::Tensor& input, const at
   int m = d.microbatches;
   bool first = d.is_local(0), last = d.is_local(d.num_stages - 1);
   auto split = [&](const at::Tensor& t, const char* what) {
-    DTENSOR_CHECK(t.defined() && t.dim() > 0 && t.size(0) % m == 0,
-                  "PipelineSchedule::step: the {} ({}) does not split into {} microbatches along dim 0", what,
-                  t.defined() ? detail::describe(t) : "undefined", m);
+    DTENSOR_CHECK(
+        t.defined() && t.dim() > 0 && t.size(0) % m == 0,
+        "PipelineSchedule::step: the {} ({}) does not split into {} microbatches along dim 0", what,
+        t.defined() ? detail::describe(t) : "undefined", m);
     return t.split(t.size(0) / m);
   };
   d.input_mbs = first ? split(input, "input") : std::vector<at::Tensor>{};

@@ -31,26 +31,26 @@ using Key = std::tuple<int, AT, int>;
 
 double cost_of(const PipelineAction& a, const ScheduleCosts& c) {
   switch (a.type) {
-    case AT::Forward:
-      return c.forward();
-    case AT::BackwardInput:
-      return c.backward_input();
-    case AT::BackwardWeight:
-      return c.backward_weight();
-    case AT::FullBackward:
-      return c.full_backward();
-    case AT::OverlapFB: {
-      if (c.overlapped_f_b() > 0) {
-        return c.overlapped_f_b();
-      }
-      double sum = 0;
-      for (const auto& s : a.sub_actions) {
-        sum += cost_of(s, c);
-      }
-      return sum;
+  case AT::Forward:
+    return c.forward();
+  case AT::BackwardInput:
+    return c.backward_input();
+  case AT::BackwardWeight:
+    return c.backward_weight();
+  case AT::FullBackward:
+    return c.full_backward();
+  case AT::OverlapFB: {
+    if (c.overlapped_f_b() > 0) {
+      return c.overlapped_f_b();
     }
-    default:
-      return 0.0;
+    double sum = 0;
+    for (const auto& s : a.sub_actions) {
+      sum += cost_of(s, c);
+    }
+    return sum;
+  }
+  default:
+    return 0.0;
   }
 }
 
@@ -61,7 +61,8 @@ std::vector<PipelineAction> parts(const PipelineAction& a) {
 class Timer {
  public:
   Timer(const PipelineOrder& order, int num_stages, const ScheduleCosts& costs)
-      : costs_(costs), num_stages_(num_stages), placement_(validate_schedule(order, num_stages, microbatches(order))) {
+      : costs_(costs), num_stages_(num_stages),
+        placement_(validate_schedule(order, num_stages, microbatches(order))) {
     for (const auto& rank : order) {
       std::vector<PipelineAction> actions;
       for (const auto& a : rank) {
@@ -189,7 +190,8 @@ class Timer {
   }
 
   static int peak_activations(const std::vector<PipelineAction>& actions) {
-    std::map<std::pair<int, int>, std::pair<size_t, size_t>> life; // (stage, mb) -> [forward, release]
+    std::map<std::pair<int, int>, std::pair<size_t, size_t>>
+        life; // (stage, mb) -> [forward, release]
     for (size_t i = 0; i < actions.size(); ++i) {
       for (const auto& part : parts(actions[i])) {
         std::pair<int, int> k{part.stage, *part.microbatch};
@@ -220,13 +222,15 @@ class Timer {
 
 } // namespace
 
-ScheduleTimeline simulate_schedule(const PipelineOrder& compute, int num_stages, const ScheduleCosts& costs) {
+ScheduleTimeline simulate_schedule(const PipelineOrder& compute, int num_stages,
+                                   const ScheduleCosts& costs) {
   for (size_t r = 0; r < compute.size(); ++r) {
     for (size_t step = 0; step < compute[r].size(); ++step) {
       const auto& a = compute[r][step];
-      DTENSOR_CHECK(!a || a->is_compute(),
-                    "simulate_schedule: expected a compute-only schedule, found {} at rank {}, step {}", a->str(), r,
-                    step);
+      DTENSOR_CHECK(
+          !a || a->is_compute(),
+          "simulate_schedule: expected a compute-only schedule, found {} at rank {}, step {}",
+          a->str(), r, step);
     }
   }
   return Timer(compute, num_stages, costs).run();
