@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "internal/check.h"
+#include "parallel/pipelining/schedule_parts.h"
 
 namespace dtensor {
 
@@ -284,5 +285,24 @@ std::string schedule_to_text(const PipelineOrder& order) {
   }
   return out;
 }
+
+namespace detail {
+
+std::vector<PipelineAction> parts_of(const PipelineAction& a) {
+  return a.sub_actions.empty() ? std::vector<PipelineAction>{a} : a.sub_actions;
+}
+
+void check_compute_only(const PipelineOrder& order, const char* what) {
+  for (size_t r = 0; r < order.size(); ++r) {
+    for (size_t step = 0; step < order[r].size(); ++step) {
+      const auto& a = order[r][step];
+      DTENSOR_CHECK(!a || a->is_compute(),
+                    "{}: expected a compute-only schedule, found {} at rank {}, step {}", what,
+                    a->str(), r, step);
+    }
+  }
+}
+
+} // namespace detail
 
 } // namespace dtensor

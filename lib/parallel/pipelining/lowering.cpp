@@ -23,6 +23,7 @@
 #include <tuple>
 
 #include "internal/check.h"
+#include "parallel/pipelining/schedule_parts.h"
 
 namespace dtensor {
 
@@ -43,9 +44,7 @@ Key key_of(const PipelineAction& a) {
   return {a.stage, a.type, a.microbatch.value_or(-1)};
 }
 
-std::vector<PipelineAction> parts_of(const PipelineAction& a) {
-  return a.sub_actions.empty() ? std::vector<PipelineAction>{a} : a.sub_actions;
-}
+using detail::parts_of;
 
 // The first `count` distinct stages computed from position i on (a compound action's
 // stages all count, so the result may exceed count).
@@ -310,15 +309,7 @@ std::vector<int> validate_schedule(const PipelineOrder& order, int num_stages, i
 
 PipelineOrder lower_schedule(const PipelineOrder& compute, int num_stages, int microbatches,
                              const LoweringOptions& options) {
-  for (size_t r = 0; r < compute.size(); ++r) {
-    for (size_t step = 0; step < compute[r].size(); ++step) {
-      const auto& a = compute[r][step];
-      DTENSOR_CHECK(
-          !a || a->is_compute(),
-          "lower_schedule: expected a compute-only schedule, found {} at rank {}, step {}",
-          a->str(), r, step);
-    }
-  }
+  detail::check_compute_only(compute, "lower_schedule");
   int max_active = options.max_active_stages();
   int lookahead = options.unshard_lookahead() == 0 ? max_active : options.unshard_lookahead();
   DTENSOR_CHECK(max_active >= 1 && lookahead >= 1 && lookahead <= max_active,

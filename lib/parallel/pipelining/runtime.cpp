@@ -26,6 +26,7 @@
 
 #include "internal/check.h"
 #include "mesh/collectives_internal.h"
+#include "parallel/pipelining/schedule_parts.h"
 
 namespace dtensor {
 
@@ -324,8 +325,7 @@ PipelineSchedule::PipelineSchedule(std::vector<PipelineStage> stages, Group grou
   for (const auto& rank : compute) {
     for (const auto& a : rank) {
       if (a) {
-        for (const auto& part :
-             a->sub_actions.empty() ? std::vector<PipelineAction>{*a} : a->sub_actions) {
+        for (const auto& part : detail::parts_of(*a)) {
           d.num_stages = std::max(d.num_stages, part.stage + 1);
         }
       }

@@ -21,6 +21,7 @@
 #include <tuple>
 
 #include "internal/check.h"
+#include "parallel/pipelining/schedule_parts.h"
 
 namespace dtensor {
 
@@ -54,9 +55,7 @@ double cost_of(const PipelineAction& a, const ScheduleCosts& c) {
   }
 }
 
-std::vector<PipelineAction> parts(const PipelineAction& a) {
-  return a.sub_actions.empty() ? std::vector<PipelineAction>{a} : a.sub_actions;
-}
+using detail::parts_of;
 
 class Timer {
  public:
@@ -95,7 +94,7 @@ class Timer {
           }
           double start = std::max(free[r], *ready);
           double end = start + cost_of(a, costs_);
-          for (const auto& part : parts(a)) {
+          for (const auto& part : parts_of(a)) {
             end_[{part.stage, part.type, *part.microbatch}] = end;
           }
           t.actions.push_back({static_cast<int>(r), a, start, end});
@@ -128,7 +127,7 @@ class Timer {
     for (const auto& rank : order) {
       for (const auto& a : rank) {
         if (a) {
-          for (const auto& part : parts(*a)) {
+          for (const auto& part : parts_of(*a)) {
             m = std::max(m, part.microbatch.value_or(-1) + 1);
           }
         }
@@ -155,7 +154,7 @@ class Timer {
 
   std::optional<double> inputs_ready(const PipelineAction& a, int rank) const {
     double ready = 0.0;
-    for (const auto& part : parts(a)) {
+    for (const auto& part : parts_of(a)) {
       auto from = producer(part);
       if (!from) {
         continue;
@@ -176,7 +175,7 @@ class Timer {
       if (next[r] < ranks_[r].size()) {
         const auto& a = ranks_[r][next[r]];
         std::string on;
-        for (const auto& part : parts(a)) {
+        for (const auto& part : parts_of(a)) {
           auto from = producer(part);
           if (from && !end_.count(*from)) {
             auto [s, type, mb] = *from;
@@ -193,7 +192,7 @@ class Timer {
     std::map<std::pair<int, int>, std::pair<size_t, size_t>>
         life; // (stage, mb) -> [forward, release]
     for (size_t i = 0; i < actions.size(); ++i) {
-      for (const auto& part : parts(actions[i])) {
+      for (const auto& part : parts_of(actions[i])) {
         std::pair<int, int> k{part.stage, *part.microbatch};
         if (part.type == AT::Forward) {
           life[k].first = i;
@@ -224,15 +223,7 @@ class Timer {
 
 ScheduleTimeline simulate_schedule(const PipelineOrder& compute, int num_stages,
                                    const ScheduleCosts& costs) {
-  for (size_t r = 0; r < compute.size(); ++r) {
-    for (size_t step = 0; step < compute[r].size(); ++step) {
-      const auto& a = compute[r][step];
-      DTENSOR_CHECK(
-          !a || a->is_compute(),
-          "simulate_schedule: expected a compute-only schedule, found {} at rank {}, step {}",
-          a->str(), r, step);
-    }
-  }
+  detail::check_compute_only(compute, "simulate_schedule");
   return Timer(compute, num_stages, costs).run();
 }
 
