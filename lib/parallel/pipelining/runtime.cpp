@@ -30,18 +30,25 @@
 
 namespace dtensor {
 
+namespace detail {
+
+// A stage's input or output: what a receive buffer is made of. (Outside the anonymous
+// namespace: PipelineSchedule::Impl holds them, and the unity builds would otherwise warn.)
+struct StageShape {
+  std::vector<int64_t> sizes;
+  at::ScalarType dtype = at::kFloat;
+};
+
+} // namespace detail
+
 namespace {
 
 using AT = ActionType;
 using Slot = std::pair<int, int>; // stage, microbatch
+using Shape = detail::StageShape;
 
 constexpr int kMetaLen = 10; // [ndim, dtype, up to 8 sizes]
 constexpr int kMetaTag = 1 << 24;
-
-struct Shape {
-  std::vector<int64_t> sizes;
-  at::ScalarType dtype = at::kFloat;
-};
 
 at::Tensor encode(const Shape& s) {
   DTENSOR_CHECK(s.sizes.size() <= kMetaLen - 2,
@@ -82,7 +89,7 @@ struct PipelineSchedule::Impl {
   std::vector<int> placement; // stage -> pipeline rank
   PipelineOrder program;
   bool shapes_known = false;
-  std::map<int, Shape> in_shape, out_shape; // per local stage
+  std::map<int, detail::StageShape> in_shape, out_shape; // per local stage
 
   // Per step.
   std::vector<at::Tensor> input_mbs, target_mbs, losses;
