@@ -4,8 +4,10 @@
 //  - models/llama3/args.h: Llama3Args and torchtitan's flavors;
 //  - models/llama3/model.h: the modules (no parallelism: [Note: models carry no parallelism]);
 //  - models/llama3/parallelize.h: apply_tp, apply_ac, parallelize_llama3, from outside;
+//  - models/llama3/pipeline.h: the split into pipeline stages, parallelize_llama3_stage;
 //  - models/llama3/state_dict_adapter.h: Hugging Face names and layouts, export_hf / load_hf.
 #include <models/llama3/args.h>
 #include <models/llama3/model.h>
 #include <models/llama3/parallelize.h>
+#include <models/llama3/pipeline.h>
 #include <models/llama3/state_dict_adapter.h>

@@ -4,9 +4,11 @@
 // mean loss; each rank's point-to-point transfers are counted exactly (one send of each
 // activation and one of each input gradient across every stage boundary between ranks, per
 // microbatch); bad input is refused naming what was wrong.
+#include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/linear.h>
 
 #include <dtensor/pipelining.h>
+#include <models/llama3.h>
 
 #include "support/prelude.h"
 
@@ -66,12 +68,13 @@ const std::vector<Case> kCases = {
 
 // This rank's stages of `model`, as the schedule places them.
 std::vector<dtensor::PipelineStage> stages_of(Model& model, const PipelineOrder& order,
-                                              int num_stages) {
-  auto placement = dtensor::validate_schedule(order, num_stages, 8);
+                                              int num_stages, int microbatches = 8,
+                                              int pp_rank = rank()) {
+  auto placement = dtensor::validate_schedule(order, num_stages, microbatches);
   int per = 8 / num_stages;
   std::vector<dtensor::PipelineStage> out;
   for (int s = 0; s < num_stages; ++s) {
-    if (placement[s] != rank()) {
+    if (placement[s] != pp_rank) {
       continue;
     }
     auto holder = std::make_shared<torch::nn::Module>();
@@ -142,6 +145,186 @@ TEST_CASE("every schedule's gradients equal the plain model's", "[pipelining][wo
             sends); // each rank receives as much as it sends here
       CHECK(mode.total_bytes_in() == sends * (kBatch / 8) * kWidth * 4);
       CHECK(mode.count(dtensor::CollectiveKind::AllReduce) == 0);
+    }
+  }
+}
+
+namespace {
+
+int64_t count_of(const CommDebugMode& mode, const std::string& group, CollectiveKind kind) {
+  const auto counts = mode.counts_by_group();
+  auto g = counts.find(group);
+  return g == counts.end() || g->second.count(kind) == 0 ? 0 : g->second.at(kind);
+}
+
+// Sends (= receives) of this rank per step: each microbatch's activation and input gradient
+// across every stage boundary between ranks.
+int64_t p2p_per_step(const std::vector<int>& placement, int pp_rank, int microbatches) {
+  const int n = static_cast<int>(placement.size());
+  int64_t sends = 0;
+  for (int s = 0; s < n; ++s) {
+    if (placement[s] == pp_rank) {
+      sends += (s + 1 < n && placement[s + 1] != pp_rank) ? microbatches : 0;
+      sends += (s > 0 && placement[s - 1] != pp_rank) ? microbatches : 0;
+    }
+  }
+  return sends;
+}
+
+} // namespace
+
+// [Note: fully_shard under pipelining] on the small model: pp 2 x dp 2, each layer a unit,
+// each stage's module the root; each dp rank trains its half of the batch with a sum loss over
+// the global count (divide factor 1: the loss contract, no rescaling afterwards).
+TEST_CASE("fully_shard inside pipeline stages: every schedule equals the plain model",
+          "[pipelining][world4]") {
+  const DeviceMesh mesh = init_device_mesh(device_type(), {2, 2}, {"pp", "dp"});
+  auto pp = mesh.get_group("pp");
+  const int64_t dp_rank = mesh.get_local_rank("dp");
+  constexpr int kMicro = 4;
+  torch::manual_seed(7);
+  at::Tensor input = at::randn({kBatch, kWidth});
+  at::Tensor target = at::randn({kBatch, kWidth});
+  Model plain(1);
+  sum_loss(plain.run(input, 0, 8), target).backward();
+  const at::Tensor my_input = input.chunk(2)[dp_rank], my_target = target.chunk(2)[dp_rank];
+  for (const auto& c : kCases) {
+    INFO(dtensor::schedule_name(c.kind));
+    const int num_stages = 2 * c.stages_per_rank;
+    auto order = dtensor::generate_schedule(c.kind, 2, kMicro, c.stages_per_rank);
+    auto placement = dtensor::validate_schedule(order, num_stages, kMicro);
+    Model model(1);
+    auto stages = stages_of(model, order, num_stages, kMicro, pp.rank());
+    // torchtitan's choice under pipelining: no reshard after forward (each microbatch's
+    // forward and backward would gather the layers again).
+    const auto fsdp = FullyShardOptions().mesh(mesh["dp"]).reshard_after_forward(false);
+    for (auto& st : stages) {
+      for (auto& child : st.module->children()) {
+        dtensor::fully_shard(*child, fsdp).set_gradient_divide_factor(1.0);
+      }
+      dtensor::fully_shard(*st.module, fsdp).set_gradient_divide_factor(1.0);
+    }
+    dtensor::PipelineSchedule schedule(std::move(stages), pp, order, kMicro, sum_loss);
+    for (int step = 0; step < 2; ++step) { // the second step accumulates onto the first's
+      CommDebugMode mode;
+      schedule.step(my_input, my_target);
+      // One all-gather and one reduce-scatter per layer of this rank (4) per step: the stage
+      // unsharded once, gradients reduced once at REDUCE_GRAD, not per microbatch.
+      CHECK(count_of(mode, "dp", CollectiveKind::AllGather) == 4);
+      CHECK(count_of(mode, "dp", CollectiveKind::ReduceScatter) == 4);
+      const int64_t sends = p2p_per_step(placement, pp.rank(), kMicro);
+      CHECK(mode.count(CollectiveKind::Send) == sends);
+      CHECK(mode.count(CollectiveKind::Recv) == sends);
+      CHECK(mode.total_count() == 8 + 2 * sends);
+    }
+    for (int i = 0; i < 8; ++i) {
+      if (placement[i / (8 / num_stages)] != pp.rank()) {
+        continue;
+      }
+      INFO("layer " << i);
+      CHECK(close(full_value(model.layers[i]->weight.grad()), 2 * plain.layers[i]->weight.grad()));
+      CHECK(close(full_value(model.layers[i]->bias.grad()), 2 * plain.layers[i]->bias.grad()));
+    }
+  }
+}
+
+namespace {
+
+using dtensor::models::Llama3;
+using dtensor::models::Llama3Stage;
+
+constexpr int64_t kVocab = 256;
+constexpr int64_t kSeq = 8;
+constexpr int64_t kSequences = 16; // the global batch
+
+dtensor::models::Llama3Args four_layers() {
+  return dtensor::models::llama3_tiny_args().n_layers(4);
+}
+
+at::Tensor token_loss(const at::Tensor& logits, const at::Tensor& targets) {
+  // A sum over the microbatch's tokens divided by the global batch's token count.
+  return torch::nn::functional::cross_entropy(
+             logits.reshape({-1, kVocab}), targets.reshape(-1),
+             torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum)) /
+         static_cast<double>(kSequences * kSeq);
+}
+
+} // namespace
+
+// The Llama recipe's model split into stages (models/llama3/pipeline.h) on 8 ranks as a 4-D
+// mesh (pp, dp_replicate, dp_shard, tp): pp 2 x dp_shard 2 x tp 2, and pp 2 x HSDP 2 x 2.
+// Each dp rank trains its slice of the batch; the gradients, under the whole model's names,
+// equal the plain model's on the whole batch; per step each unit is all-gathered once and
+// reduced once (HSDP: one all-reduce more), the P2P transfers as the schedule says.
+TEST_CASE("Llama3 on pp x dp x tp: stages equal the plain model, exact counts",
+          "[pipelining][world8]") {
+  Llama3 plain(four_layers());
+  dtensor::set_rng_state({true, 7, 0});
+  plain->init_weights();
+  at::manual_seed(100);
+  const at::Tensor tokens = at::randint(kVocab, {kSequences, kSeq}, options(at::kLong));
+  const at::Tensor targets = at::randint(kVocab, {kSequences, kSeq}, options(at::kLong));
+  token_loss(plain->forward(tokens), targets).backward();
+  std::map<std::string, at::Tensor> want;
+  for (const auto& p : plain->named_parameters()) {
+    want[p.key()] = p.value().grad();
+  }
+  constexpr int kMicro = 4;
+  for (const auto& shape : std::vector<std::vector<int64_t>>{{2, 1, 2, 2}, {2, 2, 2, 1}}) {
+    const DeviceMesh mesh =
+        init_device_mesh(device_type(), shape, {"pp", "dp_replicate", "dp_shard", "tp"});
+    const auto pp = mesh.get_group("pp");
+    const DeviceMesh dp = mesh[{"dp_replicate", "dp_shard"}];
+    const int64_t dp_rank = dp.get_local_rank(0) * dp.size(1) + dp.get_local_rank(1);
+    const at::Tensor my_tokens = tokens.chunk(dp.size())[dp_rank];
+    const at::Tensor my_targets = targets.chunk(dp.size())[dp_rank];
+    for (auto [kind, v] :
+         {std::pair{ScheduleKind::OneFOneB, 1}, {ScheduleKind::ZBVZeroBubble, 2}}) {
+      INFO("mesh " << mesh.to_string() << ", " << dtensor::schedule_name(kind));
+      const int num_stages = 2 * v;
+      auto order = dtensor::generate_schedule(kind, 2, kMicro, v);
+      auto placement = dtensor::validate_schedule(order, num_stages, kMicro);
+      Llama3 model(four_layers());
+      dtensor::set_rng_state({true, 7, 0});
+      model->init_weights();
+      std::vector<dtensor::PipelineStage> stages;
+      int64_t units = 0; // with parameters, on this rank
+      for (int s = 0; s < num_stages; ++s) {
+        if (placement[s] != pp.rank()) {
+          continue;
+        }
+        Llama3Stage stage(model, s, num_stages);
+        dtensor::models::parallelize_llama3_stage(stage, mesh[{"dp_replicate", "dp_shard", "tp"}],
+                                                  /*loss_parallel=*/false);
+        for (auto& m : stage->modules()) {
+          if (auto unit = dtensor::fsdp_module(*m)) {
+            unit->set_gradient_divide_factor(1.0);
+            units += unit->managed_parameters().empty() ? 0 : 1;
+          }
+        }
+        stages.push_back({s, stage.ptr(),
+                          [stage](const at::Tensor& x) mutable { return stage->forward(x); },
+                          mesh["tp"]}); // sequence-parallel hidden states travel as DTensors
+      }
+      dtensor::PipelineSchedule schedule(stages, pp, order, kMicro, token_loss);
+      CommDebugMode mode;
+      schedule.step(my_tokens, my_targets);
+      const int64_t sends = p2p_per_step(placement, pp.rank(), kMicro);
+      CHECK(mode.count(CollectiveKind::Send) == sends);
+      CHECK(mode.count(CollectiveKind::Recv) == sends);
+      CHECK(count_of(mode, "dp_shard", CollectiveKind::AllGather) == units);
+      CHECK(count_of(mode, "dp_shard", CollectiveKind::ReduceScatter) == units);
+      // The data-parallel mesh is 2-D, so each unit all-reduces over dp_replicate (also of
+      // size 1, as FSDP x TP units on a (1, n) mesh do).
+      CHECK(count_of(mode, "dp_replicate", CollectiveKind::AllReduce) == units);
+      for (const auto& st : stages) {
+        for (const auto& p : st.module->named_parameters()) {
+          INFO("gradient of " << p.key());
+          REQUIRE(want.count(p.key()) == 1); // the whole model's name
+          REQUIRE(p.value().grad().defined());
+          CHECK(dtensor::testing::near(full_value(p.value().grad()), want.at(p.key())));
+        }
+      }
     }
   }
 }

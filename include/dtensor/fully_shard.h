@@ -88,6 +88,7 @@ struct FullyShardOptions {
 
 // The handle of a fully_shard unit (FSDP2's FSDPModule methods). Copies share the unit.
 class UnshardHandle;
+class GradientReductionHandle;
 
 class FSDPModule {
  public:
@@ -165,6 +166,14 @@ class FSDPModule {
   // when any of the units already has a hook.
   void register_comm_hook(CommHookState state, CommHook hook);
   bool has_comm_hook() const; // this unit's
+  // FSDP2's finalize_backward, for schedules that reduce gradients as a step of their own (a
+  // pipeline stage's REDUCE_GRAD, docs/pipeline.md): after backwards run with gradient sync
+  // off, and with it on again, one reduce-scatter (HSDP: and one all-reduce) per unit of this
+  // root's model reduces the unsharded gradients they accumulated into .grad; then the units
+  // whose reshard_after_backward is on are resharded. Units with sync off, or nothing
+  // accumulated: no collective. Root units only, and not during a backward. async_op: returns
+  // with the last reduce-scatter in flight ([Note: overlap]); the handle's wait() completes it.
+  GradientReductionHandle finalize_backward(bool async_op = false);
   // dtensor::clip_grad_norm_ over every parameter of the module (root units only: a
   // nested unit would clip a part of the model with a partial norm).
   at::Tensor clip_grad_norm_(double max_norm, double norm_type = 2.0,
@@ -179,9 +188,11 @@ class FSDPModule {
   // The parameters this unit manages (DTensors), in registration order.
   std::vector<at::Tensor> managed_parameters() const;
   bool defined() const { return unit_ != nullptr; }
+  bool operator==(const FSDPModule& other) const { return unit_ == other.unit_; }
 
  private:
   friend class UnshardHandle;
+  friend class GradientReductionHandle;
   std::shared_ptr<Unit> unit_;
 };
 
@@ -197,6 +208,19 @@ class UnshardHandle {
 
  private:
   FSDPModule unit_;
+};
+
+// A gradient reduction started by FSDPModule::finalize_backward(async_op = true). wait(): the
+// reductions have completed and .grad holds the reduced gradients. Waiting twice, or on the
+// handle of a synchronous finalize_backward, does nothing.
+class GradientReductionHandle {
+ public:
+  GradientReductionHandle() = default;
+  explicit GradientReductionHandle(FSDPModule root);
+  void wait();
+
+ private:
+  FSDPModule root_;
 };
 
 // Shards `module`'s parameters that no nested unit already manages: each becomes, in

@@ -19,12 +19,14 @@
 
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
 #include <torch/nn/module.h>
 
+#include <dtensor/device_mesh.h>
 #include <dtensor/pipeline_schedule.h>
 #include <dtensor/process_group.h>
 
@@ -32,11 +34,18 @@ namespace dtensor {
 
 // One stage of the model on this rank: its index among all stages, the module holding its
 // parameters, and its computation (one tensor in, one out: token ids to hidden states on the
-// first stage, hidden states to logits on the last).
+// first stage, hidden states to logits on the last). A stage whose input is a DTensor
+// (sequence-parallel hidden states) names the mesh it rebuilds it on: its tensor-parallel
+// mesh (only the local tensor travels between stages, docs/pipeline.md).
 struct PipelineStage {
+  PipelineStage(int index_, std::shared_ptr<torch::nn::Module> module_,
+                std::function<at::Tensor(const at::Tensor&)> forward_, DeviceMesh mesh_ = {})
+      : index(index_), module(std::move(module_)), forward(std::move(forward_)),
+        mesh(std::move(mesh_)) {}
   int index = 0;
   std::shared_ptr<torch::nn::Module> module;
   std::function<at::Tensor(const at::Tensor&)> forward;
+  DeviceMesh mesh;
 };
 
 // The last stage's output for one microbatch and that microbatch's target -> a scalar loss.

@@ -328,7 +328,7 @@ Work all_gather_into_pieces(std::vector<std::vector<at::Tensor>>& outputs,
     }
   }
   const at::Tensor first = inputs[0];
-  if (detail::comm_debug_active()) {
+  if (detail::comm_debug_active() && !detail::Uncounted::active()) {
     CollectiveRecord rec;
     rec.kind = CollectiveKind::AllGather;
     rec.group = group.label();

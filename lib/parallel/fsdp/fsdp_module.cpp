@@ -11,6 +11,7 @@
 
 #include "internal/check.h"
 #include "parallel/fsdp/fsdp_state.h"
+#include "tensor/dispatch/op_args.h" // in_backward
 
 namespace dtensor {
 
@@ -195,6 +196,45 @@ at::Tensor FSDPModule::clip_grad_norm_(double max_norm, double norm_type, bool e
     }
   }
   return dtensor::clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite);
+}
+
+// [Note: finalize_backward] Each backward already ends with its root's end-of-backward
+// callback (fsdp_state.cpp), which reduces what sync-on units received; with sync off it only
+// keeps the unsharded gradients. So unlike FSDP2 there is no manual-finalization mode to enter:
+// finalize_backward reduces what backwards with sync off left behind, in the units' creation
+// order (the same on every rank of the data-parallel group), and needs no callback.
+GradientReductionHandle FSDPModule::finalize_backward(bool async_op) {
+  detail::FSDPState& root = group_of(unit_).fsdp_state();
+  DTENSOR_CHECK(root.is_root(),
+                "finalize_backward: unit '{}' is nested in unit '{}'; call it on the root unit",
+                root.name(), root.root().name());
+  DTENSOR_CHECK(!detail::in_backward(),
+                "finalize_backward: unit '{}': called during a backward; call it after the "
+                "backward has returned",
+                root.name());
+  const auto units = detail::units_of_root(root);
+  for (const auto& s : units) {
+    if (s->group.requires_gradient_sync && s->group.has_pending_grads()) {
+      s->group.reduce_grads();
+    }
+  }
+  if (!async_op) {
+    root.context().finish_reduces();
+  }
+  for (const auto& s : units) {
+    if (s->group.reshard_after_backward) {
+      s->group.reshard(); // the gradients were copied into the reduce-scatter's buffer
+    }
+  }
+  return GradientReductionHandle(*this);
+}
+
+GradientReductionHandle::GradientReductionHandle(FSDPModule root) : root_(std::move(root)) {}
+
+void GradientReductionHandle::wait() {
+  if (root_.defined()) {
+    group_of(root_.unit_).fsdp_state().context().finish_reduces();
+  }
 }
 
 const DeviceMesh& FSDPModule::mesh() const {

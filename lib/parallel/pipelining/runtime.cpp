@@ -14,29 +14,44 @@
 // output: the first step finds them by one forward per stage on its first microbatch, stage
 // after stage, each rank sending the next stage's input shape ahead (uncounted, as the
 // library's bookkeeping). Later forwards whose output shape differs are refused.
+//
+// [Note: fully_shard under pipelining]
+// A stage whose module holds fully_shard units (its module the root, torchtitan's order) is
+// driven by the schedule, as PyTorch's runtime drives FSDP2: every backward of a microbatch
+// runs with gradient sync and reshard-after-backward off, so gradients accumulate unsharded;
+// REDUCE_GRAD (after the stage's last backward) turns both on and reduces them with
+// finalize_backward (one reduce-scatter per unit per step; HSDP: one all-reduce more), and
+// WAIT_REDUCE_GRAD completes it. UNSHARD all-gathers every unit of the stage asynchronously
+// (the units' first use waits), RESHARD frees them. Whether a unit also reshards after each
+// forward stays the unit's own reshard_after_forward (torchtitan turns it off under PP).
 #include <dtensor/pipelining.h>
 
+#include <algorithm>
 #include <map>
+#include <optional>
 #include <tuple>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/nn/module.h>
 
 #include <dtensor/collectives.h>
+#include <dtensor/fully_shard.h>
 
 #include "internal/check.h"
 #include "mesh/collectives_internal.h"
+#include "parallel/pipelining/activations.h"
 #include "parallel/pipelining/schedule_parts.h"
 
 namespace dtensor {
 
 namespace detail {
 
-// A stage's input or output: what a receive buffer is made of. (Outside the anonymous
-// namespace: PipelineSchedule::Impl holds them, and the unity builds would otherwise warn.)
-struct StageShape {
-  std::vector<int64_t> sizes;
-  at::ScalarType dtype = at::kFloat;
+// A stage's fully_shard units ([Note: fully_shard under pipelining]).
+struct StageUnits {
+  std::optional<FSDPModule> root;
+  std::vector<FSDPModule> units; // root included
+  GradientReductionHandle reduction;
 };
 
 } // namespace detail
@@ -47,40 +62,13 @@ using AT = ActionType;
 using Slot = std::pair<int, int>; // stage, microbatch
 using Shape = detail::StageShape;
 
-constexpr int kMetaLen = 10; // [ndim, dtype, up to 8 sizes]
 constexpr int kMetaTag = 1 << 24;
-
-at::Tensor encode(const Shape& s) {
-  DTENSOR_CHECK(s.sizes.size() <= kMetaLen - 2,
-                "pipeline: a stage's tensors may have at most {} dimensions, got {}", kMetaLen - 2,
-                s.sizes.size());
-  at::Tensor t = at::zeros({kMetaLen}, at::kLong);
-  t[0] = static_cast<int64_t>(s.sizes.size());
-  t[1] = static_cast<int64_t>(s.dtype);
-  for (size_t i = 0; i < s.sizes.size(); ++i) {
-    t[static_cast<int64_t>(i) + 2] = s.sizes[i];
-  }
-  return t;
-}
-
-Shape decode(const at::Tensor& t) {
-  Shape s;
-  auto v = t.accessor<int64_t, 1>();
-  s.dtype = static_cast<at::ScalarType>(v[1]);
-  for (int64_t i = 0; i < v[0]; ++i) {
-    s.sizes.push_back(v[i + 2]);
-  }
-  return s;
-}
-
-Shape shape_of(const at::Tensor& t) {
-  return {t.sizes().vec(), t.scalar_type()};
-}
 
 } // namespace
 
 struct PipelineSchedule::Impl {
-  std::map<int, PipelineStage> stages; // this rank's, by index
+  std::map<int, PipelineStage> stages;    // this rank's, by index
+  std::map<int, detail::StageUnits> fsdp; // the same stages'
   Group group;
   int microbatches = 0;
   int num_stages = 0;
@@ -103,6 +91,8 @@ struct PipelineSchedule::Impl {
   }
 
   void find_shapes();
+  void find_units(int s);
+  void run_fsdp(AT type, int s);
   void run(const PipelineAction& a);
   void forward(int s, int mb);
   void backward(AT type, int s, int mb);
@@ -117,26 +107,26 @@ void PipelineSchedule::Impl::find_shapes() {
   detail::Uncounted uncounted;
   std::vector<Work> sends;
   std::vector<at::Tensor> keep;
+  std::map<int, at::Tensor> out; // for a V's turn
+  at::NoGradGuard no_grad;
   for (auto& [s, stage] : stages) {
-    Shape in;
+    at::Tensor x;
     if (s == 0) {
-      in = shape_of(input_mbs.at(0));
+      x = input_mbs.at(0);
     } else if (is_local(s - 1)) {
-      in = out_shape.at(s - 1);
+      x = out.at(s - 1);
     } else {
-      at::Tensor meta = at::empty({kMetaLen}, at::kLong);
+      at::Tensor meta = at::empty({detail::kShapeMetaLen}, at::kLong);
       dtensor::recv(meta, placement[s - 1], group, kMetaTag + s);
-      in = decode(meta);
+      const Shape in = detail::decode_shape(meta);
+      x = detail::from_wire(at::zeros(in.sizes, at::TensorOptions().dtype(in.dtype)), in,
+                            stage.mesh, fmt::format("stage {}", s));
     }
-    in_shape[s] = in;
-    at::Tensor x =
-        s == 0 ? input_mbs.at(0) : at::zeros(in.sizes, at::TensorOptions().dtype(in.dtype));
-    {
-      at::NoGradGuard no_grad;
-      out_shape[s] = shape_of(stage.forward(x));
-    }
+    in_shape[s] = detail::shape_of(x);
+    out[s] = stage.forward(x);
+    out_shape[s] = detail::shape_of(out[s]);
     if (s + 1 < num_stages && !is_local(s + 1)) {
-      keep.push_back(encode(out_shape[s]));
+      keep.push_back(detail::encode_shape(out_shape[s]));
       sends.push_back(dtensor::send(keep.back(), placement[s + 1], group, kMetaTag + s + 1,
                                     CollectiveOptions().async_op(true)));
     }
@@ -144,13 +134,69 @@ void PipelineSchedule::Impl::find_shapes() {
   for (auto& w : sends) {
     w.wait();
   }
+  for (auto& [s, u] : fsdp) { // so that the step's UNSHARD gathers them, counted
+    for (auto& unit : u.units) {
+      unit.reshard();
+    }
+  }
   shapes_known = true;
+}
+
+void PipelineSchedule::Impl::find_units(int s) {
+  detail::StageUnits u;
+  for (const auto& m : stages.at(s).module->modules(/*include_self=*/true)) {
+    auto unit = fsdp_module(*m);
+    if (unit && std::find(u.units.begin(), u.units.end(), *unit) == u.units.end()) {
+      u.units.push_back(*unit);
+    }
+  }
+  if (!u.units.empty()) {
+    u.root = fsdp_module(*stages.at(s).module);
+    DTENSOR_CHECK(u.root && u.root->is_root(),
+                  "PipelineSchedule: stage {}'s module holds fully_shard units but is not itself "
+                  "a root unit; apply fully_shard to the stage's module last (after its blocks), "
+                  "so that the schedule can drive its gradient reduction",
+                  s);
+  }
+  fsdp.emplace(s, std::move(u));
+}
+
+void PipelineSchedule::Impl::run_fsdp(AT type, int s) {
+  detail::StageUnits& u = fsdp.at(s);
+  if (!u.root) {
+    return; // a stage without fully_shard: nothing to unshard or reduce
+  }
+  switch (type) {
+  case AT::Unshard:
+    for (auto& unit : u.units) {
+      unit.unshard(/*async_op=*/true);
+    }
+    break;
+  case AT::Reshard:
+    for (auto& unit : u.units) {
+      unit.reshard();
+    }
+    break;
+  case AT::ReduceGrad:
+    u.root->set_requires_gradient_sync(true);
+    u.root->set_reshard_after_backward(true);
+    u.reduction = u.root->finalize_backward(/*async_op=*/true);
+    break;
+  case AT::WaitReduceGrad:
+    u.reduction.wait();
+    u.reduction = GradientReductionHandle();
+    break;
+  default: // before a backward of a microbatch
+    u.root->set_requires_gradient_sync(false);
+    u.root->set_reshard_after_backward(false);
+    break;
+  }
 }
 
 void PipelineSchedule::Impl::post_recv(bool fwd, int s, int mb) {
   // A forward receive fills stage s's input from stage s-1; a backward one its output's
   // gradient from stage s+1.
-  const Shape& shape = fwd ? in_shape.at(s) : out_shape.at(s);
+  const Shape& shape = fwd ? in_shape.at(s) : out_shape.at(s); // local sizes
   at::Tensor buf = at::empty(shape.sizes, at::TensorOptions().dtype(shape.dtype));
   int peer = placement[fwd ? s - 1 : s + 1];
   Work w = dtensor::recv(buf, peer, group, tag(fwd, s, mb), CollectiveOptions().async_op(true));
@@ -169,7 +215,8 @@ at::Tensor PipelineSchedule::Impl::take_recv(bool fwd, int s, int mb) {
 
 void PipelineSchedule::Impl::post_send(bool fwd, int s, int mb) {
   // Stage s's output goes to s+1; its input's gradient to s-1. The tag is the receiver's.
-  at::Tensor t = fwd ? outputs.at({s, mb}).detach() : input_grads.at({s, mb});
+  at::Tensor t = fwd ? detail::wire_of(outputs.at({s, mb}))
+                     : detail::grad_to_wire(input_grads.at({s, mb}), in_shape.at(s));
   int to = fwd ? s + 1 : s - 1;
   Work w =
       dtensor::send(t, placement[to], group, tag(fwd, to, mb), CollectiveOptions().async_op(true));
@@ -193,19 +240,18 @@ void PipelineSchedule::Impl::forward(int s, int mb) {
   } else if (is_local(s - 1)) {
     x = outputs.at({s - 1, mb}).detach(); // a V's turn: the previous stage is on this rank
   } else {
-    x = take_recv(true, s, mb);
+    x = detail::from_wire(take_recv(true, s, mb), in_shape.at(s), stages.at(s).mesh,
+                          fmt::format("stage {}", s));
   }
   if (s > 0 && at::isFloatingType(x.scalar_type())) {
     x = x.detach().requires_grad_(true);
   }
   at::Tensor y = stages.at(s).forward(x);
-  DTENSOR_CHECK(shape_of(y).sizes == out_shape.at(s).sizes &&
-                    y.scalar_type() == out_shape.at(s).dtype,
-                "stage {}'s output for microbatch {} is {}{} but was {}{} on the first microbatch: "
-                "a pipeline "
-                "stage's output shape must not change",
-                s, mb, c10::toString(y.scalar_type()), y.sizes(),
-                c10::toString(out_shape.at(s).dtype), out_shape.at(s).sizes);
+  const Shape got = detail::shape_of(y);
+  DTENSOR_CHECK(got == out_shape.at(s),
+                "stage {}'s output for microbatch {} is {} but was {} on the first microbatch: a "
+                "pipeline stage's output shape must not change",
+                s, mb, got.str(), out_shape.at(s).str());
   inputs[{s, mb}] = x;
   if (s == num_stages - 1) {
     at::Tensor l = loss(y, target_mbs.at(mb));
@@ -224,15 +270,17 @@ void PipelineSchedule::Impl::backward(AT type, int s, int mb) {
     if (s == num_stages - 1) {
       dy = at::Tensor(); // the loss: its gradient is one
     } else if (is_local(s + 1)) {
-      dy = input_grads.at({s + 1, mb}); // a V's turn
+      dy = detail::as_grad_of(input_grads.at({s + 1, mb}), out_shape.at(s)); // a V's turn
       input_grads.erase({s + 1, mb});
     } else {
-      dy = take_recv(false, s, mb);
+      dy = detail::from_wire(take_recv(false, s, mb), out_shape.at(s), detail::mesh_of(y),
+                             fmt::format("stage {}", s));
     }
     grad_outputs[slot] = dy;
   } else {
     dy = grad_outputs.at(slot);
   }
+  run_fsdp(type, s); // gradients accumulate unsharded until REDUCE_GRAD
   std::vector<at::Tensor> dys;
   if (dy.defined()) {
     dys.push_back(dy);
@@ -293,10 +341,12 @@ void PipelineSchedule::Impl::run(const PipelineAction& a) {
   case AT::WaitSendB:
     wait_send(a.type == AT::WaitSendF, s, mb);
     break;
-  case AT::Unshard: // fully_shard under pipelining comes with the next step of issue 47
+  case AT::Unshard:
   case AT::Reshard:
   case AT::ReduceGrad:
   case AT::WaitReduceGrad:
+    run_fsdp(a.type, s);
+    break;
   case AT::OverlapFB:
     break;
   }
@@ -352,6 +402,7 @@ PipelineSchedule::PipelineSchedule(std::vector<PipelineStage> stages, Group grou
     given.push_back(st.index);
     int index = st.index;
     d.stages.emplace(index, std::move(st));
+    d.find_units(index);
   }
   std::sort(given.begin(), given.end());
   DTENSOR_CHECK(given == mine,

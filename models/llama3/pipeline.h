@@ -1,0 +1,119 @@
+#pragma once
+
+// torchtitan's pipeline split for the Llama-3 model (pipeline_module_split): one stage of the
+// model holds consecutive blocks, the token embeddings on the first stage and the final norm
+// and output projection on the last, each module under its name in the whole model
+// ("layers.3.attention.wq.weight"), so that state dicts, checkpoints and Hugging Face names do
+// not change with the split. Like parallelize.h, applied from outside the model ([Note: models
+// carry no parallelism] in models/llama3/model.h); docs/pipeline.md.
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <dtensor/module_hooks.h>
+#include <dtensor/tensor_parallel.h>
+
+#include <models/check.h>
+#include <models/llama3/model.h>
+#include <models/llama3/parallelize.h>
+
+namespace dtensor::models {
+
+// The blocks [first, last) of stage `stage` of `num_stages`: an even split, the first
+// n_layers % num_stages stages one block more (torchtitan's split by layer, with the
+// embeddings and the output counted with their stages' blocks).
+inline std::pair<int64_t, int64_t> llama3_stage_layers(int64_t n_layers, int64_t stage,
+                                                       int64_t num_stages) {
+  DTENSOR_MODEL_CHECK(num_stages >= 1 && num_stages <= n_layers && stage >= 0 && stage < num_stages,
+                      "Llama3 pipeline split: stage ", stage, " of ", num_stages, " for ", n_layers,
+                      " layers (each stage needs at least one block)");
+  const int64_t base = n_layers / num_stages;
+  const int64_t extra = n_layers % num_stages;
+  const int64_t first = stage * base + std::min(stage, extra);
+  return {first, first + base + (stage < extra ? 1 : 0)};
+}
+
+// One stage, sharing the whole model's modules (the model itself can go).
+// forward: token ids -> hidden states on the first stage, hidden states -> hidden states in
+// between, -> logits on the last (a single stage: the whole model's forward).
+struct Llama3StageImpl : torch::nn::Module {
+  Llama3StageImpl(const Llama3& model, int64_t stage_index, int64_t stages)
+      : model_args(model->model_args), stage(stage_index), num_stages(stages) {
+    const auto [first, last] = llama3_stage_layers(model->model_args.n_layers(), stage, stages);
+    if (stage == 0) {
+      tok_embeddings = register_module("tok_embeddings", model->tok_embeddings);
+    }
+    freqs_cis = register_buffer("freqs_cis", model->freqs_cis);
+    layers = register_module("layers", std::make_shared<torch::nn::Module>("Layers"));
+    for (int64_t i = first; i < last; ++i) {
+      auto block = model->layers->ptr(static_cast<size_t>(i));
+      layers->register_module(std::to_string(i), block);
+      blocks.push_back(block->as<Llama3BlockImpl>());
+    }
+    if (stage == stages - 1) {
+      norm = register_module("norm", model->norm);
+      output = register_module("output", model->output);
+    }
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = tok_embeddings ? dtensor::call(tok_embeddings, x) : x;
+    for (auto* block : blocks) {
+      h = dtensor::call(*block, h, freqs_cis);
+    }
+    return output ? dtensor::call(output, dtensor::call(norm, h)) : h;
+  }
+
+  Llama3Args model_args;
+  int64_t stage;
+  int64_t num_stages;
+  torch::nn::Embedding tok_embeddings{nullptr};
+  at::Tensor freqs_cis;
+  std::shared_ptr<torch::nn::Module> layers;
+  std::vector<Llama3BlockImpl*> blocks; // owned by `layers`
+  RMSNorm norm{nullptr};
+  torch::nn::Linear output{nullptr};
+};
+TORCH_MODULE(Llama3Stage);
+
+// llama3_tp_plan without the entries of modules the stage does not hold.
+inline dtensor::ParallelizePlan llama3_stage_tp_plan(const Llama3StageImpl& stage,
+                                                     bool loss_parallel) {
+  dtensor::ParallelizePlan plan;
+  for (auto& entry : llama3_tp_plan(loss_parallel)) {
+    const bool first_only = entry.pattern == "tok_embeddings";
+    const bool last_only = entry.pattern == "norm" || entry.pattern == "output";
+    if ((!first_only || stage.tok_embeddings) && (!last_only || stage.output)) {
+      plan.push_back(std::move(entry));
+    }
+  }
+  return plan;
+}
+
+// parallelize_llama3 for one stage, on the 4-D mesh's (dp_replicate, dp_shard, tp) part:
+// tensor parallelism over tp, fully_shard on each block and then on the stage (its root unit,
+// which the pipeline schedule drives). torchtitan's choice under pipelining:
+// reshard_after_forward off unless `fsdp` sets it (each microbatch's backward would gather the
+// blocks again).
+inline void parallelize_llama3_stage(Llama3Stage& stage, const dtensor::DeviceMesh& mesh,
+                                     bool loss_parallel,
+                                     const dtensor::FullyShardOptions& fsdp = {}) {
+  const Llama3Args& a = stage->model_args;
+  DTENSOR_MODEL_CHECK(a.n_heads() % mesh["tp"].size() == 0 && a.kv_heads() % mesh["tp"].size() == 0,
+                      "Llama3 stage: n_heads (", a.n_heads(), ") and n_kv_heads (", a.kv_heads(),
+                      ") must be multiples of the tensor-parallel degree ", mesh["tp"].size());
+  dtensor::parallelize_module(*stage, mesh["tp"], llama3_stage_tp_plan(*stage, loss_parallel));
+  auto options = fsdp;
+  options.mesh(mesh[{"dp_replicate", "dp_shard"}]);
+  if (!options.reshard_after_forward()) {
+    options.reshard_after_forward(false);
+  }
+  for (auto* block : stage->blocks) {
+    dtensor::fully_shard(*block, options);
+  }
+  dtensor::fully_shard(*stage, options);
+}
+
+} // namespace dtensor::models
