@@ -2,9 +2,11 @@
 """A rank that throws, or one that stalls, must make the whole job fail within the timeout.
 
 usage: fail_fast.py TORCHRUN WORKER TEST_PROGRAM NPROC
-Runs WORKER under torchrun twice (modes throw and stall), and TEST_PROGRAM's hidden test
-case that fails an assertion on rank 1 only; checks the exit status, the time it took and
-the messages. Exits 0 when all three behave.
+Runs WORKER under torchrun in four modes (throw and stall: a collective; pipe-throw and
+pipe-stall: a pipeline schedule whose last stage fails or stalls mid-step), and
+TEST_PROGRAM's hidden test case that fails an assertion on rank 1 only; checks the exit
+status, the time it took and the messages (a pipeline's name the rank, stage and action).
+Exits 0 when all five behave.
 """
 import subprocess
 import sys
@@ -36,8 +38,14 @@ def run(torchrun, worker, nproc, mode):
     if elapsed > LIMIT_S:
         print(f"FAIL {mode}: took {elapsed:.1f} s > {LIMIT_S} s")
         ok = False
+    last = nproc - 1
     want = {
         "throw": ["rank 1 fails on purpose"],
+        # The failing stage's own error names its action; under pipe-stall the previous stage
+        # times out in the action that waits for the stalled stage's gradient.
+        "pipe-throw": [f"pipeline rank {last} (pp: ranks", f"action {last}F2",
+                       f"stage {last} fails on purpose"],
+        "pipe-stall": [f"pipeline rank {last - 1} (pp: ranks", f"action {last - 1}B2"],
         "stall": ["rank 0 error:", "all_reduce(sum, Float[4] on cpu) on group dp"],
         "assertion": ["'harness self-check: fails on rank 1 only' failed on rank(s) 1",
                       "failed: rank() != 1"],
@@ -46,7 +54,7 @@ def run(torchrun, worker, nproc, mode):
         if w not in out:
             print(f"FAIL {mode}: output lacks {w!r}")
             ok = False
-    if "completed without rank 1" in out:
+    if "completed without" in out:
         print(f"FAIL {mode}: a collective completed without rank 1")
         ok = False
     print(f"{'ok' if ok else 'FAIL'} {mode}: exit {p.returncode} after {elapsed:.1f} s")
@@ -57,7 +65,8 @@ def run(torchrun, worker, nproc, mode):
 
 def main():
     torchrun, worker, test_program, nproc = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    results = [run(torchrun, worker, nproc, m) for m in ("throw", "stall")]
+    results = [run(torchrun, worker, nproc, m)
+               for m in ("throw", "stall", "pipe-throw", "pipe-stall")]
     results.append(run(torchrun, test_program, nproc, "assertion"))
     sys.exit(0 if all(results) else 1)
 

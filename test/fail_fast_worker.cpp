@@ -1,25 +1,65 @@
 // A job that goes wrong on purpose, run by fail_fast.py under torchrun:
 //   throw: rank 1 throws before a collective the other ranks are already waiting in;
 //   stall: rank 1 never joins the collective (it sleeps), the others must time out.
+//   pipe-throw / pipe-stall: the same in a pipeline schedule (run_pipeline below).
 // Either way every rank must be gone, and the job failed, well within the timeout.
 #include <chrono>
 #include <cstring>
+#include <memory>
+#include <string>
 #include <iostream>
 #include <thread>
 
 #include <ATen/ATen.h>
+#include <torch/nn/modules/linear.h>
 
 #include <dtensor/all.h>
 
+namespace {
+
+// A pipeline of one Linear stage per rank (1F1B, 4 microbatches) whose last stage goes wrong
+// in its forward of microbatch 2: it throws (pipe-throw) or never returns (pipe-stall), while
+// the previous stage waits for that microbatch's gradient.
+void run_pipeline(bool stall) {
+  const int world = dtensor::get_world_size();
+  auto pp = dtensor::init_device_mesh(c10::kCPU, {world}, {"pp"}).get_group();
+  const int me = dtensor::get_rank();
+  auto layer = std::make_shared<torch::nn::LinearImpl>(4, 4);
+  int calls = 0;
+  dtensor::PipelineStage stage(me, layer, [&](const at::Tensor& x) {
+    if (me == world - 1 && calls++ == 3) { // the shape probe, then microbatches 0, 1, 2
+      if (stall) {
+        std::this_thread::sleep_for(std::chrono::minutes(10));
+      }
+      throw std::runtime_error("stage " + std::to_string(me) + " fails on purpose");
+    }
+    return layer->forward(x);
+  });
+  auto order = dtensor::generate_schedule(dtensor::ScheduleKind::OneFOneB, world, 4);
+  dtensor::PipelineSchedule schedule({stage}, pp, order, 4,
+                                     [](const at::Tensor& y, const at::Tensor& t) {
+                                       return (y - t).pow(2).sum();
+                                     });
+  schedule.step(at::ones({8, 4}), at::zeros({8, 4}));
+  std::cout << "rank " << me << ": pipeline step completed without the last stage?!\n";
+}
+
+} // namespace
+
 int main(int argc, char** argv) {
-  if (argc != 3 || (std::strcmp(argv[1], "throw") != 0 && std::strcmp(argv[1], "stall") != 0)) {
-    std::cerr << "usage: fail_fast_worker throw|stall TIMEOUT_SECONDS\n";
+  const std::string mode = argc == 3 ? argv[1] : "";
+  if (mode != "throw" && mode != "stall" && mode != "pipe-throw" && mode != "pipe-stall") {
+    std::cerr << "usage: fail_fast_worker throw|stall|pipe-throw|pipe-stall TIMEOUT_SECONDS\n";
     return 2;
   }
-  const bool stall = std::strcmp(argv[1], "stall") == 0;
+  const bool stall = mode == "stall" || mode == "pipe-stall";
   const auto timeout = std::chrono::seconds(std::atoi(argv[2]));
   try {
     dtensor::init_process_group(dtensor::ProcessGroupOptions().timeout(timeout));
+    if (mode.rfind("pipe-", 0) == 0) {
+      run_pipeline(stall);
+      return 0;
+    }
     auto mesh = dtensor::init_device_mesh(c10::kCPU, {dtensor::get_world_size()}, {"dp"});
     auto t = at::ones({4});
     dtensor::all_reduce_(t, dtensor::ReduceOp::Sum, mesh.get_group()); // all ranks healthy here

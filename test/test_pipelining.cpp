@@ -352,4 +352,28 @@ TEST_CASE("pipeline errors name what was wrong", "[pipelining][world2][world4]")
       dtensor::generate_schedule(ScheduleKind::DualPipeV, world(), 2 * world() - 1, 2),
       contains("DualPipeV: " + std::to_string(2 * world() - 1) + " microbatches for " +
                std::to_string(2 * world()) + " stages"));
+  // A stage whose output shape changes at run time, on a pipeline of this rank alone (its
+  // peers would otherwise wait for it): refused naming the stage, the microbatch and both
+  // shapes, and the action.
+  auto alone = init_device_mesh(device_type(), {world(), 1}, {"dp", "pp"}).get_group("pp");
+  auto layer = std::make_shared<torch::nn::LinearImpl>(kWidth, kWidth);
+  int calls = 0;
+  dtensor::PipelineStage shrinking(0, layer, [&](const at::Tensor& x) {
+    at::Tensor y = layer->forward(x);
+    return calls++ < 2 ? y : y.narrow(0, 0, 1); // the probe and microbatch 0 keep the shape
+  });
+  dtensor::PipelineSchedule single(
+      {shrinking}, alone, dtensor::generate_schedule(ScheduleKind::GPipe, 1, 4), 4, sum_loss);
+  REQUIRE_THROWS_WITH(single.step(at::randn({8, kWidth}), at::randn({8, kWidth})),
+                      contains("action 0F1") &&
+                          contains("stage 0's output for microbatch 1 is Float[1, 8] but was "
+                                   "Float[2, 8] on the first microbatch"));
+  // finalize_backward belongs to the root unit, outside backward.
+  auto mesh = init_device_mesh(device_type(), {world()}, {"dp"});
+  auto outer = std::make_shared<torch::nn::Module>();
+  auto inner = outer->register_module("inner", std::make_shared<torch::nn::LinearImpl>(4, 4));
+  auto inner_unit = dtensor::fully_shard(*inner, FullyShardOptions().mesh(mesh));
+  dtensor::fully_shard(*outer, FullyShardOptions().mesh(mesh));
+  REQUIRE_THROWS_WITH(inner_unit.finalize_backward(),
+                      contains("finalize_backward: unit") && contains("is nested in unit"));
 }
