@@ -7,7 +7,7 @@ configure "$root/build" -Dcuda=disabled -Dbuildtype=debugoptimized
 ninja -C "$root/build" bench/bench_dispatch_overhead bench/bench_fsdp_step bench/bench_clip_grad_norm \
   bench/bench_checkpoint_io bench/bench_fsdp_overlap bench/bench_meta_init_memory \
   bench/bench_activation_checkpoint bench/bench_loss_parallel bench/bench_reduce_scatter \
-  bench/bench_module_call examples/train
+  bench/bench_module_call bench/bench_pipeline examples/train
 export TORCH_CPP_LOG_LEVEL=${TORCH_CPP_LOG_LEVEL:-WARNING}
 echo "## dispatch overhead, 1 rank"
 "$root/build/bench/bench_dispatch_overhead"
@@ -36,6 +36,10 @@ echo
 echo "## fully_shard step time vs PyTorch FSDP2, overlap on / off, 2 and 4 ranks (alternating)"
 "$root/.venv/bin/python" "$root/bench/fsdp_overlap.py" "$root/.venv/bin/torchrun" \
   "$root/build/bench/bench_fsdp_overlap" --rounds 5 --ranks 2 4 --dims 64 256 512 --tp-dims 64 256
+echo
+echo "## pipeline schedules vs PyTorch's torch.distributed.pipelining, 2 and 4 ranks (alternating)"
+"$root/.venv/bin/python" "$root/bench/pipeline.py" "$root/.venv/bin/torchrun" \
+  "$root/build/bench/bench_pipeline" --rounds 3 --ranks 2 4
 echo
 echo "## memory per rank: meta init and a training step, Transformer on 8 ranks"
 torchrun --standalone --nproc-per-node 8 --no-python "$root/build/bench/bench_meta_init_memory"

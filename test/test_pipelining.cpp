@@ -8,6 +8,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include <dtensor/pipelining.h>
+#include <dtensor/replicate.h>
 #include <models/llama3.h>
 
 #include "support/prelude.h"
@@ -205,6 +206,7 @@ TEST_CASE("fully_shard inside pipeline stages: every schedule equals the plain m
       dtensor::fully_shard(*st.module, fsdp).set_gradient_divide_factor(1.0);
     }
     dtensor::PipelineSchedule schedule(std::move(stages), pp, order, kMicro, sum_loss);
+    int64_t buffers = 0;
     for (int step = 0; step < 2; ++step) { // the second step accumulates onto the first's
       CommDebugMode mode;
       schedule.step(my_input, my_target);
@@ -216,6 +218,17 @@ TEST_CASE("fully_shard inside pipeline stages: every schedule equals the plain m
       CHECK(mode.count(CollectiveKind::Send) == sends);
       CHECK(mode.count(CollectiveKind::Recv) == sends);
       CHECK(mode.total_count() == 8 + 2 * sends);
+      // [Note: receive buffers]: reused as what they held dies; the second step allocates none.
+      // GPipe's last stage holds every microbatch's input until the backwards; every other
+      // schedule here needs fewer buffers than it has receives (1F1B: 1-2 of 4).
+      CHECK(schedule.receive_buffer_count() <= sends);
+      if (c.kind != ScheduleKind::GPipe) {
+        CHECK(schedule.receive_buffer_count() < sends);
+      }
+      if (step == 1) {
+        CHECK(schedule.receive_buffer_count() == buffers);
+      }
+      buffers = schedule.receive_buffer_count();
     }
     for (int i = 0; i < 8; ++i) {
       if (placement[i / (8 / num_stages)] != pp.rank()) {
@@ -224,6 +237,50 @@ TEST_CASE("fully_shard inside pipeline stages: every schedule equals the plain m
       INFO("layer " << i);
       CHECK(close(full_value(model.layers[i]->weight.grad()), 2 * plain.layers[i]->weight.grad()));
       CHECK(close(full_value(model.layers[i]->bias.grad()), 2 * plain.layers[i]->bias.grad()));
+    }
+  }
+}
+
+// replicate() (DDP) inside stages on pp 2 x dp 2: each dp rank its half of the batch, a sum
+// loss over that half's count (replicate averages over dp); the stage's weight gradients are
+// all-reduced once per step, by the backward that completes them (its last B, or its last W
+// for the split-backward schedules, whose W is a real backward: pytorch#144530).
+TEST_CASE("replicate inside pipeline stages: one all-reduce per stage per step",
+          "[pipelining][world4]") {
+  const DeviceMesh mesh = init_device_mesh(device_type(), {2, 2}, {"pp", "dp"});
+  auto pp = mesh.get_group("pp");
+  const int64_t dp_rank = mesh.get_local_rank("dp");
+  constexpr int kMicro = 4;
+  torch::manual_seed(7);
+  at::Tensor input = at::randn({kBatch, kWidth});
+  at::Tensor target = at::randn({kBatch, kWidth});
+  Model plain(1);
+  sum_loss(plain.run(input, 0, 8), target).backward();
+  auto half_loss = [](const at::Tensor& out, const at::Tensor& t) {
+    return (out - t).pow(2).sum() / static_cast<double>(kBatch / 2);
+  };
+  for (const auto& c : kCases) {
+    INFO(dtensor::schedule_name(c.kind));
+    const int num_stages = 2 * c.stages_per_rank;
+    auto order = dtensor::generate_schedule(c.kind, 2, kMicro, c.stages_per_rank);
+    auto placement = dtensor::validate_schedule(order, num_stages, kMicro);
+    Model model(1);
+    auto stages = stages_of(model, order, num_stages, kMicro, pp.rank());
+    std::vector<dtensor::ReplicateHandle> handles;
+    for (auto& st : stages) {
+      handles.push_back(dtensor::replicate(*st.module, mesh["dp"]));
+      REQUIRE(handles.back().num_buckets() == 1);
+    }
+    dtensor::PipelineSchedule schedule(std::move(stages), pp, order, kMicro, half_loss);
+    CommDebugMode mode;
+    schedule.step(input.chunk(2)[dp_rank], target.chunk(2)[dp_rank]);
+    CHECK(count_of(mode, "dp", CollectiveKind::AllReduce) == c.stages_per_rank);
+    for (int i = 0; i < 8; ++i) {
+      if (placement[i / (8 / num_stages)] == pp.rank()) {
+        INFO("layer " << i);
+        CHECK(close(model.layers[i]->weight.grad(), plain.layers[i]->weight.grad()));
+        CHECK(close(model.layers[i]->bias.grad(), plain.layers[i]->bias.grad()));
+      }
     }
   }
 }

@@ -54,6 +54,9 @@ using PipelineLoss = std::function<at::Tensor(const at::Tensor&, const at::Tenso
 struct PipelineOptions {
   // Divide each microbatch's loss by the number of microbatches before its backward.
   TORCH_ARG(bool, mean_over_microbatches) = false;
+  // Record when each compute action of this rank ran (PipelineSchedule::last_step_timeline):
+  // the measured side of the timed simulation (simulate_schedule), for calibration.
+  TORCH_ARG(bool, record_timeline) = false;
   TORCH_ARG(LoweringOptions, lowering) = {};
 };
 
@@ -78,6 +81,14 @@ class PipelineSchedule {
 
   // The lowered program of every pipeline rank (lower_schedule).
   const PipelineOrder& program() const;
+  // With record_timeline: this rank's compute actions (F, B, I, W) of the last step, each
+  // from when its input was there to its end, in seconds since the step began; the step's
+  // wall time is last_step_seconds(). Empty otherwise.
+  const std::vector<TimedAction>& last_step_timeline() const;
+  double last_step_seconds() const;
+  // Receive buffers this schedule allocated so far: reused as the activations and gradients
+  // they held die, so their number is the peak of live receives, not the microbatch count.
+  int64_t receive_buffer_count() const;
 
  private:
   struct Impl;

@@ -61,4 +61,8 @@ class ReplicateHandle {
 ReplicateHandle replicate(torch::nn::Module& module, const DeviceMesh& mesh,
                           const ReplicateOptions& options = {});
 
+// The handle of `module`'s replicate, while some handle of it is alive (pipeline schedules
+// find a stage's this way); nullopt otherwise.
+std::optional<ReplicateHandle> replicate_handle(const torch::nn::Module& module);
+
 } // namespace dtensor

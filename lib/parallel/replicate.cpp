@@ -194,6 +194,19 @@ const DeviceMesh& ReplicateHandle::mesh() const {
   return state_->mesh;
 }
 
+std::optional<ReplicateHandle> replicate_handle(const torch::nn::Module& module) {
+  std::lock_guard<std::mutex> lock(detail::registry_mutex);
+  auto it = detail::registry().find(&module);
+  if (it == detail::registry().end()) {
+    return std::nullopt;
+  }
+  auto state = it->second.lock();
+  if (!state) {
+    return std::nullopt;
+  }
+  return ReplicateHandle(std::static_pointer_cast<ReplicateHandle::State>(state));
+}
+
 ReplicateHandle replicate(torch::nn::Module& module, const DeviceMesh& mesh,
                           const ReplicateOptions& options) {
   DTENSOR_CHECK(mesh.defined() && mesh.ndim() == 1, "replicate({}): needs a 1-D mesh, got {}",

@@ -6,6 +6,9 @@
 //   simulate KIND PP MICROBATCHES STAGES_PER_RANK
 //     "== simulate KIND PP M V", then "timeline makespan M bubble B peaks P0,P1,..." for unit
 //     costs (F = I = W = 1, B = 2, no latency); or "ERROR <message>".
+//   timeline KIND PP MICROBATCHES STAGES_PER_RANK
+//     as simulate, then "action RANK START END ACTION" per simulated action
+//     (scripts/pipeline_timelines.py draws them for docs/pipeline.md).
 //   lower-csv PATH NUM_STAGES MICROBATCHES
 //     "== lower-csv PATH", then "lowered" and the program lower_schedule makes of the CSV's
 //     compute schedule; or "ERROR <message>".
@@ -38,7 +41,7 @@ void generate(std::istringstream& in) {
   }
 }
 
-void simulate(std::istringstream& in) {
+void simulate(std::istringstream& in, bool timed) {
   std::string kind;
   int pp = 0, m = 0, v = 0;
   in >> kind >> pp >> m >> v;
@@ -51,6 +54,12 @@ void simulate(std::istringstream& in) {
       std::cout << (r ? "," : "") << t.peak_activations[r];
     }
     std::cout << "\n";
+    if (timed) {
+      for (const auto& a : t.actions) {
+        std::cout << "action " << a.rank << " " << a.start << " " << a.end << " " << a.action.str()
+                  << "\n";
+      }
+    }
   } catch (const dtensor::Error& e) {
     std::cout << "ERROR " << e.what() << "\n";
   }
@@ -84,8 +93,8 @@ int main() {
     in >> cmd;
     if (cmd == "generate") {
       generate(in);
-    } else if (cmd == "simulate") {
-      simulate(in);
+    } else if (cmd == "simulate" || cmd == "timeline") {
+      simulate(in, cmd == "timeline");
     } else if (cmd == "lower-csv") {
       lower_csv(in);
     } else if (!cmd.empty()) {

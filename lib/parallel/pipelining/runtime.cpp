@@ -27,6 +27,7 @@
 #include <dtensor/pipelining.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <optional>
 #include <tuple>
@@ -37,6 +38,7 @@
 
 #include <dtensor/collectives.h>
 #include <dtensor/fully_shard.h>
+#include <dtensor/replicate.h>
 
 #include "internal/check.h"
 #include "mesh/collectives_internal.h"
@@ -52,6 +54,8 @@ struct StageUnits {
   std::optional<FSDPModule> root;
   std::vector<FSDPModule> units; // root included
   GradientReductionHandle reduction;
+  std::vector<ReplicateHandle> replicas; // replicate() inside the stage
+  int weight_backwards = 0;              // this step's B and W so far
 };
 
 } // namespace detail
@@ -59,6 +63,7 @@ struct StageUnits {
 namespace {
 
 using AT = ActionType;
+using Clock = std::chrono::steady_clock;
 using Slot = std::pair<int, int>; // stage, microbatch
 using Shape = detail::StageShape;
 
@@ -81,7 +86,20 @@ struct PipelineSchedule::Impl {
 
   // Per step.
   std::vector<at::Tensor> input_mbs, target_mbs, losses;
+  Clock::time_point step_start;
+  std::optional<Clock::time_point> compute_start; // the running compute action's, once its
+                                                  // input is there (record_timeline)
+  std::vector<TimedAction> timeline;
+  double step_seconds = 0.0;
   std::map<Slot, at::Tensor> inputs, outputs, grad_outputs, input_grads;
+  // [Note: receive buffers] Every receive buffer this schedule allocated. A receive takes one
+  // of the right size and dtype that nothing else refers to any more (its storage's only
+  // owner is this list: the forward that read it and the backward that saved it are done, or
+  // the gradient it held has been used), else allocates one: buffers follow the liveness of
+  // the activations and gradients they hold, instead of one per microbatch (pytorch#136380;
+  // PyTorch allocates each just before its receive). A tensor a caller keeps alive is never
+  // reused. The list is the peak of live receives, kept between steps.
+  std::vector<at::Tensor> recv_pool;
   // Posted receives and sends in flight: (type, stage, microbatch) -> (work, its tensor).
   std::map<std::tuple<AT, int, int>, std::pair<Work, at::Tensor>> in_flight;
 
@@ -94,9 +112,11 @@ struct PipelineSchedule::Impl {
   void find_units(int s);
   void run_fsdp(AT type, int s);
   void run(const PipelineAction& a);
+  void record(const PipelineAction& a);
   void forward(int s, int mb);
   void backward(AT type, int s, int mb);
   void post_recv(bool fwd, int s, int mb);
+  at::Tensor recv_buffer(const Shape& shape);
   void post_send(bool fwd, int s, int mb);
   void wait_send(bool fwd, int s, int mb);
   at::Tensor take_recv(bool fwd, int s, int mb);
@@ -149,6 +169,9 @@ void PipelineSchedule::Impl::find_units(int s) {
     if (unit && std::find(u.units.begin(), u.units.end(), *unit) == u.units.end()) {
       u.units.push_back(*unit);
     }
+    if (auto replica = replicate_handle(*m)) {
+      u.replicas.push_back(*replica);
+    }
   }
   if (!u.units.empty()) {
     u.root = fsdp_module(*stages.at(s).module);
@@ -163,6 +186,17 @@ void PipelineSchedule::Impl::find_units(int s) {
 
 void PipelineSchedule::Impl::run_fsdp(AT type, int s) {
   detail::StageUnits& u = fsdp.at(s);
+  if ((type == AT::FullBackward || type == AT::BackwardWeight) && !u.replicas.empty()) {
+    // replicate(): only the backward that completes the stage's weight gradients (its m-th B
+    // or W) all-reduces them; a W is a real backward, so its hooks fire (pytorch#144530).
+    const bool last = ++u.weight_backwards == microbatches;
+    for (auto& r : u.replicas) {
+      r.set_requires_gradient_sync(last);
+    }
+    if (last) {
+      u.weight_backwards = 0;
+    }
+  }
   if (!u.root) {
     return; // a stage without fully_shard: nothing to unshard or reduce
   }
@@ -197,10 +231,23 @@ void PipelineSchedule::Impl::post_recv(bool fwd, int s, int mb) {
   // A forward receive fills stage s's input from stage s-1; a backward one its output's
   // gradient from stage s+1.
   const Shape& shape = fwd ? in_shape.at(s) : out_shape.at(s); // local sizes
-  at::Tensor buf = at::empty(shape.sizes, at::TensorOptions().dtype(shape.dtype));
+  at::Tensor buf = recv_buffer(shape);
   int peer = placement[fwd ? s - 1 : s + 1];
   Work w = dtensor::recv(buf, peer, group, tag(fwd, s, mb), CollectiveOptions().async_op(true));
   in_flight.emplace(std::tuple{fwd ? AT::RecvF : AT::RecvB, s, mb}, std::pair{std::move(w), buf});
+}
+
+at::Tensor PipelineSchedule::Impl::recv_buffer(const Shape& shape) {
+  for (const at::Tensor& t : recv_pool) {
+    // Only the list holds it: this handle (no receive or action holds the tensor) and its
+    // storage (no view, detached copy or tensor autograd saved).
+    if (t.use_count() == 1 && t.storage().use_count() == 1 && t.scalar_type() == shape.dtype &&
+        t.sizes() == at::IntArrayRef(shape.sizes)) {
+      return t; // its storage's other owners are gone: reused ([Note: receive buffers])
+    }
+  }
+  recv_pool.push_back(at::empty(shape.sizes, at::TensorOptions().dtype(shape.dtype)));
+  return recv_pool.back();
 }
 
 at::Tensor PipelineSchedule::Impl::take_recv(bool fwd, int s, int mb) {
@@ -246,6 +293,7 @@ void PipelineSchedule::Impl::forward(int s, int mb) {
   if (s > 0 && at::isFloatingType(x.scalar_type())) {
     x = x.detach().requires_grad_(true);
   }
+  compute_start = Clock::now();
   at::Tensor y = stages.at(s).forward(x);
   const Shape got = detail::shape_of(y);
   DTENSOR_CHECK(got == out_shape.at(s),
@@ -280,6 +328,7 @@ void PipelineSchedule::Impl::backward(AT type, int s, int mb) {
   } else {
     dy = grad_outputs.at(slot);
   }
+  compute_start = Clock::now();
   run_fsdp(type, s); // gradients accumulate unsharded until REDUCE_GRAD
   std::vector<at::Tensor> dys;
   if (dy.defined()) {
@@ -323,11 +372,13 @@ void PipelineSchedule::Impl::run(const PipelineAction& a) {
   switch (a.type) {
   case AT::Forward:
     forward(s, mb);
+    record(a);
     break;
   case AT::FullBackward:
   case AT::BackwardInput:
   case AT::BackwardWeight:
     backward(a.type, s, mb);
+    record(a);
     break;
   case AT::RecvF:
   case AT::RecvB:
@@ -350,6 +401,16 @@ void PipelineSchedule::Impl::run(const PipelineAction& a) {
   case AT::OverlapFB:
     break;
   }
+}
+
+void PipelineSchedule::Impl::record(const PipelineAction& a) {
+  if (options.record_timeline() && compute_start) {
+    auto seconds = [&](Clock::time_point t) {
+      return std::chrono::duration<double>(t - step_start).count();
+    };
+    timeline.push_back({group.rank(), a, seconds(*compute_start), seconds(Clock::now())});
+  }
+  compute_start.reset();
 }
 
 void PipelineSchedule::Impl::check_done() {
@@ -417,6 +478,18 @@ const PipelineOrder& PipelineSchedule::program() const {
   return impl_->program;
 }
 
+const std::vector<TimedAction>& PipelineSchedule::last_step_timeline() const {
+  return impl_->timeline;
+}
+
+double PipelineSchedule::last_step_seconds() const {
+  return impl_->step_seconds;
+}
+
+int64_t PipelineSchedule::receive_buffer_count() const {
+  return static_cast<int64_t>(impl_->recv_pool.size());
+}
+
 std::vector<at::Tensor> PipelineSchedule::step(const at::Tensor& input, const at::Tensor& target) {
   Impl& d = *impl_;
   int m = d.microbatches;
@@ -434,6 +507,11 @@ std::vector<at::Tensor> PipelineSchedule::step(const at::Tensor& input, const at
   if (!d.shapes_known) {
     d.find_shapes();
   }
+  d.timeline.clear();
+  for (auto& [s, u] : d.fsdp) {
+    u.weight_backwards = 0;
+  }
+  d.step_start = Clock::now();
   const auto& mine = d.program.at(d.group.rank());
   for (size_t i = 0; i < mine.size(); ++i) {
     const PipelineAction& a = *mine[i];
@@ -445,6 +523,7 @@ std::vector<at::Tensor> PipelineSchedule::step(const at::Tensor& input, const at
     }
   }
   d.check_done();
+  d.step_seconds = std::chrono::duration<double>(Clock::now() - d.step_start).count();
   return last ? d.losses : std::vector<at::Tensor>{};
 }
 

@@ -1,0 +1,216 @@
+// One pipeline step, timed: the dtensor side of bench/pipeline.py, which runs PyTorch's
+// torch.distributed.pipelining on the same model, schedule and microbatches alternately with
+// it. Run under torchrun; every rank is a pipeline rank.
+//   model: `layers` blocks Linear(d, 4d)-GELU-Linear(4d, d), split evenly into stages
+//          (one per rank, or two for the multi-stage schedules); input [batch, 64, d], loss
+//          sum((out - target)^2) / batch; gradients zeroed before each step, no optimizer.
+// Flags: --schedule NAME (PyTorch's class names without "Schedule": GPipe, 1F1B,
+//        Interleaved1F1B, ZBVZeroBubble, ...), --microbatches M, --dim D, --layers L,
+//        --batch B, --steps N, --warmup N.
+// Rank 0 prints one line, "RESULT <json>": the step times (ms), the growth of the resident
+// set over the steps (MB, the largest over ranks), the measured bubble (1 - busy time of all
+// ranks / (ranks x step time), from PipelineOptions::record_timeline) and the bubble the
+// timed simulation predicts from the measured mean cost of each action type.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/linear.h>
+
+#include <dtensor/all.h>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Flags {
+  std::string schedule = "1F1B";
+  int microbatches = 8;
+  int64_t dim = 256;
+  int layers = 8;
+  int64_t batch = 32;
+  int steps = 10;
+  int warmup = 3;
+};
+
+Flags parse(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    const char* v = argv[i + 1];
+    if (k == "--schedule") {
+      f.schedule = v;
+    } else if (k == "--microbatches") {
+      f.microbatches = std::atoi(v);
+    } else if (k == "--dim") {
+      f.dim = std::atoll(v);
+    } else if (k == "--layers") {
+      f.layers = std::atoi(v);
+    } else if (k == "--batch") {
+      f.batch = std::atoll(v);
+    } else if (k == "--steps") {
+      f.steps = std::atoi(v);
+    } else if (k == "--warmup") {
+      f.warmup = std::atoi(v);
+    } else {
+      std::fprintf(stderr, "bench_pipeline: unknown flag %s\n", k.c_str());
+      std::exit(2);
+    }
+  }
+  return f;
+}
+
+// Linear(d, 4d)-GELU-Linear(4d, d).
+struct BlockImpl : torch::nn::Module {
+  explicit BlockImpl(int64_t d)
+      : up(register_module("up", torch::nn::Linear(d, 4 * d))),
+        down(register_module("down", torch::nn::Linear(4 * d, d))) {}
+  at::Tensor forward(const at::Tensor& x) { return down->forward(gelu->forward(up->forward(x))); }
+  torch::nn::Linear up, down;
+  torch::nn::GELU gelu;
+};
+TORCH_MODULE(Block);
+
+// Resident set size now, MB (/proc/self/statm's second field, in pages).
+double rss_mb() {
+  std::ifstream statm("/proc/self/statm");
+  long size = 0, resident = 0;
+  statm >> size >> resident;
+  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / 1e6;
+}
+
+// The peak resident set size of this process so far, MB.
+double peak_rss_mb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1e3; // kB on Linux
+}
+
+std::string json_list(const std::vector<double>& v) {
+  std::string out;
+  for (double x : v) {
+    out += (out.empty() ? "" : ", ") + std::to_string(x);
+  }
+  return "[" + out + "]";
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  const Flags f = parse(argc, argv);
+  at::set_num_threads(1);
+  dtensor::init_process_group();
+  const int world = dtensor::get_world_size();
+  const int rank = dtensor::get_rank();
+  auto pp = dtensor::init_device_mesh(c10::kCPU, {world}, {"pp"}).get_group();
+  const auto kind = dtensor::schedule_kind(f.schedule);
+  const int per_rank = dtensor::is_single_stage(kind) ? 1 : 2;
+  const int num_stages = world * per_rank;
+  const int per_stage = f.layers / num_stages;
+  const auto order = dtensor::generate_schedule(kind, world, f.microbatches, per_rank);
+  const auto placement = dtensor::stage_to_rank(kind, world, num_stages);
+  torch::manual_seed(0);
+  std::vector<Block> blocks;
+  for (int i = 0; i < f.layers; ++i) {
+    blocks.emplace_back(f.dim);
+  }
+  std::vector<dtensor::PipelineStage> stages;
+  for (int s = 0; s < num_stages; ++s) {
+    if (placement[static_cast<size_t>(s)] != rank) {
+      continue;
+    }
+    auto holder = std::make_shared<torch::nn::Module>();
+    std::vector<Block> mine(blocks.begin() + s * per_stage, blocks.begin() + (s + 1) * per_stage);
+    for (size_t i = 0; i < mine.size(); ++i) {
+      holder->register_module(std::to_string(i), mine[i].ptr());
+    }
+    stages.emplace_back(s, holder, [mine](at::Tensor x) mutable {
+      for (auto& b : mine) {
+        x = b->forward(x);
+      }
+      return x;
+    });
+  }
+  const double batch = static_cast<double>(f.batch);
+  dtensor::PipelineSchedule schedule(
+      stages, pp, order, f.microbatches,
+      [batch](const at::Tensor& y, const at::Tensor& t) { return (y - t).pow(2).sum() / batch; },
+      dtensor::PipelineOptions().record_timeline(true));
+  at::manual_seed(1);
+  const at::Tensor input = at::randn({f.batch, 64, f.dim});
+  const at::Tensor target = at::randn({f.batch, 64, f.dim});
+  auto step = [&] {
+    for (auto& st : stages) {
+      for (auto& p : st.module->parameters()) {
+        p.mutable_grad() = at::Tensor();
+      }
+    }
+    schedule.step(input, target);
+  };
+  const double rss_before = rss_mb();
+  for (int i = 0; i < f.warmup; ++i) {
+    step();
+  }
+  std::vector<double> ms;
+  std::map<dtensor::ActionType, std::pair<double, int>> cost; // total seconds, count
+  std::vector<double> busy_fraction;
+  for (int i = 0; i < f.steps; ++i) {
+    dtensor::barrier(dtensor::world_group());
+    const auto t0 = Clock::now();
+    step();
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    double busy = 0;
+    for (const auto& a : schedule.last_step_timeline()) {
+      busy += a.end - a.start;
+      auto& c = cost[a.action.type];
+      c.first += a.end - a.start;
+      c.second += 1;
+    }
+    // The measured bubble: every rank's busy time against the slowest rank's step.
+    at::Tensor sums = at::tensor({busy, schedule.last_step_seconds()}, at::kDouble);
+    at::Tensor wall = sums.narrow(0, 1, 1).clone();
+    dtensor::all_reduce_(sums, dtensor::ReduceOp::Sum, dtensor::world_group());
+    dtensor::all_reduce_(wall, dtensor::ReduceOp::Max, dtensor::world_group());
+    busy_fraction.push_back(sums[0].item<double>() / (world * wall.item<double>()));
+  }
+  // The simulation's costs: each action type's mean over all ranks.
+  auto mean_cost = [&](dtensor::ActionType t) {
+    at::Tensor v = at::tensor({cost[t].first, static_cast<double>(cost[t].second)}, at::kDouble);
+    dtensor::all_reduce_(v, dtensor::ReduceOp::Sum, dtensor::world_group());
+    return v[1].item<double>() > 0 ? v[0].item<double>() / v[1].item<double>() : 0.0;
+  };
+  const double fwd = mean_cost(dtensor::ActionType::Forward);
+  const double full = mean_cost(dtensor::ActionType::FullBackward);
+  const double in = mean_cost(dtensor::ActionType::BackwardInput);
+  const double wt = mean_cost(dtensor::ActionType::BackwardWeight);
+  const auto predicted = dtensor::simulate_schedule(order, num_stages,
+                                                    dtensor::ScheduleCosts()
+                                                        .forward(fwd)
+                                                        .full_backward(full > 0 ? full : in + wt)
+                                                        .backward_input(in > 0 ? in : full / 2)
+                                                        .backward_weight(wt > 0 ? wt : full / 2));
+  at::Tensor growth = at::tensor({peak_rss_mb() - rss_before}, at::kDouble);
+  dtensor::all_reduce_(growth, dtensor::ReduceOp::Max, dtensor::world_group());
+  std::vector<double> bubbles;
+  for (double b : busy_fraction) {
+    bubbles.push_back(1.0 - b);
+  }
+  if (rank == 0) {
+    std::printf("RESULT {\"step_ms\": %s, \"rss_growth_mb\": %f, \"bubble\": %s, "
+                "\"simulated_bubble\": %f, \"costs_ms\": [%f, %f, %f, %f]}\n",
+                json_list(ms).c_str(), growth.item<double>(), json_list(bubbles).c_str(),
+                predicted.bubble_fraction, fwd * 1e3, full * 1e3, in * 1e3, wt * 1e3);
+    std::fflush(stdout);
+  }
+  return 0;
+}

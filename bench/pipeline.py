@@ -1,0 +1,172 @@
+"""Step time, memory and bubble of a pipeline schedule: dtensor (bench/pipeline.cpp) side by
+side with PyTorch's torch.distributed.pipelining on the same CPU ranks, alternating in one
+run.
+
+Driver:  python bench/pipeline.py TORCHRUN BENCH_BIN [--rounds R] [--ranks 2 4]
+                 [--schedules 1F1B Interleaved1F1B ZBVZeroBubble DualPipeV] [--microbatches M]
+                 [--dim D] [--layers L] [--batch B] [--steps N] [--warmup N]
+Worker:  torchrun ... bench/pipeline.py --worker --schedule NAME ... (PyTorch's side)
+
+The model, input and loss are bench/pipeline.cpp's: `layers` blocks Linear(d, 4d)-GELU-
+Linear(4d, d) split evenly into stages (one per rank; two for the multi-stage schedules),
+input [batch, 64, d], loss sum((out - target)^2) / batch (PyTorch: scale_grads=False),
+gradients zeroed before each step, no optimizer. Each round runs every configuration:
+PyTorch, then dtensor. A run's figure is the median of its timed steps; the table gives
+the median over rounds with the spread (min-max); ratios are medians of per-round ratios.
+Memory: the growth of the resident set from before the first step to its peak (the largest
+over ranks). Bubble (dtensor only): measured, 1 - busy / (ranks x step), and as the timed
+simulation predicts it from the measured mean cost of each action type.
+"""
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+CLASSES = {"GPipe": "ScheduleGPipe", "1F1B": "Schedule1F1B",
+           "Interleaved1F1B": "ScheduleInterleaved1F1B", "LoopedBFS": "ScheduleLoopedBFS",
+           "InterleavedZeroBubble": "ScheduleInterleavedZeroBubble",
+           "ZBVZeroBubble": "ScheduleZBVZeroBubble", "DualPipeV": "ScheduleDualPipeV"}
+SINGLE = ("GPipe", "1F1B")
+V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
+
+
+def rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+def worker(args):
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.pipelining as pipelining
+    import torch.nn as nn
+    from torch.distributed.pipelining import PipelineStage
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    per_rank = 1 if args.schedule in SINGLE else 2
+    num_stages = world * per_rank
+    per_stage = args.layers // num_stages
+    if per_rank == 1:
+        mine = [rank]
+    elif args.schedule in V_SHAPED:
+        mine = [rank, 2 * world - 1 - rank]
+    else:
+        mine = [rank + k * world for k in range(per_rank)]
+    torch.manual_seed(0)
+    d = args.dim
+    blocks = [nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+              for _ in range(args.layers)]
+    stages = [PipelineStage(nn.Sequential(*blocks[s * per_stage:(s + 1) * per_stage]), s,
+                            num_stages, torch.device("cpu")) for s in mine]
+    batch = args.batch
+
+    def loss_fn(y, t):
+        return (y - t).pow(2).sum() / batch
+
+    cls = getattr(pipelining, CLASSES[args.schedule])
+    sched = cls(stages[0] if per_rank == 1 else stages, args.microbatches, loss_fn=loss_fn,
+                scale_grads=False)
+    torch.manual_seed(1)
+    x = torch.randn(batch, 64, d)
+    target = torch.randn(batch, 64, d)
+
+    def step():
+        for st in stages:
+            for p in st.submod.parameters():
+                p.grad = None
+        a = (x,) if 0 in mine else ()
+        t = target if num_stages - 1 in mine else None
+        sched.step(*a, target=t)
+
+    before = rss_mb()
+    for _ in range(args.warmup):
+        step()
+    ms = []
+    for _ in range(args.steps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        step()
+        ms.append((time.perf_counter() - t0) * 1e3)
+    growth = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3 - before])
+    dist.all_reduce(growth, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        print("RESULT " + json.dumps({"step_ms": ms, "rss_growth_mb": float(growth)}), flush=True)
+    dist.destroy_process_group()
+
+
+def run(cmd):
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_CPP_LOG_LEVEL="ERROR")
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            r = json.loads(line[7:])
+            r["ms"] = statistics.median(r["step_ms"])
+            if "bubble" in r:
+                r["measured"] = statistics.median(r["bubble"])
+            return r
+    sys.exit(f"failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
+
+
+def fmt(xs, digits=1):
+    return f"{statistics.median(xs):.{digits}f} ({min(xs):.{digits}f}-{max(xs):.{digits}f})"
+
+
+def ratio(a, b):
+    return statistics.median([x / y for x, y in zip(a, b)])
+
+
+def driver(args):
+    print("| schedule | ranks | m | PyTorch ms | dtensor ms | dtensor / PyTorch | PyTorch RSS "
+          "growth MB | dtensor RSS growth MB | bubble measured | bubble simulated |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for ranks in args.ranks:
+        for schedule in args.schedules:
+            m = args.microbatches or 2 * ranks
+            common = ["--schedule", schedule, "--microbatches", str(m), "--dim", str(args.dim),
+                      "--layers", str(args.layers), "--batch", str(args.batch),
+                      "--steps", str(args.steps), "--warmup", str(args.warmup)]
+            tr = [args.torchrun, "--standalone", "--nproc-per-node", str(ranks)]
+            t, d = [], []
+            for _ in range(args.rounds):
+                t.append(run(tr + [__file__, "--worker"] + common))
+                d.append(run(tr + ["--no-python", args.binary] + common))
+            print(f"| {schedule} | {ranks} | {m} | {fmt([r['ms'] for r in t])} "
+                  f"| {fmt([r['ms'] for r in d])} "
+                  f"| {ratio([r['ms'] for r in d], [r['ms'] for r in t]):.2f}x "
+                  f"| {fmt([r['rss_growth_mb'] for r in t])} "
+                  f"| {fmt([r['rss_growth_mb'] for r in d])} "
+                  f"| {fmt([r['measured'] for r in d], 3)} "
+                  f"| {fmt([r['simulated_bubble'] for r in d], 3)} |", flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--worker", action="store_true")
+    p.add_argument("--schedule", default="1F1B")
+    p.add_argument("--schedules", nargs="*",
+                   default=["1F1B", "Interleaved1F1B", "ZBVZeroBubble", "DualPipeV"])
+    p.add_argument("--microbatches", type=int, default=0)  # 0: 2 x ranks
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--ranks", type=int, nargs="*", default=[2, 4])
+    p.add_argument("torchrun", nargs="?")
+    p.add_argument("binary", nargs="?")
+    args = p.parse_args()
+    if args.worker:
+        worker(args)
+    else:
+        driver(args)
+
+
+if __name__ == "__main__":
+    main()
