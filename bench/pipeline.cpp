@@ -8,10 +8,10 @@
 //        Interleaved1F1B, ZBVZeroBubble, ...), --microbatches M, --dim D, --layers L,
 //        --batch B, --steps N, --warmup N.
 // Rank 0 prints one line, "RESULT <json>": the step times (ms), the growth of the resident
-// set over the steps (MB, the largest over ranks), the measured bubble (1 - busy time of all
+// set from the end of the warm-up steps to its peak over the timed steps (MB, the largest
+// over ranks: what a step holds at its peak), the measured bubble (1 - busy time of all
 // ranks / (ranks x step time), from PipelineOptions::record_timeline) and the bubble the
 // timed simulation predicts from the measured mean cost of each action type.
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -89,11 +89,26 @@ double rss_mb() {
   return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / 1e6;
 }
 
-// The peak resident set size of this process so far, MB.
+// Starts a new peak of the resident set (Linux: "5" to /proc/self/clear_refs resets VmHWM);
+// returns the resident set now, MB. The library's loading peaks far above a step's needs,
+// so getrusage's lifetime peak would measure start-up, not the steps.
+double reset_peak_rss_mb() {
+  std::ofstream("/proc/self/clear_refs") << "5";
+  return rss_mb();
+}
+
+// The peak resident set size since reset_peak_rss_mb(), MB (/proc/self/status's VmHWM).
 double peak_rss_mb() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_maxrss) / 1e3; // kB on Linux
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  double kb = 0;
+  while (status >> key) {
+    if (key == "VmHWM:") {
+      status >> kb;
+      break;
+    }
+  }
+  return kb / 1e3;
 }
 
 std::string json_list(const std::vector<double>& v) {
@@ -157,10 +172,10 @@ int main(int argc, char** argv) {
     }
     schedule.step(input, target);
   };
-  const double rss_before = rss_mb();
   for (int i = 0; i < f.warmup; ++i) {
     step();
   }
+  const double rss_before = reset_peak_rss_mb(); // after the warm-up's one-time costs
   std::vector<double> ms;
   std::map<dtensor::ActionType, std::pair<double, int>> cost; // total seconds, count
   std::vector<double> busy_fraction;

@@ -13,14 +13,13 @@ input [batch, 64, d], loss sum((out - target)^2) / batch (PyTorch: scale_grads=F
 gradients zeroed before each step, no optimizer. Each round runs every configuration:
 PyTorch, then dtensor. A run's figure is the median of its timed steps; the table gives
 the median over rounds with the spread (min-max); ratios are medians of per-round ratios.
-Memory: the growth of the resident set from before the first step to its peak (the largest
-over ranks). Bubble (dtensor only): measured, 1 - busy / (ranks x step), and as the timed
+Memory: the growth of the resident set from the end of the warm-up steps to its peak over
+the timed steps (the largest over ranks; VmHWM reset through /proc/self/clear_refs). Bubble (dtensor only): measured, 1 - busy / (ranks x step), and as the timed
 simulation predicts it from the measured mean cost of each action type.
 """
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,22 @@ V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
 def rss_mb():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+def reset_peak_rss_mb():
+    """A new peak of the resident set from now ("5" to /proc/self/clear_refs resets VmHWM;
+    the lifetime peak would measure start-up); the resident set now, MB."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return rss_mb()
+
+
+def peak_rss_mb():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1e3
+    return 0.0
 
 
 def worker(args):
@@ -84,16 +99,16 @@ def worker(args):
         t = target if num_stages - 1 in mine else None
         sched.step(*a, target=t)
 
-    before = rss_mb()
     for _ in range(args.warmup):
         step()
+    before = reset_peak_rss_mb()  # after the warm-up's one-time costs
     ms = []
     for _ in range(args.steps):
         dist.barrier()
         t0 = time.perf_counter()
         step()
         ms.append((time.perf_counter() - t0) * 1e3)
-    growth = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3 - before])
+    growth = torch.tensor([peak_rss_mb() - before])
     dist.all_reduce(growth, op=dist.ReduceOp.MAX)
     if rank == 0:
         print("RESULT " + json.dumps({"step_ms": ms, "rss_growth_mb": float(growth)}), flush=True)

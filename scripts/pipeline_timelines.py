@@ -6,7 +6,8 @@ usage: .venv/bin/python scripts/pipeline_timelines.py build/test/pipeline_dump_o
 Runs the dump program's `timeline` command (dtensor::simulate_schedule with unit costs:
 F = I = W = 1, B = 2, no latency) for each schedule, then draws one row per rank: forwards
 blue, full backwards green, input-gradient halves orange, weight-gradient halves purple,
-each labelled with its stage and microbatch; the title gives the makespan and bubble.
+DualPipeV's overlapped forward + backward steps red, each labelled with its action; the
+title gives the makespan and bubble.
 """
 import argparse
 import subprocess
@@ -18,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 SCHEDULES = [("GPipe", 1), ("1F1B", 1), ("Interleaved1F1B", 2), ("LoopedBFS", 2),
              ("InterleavedZeroBubble", 2), ("ZBVZeroBubble", 2), ("DualPipeV", 2)]
-COLOURS = {"F": "#4c72b0", "B": "#55a868", "I": "#dd8452", "W": "#8172b3"}
+COLOURS = {"F": "#4c72b0", "B": "#55a868", "I": "#dd8452", "W": "#8172b3", "FB": "#c44e52"}
 
 
 def timelines(program, pp, m):
@@ -41,14 +42,16 @@ def timelines(program, pp, m):
     return result
 
 
-def kind_of(action):
-    """The compute type of an action's text ("2F0" -> F, "(0F3;1B2)OVERLAP_F_B" never
-    reaches here: the simulation times its parts)."""
+def label_of(action):
+    """(colour key, label) of an action's text: "2F0" -> F, "2F0"; a DualPipeV step
+    "(0F3;1B2)OVERLAP_F_B" -> FB, "0F3/1B2"."""
+    if action.endswith("OVERLAP_F_B"):
+        return "FB", action[1:action.index(")")].replace(";", "/")
     for c in "FBIW":
         stage, _, mb = action.partition(c)
         if stage.isdigit() and mb.isdigit():
-            return c, stage, mb
-    return "F", "?", "?"
+            return c, action
+    return "F", action
 
 
 def main():
@@ -64,10 +67,10 @@ def main():
     for ax, (kind, v) in zip(axes, SCHEDULES):
         d = data[kind]
         for rank, start, end, action in d["actions"]:
-            c, stage, mb = kind_of(action)
+            c, label = label_of(action)
             ax.barh(rank, end - start, left=start, color=COLOURS[c], edgecolor="white")
-            ax.text((start + end) / 2, rank, f"{stage}{c}{mb}", ha="center", va="center",
-                    fontsize=5, color="white")
+            ax.text((start + end) / 2, rank, label, ha="center", va="center", fontsize=5,
+                    color="white")
         ax.set_xlim(0, width)
         ax.set_ylim(args.pp - 0.5, -0.5)
         ax.set_yticks(range(args.pp))
