@@ -174,21 +174,35 @@ int64_t p2p_per_step(const std::vector<int>& placement, int pp_rank, int microba
 
 } // namespace
 
+// pp 2 x dp 2 with the small model: the mesh, the batch, its half for this dp rank, and the
+// plain model's gradients on the whole batch (the judge).
+struct PpDp {
+  DeviceMesh mesh = init_device_mesh(device_type(), {2, 2}, {"pp", "dp"});
+  dtensor::Group pp = mesh.get_group("pp");
+  at::Tensor input, target, my_input, my_target;
+  Model plain{1};
+  PpDp() {
+    torch::manual_seed(7);
+    input = at::randn({kBatch, kWidth});
+    target = at::randn({kBatch, kWidth});
+    const int64_t dp_rank = mesh.get_local_rank("dp");
+    my_input = input.chunk(2)[dp_rank];
+    my_target = target.chunk(2)[dp_rank];
+    sum_loss(plain.run(input, 0, 8), target).backward();
+  }
+};
+
+constexpr int kMicro = 4; // the pp x dp cases'
+
 // [Note: fully_shard under pipelining] on the small model: pp 2 x dp 2, each layer a unit,
 // each stage's module the root; each dp rank trains its half of the batch with a sum loss over
 // the global count (divide factor 1: the loss contract, no rescaling afterwards).
 TEST_CASE("fully_shard inside pipeline stages: every schedule equals the plain model",
           "[pipelining][world4]") {
-  const DeviceMesh mesh = init_device_mesh(device_type(), {2, 2}, {"pp", "dp"});
-  auto pp = mesh.get_group("pp");
-  const int64_t dp_rank = mesh.get_local_rank("dp");
-  constexpr int kMicro = 4;
-  torch::manual_seed(7);
-  at::Tensor input = at::randn({kBatch, kWidth});
-  at::Tensor target = at::randn({kBatch, kWidth});
-  Model plain(1);
-  sum_loss(plain.run(input, 0, 8), target).backward();
-  const at::Tensor my_input = input.chunk(2)[dp_rank], my_target = target.chunk(2)[dp_rank];
+  PpDp d;
+  const DeviceMesh& mesh = d.mesh;
+  const auto& pp = d.pp;
+  Model& plain = d.plain;
   for (const auto& c : kCases) {
     INFO(dtensor::schedule_name(c.kind));
     const int num_stages = 2 * c.stages_per_rank;
@@ -209,7 +223,7 @@ TEST_CASE("fully_shard inside pipeline stages: every schedule equals the plain m
     int64_t buffers = 0;
     for (int step = 0; step < 2; ++step) { // the second step accumulates onto the first's
       CommDebugMode mode;
-      schedule.step(my_input, my_target);
+      schedule.step(d.my_input, d.my_target);
       // One all-gather and one reduce-scatter per layer of this rank (4) per step: the stage
       // unsharded once, gradients reduced once at REDUCE_GRAD, not per microbatch.
       CHECK(count_of(mode, "dp", CollectiveKind::AllGather) == 4);
@@ -247,15 +261,10 @@ TEST_CASE("fully_shard inside pipeline stages: every schedule equals the plain m
 // for the split-backward schedules, whose W is a real backward: pytorch#144530).
 TEST_CASE("replicate inside pipeline stages: one all-reduce per stage per step",
           "[pipelining][world4]") {
-  const DeviceMesh mesh = init_device_mesh(device_type(), {2, 2}, {"pp", "dp"});
-  auto pp = mesh.get_group("pp");
-  const int64_t dp_rank = mesh.get_local_rank("dp");
-  constexpr int kMicro = 4;
-  torch::manual_seed(7);
-  at::Tensor input = at::randn({kBatch, kWidth});
-  at::Tensor target = at::randn({kBatch, kWidth});
-  Model plain(1);
-  sum_loss(plain.run(input, 0, 8), target).backward();
+  PpDp d;
+  const DeviceMesh& mesh = d.mesh;
+  const auto& pp = d.pp;
+  Model& plain = d.plain;
   auto half_loss = [](const at::Tensor& out, const at::Tensor& t) {
     return (out - t).pow(2).sum() / static_cast<double>(kBatch / 2);
   };
@@ -273,7 +282,7 @@ TEST_CASE("replicate inside pipeline stages: one all-reduce per stage per step",
     }
     dtensor::PipelineSchedule schedule(std::move(stages), pp, order, kMicro, half_loss);
     CommDebugMode mode;
-    schedule.step(input.chunk(2)[dp_rank], target.chunk(2)[dp_rank]);
+    schedule.step(d.my_input, d.my_target);
     CHECK(count_of(mode, "dp", CollectiveKind::AllReduce) == c.stages_per_rank);
     for (int i = 0; i < 8; ++i) {
       if (placement[i / (8 / num_stages)] == pp.rank()) {
@@ -326,7 +335,6 @@ TEST_CASE("Llama3 on pp x dp x tp: stages equal the plain model, exact counts",
   for (const auto& p : plain->named_parameters()) {
     want[p.key()] = p.value().grad();
   }
-  constexpr int kMicro = 4;
   for (const auto& shape : std::vector<std::vector<int64_t>>{{2, 1, 2, 2}, {2, 2, 2, 1}}) {
     const DeviceMesh mesh =
         init_device_mesh(device_type(), shape, {"pp", "dp_replicate", "dp_shard", "tp"});
