@@ -49,7 +49,8 @@ namespace dtensor {
 
 namespace detail {
 
-// A stage's fully_shard units ([Note: fully_shard under pipelining]).
+// A stage's data parallelism: its fully_shard units ([Note: fully_shard under pipelining])
+// and replicate() handles.
 struct StageUnits {
   std::optional<FSDPModule> root;
   std::vector<FSDPModule> units; // root included
@@ -72,8 +73,8 @@ constexpr int kMetaTag = 1 << 24;
 } // namespace
 
 struct PipelineSchedule::Impl {
-  std::map<int, PipelineStage> stages;    // this rank's, by index
-  std::map<int, detail::StageUnits> fsdp; // the same stages'
+  std::map<int, PipelineStage> stages;        // this rank's, by index
+  std::map<int, detail::StageUnits> dp_units; // the same stages'
   Group group;
   int microbatches = 0;
   int num_stages = 0;
@@ -110,7 +111,7 @@ struct PipelineSchedule::Impl {
 
   void find_shapes();
   void find_units(int s);
-  void run_fsdp(AT type, int s);
+  void run_data_parallel(AT type, int s);
   void run(const PipelineAction& a);
   void record(const PipelineAction& a);
   void forward(int s, int mb);
@@ -154,7 +155,7 @@ void PipelineSchedule::Impl::find_shapes() {
   for (auto& w : sends) {
     w.wait();
   }
-  for (auto& [s, u] : fsdp) { // so that the step's UNSHARD gathers them, counted
+  for (auto& [s, u] : dp_units) { // so that the step's UNSHARD gathers them, counted
     for (auto& unit : u.units) {
       unit.reshard();
     }
@@ -181,11 +182,11 @@ void PipelineSchedule::Impl::find_units(int s) {
                   "so that the schedule can drive its gradient reduction",
                   s);
   }
-  fsdp.emplace(s, std::move(u));
+  dp_units.emplace(s, std::move(u));
 }
 
-void PipelineSchedule::Impl::run_fsdp(AT type, int s) {
-  detail::StageUnits& u = fsdp.at(s);
+void PipelineSchedule::Impl::run_data_parallel(AT type, int s) {
+  detail::StageUnits& u = dp_units.at(s);
   if ((type == AT::FullBackward || type == AT::BackwardWeight) && !u.replicas.empty()) {
     // replicate(): only the backward that completes the stage's weight gradients (its m-th B
     // or W) all-reduces them; a W is a real backward, so its hooks fire (pytorch#144530).
@@ -329,7 +330,7 @@ void PipelineSchedule::Impl::backward(AT type, int s, int mb) {
     dy = grad_outputs.at(slot);
   }
   compute_start = Clock::now();
-  run_fsdp(type, s); // gradients accumulate unsharded until REDUCE_GRAD
+  run_data_parallel(type, s); // gradients accumulate unsharded until REDUCE_GRAD
   std::vector<at::Tensor> dys;
   if (dy.defined()) {
     dys.push_back(dy);
@@ -396,7 +397,7 @@ void PipelineSchedule::Impl::run(const PipelineAction& a) {
   case AT::Reshard:
   case AT::ReduceGrad:
   case AT::WaitReduceGrad:
-    run_fsdp(a.type, s);
+    run_data_parallel(a.type, s);
     break;
   case AT::OverlapFB:
     break;
@@ -508,7 +509,7 @@ std::vector<at::Tensor> PipelineSchedule::step(const at::Tensor& input, const at
     d.find_shapes();
   }
   d.timeline.clear();
-  for (auto& [s, u] : d.fsdp) {
+  for (auto& [s, u] : d.dp_units) {
     u.weight_backwards = 0;
   }
   d.step_start = Clock::now();
