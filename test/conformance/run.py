@@ -57,16 +57,34 @@ def launch(world, argv, timeout, log):
 # dtensor: rerunning it for every change to dtensor repeats the same records. Its records are
 # kept under $DTENSOR_ORACLE_CACHE (default ~/.cache/dtensor/oracle, outside the clone, so
 # clean clones share it), keyed by the torch version and git revision, the world size, the
-# scenario, a hash of every .py file of this directory and of the cases file this run wrote
-# (the inputs both sides read); any change to one of them is a new key, so PyTorch runs
-# again. The reference (the plain op on one process, PyTorch's too) is kept with them.
+# scenario, a hash of the .py files the scenario depends on (key_sources: the shared ones, its
+# own, and the scenario files they name) and of the cases file this run wrote (the inputs both
+# sides read); any change to one of them is a new key, so PyTorch runs again. The reference (the plain op on one process, PyTorch's too) is kept with them.
 # DTENSOR_ORACLE_RERUN=1 always runs PyTorch (and refreshes the entry). Only a run that
 # finished on every rank is kept. The judge is still PyTorch: its records, once per key.
+def key_sources(scenario):
+    """The .py files a scenario's records depend on: every shared one (not a scenario's),
+    its own sc_<scenario>.py, and the other scenarios' files these name (sc_sweep_full imports
+    sc_sweep; opinfo_record, sc_ops). Another scenario's file is not one of them, so adding or
+    changing a scenario reruns PyTorch for that scenario only."""
+    files = {p for p in glob.glob(os.path.join(HERE, "*.py"))
+             if not os.path.basename(p).startswith("sc_")}
+    files.add(os.path.join(HERE, f"sc_{scenario}.py"))
+    todo = list(files)
+    while todo:
+        for name in re.findall(r"\bsc_(\w+)", open(todo.pop()).read()):
+            path = os.path.join(HERE, f"sc_{name}.py")
+            if os.path.isfile(path) and path not in files:
+                files.add(path)
+                todo.append(path)
+    return sorted(files)
+
+
 def oracle_key(scenario, world, out):
     h = hashlib.sha256()
     h.update(f"{torch.__version__} {torch.version.git_version} {scenario} {world}\n".encode())
     h.update(open(os.path.join(out, "cases.pt"), "rb").read())
-    for path in sorted(glob.glob(os.path.join(HERE, "*.py"))):
+    for path in key_sources(scenario):
         h.update(os.path.basename(path).encode())
         h.update(open(path, "rb").read())
     return h.hexdigest()[:24]
