@@ -17,19 +17,40 @@ if [[ ${1:-} == --sanitize ]]; then
 fi
 if [[ ${1:-} == --quick ]]; then
   shift
-  export DTENSOR_SKIP_SANITIZE=1 DTENSOR_SKIP_OLD_TORCH=1 DTENSOR_SKIP_CUDA_BUILD=1
+  export DTENSOR_SKIP_SANITIZE=1 DTENSOR_SKIP_OLD_TORCH=1 DTENSOR_SKIP_CUDA_BUILD=1 DTENSOR_QUICK=1
   set -- --suite world1 --suite world2 "$@"
 fi
 total_start=$SECONDS
-"$root/scripts/setup.sh"
+# The main venv first; the second LibTorch (2.9.1, for its phase after the suites) downloads
+# and installs beside the CPU build (scripts/setup.sh is idempotent: its second run only
+# checks the main venv's stamp).
+DTENSOR_SKIP_OLD_TORCH=1 "$root/scripts/setup.sh"
+old_setup_pid=
+old_setup_log=$(mktemp)
+if [[ ${DTENSOR_SKIP_OLD_TORCH:-0} != 1 ]]; then
+  "$root/scripts/setup.sh" >"$old_setup_log" 2>&1 &
+  old_setup_pid=$!
+fi
 # A clean clone grows to about 15 GB (docs/build.md, "Disk"); a full disk fails a link.
 free_disk() { df -h --output=avail "$root" | tail -1 | tr -d ' '; }
 echo "[test] free disk: $(free_disk)"
 
 start=$SECONDS
 configure "$root/build" -Dcuda=disabled
+# PyTorch's side of the conformance tests whose records the oracle cache lacks, one torchrun
+# per world size, beside the build ([Note: the oracle's batch] in test/conformance/prefill.py).
+prefill_suites=()
+[[ ${DTENSOR_QUICK:-0} == 1 ]] && prefill_suites=(--suite world1 --suite world2)
+"$venv/bin/python" "$root/test/conformance/prefill.py" "$root/build" "${prefill_suites[@]}" \
+  >"$root/build/oracle-prefill.log" 2>&1 &
+prefill_pid=$!
+# A failed build leaves no oracle or download running.
+trap 'kill $prefill_pid $old_setup_pid 2>/dev/null || true; rm -f "$old_setup_log"' EXIT
 ninja -C "$root/build"
 echo "[test] CPU build: $((SECONDS - start)) s"
+wait $prefill_pid || true
+grep '^\[prefill\]' "$root/build/oracle-prefill.log" || true
+echo "[test] oracle prefill and CPU build: $((SECONDS - start)) s"
 
 status=0
 meson test -C "$root/build" --print-errorlogs "$@" || status=$?
@@ -56,6 +77,8 @@ fi
 
 if [[ ${DTENSOR_SKIP_OLD_TORCH:-0} != 1 ]]; then
   start=$SECONDS
+  wait $old_setup_pid || status=1
+  cat "$old_setup_log"
   "$root/scripts/old-torch-test.sh" || status=1
   echo "[test] LibTorch 2.9.1 build and smoke subset: $((SECONDS - start)) s"
 fi

@@ -149,17 +149,27 @@ class Ctx:
         return self._meshes[key]
 
 
-def main():
-    scenario, outdir = sys.argv[1], sys.argv[2]
-    dist.init_process_group("gloo")
-    torch.set_num_threads(1)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+def run_scenario(scenario, outdir):
     mod = importlib.import_module("sc_" + scenario)
     cases = torch.load(os.path.join(outdir, "cases.pt"), weights_only=False)
     ctx = Ctx(outdir)
     mod.run_torch(ctx, cases)
     ctx.results.save(os.path.join(outdir, "torch", f"rank{ctx.rank}.pt"))
     dist.barrier()
+
+
+def main():
+    """oracle.py SCENARIO OUTDIR [SCENARIO OUTDIR ...]: one scenario per pair, in turn, in one
+    process group ([Note: the oracle's batch] in prefill.py); after each, rank 0 writes
+    OUTDIR/torch/done once every rank has saved its records."""
+    pairs = list(zip(sys.argv[1::2], sys.argv[2::2]))
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    for scenario, outdir in pairs:
+        run_scenario(scenario, outdir)
+        if dist.get_rank() == 0:
+            open(os.path.join(outdir, "torch", "done"), "w").write("")
     dist.destroy_process_group()
 
 
