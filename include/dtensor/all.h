@@ -33,3 +33,4 @@
 #include <dtensor/module_tracker.h>
 #include <dtensor/pipeline_schedule.h>
 #include <dtensor/pipelining.h>
+#include <dtensor/context_parallel.h>

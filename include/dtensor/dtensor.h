@@ -40,7 +40,12 @@ class DTensor : public at::Tensor {
                             std::optional<std::vector<int64_t>> shape = std::nullopt,
                             std::optional<std::vector<int64_t>> stride = std::nullopt);
 
-  at::Tensor to_local() const; // differentiable (gradients flow back as DTensors)
+  // Differentiable: the local tensor's gradient flows back as a DTensor in this DTensor's
+  // placements, or in `grad_placements` (PyTorch's to_local(grad_placements=...)). A rank's
+  // gradient that is only its share of the whole (each rank used a Replicate tensor's local copy
+  // for its own part of the work) is Partial: given so, it is summed over the ranks on its way
+  // back (Partial -> Shard: one reduce-scatter) instead of read as the whole gradient.
+  at::Tensor to_local(const std::optional<Placements>& grad_placements = std::nullopt) const;
   at::Tensor full_tensor() const; // redistribute to Replicate everywhere, then to_local()
   DTensor redistribute(const DeviceMesh& mesh, const Placements& placements,
                        bool async_op = false) const; // differentiable

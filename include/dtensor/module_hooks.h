@@ -59,6 +59,7 @@ constexpr int kAttribution = 0;      // CommDebugMode: the module is current for
 constexpr int kFullyShard = 100;     // FSDP2's casts around the unit
 constexpr int kCheckpoint = 150;     // activation checkpointing: recomputes what is inside
 constexpr int kTensorParallel = 200; // input / output layouts, inside the checkpoint
+constexpr int kContextParallel = 250; // attention over a sharded sequence, inside TP's layouts
 constexpr int kUser = 1000;          // the default
 } // namespace hook_order
 
@@ -110,6 +111,9 @@ TensorList run_module_call(const std::shared_ptr<const ModuleCall>& call,
                            const std::shared_ptr<torch::nn::Module>& module, TensorList inputs,
                            ForwardFn forward);
 std::shared_ptr<torch::nn::Module> module_owner(torch::nn::Module& module);
+// An around-forward hook that did not run forward returned `got` tensors for a forward that
+// returns `want` (-1: a type only forward's own value can be rebuilt from): throws unless equal.
+void check_hook_outputs(const torch::nn::Module& module, size_t got, int want);
 
 template <typename T>
 struct is_tuple : std::false_type {};
@@ -224,6 +228,18 @@ auto call(M& module, Args&&... args) {
     return flat;
   };
   TensorList outputs = detail::run_module_call(hooks, owner, std::move(inputs), std::move(forward));
+  if (!state->out) {
+    // An around-forward hook computed the result without running forward (context
+    // parallelism's attention): forward's return type must then be one a tensor list fills.
+    if constexpr (std::is_same_v<Out, at::Tensor>) {
+      detail::check_hook_outputs(impl, outputs.size(), 1);
+      return outputs[0];
+    } else if constexpr (std::is_same_v<Out, std::vector<at::Tensor>>) {
+      return outputs;
+    } else {
+      detail::check_hook_outputs(impl, outputs.size(), -1);
+    }
+  }
   size_t at = 0;
   return detail::rebuild(*state->out, outputs, at);
 }

@@ -77,9 +77,26 @@ struct FromLocalFn : torch::autograd::Function<FromLocalFn> {
 };
 
 struct ToLocalFn : torch::autograd::Function<ToLocalFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& dt) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& dt,
+                            const std::optional<Placements>& grad_placements) {
     const auto& m = detail::checked_meta(dt, "to_local");
-    save_spec(ctx, m.spec);
+    DTensorSpec spec = m.spec;
+    if (grad_placements) {
+      // The local gradient has the local tensor's shape: its shards must be this tensor's.
+      Placements want =
+          detail::normalize_placements(*grad_placements, spec.shape, "to_local(grad_placements)");
+      bool same_shards = want.size() == spec.placements.size();
+      for (size_t i = 0; same_shards && i < want.size(); ++i) {
+        same_shards = want[i].is_shard() == spec.placements[i].is_shard() &&
+                      (!want[i].is_shard() || want[i].dim() == spec.placements[i].dim());
+      }
+      DTENSOR_CHECK(same_shards,
+                    "to_local(grad_placements): {} do not fit a local tensor of {} (one placement "
+                    "per mesh dimension; Shard where it is sharded, Replicate or Partial elsewhere)",
+                    to_string(*grad_placements), spec.to_string());
+      spec.placements = std::move(want);
+    }
+    save_spec(ctx, spec);
     return m.local.view_as(m.local);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -87,7 +104,7 @@ struct ToLocalFn : torch::autograd::Function<ToLocalFn> {
     if (!grads[0].defined()) {
       return {at::Tensor()};
     }
-    return {detail::make_dtensor(grads[0].contiguous(), spec)};
+    return {detail::make_dtensor(grads[0].contiguous(), spec), at::Tensor()};
   }
 };
 
@@ -187,7 +204,9 @@ DTensor DTensor::from_local(const at::Tensor& local, const DeviceMesh& mesh,
 // [Note: DTensor as an autograd input]
 // Function::apply must see an at::Tensor, not the derived DTensor: its argument matching
 // would otherwise take the generic (non-variable) overload and drop the autograd edge.
-at::Tensor DTensor::to_local() const { return ToLocalFn::apply(static_cast<const at::Tensor&>(*this)); }
+at::Tensor DTensor::to_local(const std::optional<Placements>& grad_placements) const {
+  return ToLocalFn::apply(static_cast<const at::Tensor&>(*this), grad_placements);
+}
 
 DTensor DTensor::redistribute(const DeviceMesh& mesh, const Placements& placements, bool async_op) const {
   DTENSOR_CHECK(mesh == device_mesh(),

@@ -222,6 +222,17 @@ std::shared_ptr<torch::nn::Module> module_owner(torch::nn::Module& module) {
   return owned_module(module, "dtensor::call");
 }
 
+void check_hook_outputs(const torch::nn::Module& module, size_t got, int want) {
+  DTENSOR_CHECK(want >= 0,
+                "dtensor::call: an around-forward hook of {} ({}) returned without running "
+                "forward, whose return type only forward's own value can rebuild",
+                module.name(), fmt::join(module_hook_names(module), ", "));
+  DTENSOR_CHECK(got == static_cast<size_t>(want),
+                "dtensor::call: an around-forward hook of {} ({}) returned {} tensors without "
+                "running forward, which returns {}",
+                module.name(), fmt::join(module_hook_names(module), ", "), got, want);
+}
+
 } // namespace detail
 
 HookHandle register_module_hooks(torch::nn::Module& module, ModuleHooks hooks) {
