@@ -5,6 +5,7 @@
 // initial parameter, the logits and the gradients of one backward pass.
 #include <torch/nn/functional/loss.h>
 
+#include <dtensor/context_parallel.h>
 #include <models/llama3.h>
 
 #include "support/prelude.h"
@@ -34,13 +35,14 @@ std::vector<int64_t> mesh_shape() {
 }
 
 // Built on meta, parallelized, materialized, initialized: only this rank's shards, ever.
-Llama3 build(const DeviceMesh& mesh, const dtensor::RngState& seed) {
+Llama3 build(const DeviceMesh& mesh, const dtensor::RngState& seed,
+             const std::optional<dtensor::ContextParallel>& cp = std::nullopt) {
   Llama3 model{nullptr};
   {
     dtensor::MetaDeviceGuard meta;
     model = Llama3(dtensor::models::llama3_tiny_args());
   }
-  dtensor::models::parallelize_llama3(model, mesh, /*loss_parallel=*/false);
+  dtensor::models::parallelize_llama3(model, mesh, /*loss_parallel=*/false, {}, std::nullopt, cp);
   dtensor::to_empty(*model, options().device());
   dtensor::set_rng_state(seed);
   model->init_weights();
@@ -123,5 +125,51 @@ TEST_CASE("llama3: meta init, TP x HSDP, equals the plain model (parameters, log
     INFO("gradient of " << p[i].key());
     REQUIRE(p[i].value().grad().defined());
     REQUIRE(near(full_value(p[i].value().grad()), q[i].value().grad()));
+  }
+}
+
+TEST_CASE("llama3: context parallel (both methods) x TP x fully_shard over dp_shard x cp equals "
+          "the plain model (logits, gradients)",
+          "[llama3][world4][world8]") {
+  // (dp_replicate, dp_shard, cp, tp): 1x2x2x2 on 8 ranks (issue 48's layout), 1x1x2x2 on 4.
+  const std::vector<int64_t> shape =
+      world() == 8 ? std::vector<int64_t>{1, 2, 2, 2} : std::vector<int64_t>{1, 1, 2, 2};
+  const dtensor::RngState seed{true, 7, 0};
+  Llama3 ref(dtensor::models::llama3_tiny_args());
+  ref->to(options().device());
+  dtensor::set_rng_state(seed);
+  ref->init_weights();
+  at::manual_seed(100); // the same batch on every rank
+  const at::Tensor tokens = at::randint(kVocab, {kBatch, kSeq}, options(at::kLong));
+  const at::Tensor targets = at::randint(kVocab, {kBatch, kSeq}, options(at::kLong));
+  const at::Tensor want = ref->forward(tokens);
+  torch::nn::functional::cross_entropy(want.view({-1, kVocab}), targets.reshape(-1)).backward();
+  auto q = ref->named_parameters();
+
+  for (dtensor::CpMethod method : {dtensor::CpMethod::AllGather, dtensor::CpMethod::Ring}) {
+    INFO(dtensor::name_of(method));
+    const DeviceMesh mesh =
+        init_device_mesh(device_type(), shape, {"dp_replicate", "dp_shard", "cp", "tp"});
+    dtensor::ContextParallel cp(dtensor::ContextParallelOptions().method(method));
+    Llama3 model = build(mesh, seed, cp);
+    const DeviceMesh cp_mesh = mesh["cp"];
+    // Each cp rank holds chunks r and 3 - r of the 8 tokens (head-tail), its labels the same.
+    const dtensor::CpLayout layout(kSeq, cp_mesh.size(), dtensor::CpBalance::HeadTail);
+    cp.set_layout(layout);
+    const at::Tensor logits =
+        whole(dtensor::call(model, dtensor::cp_shard(tokens, 1, layout, cp_mesh)));
+    CHECK(near(dtensor::cp_unshard(logits.detach(), 1, layout, cp_mesh), want.detach()));
+    // A mean over this rank's tokens; fully_shard averages the gradients over dp_shard x cp,
+    // which (equal token counts) is the gradient of the mean over the whole batch.
+    torch::nn::functional::cross_entropy(logits.view({-1, kVocab}),
+                                         dtensor::cp_shard(targets, 1, layout, cp_mesh).reshape(-1))
+        .backward();
+    auto p = model->named_parameters();
+    REQUIRE(p.size() == q.size());
+    for (size_t i = 0; i < p.size(); ++i) {
+      INFO("gradient of " << p[i].key());
+      REQUIRE(p[i].value().grad().defined());
+      CHECK(near(full_value(p[i].value().grad()), q[i].value().grad()));
+    }
   }
 }

@@ -134,6 +134,8 @@ class ContextParallel : public ParallelStyle {
   void apply(torch::nn::Module& module, const DeviceMesh& cp_mesh) const override;
   // The layout of the sequences of the next calls (per step: documents change with the batch).
   void set_layout(const CpLayout& layout) const;
+  // The layout set last; throws when none was.
+  CpLayout layout() const;
   const ContextParallelOptions& options() const;
 
   struct State; // the options and the current layout (lib/parallel/cp/context_parallel.cpp)

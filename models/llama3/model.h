@@ -98,16 +98,6 @@ inline at::Tensor apply_rotary_emb(const at::Tensor& x, const at::Tensor& rot_co
   return out.to(x.scalar_type());
 }
 
-// torchtitan's repeat_kv: [bs, seqlen, n_kv_heads, head_dim] -> [.., n_kv_heads * n_rep, ..],
-// each kv head repeated n_rep times in place (torch.repeat_interleave on dim 2).
-inline at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep) {
-  if (n_rep == 1) {
-    return x;
-  }
-  const int64_t bs = x.size(0), slen = x.size(1), n_kv = x.size(2), hd = x.size(3);
-  return x.unsqueeze(3).expand({bs, slen, n_kv, n_rep, hd}).reshape({bs, slen, n_kv * n_rep, hd});
-}
-
 // ---------------------------------------------------------------------------------------------
 // Modules
 // ---------------------------------------------------------------------------------------------
@@ -132,18 +122,43 @@ struct RMSNormImpl : torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
+// Causal scaled dot-product attention of q [bs, n_heads, seqlen, head_dim] over k / v
+// [bs, n_kv_heads, seqlen, head_dim], each kv head repeated n_heads / n_kv_heads times in place
+// (torchtitan's repeat_kv, torch.repeat_interleave on the heads): torchtitan's inner_attention, a
+// module of its own without parameters, so that context parallelism can replace it from outside
+// (apply_cp in models/llama3/parallelize.h) and receive k / v before their heads are repeated.
+struct Llama3InnerAttentionImpl : torch::nn::Module {
+  at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    const int64_t n_rep = q.size(1) / k.size(1); // global sizes: a TP DTensor's ratio too
+    auto repeat = [&](const at::Tensor& x) {
+      if (n_rep == 1) {
+        return x;
+      }
+      const int64_t bs = x.size(0), n_kv = x.size(1), slen = x.size(2), hd = x.size(3);
+      return x.unsqueeze(2)
+          .expand({bs, n_kv, n_rep, slen, hd})
+          .reshape({bs, n_kv * n_rep, slen, hd});
+    };
+    return at::scaled_dot_product_attention(q, repeat(k), repeat(v), /*attn_mask=*/{},
+                                            /*dropout_p=*/0.0, /*is_causal=*/true);
+  }
+};
+TORCH_MODULE(Llama3InnerAttention);
+
 // Grouped-query attention: wq (dim -> n_heads * head_dim), wk / wv (-> n_kv_heads * head_dim),
-// rotary q / k, kv heads repeated to n_heads, causal sdpa, wo.
+// rotary q / k, inner_attention (kv heads repeated to n_heads, causal sdpa), wo.
 struct Llama3AttentionImpl : torch::nn::Module {
   explicit Llama3AttentionImpl(const Llama3Args& args)
-      : n_rep(args.n_heads() / args.kv_heads()), head_dim(args.head_dim()),
+      : head_dim(args.head_dim()),
         wq(register_module("wq", llama3_detail::linear(args.dim(), args.n_heads() * head_dim))),
         wk(register_module("wk", llama3_detail::linear(args.dim(), args.kv_heads() * head_dim))),
         wv(register_module("wv", llama3_detail::linear(args.dim(), args.kv_heads() * head_dim))),
-        wo(register_module("wo", llama3_detail::linear(args.n_heads() * head_dim, args.dim()))) {
-    DTENSOR_MODEL_CHECK(args.dim() % args.n_heads() == 0, "Llama3: dim must be a multiple of n_heads");
+        wo(register_module("wo", llama3_detail::linear(args.n_heads() * head_dim, args.dim()))),
+        inner_attention(register_module("inner_attention", Llama3InnerAttention())) {
+    DTENSOR_MODEL_CHECK(args.dim() % args.n_heads() == 0,
+                        "Llama3: dim must be a multiple of n_heads");
     DTENSOR_MODEL_CHECK(args.n_heads() % args.kv_heads() == 0,
-                "Llama3: n_heads must be a multiple of n_kv_heads");
+                        "Llama3: n_heads must be a multiple of n_kv_heads");
     DTENSOR_MODEL_CHECK(head_dim % 2 == 0, "Llama3: rotary embeddings need an even head_dim");
   }
   at::Tensor forward(const at::Tensor& x, const at::Tensor& freqs_cis) {
@@ -158,12 +173,9 @@ struct Llama3AttentionImpl : torch::nn::Module {
     auto [rot_cos, rot_sin] = rope_tables(freqs_cis, seqlen);
     xq = apply_rotary_emb(xq, rot_cos, rot_sin);
     xk = apply_rotary_emb(xk, rot_cos, rot_sin);
-    at::Tensor keys = repeat_kv(xk, n_rep);
-    at::Tensor values = repeat_kv(xv, n_rep);
     // [bs, heads, seqlen, head_dim]
-    at::Tensor out = at::scaled_dot_product_attention(xq.transpose(1, 2), keys.transpose(1, 2),
-                                                      values.transpose(1, 2), /*attn_mask=*/{},
-                                                      /*dropout_p=*/0.0, /*is_causal=*/true);
+    at::Tensor out =
+        dtensor::call(inner_attention, xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2));
     return dtensor::call(wo, out.transpose(1, 2).contiguous().view({bs, seqlen, -1}));
   }
   // torchtitan: wq / wk / wv trunc_normal_(std 0.02), wo trunc_normal_(init_std), both with
@@ -175,12 +187,12 @@ struct Llama3AttentionImpl : torch::nn::Module {
     }
     dtensor::trunc_normal_(wo->weight, 0.0, init_std);
   }
-  int64_t n_rep;
   int64_t head_dim;
   torch::nn::Linear wq;
   torch::nn::Linear wk;
   torch::nn::Linear wv;
   torch::nn::Linear wo;
+  Llama3InnerAttention inner_attention;
 };
 TORCH_MODULE(Llama3Attention);
 
@@ -260,7 +272,7 @@ struct Llama3Impl : torch::nn::Module {
   }
   at::Tensor forward(const at::Tensor& tokens) {
     DTENSOR_MODEL_CHECK(tokens.size(1) <= freqs_cis.size(0), "Llama3: sequence of ", tokens.size(1),
-                " tokens is longer than max_seq_len ", freqs_cis.size(0));
+                        " tokens is longer than max_seq_len ", freqs_cis.size(0));
     at::Tensor h = dtensor::call(tok_embeddings, tokens);
     for (const auto& layer : *layers) {
       h = dtensor::call(*layer->as<Llama3BlockImpl>(), h, freqs_cis);

@@ -43,6 +43,14 @@ void ContextParallel::set_layout(const CpLayout& layout) const {
   state_->layout = layout;
 }
 
+CpLayout ContextParallel::layout() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  DTENSOR_CHECK(state_->layout.has_value(),
+                "ContextParallel: no layout yet (set_layout gives the layout of the step's "
+                "sequences over the cp ranks)");
+  return *state_->layout;
+}
+
 namespace {
 
 at::Tensor local_of(const at::Tensor& t) {
