@@ -8,6 +8,7 @@ TEST_PROGRAM's hidden test case that fails an assertion on rank 1 only; checks t
 status, the time it took and the messages (a pipeline's name the rank, stage and action).
 Exits 0 when all five behave.
 """
+import concurrent.futures
 import subprocess
 import sys
 import time
@@ -17,6 +18,9 @@ LIMIT_S = 60  # generous: torchrun start-up plus one collective timeout
 
 
 def run(torchrun, worker, nproc, mode):
+    """(ok, what it has to say): the five jobs run at once, each reporting when done."""
+    lines = []
+    say = lines.append  # the jobs' reports, printed in order by main
     if mode == "assertion":
         cmd = [torchrun, "--standalone", f"--nproc-per-node={nproc}", "--no-python",
                worker, "[harness-self-check]"]
@@ -27,16 +31,16 @@ def run(torchrun, worker, nproc, mode):
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT_S * 2)
     except subprocess.TimeoutExpired:
-        print(f"FAIL {mode}: job still running after {LIMIT_S * 2} s (a rank hangs)")
-        return False
+        say(f"FAIL {mode}: job still running after {LIMIT_S * 2} s (a rank hangs)")
+        return False, lines
     elapsed = time.monotonic() - start
     out = p.stdout + p.stderr
     ok = True
     if p.returncode == 0:
-        print(f"FAIL {mode}: torchrun exited 0")
+        say(f"FAIL {mode}: torchrun exited 0")
         ok = False
     if elapsed > LIMIT_S:
-        print(f"FAIL {mode}: took {elapsed:.1f} s > {LIMIT_S} s")
+        say(f"FAIL {mode}: took {elapsed:.1f} s > {LIMIT_S} s")
         ok = False
     last = nproc - 1
     want = {
@@ -52,23 +56,28 @@ def run(torchrun, worker, nproc, mode):
     }[mode]
     for w in want:
         if w not in out:
-            print(f"FAIL {mode}: output lacks {w!r}")
+            say(f"FAIL {mode}: output lacks {w!r}")
             ok = False
     if "completed without" in out:
-        print(f"FAIL {mode}: a collective completed without rank 1")
+        say(f"FAIL {mode}: a collective completed without rank 1")
         ok = False
-    print(f"{'ok' if ok else 'FAIL'} {mode}: exit {p.returncode} after {elapsed:.1f} s")
+    say(f"{'ok' if ok else 'FAIL'} {mode}: exit {p.returncode} after {elapsed:.1f} s")
     if not ok:
-        print(out[-4000:])
-    return ok
+        say(out[-4000:])
+    return ok, lines
 
 
 def main():
     torchrun, worker, test_program, nproc = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    results = [run(torchrun, worker, nproc, m)
-               for m in ("throw", "stall", "pipe-throw", "pipe-stall")]
-    results.append(run(torchrun, test_program, nproc, "assertion"))
-    sys.exit(0 if all(results) else 1)
+    jobs = [(worker, m) for m in ("throw", "stall", "pipe-throw", "pipe-stall")]
+    jobs.append((test_program, "assertion"))
+    # At once: each job spends most of its time waiting for a timeout or a start-up, and each
+    # is its own torchrun (its own store on a free port); the limits hold under the load.
+    with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+        results = list(pool.map(lambda j: run(torchrun, j[0], nproc, j[1]), jobs))
+    for _, lines in results:
+        print("\n".join(lines))
+    sys.exit(0 if all(ok for ok, _ in results) else 1)
 
 
 if __name__ == "__main__":

@@ -306,6 +306,14 @@ struct AttentionImpl : torch::nn::Module {
 };
 TORCH_MODULE(Attention);
 
+struct MaskedAttentionImpl : torch::nn::Module {
+  at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& mask) {
+    return at::scaled_dot_product_attention(q, k, v, mask);
+  }
+};
+TORCH_MODULE(MaskedAttention);
+
 } // namespace
 
 TEST_CASE("ContextParallel style on an attention module; a module that is not attention and a "
@@ -320,18 +328,29 @@ TEST_CASE("ContextParallel style on an attention module; a module that is not at
   REQUIRE_THROWS_WITH(dtensor::call(attention, in.q, in.k, in.v),
                       contains("was called before the style's set_layout"));
   style.set_layout(layout);
+  MaskedAttention masked;
+  style.apply(*masked, mesh);
   at::Tensor out = dtensor::call(attention, dtensor::cp_shard(in.q, 2, layout, mesh),
                                  dtensor::cp_shard(in.k, 2, layout, mesh),
                                  dtensor::cp_shard(in.v, 2, layout, mesh));
   CHECK(near(dtensor::cp_unshard(out, 2, layout, mesh),
              at::scaled_dot_product_attention(in.q, in.k, in.v, {}, 0.0, true)));
 
+  REQUIRE_THROWS_WITH(
+      dtensor::call(masked, in.q, in.k, in.v, at::zeros({32, 32})),
+      contains("was called with a fourth tensor, an attention mask: context parallelism takes "
+               "causal and document masks only"));
   torch::nn::Linear linear(kDim, kDim);
   style.apply(*linear, mesh);
   REQUIRE_THROWS_WITH(dtensor::call(linear, at::ones({2, kDim})),
                       "ContextParallel: module 'torch::nn::LinearImpl' is not attention: its call "
                       "has 1 tensor inputs, the style needs three, q, k and v, each [batch, heads, "
                       "seq, head_dim]");
+  // The same refusals on every rank, before any collective.
+  REQUIRE_THROWS_WITH(CpLayout(30, world(), CpBalance::HeadTail),
+                      contains("sequence length 30 is not divisible by 2*cp"));
+  REQUIRE_THROWS_WITH(dtensor::cp_shard(in.q, 2, CpLayout(64, world(), CpBalance::HeadTail), mesh),
+                      contains("has 32 rows, but the layout"));
   REQUIRE_THROWS_WITH(
       dtensor::context_parallel_attention(dtensor::cp_shard(in.q, 2, layout, mesh),
                                           dtensor::cp_shard(in.k, 2, layout, mesh).narrow(2, 0, 2),

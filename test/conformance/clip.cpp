@@ -4,7 +4,7 @@
 
 #include "oracle.h"
 
-namespace conformance {
+namespace conformance::sc_clip {
 namespace {
 
 torch::nn::Sequential sharded_model(Ctx& ctx, const Case& c) {
@@ -74,4 +74,4 @@ void run(Ctx& ctx) {
 [[maybe_unused]] const bool registered = register_scenario("clip", run);
 
 } // namespace
-} // namespace conformance
+} // namespace conformance::sc_clip

@@ -10,7 +10,7 @@
 
 #include "oracle.h"
 
-namespace conformance {
+namespace conformance::sc_debug {
 namespace {
 
 using dtensor::DTensor;
@@ -40,10 +40,14 @@ void vis(Ctx& ctx, const Case& c) {
   const auto names = c.strings("placements");
   const auto pls = placements(names);
   const auto shape = c.ints("shape");
-  at::Tensor full = at::sin(at::arange(c10::multiply_integers(shape), at::kDouble) * (0.37 + 0.013 * 3) + 1.5)
-                        .mul(2).to(at::kFloat).reshape(shape);
+  at::Tensor full =
+      at::sin(at::arange(c10::multiply_integers(shape), at::kDouble) * (0.37 + 0.013 * 3) + 1.5)
+          .mul(2)
+          .to(at::kFloat)
+          .reshape(shape);
   const bool partial = std::find(names.begin(), names.end(), "P") != names.end();
-  DTensor t = partial ? DTensor::from_local(full, mesh, pls) : dtensor::distribute_tensor(full, mesh, pls);
+  DTensor t =
+      partial ? DTensor::from_local(full, mesh, pls) : dtensor::distribute_tensor(full, mesh, pls);
   ctx.results.value(c.str("key") + " printed#0", printed([&] { dtensor::visualize_sharding(t); }));
 }
 
@@ -73,7 +77,8 @@ std::string module_lines(const std::string& table) {
 // The views compared with PyTorch's.
 void record_views(Ctx& ctx, const std::string& k, const dtensor::CommDebugMode& mode) {
   ctx.results.value(k + " table0#0", mode.generate_comm_debug_tracing_table(0));
-  ctx.results.value(k + " table1 modules#0", module_lines(mode.generate_comm_debug_tracing_table(1)));
+  ctx.results.value(k + " table1 modules#0",
+                    module_lines(mode.generate_comm_debug_tracing_table(1)));
   // Through the file, as PyTorch's side reads its own.
   const std::string path = fmt::format("{}/dtensor-dump-{}.json", ctx.outdir, ctx.rank);
   mode.generate_json_dump(path, 0);
@@ -152,4 +157,4 @@ void run(Ctx& ctx) {
 [[maybe_unused]] const bool registered = register_scenario("debug", run);
 
 } // namespace
-} // namespace conformance
+} // namespace conformance::sc_debug

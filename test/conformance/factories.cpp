@@ -6,7 +6,7 @@
 
 #include "oracle.h"
 
-namespace conformance {
+namespace conformance::sc_factories {
 namespace {
 
 using dtensor::DTensor;
@@ -75,4 +75,4 @@ void run(Ctx& ctx) {
 [[maybe_unused]] const bool registered = register_scenario("factories", run);
 
 } // namespace
-} // namespace conformance
+} // namespace conformance::sc_factories

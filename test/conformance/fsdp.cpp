@@ -7,7 +7,7 @@
 
 #include "oracle.h"
 
-namespace conformance {
+namespace conformance::sc_fsdp {
 namespace {
 
 struct Model {
@@ -100,4 +100,4 @@ void run(Ctx& ctx) {
 [[maybe_unused]] const bool registered = register_scenario("fsdp", run);
 
 } // namespace
-} // namespace conformance
+} // namespace conformance::sc_fsdp

@@ -8,7 +8,7 @@
 
 #include "oracle.h"
 
-namespace conformance {
+namespace conformance::sc_fsdp_controls {
 namespace {
 
 constexpr double kLr = 1e-2;
@@ -108,4 +108,4 @@ void run(Ctx& ctx) {
 [[maybe_unused]] const bool registered = register_scenario("fsdp_controls", run);
 
 } // namespace
-} // namespace conformance
+} // namespace conformance::sc_fsdp_controls

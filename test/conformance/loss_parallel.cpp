@@ -5,7 +5,7 @@
 
 #include "oracle.h"
 
-namespace conformance {
+namespace conformance::sc_loss_parallel {
 namespace {
 
 namespace F = torch::nn::functional;
@@ -63,4 +63,4 @@ void run(Ctx& ctx) {
 [[maybe_unused]] const bool registered = register_scenario("loss_parallel", run);
 
 } // namespace
-} // namespace conformance
+} // namespace conformance::sc_loss_parallel

@@ -6,16 +6,22 @@
 
 #include "oracle.h"
 
-namespace conformance {
+namespace conformance::sc_misuse {
 namespace {
 
 using dtensor::DTensor;
 using dtensor::Placement;
 using Fn = std::function<at::Tensor(Ctx&)>;
 
-dtensor::DeviceMesh mesh1(Ctx& ctx) { return ctx.mesh({ctx.world}, {"x"}); }
-dtensor::DeviceMesh mesh_y(Ctx& ctx) { return ctx.mesh({ctx.world}, {"y"}); }
-at::Tensor ones(std::vector<int64_t> s) { return at::ones(s); }
+dtensor::DeviceMesh mesh1(Ctx& ctx) {
+  return ctx.mesh({ctx.world}, {"x"});
+}
+dtensor::DeviceMesh mesh_y(Ctx& ctx) {
+  return ctx.mesh({ctx.world}, {"y"});
+}
+at::Tensor ones(std::vector<int64_t> s) {
+  return at::ones(s);
+}
 
 torch::nn::Linear sharded_linear(Ctx& ctx) {
   torch::nn::Linear lin(4, 4);
@@ -26,7 +32,9 @@ torch::nn::Linear sharded_linear(Ctx& ctx) {
 const std::map<std::string, Fn>& cases() {
   static const std::map<std::string, Fn> table = {
       {"shard_dim_out_of_range",
-       [](Ctx& ctx) { return dtensor::distribute_tensor(ones({4, 4}), mesh1(ctx), {Placement::shard(2)}); }},
+       [](Ctx& ctx) {
+         return dtensor::distribute_tensor(ones({4, 4}), mesh1(ctx), {Placement::shard(2)});
+       }},
       {"too_many_placements",
        [](Ctx& ctx) {
          return dtensor::distribute_tensor(ones({4, 4}), mesh1(ctx),
@@ -39,7 +47,8 @@ const std::map<std::string, Fn>& cases() {
        }},
       {"from_local_wrong_length",
        [](Ctx& ctx) {
-         return DTensor::from_local(ones({2, 4}), mesh1(ctx), {Placement::shard(0), Placement::shard(1)});
+         return DTensor::from_local(ones({2, 4}), mesh1(ctx),
+                                    {Placement::shard(0), Placement::shard(1)});
        }},
       {"different_meshes",
        [](Ctx& ctx) {
@@ -49,7 +58,8 @@ const std::map<std::string, Fn>& cases() {
        }},
       {"plain_tensor_mixed",
        [](Ctx& ctx) {
-         return dtensor::distribute_tensor(ones({4, 4}), mesh1(ctx), {Placement::shard(0)}) + ones({4, 4});
+         return dtensor::distribute_tensor(ones({4, 4}), mesh1(ctx), {Placement::shard(0)}) +
+                ones({4, 4});
        }},
       {"mm_inner_mismatch",
        [](Ctx& ctx) {
@@ -59,7 +69,8 @@ const std::map<std::string, Fn>& cases() {
        }},
       {"view_bad_size",
        [](Ctx& ctx) {
-         return dtensor::distribute_tensor(ones({4, 6}), mesh1(ctx), {Placement::shard(0)}).view({5, 5});
+         return dtensor::distribute_tensor(ones({4, 6}), mesh1(ctx), {Placement::shard(0)})
+             .view({5, 5});
        }},
       {"fully_shard_twice",
        [](Ctx& ctx) {
@@ -167,4 +178,4 @@ void run(Ctx& ctx) {
 [[maybe_unused]] const bool registered = register_scenario("misuse", run);
 
 } // namespace
-} // namespace conformance
+} // namespace conformance::sc_misuse

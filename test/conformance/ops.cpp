@@ -9,7 +9,7 @@
 
 #include "oracle.h"
 
-namespace conformance {
+namespace conformance::sc_ops {
 namespace {
 
 using dtensor::DTensor;
@@ -231,4 +231,4 @@ void sweep(Ctx& ctx) {
                                          register_scenario("sweep_full", sweep);
 
 } // namespace
-} // namespace conformance
+} // namespace conformance::sc_ops

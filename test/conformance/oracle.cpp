@@ -207,9 +207,9 @@ std::optional<std::string> Ctx::agree_error(const std::optional<std::string>& mi
   if (mine) {
     flags[rank] = 1;
   }
-  const at::Tensor seen = dtensor::DTensor::from_local(flags, mesh({world}),
-                                                       {dtensor::Placement::partial()})
-                              .full_tensor();
+  const at::Tensor seen =
+      dtensor::DTensor::from_local(flags, mesh({world}), {dtensor::Placement::partial()})
+          .full_tensor();
   for (int64_t r = 0; r < world; ++r) {
     if (seen[r].item<float>() > 0) {
       return r == rank ? *mine : "on rank " + std::to_string(r) + ": (its error)";

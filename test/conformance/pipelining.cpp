@@ -4,7 +4,7 @@
 
 #include "oracle.h"
 
-namespace conformance {
+namespace conformance::sc_pipelining {
 namespace {
 
 constexpr int kLayers = 8;
@@ -86,4 +86,4 @@ void run(Ctx& ctx) {
 [[maybe_unused]] const bool registered = register_scenario("pipelining", run);
 
 } // namespace
-} // namespace conformance
+} // namespace conformance::sc_pipelining

@@ -2,7 +2,7 @@
 // then redistribute to the destination placements under CommDebugMode.
 #include "oracle.h"
 
-namespace conformance {
+namespace conformance::sc_redistribute {
 namespace {
 
 void run(Ctx& ctx) {
@@ -25,4 +25,4 @@ void run(Ctx& ctx) {
 [[maybe_unused]] const bool registered = register_scenario("redistribute", run);
 
 } // namespace
-} // namespace conformance
+} // namespace conformance::sc_redistribute

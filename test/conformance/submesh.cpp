@@ -3,7 +3,7 @@
 
 #include "oracle.h"
 
-namespace conformance {
+namespace conformance::sc_submesh {
 namespace {
 
 using dtensor::DTensor;
@@ -39,4 +39,4 @@ void run(Ctx& ctx) {
 [[maybe_unused]] const bool registered = register_scenario("submesh", run);
 
 } // namespace
-} // namespace conformance
+} // namespace conformance::sc_submesh

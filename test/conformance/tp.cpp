@@ -7,7 +7,7 @@
 
 #include "oracle.h"
 
-namespace conformance {
+namespace conformance::sc_tp {
 namespace {
 
 using dtensor::DTensor;
@@ -43,11 +43,10 @@ Built build_tp(Ctx& ctx, const Case& c) {
   if (plan == "rowwise_shard0") {
     row.output_layouts(Placement::shard(0));
   }
-  dtensor::parallelize_module(
-      *model, mesh,
-      {{"0", std::make_shared<dtensor::ColwiseParallel>(
-                 dtensor::ColwiseParallel().use_local_output(local))},
-       {"2", std::make_shared<dtensor::RowwiseParallel>(row)}});
+  dtensor::parallelize_module(*model, mesh,
+                              {{"0", std::make_shared<dtensor::ColwiseParallel>(
+                                         dtensor::ColwiseParallel().use_local_output(local))},
+                               {"2", std::make_shared<dtensor::RowwiseParallel>(row)}});
   auto seq = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model);
   return {model, [seq](const at::Tensor& x) { return seq->forward(x); }};
 }
@@ -55,13 +54,14 @@ Built build_tp(Ctx& ctx, const Case& c) {
 Built build_distribute_module(Ctx& ctx) {
   auto lin = linear_model();
   auto mesh = ctx.mesh({ctx.world}, {"tp"});
-  dtensor::distribute_module(*lin, mesh, [](const std::string&, torch::nn::Module& m,
-                                            const dtensor::DeviceMesh& mm) {
-    if (auto* l = dynamic_cast<torch::nn::LinearImpl*>(&m)) {
-      torch::NoGradGuard no_grad;
-      l->weight.set_data(dtensor::distribute_tensor(l->weight.detach(), mm, {Placement::shard(0)}));
-    }
-  });
+  dtensor::distribute_module(
+      *lin, mesh, [](const std::string&, torch::nn::Module& m, const dtensor::DeviceMesh& mm) {
+        if (auto* l = dynamic_cast<torch::nn::LinearImpl*>(&m)) {
+          torch::NoGradGuard no_grad;
+          l->weight.set_data(
+              dtensor::distribute_tensor(l->weight.detach(), mm, {Placement::shard(0)}));
+        }
+      });
   return {lin.ptr(), [lin, mesh](const at::Tensor& x) mutable {
             return lin->forward(DTensor::from_local(x, mesh, {Placement::replicate()}));
           }};
@@ -130,4 +130,4 @@ void run(Ctx& ctx) {
 [[maybe_unused]] const bool registered = register_scenario("tp", run);
 
 } // namespace
-} // namespace conformance
+} // namespace conformance::sc_tp

@@ -86,6 +86,11 @@ TensorList run_attention(const std::shared_ptr<ContextParallel::State>& state,
   for (size_t i = 0; attention && i < 3; ++i) {
     attention = inputs[i].dim() == 4;
   }
+  DTENSOR_CHECK(inputs.size() != 4,
+                "ContextParallel: module '{}' was called with a fourth tensor, an attention mask: "
+                "context parallelism takes causal and document masks only, from the layout "
+                "(CpLayout's documents and ContextParallelOptions::causal)",
+                module.name());
   DTENSOR_CHECK(attention,
                 "ContextParallel: module '{}' is not attention: its call has {} tensor inputs, "
                 "the style needs three, q, k and v, each [batch, heads, seq, head_dim]",
