@@ -50,7 +50,9 @@ using models::Llama3;
 using models::Llama3Args;
 
 struct Flags {
-  std::vector<int64_t> mesh; // empty: from the world size
+  std::vector<int64_t> mesh; // empty: from the world size (over the ranks of one cp group)
+  int64_t cp = 1;            // context parallelism: the sequence sharded over cp ranks
+  std::string cp_method = "allgather";
   int64_t steps = 200, dim = 64, layers = 2, heads = 4, kv_heads = 2, seq = 32, batch = 32;
   int64_t log_every = 20, save_every = 0, keep_latest = 0, vocab = 128;
   double lr = 3e-3, max_norm = 1.0;
@@ -86,6 +88,11 @@ FlagTable flag_table(Flags& f) {
           "dp_replicate x dp_shard x tp, e.g. 2x2x2 (default from the world size: "
           "8 -> 2x2x2, 4 -> 1x2x2, 2 -> 1x1x2)",
           [&f](const std::string& v) { f.mesh = parse_mesh(v); })
+      .value("--cp",
+             "context parallelism: each sequence sharded over N ranks (1), head-tail "
+             "balanced; the world is dp_replicate x dp_shard x cp x tp",
+             f.cp)
+      .value("--cp-method", "how K/V reach the other cp ranks", f.cp_method, {"allgather", "ring"})
       .value("--preset", "torchtitan's flavor: llama3-8b|llama3-70b|llama3-405b",
              [&f](const std::string& v) {
                if (!models::llama3_preset(v)) {
@@ -232,6 +239,7 @@ struct Loop {
   const Flags& f;
   const DeviceMesh& mesh;
   const DeviceMesh& dp;
+  const std::optional<ContextParallel>& cp; // --cp > 1
   const at::Device& device;
   Llama3& model;
   torch::optim::AdamW& opt;
@@ -245,13 +253,24 @@ struct Loop {
   // This rank's index among the data-parallel ranks (row-major over dp_replicate, dp_shard).
   int64_t dp_index() const { return dp.get_local_rank(0) * dp.size(1) + dp.get_local_rank(1); }
 
-  // This rank's rows of the step's global batch (the same global batch on every mesh).
+  // This rank's rows of the step's global batch (the same global batch on every mesh); with
+  // --cp, its positions of them (every rank of a cp group loads the same rows).
   std::pair<at::Tensor, at::Tensor> batch(int64_t step) const {
     if (is_simulated()) { // only the shape matters (and the text may be shorter than --seq)
       const auto tokens =
           at::empty({f.batch / dp.size(), f.seq}, at::dtype(at::kLong).device(device));
       return {tokens, tokens};
     }
+    auto [x, y] = data_rows(step);
+    if (!cp) {
+      return {x, y};
+    }
+    const CpLayout layout(f.seq, f.cp, CpBalance::HeadTail);
+    cp->set_layout(layout);
+    return {cp_shard(x, 1, layout, mesh["cp"]), cp_shard(y, 1, layout, mesh["cp"])};
+  }
+
+  std::pair<at::Tensor, at::Tensor> data_rows(int64_t step) const {
     at::manual_seed(1000 + 31 * step);
     const at::Tensor starts = at::randint(data.size(0) - f.seq - 1, {f.batch}, at::kLong);
     const int64_t rows = f.batch / dp.size();
@@ -438,12 +457,25 @@ int run_llama(int argc, char** argv) {
   init_process_group();
   const int64_t world = get_world_size();
   const int rank = get_rank();
-  if (f.mesh.empty()) {
-    f.mesh = default_mesh(world);
+  if (f.cp < 1 || world % f.cp != 0) {
+    usage("--cp " + std::to_string(f.cp) + " does not divide the " + std::to_string(world) +
+          " ranks");
   }
-  if (f.mesh[0] * f.mesh[1] * f.mesh[2] != world) {
+  if (f.mesh.empty()) {
+    f.mesh = default_mesh(world / f.cp);
+  }
+  if (f.mesh[0] * f.mesh[1] * f.cp * f.mesh[2] != world) {
     usage("--mesh " + std::to_string(f.mesh[0]) + "x" + std::to_string(f.mesh[1]) + "x" +
-          std::to_string(f.mesh[2]) + " does not cover the " + std::to_string(world) + " ranks");
+          std::to_string(f.mesh[2]) + " with --cp " + std::to_string(f.cp) +
+          " does not cover the " + std::to_string(world) + " ranks");
+  }
+  if (f.cp > 1 && f.seq % (2 * f.cp * f.mesh[2]) != 0) {
+    usage("--seq " + std::to_string(f.seq) +
+          " is not a multiple of 2 x cp x tp = " + std::to_string(2 * f.cp * f.mesh[2]) +
+          " (head-tail balancing, then sequence parallelism over tp)");
+  }
+  if (f.cp > 1 && is_simulated()) {
+    usage("--cp is not simulated yet");
   }
   if (f.batch % (f.mesh[0] * f.mesh[1]) != 0) {
     usage("--batch " + std::to_string(f.batch) + " is not a multiple of the " +
@@ -451,11 +483,20 @@ int run_llama(int argc, char** argv) {
   }
   const bool cuda = get_backend() == BackendType::Nccl;
   const at::Device device = default_device(); // the simulated device in a simulated world
-  const DeviceMesh mesh =
-      init_device_mesh(cuda ? c10::kCUDA : c10::kCPU, f.mesh, {"dp_replicate", "dp_shard", "tp"});
+  const DeviceMesh mesh = f.cp > 1 ? init_device_mesh(cuda ? c10::kCUDA : c10::kCPU,
+                                                      {f.mesh[0], f.mesh[1], f.cp, f.mesh[2]},
+                                                      {"dp_replicate", "dp_shard", "cp", "tp"})
+                                   : init_device_mesh(cuda ? c10::kCUDA : c10::kCPU, f.mesh,
+                                                      {"dp_replicate", "dp_shard", "tp"});
   const DeviceMesh dp = mesh[{"dp_replicate", "dp_shard"}];
   for (const char* dim : {"dp_replicate", "dp_shard", "tp"}) {
     mesh[dim].get_group(); // every group now, while Gloo's connection lines are muted
+  }
+  std::optional<ContextParallel> cp;
+  if (f.cp > 1) {
+    mesh["cp"].get_group();
+    cp.emplace(ContextParallelOptions().method(f.cp_method == "ring" ? CpMethod::Ring
+                                                                     : CpMethod::AllGather));
   }
   barrier(world_group());
   muted.reset();
@@ -472,7 +513,7 @@ int run_llama(int argc, char** argv) {
   if (f.precision == "bf16") {
     fsdp.mp_policy(MixedPrecisionPolicy().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat));
   }
-  models::parallelize_llama3(model, mesh, /*loss_parallel=*/true, fsdp, ac_options(f.ac));
+  models::parallelize_llama3(model, mesh, /*loss_parallel=*/true, fsdp, ac_options(f.ac), cp);
   to_empty(*model, device);
   if (f.init_from_hf.empty()) {
     set_rng_state({true, 0, 0}); // the same values on every layout (docs/random.md)
@@ -505,25 +546,32 @@ int run_llama(int argc, char** argv) {
     }
   }
   if (rank == 0) {
-    std::printf("dtensor train (Llama 3 recipe): %lld ranks as (dp_replicate=%lld, dp_shard=%lld, "
-                "tp=%lld) on %s; vocab %lld, dim %lld, %lld layers, %lld/%lld heads, batch %lld x "
-                "%lld (global), %s, AC %s, AdamW lr %g, clip %g\n",
-                static_cast<long long>(world), static_cast<long long>(f.mesh[0]),
-                static_cast<long long>(f.mesh[1]), static_cast<long long>(f.mesh[2]),
-                is_simulated() ? "the simulated device"
-                : cuda         ? "cuda"
-                               : "cpu",
-                static_cast<long long>(args.vocab_size()), static_cast<long long>(args.dim()),
-                static_cast<long long>(args.n_layers()), static_cast<long long>(args.n_heads()),
-                static_cast<long long>(args.kv_heads()), static_cast<long long>(f.batch),
-                static_cast<long long>(f.seq),
-                f.precision == "bf16" ? "bf16 parameters, fp32 reductions" : "fp32", f.ac.c_str(),
-                f.lr, f.max_norm);
+    std::printf(
+        "dtensor train (Llama 3 recipe): %lld ranks as (dp_replicate=%lld, dp_shard=%lld, "
+        "%stp=%lld) on %s; vocab %lld, dim %lld, %lld layers, %lld/%lld heads, batch %lld x "
+        "%lld (global), %s, AC %s, AdamW lr %g, clip %g\n",
+        static_cast<long long>(world), static_cast<long long>(f.mesh[0]),
+        static_cast<long long>(f.mesh[1]),
+        f.cp > 1 ? ("cp=" + std::to_string(f.cp) + " " + f.cp_method + ", ").c_str() : "",
+        static_cast<long long>(f.mesh[2]),
+        is_simulated() ? "the simulated device"
+        : cuda         ? "cuda"
+                       : "cpu",
+        static_cast<long long>(args.vocab_size()), static_cast<long long>(args.dim()),
+        static_cast<long long>(args.n_layers()), static_cast<long long>(args.n_heads()),
+        static_cast<long long>(args.kv_heads()), static_cast<long long>(f.batch),
+        static_cast<long long>(f.seq),
+        f.precision == "bf16" ? "bf16 parameters, fp32 reductions" : "fp32", f.ac.c_str(), f.lr,
+        f.max_norm);
   }
-  Loop loop{f, mesh, dp, device, model, opt, data, vocab.size(), folder, 0, 0, {}, std::nullopt};
+  Loop loop{f,    mesh,         dp,     cp, device, model, opt,
+            data, vocab.size(), folder, 0,  0,      {},    std::nullopt};
   const bool ok = loop.run(start);
   if (is_simulated()) {
     return 0; // nothing to sample or export from tensors without values
+  }
+  if (cp) {
+    cp->set_enabled(false); // generation: every cp rank runs the whole growing sequence
   }
   const std::string text = sample(model, vocab, "It was the ", 24, f.seq, device);
   if (!f.export_hf.empty()) {

@@ -136,6 +136,10 @@ class ContextParallel : public ParallelStyle {
   void set_layout(const CpLayout& layout) const;
   // The layout set last; throws when none was.
   CpLayout layout() const;
+  // Off: the modules' own forward runs on whatever each rank holds (every cp rank the whole
+  // sequence: generation, evaluation); on again for training. On by default.
+  void set_enabled(bool enabled) const;
+  bool enabled() const;
   const ContextParallelOptions& options() const;
 
   struct State; // the options and the current layout (lib/parallel/cp/context_parallel.cpp)

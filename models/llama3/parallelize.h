@@ -90,6 +90,9 @@ inline void apply_cp(Llama3& model, const dtensor::DeviceMesh& cp_mesh,
                        .name("ContextParallel positions")
                        .order(dtensor::hook_order::kContextParallel)
                        .pre_forward([style, cp_mesh](torch::nn::Module&, dtensor::TensorList& in) {
+                         if (!style.enabled()) {
+                           return;
+                         }
                          const dtensor::CpLayout layout = style.layout();
                          in[1] = dtensor::cp_shard(in[1].narrow(0, 0, layout.seq_len()), 0, layout,
                                                    cp_mesh);

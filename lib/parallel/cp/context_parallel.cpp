@@ -27,6 +27,7 @@ struct ContextParallel::State {
   ContextParallelOptions options;
   std::mutex mutex;
   std::optional<CpLayout> layout;
+  bool enabled = true;
 };
 
 ContextParallel::ContextParallel(ContextParallelOptions options)
@@ -41,6 +42,16 @@ const ContextParallelOptions& ContextParallel::options() const {
 void ContextParallel::set_layout(const CpLayout& layout) const {
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->layout = layout;
+}
+
+void ContextParallel::set_enabled(bool enabled) const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->enabled = enabled;
+}
+
+bool ContextParallel::enabled() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->enabled;
 }
 
 CpLayout ContextParallel::layout() const {
@@ -71,9 +82,11 @@ void ContextParallel::apply(torch::nn::Module& module, const DeviceMesh& cp_mesh
       module, ModuleHooks()
                   .name("ContextParallel")
                   .order(hook_order::kContextParallel)
-                  .around_forward([state, cp_mesh](torch::nn::Module& m, const TensorList& inputs,
-                                                   const ForwardFn&) {
-                    return run_attention(state, m, inputs, cp_mesh);
+                  .around_forward([style = *this, state, cp_mesh](torch::nn::Module& m,
+                                                                  const TensorList& inputs,
+                                                                  const ForwardFn& forward) {
+                    return style.enabled() ? run_attention(state, m, inputs, cp_mesh)
+                                           : forward(inputs);
                   }));
 }
 
