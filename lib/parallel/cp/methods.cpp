@@ -72,6 +72,21 @@ int64_t bytes_of(const at::Tensor& t) {
   return t.numel() * static_cast<int64_t>(t.element_size());
 }
 
+// The end of both methods' forward: every query row reached, the output in q's dtype; saved for
+// backward `keep`, then the output and the log-sum-exp (in the kernel's dtype, its backward's
+// input); the log-sum-exp returned beside the output, not differentiable.
+variable_list finish_forward(AutogradContext* ctx, const Accumulator& acc, const at::Tensor& q,
+                             std::vector<at::Tensor> keep, c10::intrusive_ptr<CallState> state) {
+  detail::cp::check_complete(acc, state->layout);
+  at::Tensor out = acc.out.to(q.scalar_type());
+  keep.push_back(out);
+  keep.push_back(acc.lse.to(acc.lse_dtype));
+  ctx->save_for_backward(keep);
+  save_state(ctx, std::move(state));
+  ctx->mark_non_differentiable({acc.lse});
+  return {out, acc.lse};
+}
+
 // q against the gathered K/V [2, B, Hkv, cp * L, d] (rank-major).
 struct AllGatherFn : torch::autograd::Function<AllGatherFn> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& kv,
@@ -84,13 +99,8 @@ struct AllGatherFn : torch::autograd::Function<AllGatherFn> {
       Plan plan = plan_blocks(st.layout, st.rank(), src, q.size(0), st.causal);
       detail::cp::forward_blocks(acc, plan, q, block[0], block[1], st.scale);
     }
-    detail::cp::check_complete(acc, st.layout);
     note_kv_bytes(bytes_of(kv));
-    at::Tensor out = acc.out.to(q.scalar_type());
-    ctx->save_for_backward({q, kv, out, acc.lse.to(acc.lse_dtype)});
-    save_state(ctx, std::move(state));
-    ctx->mark_non_differentiable({acc.lse});
-    return {out, acc.lse};
+    return finish_forward(ctx, acc, q, {q, kv}, std::move(state));
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const CallState& st = saved_state(ctx);
@@ -160,12 +170,7 @@ struct RingFn : torch::autograd::Function<RingFn> {
                       Plan plan = plan_blocks(st.layout, st.rank(), src, q.size(0), st.causal);
                       detail::cp::forward_blocks(acc, plan, q, ks, vs, st.scale);
                     });
-    detail::cp::check_complete(acc, st.layout);
-    at::Tensor out = acc.out.to(q.scalar_type());
-    ctx->save_for_backward({q, k, v, out, acc.lse.to(acc.lse_dtype)});
-    save_state(ctx, std::move(state));
-    ctx->mark_non_differentiable({acc.lse});
-    return {out, acc.lse};
+    return finish_forward(ctx, acc, q, {q, k, v}, std::move(state));
   }
 
   // dK/dV of source src = rank - i: step 0's stays home; from step 1 a buffer per source
