@@ -77,17 +77,17 @@ TensorList run_attention(const std::shared_ptr<ContextParallel::State>& state,
 void ContextParallel::apply(torch::nn::Module& module, const DeviceMesh& cp_mesh) const {
   DTENSOR_CHECK(cp_mesh.ndim() == 1, "ContextParallel on '{}': the cp mesh must be 1-D, got {}",
                 module.name(), cp_mesh.to_string());
-  std::shared_ptr<State> state = state_;
+  // The hook holds a copy of the style: the same options and layout (one shared state).
   register_module_hooks(
-      module, ModuleHooks()
-                  .name("ContextParallel")
-                  .order(hook_order::kContextParallel)
-                  .around_forward([style = *this, state, cp_mesh](torch::nn::Module& m,
-                                                                  const TensorList& inputs,
-                                                                  const ForwardFn& forward) {
-                    return style.enabled() ? run_attention(state, m, inputs, cp_mesh)
-                                           : forward(inputs);
-                  }));
+      module,
+      ModuleHooks()
+          .name("ContextParallel")
+          .order(hook_order::kContextParallel)
+          .around_forward([style = *this, cp_mesh](torch::nn::Module& m, const TensorList& inputs,
+                                                   const ForwardFn& forward) {
+            return style.enabled() ? run_attention(style.state_, m, inputs, cp_mesh)
+                                   : forward(inputs);
+          }));
 }
 
 namespace {
