@@ -34,3 +34,4 @@
 #include <dtensor/pipeline_schedule.h>
 #include <dtensor/pipelining.h>
 #include <dtensor/context_parallel.h>
+#include <dtensor/expert_parallel.h>

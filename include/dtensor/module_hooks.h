@@ -59,6 +59,7 @@ constexpr int kAttribution = 0;      // CommDebugMode: the module is current for
 constexpr int kFullyShard = 100;     // FSDP2's casts around the unit
 constexpr int kCheckpoint = 150;     // activation checkpointing: recomputes what is inside
 constexpr int kTensorParallel = 200; // input / output layouts, inside the checkpoint
+constexpr int kExpertParallel = 220; // token dispatch and combine around experts, inside TP's layouts
 constexpr int kContextParallel = 250; // attention over a sharded sequence, inside TP's layouts
 constexpr int kUser = 1000;          // the default
 } // namespace hook_order

@@ -422,12 +422,12 @@ at::Tensor reduce_scatter_tensor(const at::Tensor& input, ReduceOp op, int64_t s
   return out;
 }
 
-at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>& out_splits,
-                             const std::vector<int64_t>& in_splits, const Group& group) {
-  const char* what = "all_to_all_single";
-  check_group(what, group);
-  at::Tensor in = input.contiguous();
-  check_tensor(what, "input", in, group);
+namespace {
+
+// The rows an all-to-all receives: the sum of out_splits, or as many as it sends.
+int64_t all_to_all_rows(const char* what, const at::Tensor& in,
+                        const std::vector<int64_t>& out_splits,
+                        const std::vector<int64_t>& in_splits, const Group& group) {
   int64_t n = group.size();
   DTENSOR_CHECK(in.dim() > 0, "{}: needs at least one dimension, got {}", what, describe(in));
   auto check_splits = [&](const std::vector<int64_t>& splits, const char* name) {
@@ -452,26 +452,54 @@ at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>
     DTENSOR_CHECK(total == in.size(0), "{}: in_splits {} add up to {}, but input is {}", what,
                   in_splits, total, describe(in));
   }
-  int64_t rows = in.size(0);
-  if (!out_splits.empty()) {
-    rows = 0;
-    for (int64_t s : out_splits) {
-      rows += s;
-    }
+  if (out_splits.empty()) {
+    return in.size(0);
   }
-  std::vector<int64_t> shape = in.sizes().vec();
-  shape[0] = rows;
-  at::Tensor out = at::empty(shape, in.options());
-  report(CollectiveKind::AllToAll, group, ReduceOp::Sum, in, static_cast<int64_t>(out.nbytes()),
-         false);
+  int64_t rows = 0;
+  for (int64_t s : out_splits) {
+    rows += s;
+  }
+  return rows;
+}
+
+} // namespace
+
+Work all_to_all_single_into(at::Tensor& output, const at::Tensor& input,
+                            const std::vector<int64_t>& out_splits,
+                            const std::vector<int64_t>& in_splits, const Group& group,
+                            const CollectiveOptions& options) {
+  const char* what = "all_to_all_single";
+  check_group(what, group);
+  check_tensor(what, "input", input, group);
+  check_tensor(what, "output", output, group);
+  const int64_t rows = all_to_all_rows(what, input, out_splits, in_splits, group);
+  DTENSOR_CHECK(output.dim() == input.dim() && output.size(0) == rows &&
+                    output.sizes().slice(1) == input.sizes().slice(1) &&
+                    output.scalar_type() == input.scalar_type(),
+                "{}: output {} does not fit the {} rows of {} it receives", what, describe(output),
+                rows, describe(input));
+  report(CollectiveKind::AllToAll, group, ReduceOp::Sum, input,
+         static_cast<int64_t>(output.nbytes()), options.async_op());
   std::vector<int64_t> os = out_splits;
   std::vector<int64_t> is = in_splits;
-  at::Tensor win = wire(in);
-  at::Tensor wout = wire(out);
-  run(fmt::format("all_to_all_single({})", describe(in)), group, CollectiveOptions(),
-      [&](c10d::Backend& b) {
-        return b.alltoall_base(wout, win, os, is, c10d::AllToAllOptions());
-      });
+  at::Tensor win = wire(input);
+  at::Tensor wout = wire(output);
+  return run(fmt::format("all_to_all_single({})", describe(input)), group, options,
+             [&](c10d::Backend& b) {
+               return b.alltoall_base(wout, win, os, is, c10d::AllToAllOptions());
+             });
+}
+
+at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>& out_splits,
+                             const std::vector<int64_t>& in_splits, const Group& group) {
+  const char* what = "all_to_all_single";
+  check_group(what, group);
+  at::Tensor in = input.contiguous();
+  check_tensor(what, "input", in, group);
+  std::vector<int64_t> shape = in.sizes().vec();
+  shape[0] = all_to_all_rows(what, in, out_splits, in_splits, group);
+  at::Tensor out = at::empty(shape, in.options());
+  all_to_all_single_into(out, in, out_splits, in_splits, group);
   return out;
 }
 
@@ -498,34 +526,37 @@ namespace {
 
 void check_peer(const char* what, int peer, const Group& group) {
   DTENSOR_CHECK(peer >= 0 && peer < group.size() && peer != group.rank(),
-                "{}: peer group rank {} is not another rank of group {} (this rank is {})", what, peer,
-                group.to_string(), group.rank());
+                "{}: peer group rank {} is not another rank of group {} (this rank is {})", what,
+                peer, group.to_string(), group.rank());
 }
 
 } // namespace
 
-Work send(const at::Tensor& tensor, int dst, const Group& group, int tag, const CollectiveOptions& options) {
+Work send(const at::Tensor& tensor, int dst, const Group& group, int tag,
+          const CollectiveOptions& options) {
   const char* what = "send";
   check_group(what, group);
   check_tensor(what, "tensor", tensor, group);
   check_peer(what, dst, group);
   report(CollectiveKind::Send, group, ReduceOp::Sum, tensor, 0, options.async_op());
   std::vector<at::Tensor> tensors{wire(tensor.contiguous())};
-  return run(fmt::format("send({} to group rank {}, tag {})", describe(tensor), dst, tag), group, options,
-             [&](c10d::Backend& b) { return b.send(tensors, dst, tag); });
+  return run(fmt::format("send({} to group rank {}, tag {})", describe(tensor), dst, tag), group,
+             options, [&](c10d::Backend& b) { return b.send(tensors, dst, tag); });
 }
 
-Work recv(at::Tensor& tensor, int src, const Group& group, int tag, const CollectiveOptions& options) {
+Work recv(at::Tensor& tensor, int src, const Group& group, int tag,
+          const CollectiveOptions& options) {
   const char* what = "recv";
   check_group(what, group);
   check_tensor(what, "tensor", tensor, group);
   check_peer(what, src, group);
-  DTENSOR_CHECK(tensor.is_contiguous(), "recv: the receiving tensor must be contiguous, got {}", describe(tensor));
-  report(CollectiveKind::Recv, group, ReduceOp::Sum, at::Tensor(), static_cast<int64_t>(tensor.nbytes()),
-         options.async_op());
+  DTENSOR_CHECK(tensor.is_contiguous(), "recv: the receiving tensor must be contiguous, got {}",
+                describe(tensor));
+  report(CollectiveKind::Recv, group, ReduceOp::Sum, at::Tensor(),
+         static_cast<int64_t>(tensor.nbytes()), options.async_op());
   std::vector<at::Tensor> tensors{wire(tensor)};
-  return run(fmt::format("recv({} from group rank {}, tag {})", describe(tensor), src, tag), group, options,
-             [&](c10d::Backend& b) { return b.recv(tensors, src, tag); });
+  return run(fmt::format("recv({} from group rank {}, tag {})", describe(tensor), src, tag), group,
+             options, [&](c10d::Backend& b) { return b.recv(tensors, src, tag); });
 }
 
 void barrier(const Group& group) {

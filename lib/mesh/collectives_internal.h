@@ -26,6 +26,10 @@ at::Tensor reduce_scatter_tensor(const at::Tensor& input, ReduceOp op, int64_t s
                                  const Group& group);
 at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>& out_splits,
                              const std::vector<int64_t>& in_splits, const Group& group);
+Work all_to_all_single_into(at::Tensor& output, const at::Tensor& input,
+                            const std::vector<int64_t>& out_splits,
+                            const std::vector<int64_t>& in_splits, const Group& group,
+                            const CollectiveOptions& options = {});
 Work broadcast_(at::Tensor& tensor, int src, const Group& group,
                 const CollectiveOptions& options = {});
 

@@ -10,6 +10,7 @@
 #include "internal/check.h"
 #include "mesh/agree.h"
 #include "mesh/rank_device.h"
+#include "tensor/dispatch/interceptors.h"
 #include "tensor/dtensor_impl.h"
 #include "tensor/ops/sharding.h"
 #include "tensor/redistribute/redistribute.h"
@@ -58,7 +59,8 @@ at::Tensor grad_to(const at::Tensor& grad, const Placements& target) {
 }
 
 struct FromLocalFn : torch::autograd::Function<FromLocalFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local, const DTensorSpec& spec) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& local,
+                            const DTensorSpec& spec) {
     save_spec(ctx, spec);
     return detail::make_dtensor(local, spec);
   }
@@ -76,10 +78,37 @@ struct FromLocalFn : torch::autograd::Function<FromLocalFn> {
   }
 };
 
+// An alias of `t`'s storage with a version counter of its own. [Note: resolved locals] What a
+// resolver gives to_local (fully_shard's unsharded value) lives in a buffer its owner frees
+// and refills in place between forward and backward; autograd may save what to_local returned
+// (a grouped matmul saves its weight), and a view of the buffer would share its version
+// counter, which the refill bumps ("modified by an inplace operation"). The alias follows the
+// storage (freed, then allocated again before backward uses it) without that check.
+at::Tensor fresh_alias(const at::Tensor& t) {
+  at::Tensor a = at::empty({0}, t.options());
+  a.set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
+  return a;
+}
+
+at::Tensor resolved_local(AutogradContext* ctx, const at::Tensor& source) {
+  const detail::DTensorMeta* m = detail::dtensor_meta(source);
+  if (m == nullptr) {
+    ctx->saved_data["plain"] = true; // its gradient is plain too
+    return fresh_alias(source);
+  }
+  save_spec(ctx, m->spec);
+  return fresh_alias(m->local);
+}
+
 struct ToLocalFn : torch::autograd::Function<ToLocalFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& dt,
                             const std::optional<Placements>& grad_placements) {
-    const auto& m = detail::checked_meta(dt, "to_local");
+    // [Note: local regions] in lib/tensor/dispatch/interceptors.h.
+    const at::Tensor source = detail::local_source(dt);
+    if (!source.is_same(dt)) {
+      return resolved_local(ctx, source);
+    }
+    const auto& m = detail::checked_meta(source, "to_local");
     DTensorSpec spec = m.spec;
     if (grad_placements) {
       // The local gradient has the local tensor's shape: its shards must be this tensor's.
@@ -90,20 +119,24 @@ struct ToLocalFn : torch::autograd::Function<ToLocalFn> {
         same_shards = want[i].is_shard() == spec.placements[i].is_shard() &&
                       (!want[i].is_shard() || want[i].dim() == spec.placements[i].dim());
       }
-      DTENSOR_CHECK(same_shards,
-                    "to_local(grad_placements): {} do not fit a local tensor of {} (one placement "
-                    "per mesh dimension; Shard where it is sharded, Replicate or Partial elsewhere)",
-                    to_string(*grad_placements), spec.to_string());
+      DTENSOR_CHECK(
+          same_shards,
+          "to_local(grad_placements): {} do not fit a local tensor of {} (one placement "
+          "per mesh dimension; Shard where it is sharded, Replicate or Partial elsewhere)",
+          to_string(*grad_placements), spec.to_string());
       spec.placements = std::move(want);
     }
     save_spec(ctx, spec);
     return m.local.view_as(m.local);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const DTensorSpec& spec = saved_spec(ctx);
     if (!grads[0].defined()) {
-      return {at::Tensor()};
+      return {at::Tensor(), at::Tensor()};
     }
+    if (ctx->saved_data.count("plain") != 0) {
+      return {grads[0], at::Tensor()}; // the resolved value was plain: so is its gradient
+    }
+    const DTensorSpec& spec = saved_spec(ctx);
     return {detail::make_dtensor(grads[0].contiguous(), spec), at::Tensor()};
   }
 };
@@ -128,15 +161,25 @@ struct RedistributeFn : torch::autograd::Function<RedistributeFn> {
 
 } // namespace
 
-DTensor::DTensor(const at::Tensor& t) : at::Tensor(t) { detail::checked_meta(t, "DTensor"); }
+DTensor::DTensor(const at::Tensor& t) : at::Tensor(t) {
+  detail::checked_meta(t, "DTensor");
+}
 
-bool is_dtensor(const at::Tensor& t) { return detail::dtensor_meta(t) != nullptr; }
+bool is_dtensor(const at::Tensor& t) {
+  return detail::dtensor_meta(t) != nullptr;
+}
 
-const DTensorSpec& DTensor::spec() const { return detail::checked_meta(*this, "DTensor::spec").spec; }
+const DTensorSpec& DTensor::spec() const {
+  return detail::checked_meta(*this, "DTensor::spec").spec;
+}
 
-const Placements& DTensor::placements() const { return spec().placements; }
+const Placements& DTensor::placements() const {
+  return spec().placements;
+}
 
-const DeviceMesh& DTensor::device_mesh() const { return spec().mesh; }
+const DeviceMesh& DTensor::device_mesh() const {
+  return spec().mesh;
+}
 
 namespace {
 
@@ -156,13 +199,12 @@ void agree_local_shapes(const at::Tensor& local, const DeviceMesh& mesh,
       return;
     }
   }
-  detail::agree_on_sizes(
-      fmt::format("DTensor::from_local({} on {}, no shape given)", to_string(placements),
-                  mesh.to_string()),
-      {detail::shape_fingerprint(global, local.scalar_type())},
-      fmt::format("local {} {} (global {})", local.sizes(), c10::toString(local.scalar_type()),
-                  global),
-      mesh);
+  detail::agree_on_sizes(fmt::format("DTensor::from_local({} on {}, no shape given)",
+                                     to_string(placements), mesh.to_string()),
+                         {detail::shape_fingerprint(global, local.scalar_type())},
+                         fmt::format("local {} {} (global {})", local.sizes(),
+                                     c10::toString(local.scalar_type()), global),
+                         mesh);
 }
 
 } // namespace
@@ -208,7 +250,8 @@ at::Tensor DTensor::to_local(const std::optional<Placements>& grad_placements) c
   return ToLocalFn::apply(static_cast<const at::Tensor&>(*this), grad_placements);
 }
 
-DTensor DTensor::redistribute(const DeviceMesh& mesh, const Placements& placements, bool async_op) const {
+DTensor DTensor::redistribute(const DeviceMesh& mesh, const Placements& placements,
+                              bool async_op) const {
   DTENSOR_CHECK(mesh == device_mesh(),
                 "DTensor::redistribute: moving between meshes is not supported ({} -> {})",
                 device_mesh().to_string(), mesh.to_string());
@@ -239,17 +282,20 @@ DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh,
                   *src_data_rank, i, mesh.size(i), mesh.to_string());
   }
   for (const auto& p : placements) {
-    DTENSOR_CHECK(!p.is_partial(), "distribute_tensor: placement {} in {}: a full tensor cannot be "
-                                   "distributed as Partial",
+    DTENSOR_CHECK(!p.is_partial(),
+                  "distribute_tensor: placement {} in {}: a full tensor cannot be "
+                  "distributed as Partial",
                   p.to_string(), to_string(placements));
   }
-  DTensorSpec spec = detail::make_spec(mesh, placements, tensor.sizes().vec(), tensor.scalar_type());
-  at::Tensor local = detail::to_rank_device(tensor.detach(), mesh.device_type(), "distribute_tensor",
-                                            mesh.to_string())
+  DTensorSpec spec =
+      detail::make_spec(mesh, placements, tensor.sizes().vec(), tensor.scalar_type());
+  at::Tensor local = detail::to_rank_device(tensor.detach(), mesh.device_type(),
+                                            "distribute_tensor", mesh.to_string())
                          .contiguous()
                          .clone();
   for (int64_t i = 0; i < mesh.ndim(); ++i) {
-    if (src_data_rank && !meta) { // from the source's coordinate on this dimension, within each slice
+    if (src_data_rank &&
+        !meta) { // from the source's coordinate on this dimension, within each slice
       broadcast_(local, *src_data_rank, mesh.get_group(i));
     }
     const Placement& p = spec.placements[static_cast<size_t>(i)];

@@ -234,6 +234,30 @@ bool fsdp_intercept(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 [[maybe_unused]] const bool fsdp_interceptor_registered =
     register_interceptor({"fully_shard", /*order=*/10, fsdp_intercept, nullptr, wants_extensions});
 
+// Inside dtensor::local_map ([Note: local regions] in lib/tensor/dispatch/interceptors.h): a
+// managed parameter is its unit's unsharded value, as for any op of forward and backward (an
+// expert-parallel weight: its Shard(0) DTensor on the ep mesh, whose local experts the region
+// computes on). A view of an unsharded value is its own value already.
+at::Tensor fsdp_local_source(const at::Tensor& t) {
+  const DTensorMeta* m = dtensor_meta(t);
+  auto tag = m != nullptr ? m->extension<FsdpTag>() : nullptr;
+  if (tag == nullptr || tag->role != FsdpRole::Parameter) {
+    return {};
+  }
+  auto group = tag->group.lock();
+  DTENSOR_CHECK(group != nullptr,
+                "local_map: a parameter belongs to a fully_shard unit that no longer exists");
+  const bool backward = in_backward();
+  FSDPState& unit = group->fsdp_state();
+  if (!unit.ready_by_seam(backward)) {
+    unit.before_use(backward);
+  }
+  return group->params.at(tag->index).unsharded_value();
+}
+
+[[maybe_unused]] const bool fsdp_local_source_registered =
+    register_local_source_resolver(fsdp_local_source);
+
 } // namespace
 
 } // namespace dtensor::detail

@@ -14,7 +14,41 @@ std::vector<OpInterceptor>& interceptor_registry() {
   return r;
 }
 
+std::vector<LocalSourceResolver>& resolver_registry() {
+  static std::vector<LocalSourceResolver> r;
+  return r;
+}
+
+thread_local int local_region_depth = 0;
+
 } // namespace
+
+bool register_local_source_resolver(LocalSourceResolver resolver) {
+  resolver_registry().push_back(resolver);
+  return true;
+}
+
+at::Tensor local_source(const at::Tensor& dtensor) {
+  if (local_region_depth > 0) {
+    for (LocalSourceResolver r : resolver_registry()) {
+      at::Tensor t = r(dtensor);
+      if (t.defined()) {
+        return t;
+      }
+    }
+  }
+  return dtensor;
+}
+
+LocalRegion::LocalRegion() {
+  ++local_region_depth;
+}
+LocalRegion::~LocalRegion() {
+  --local_region_depth;
+}
+bool LocalRegion::active() {
+  return local_region_depth > 0;
+}
 
 bool register_interceptor(const OpInterceptor& interceptor) {
   auto& r = interceptor_registry();

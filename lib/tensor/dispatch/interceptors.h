@@ -43,12 +43,41 @@ struct OpInterceptor {
 };
 
 // Predicates for `wants`.
-inline bool wants_extensions(const ArgSummary& s) { return s.any_extension; }
-inline bool wants_extensions_or_plain(const ArgSummary& s) { return s.any_extension || s.any_plain; }
-inline bool wants_plain(const ArgSummary& s) { return s.any_plain; }
+inline bool wants_extensions(const ArgSummary& s) {
+  return s.any_extension;
+}
+inline bool wants_extensions_or_plain(const ArgSummary& s) {
+  return s.any_extension || s.any_plain;
+}
+inline bool wants_plain(const ArgSummary& s) {
+  return s.any_plain;
+}
 
 bool register_interceptor(const OpInterceptor& interceptor);
 const std::vector<OpInterceptor>& interceptors();
+
+// [Note: local regions]
+// dtensor::local_map runs a function on its inputs' local tensors, taken with
+// DTensor::to_local. A subsystem that gives some DTensors another value for the ops of forward
+// and backward (fully_shard: a managed parameter's unsharded value while its unit is
+// unsharded) registers a resolver; while local_map takes its inputs local (a LocalRegion on
+// this thread), to_local asks the resolvers first and takes the local tensor of what one
+// returns (a DTensor, or a plain tensor taken as it is), so that the region computes on what
+// every other op of the step computes on. The gradient goes to the original DTensor, with the
+// resolved tensor's spec. Elsewhere to_local is the tensor's own local piece.
+using LocalSourceResolver = at::Tensor (*)(const at::Tensor& dtensor);
+bool register_local_source_resolver(LocalSourceResolver resolver);
+// What to_local takes the local tensor of: a resolver's answer (inside a LocalRegion), else
+// `dtensor` itself.
+at::Tensor local_source(const at::Tensor& dtensor);
+class LocalRegion {
+ public:
+  LocalRegion();
+  ~LocalRegion();
+  LocalRegion(const LocalRegion&) = delete;
+  LocalRegion& operator=(const LocalRegion&) = delete;
+  static bool active();
+};
 
 // Ops that see every DTensor as the DTensor it is, whatever a subsystem tagged it with:
 // *_like factories (optimizer state), detach, alias.

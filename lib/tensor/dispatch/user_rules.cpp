@@ -62,9 +62,12 @@ LocalFn local_map(LocalFn fn, LocalMapOptions options) {
                     mesh->to_string(), o.mesh()->to_string());
     }
     std::vector<at::Tensor> locals;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      const bool dist = inputs[i].defined() && is_dtensor(inputs[i]);
-      locals.push_back(dist ? local_input(inputs[i], i, o) : inputs[i]);
+    {
+      detail::LocalRegion region; // [Note: local regions] in interceptors.h
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        const bool dist = inputs[i].defined() && is_dtensor(inputs[i]);
+        locals.push_back(dist ? local_input(inputs[i], i, o) : inputs[i]);
+      }
     }
     std::vector<at::Tensor> outputs = fn(locals);
     DTENSOR_CHECK(outputs.size() == o.out_placements().size(),

@@ -1,0 +1,75 @@
+#pragma once
+// Expert parallelism: the experts of a mixture-of-experts layer sharded over the ranks of an
+// `ep` mesh dimension, each token sent to the ranks holding its experts and back, after
+// torchtitan's ExpertParallel (its AllToAllTokenDispatcher), on the module seam. Mechanism,
+// counts and meshes: docs/moe.md.
+//
+//   ExpertParallel ep;
+//   ep.apply(*moe->experts, ep_mesh);        // weights [E, ...] -> Shard(0); dispatch, combine
+//   ep.apply_router(*moe->router, ep_mesh);  // optional: the count exchange starts early
+//
+// The experts module's forward(x [N, D], counts [E]) takes rows grouped by expert in expert
+// order (counts[e] rows for expert e, int64) and returns one row per input row; it computes
+// on its parameters' local shards (dtensor::local_map). Around each call the style
+//  1. exchanges the counts (one all-to-all of E int64s),
+//  2. sends each rank the rows of its experts (one all-to-all of variable splits) and orders
+//     them expert-major, so that the module sees its E/ep experts' rows and counts [E/ep],
+//  3. sends the results back to where the rows came from (the inverse all-to-all).
+// Backward: the gradients of 2 and 3 go back by one all-to-all each. Per call: forward 3
+// all-to-alls, backward 2. A rank with no rows, an expert with none, and every row to one
+// expert are ordinary cases (empty splits; no padding).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include <dtensor/device_mesh.h>
+#include <dtensor/process_group.h>
+#include <dtensor/tensor_parallel.h>
+
+namespace torch::nn {
+class Module;
+} // namespace torch::nn
+
+namespace dtensor {
+
+// all_to_all_single (dtensor/collectives.h) with autograd: the gradient goes back by the
+// inverse all-to-all (the splits swapped). PyTorch's all_to_all_single_autograd.
+at::Tensor all_to_all_single_autograd(const at::Tensor& input,
+                                      const std::vector<int64_t>& out_splits,
+                                      const std::vector<int64_t>& in_splits, const Group& group);
+
+// What the style measured (this process, since the last reset_ep_stats()).
+struct EpStats {
+  int64_t calls = 0;           // experts calls dispatched
+  int64_t early_exchanges = 0; // count exchanges started by the router hook, before the call
+  int64_t rows_sent = 0;       // rows dispatched to other ranks and this one
+  int64_t rows_received = 0;   // rows received for this rank's experts
+  double wait_seconds = 0;     // time a call waited for its counts
+};
+EpStats ep_stats();
+void reset_ep_stats();
+
+class ExpertParallel : public ParallelStyle {
+ public:
+  ExpertParallel();
+  std::string name() const override { return "ExpertParallel"; }
+  // `experts`: every direct parameter [E, ...] becomes a Shard(0) DTensor on the 1-D ep_mesh
+  // (E a multiple of its size; refused naming the parameter otherwise); its calls through
+  // dtensor::call dispatch and combine as above.
+  void apply(torch::nn::Module& experts, const DeviceMesh& ep_mesh) const override;
+  // `router`: a module whose last output is the counts [E] (int64) that the experts call will
+  // receive. The exchange of those counts starts, asynchronously, as its call returns: what
+  // the model computes between the router and the experts (shared experts, the permutation)
+  // overlaps it.
+  void apply_router(torch::nn::Module& router, const DeviceMesh& ep_mesh) const;
+
+  struct State; // the counts exchange in flight (lib/parallel/ep/expert_parallel.cpp)
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+} // namespace dtensor

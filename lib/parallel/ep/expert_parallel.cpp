@@ -1,0 +1,183 @@
+// The ExpertParallel style (include/dtensor/expert_parallel.h): experts' weights sharded by
+// expert over the ep mesh, and the token exchange (token_dispatch.cpp) run around their calls
+// on the module seam.
+#include <dtensor/expert_parallel.h>
+
+#include <chrono>
+#include <mutex>
+#include <optional>
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <dtensor/dtensor.h>
+#include <dtensor/module_hooks.h>
+
+#include "internal/check.h"
+#include "mesh/collectives_internal.h"
+#include "parallel/ep/token_dispatch.h"
+#include "tensor/dtensor_impl.h"
+
+namespace dtensor {
+
+// [Note: expert parallelism on the seam]
+// The style registers, on the experts module, a pre-forward hook that exchanges counts and
+// dispatches the rows (the module then computes on its local experts only) and a post-forward
+// hook that combines; on the router, a post-forward hook that starts the exchange of counts
+// as soon as they exist. Both sit at hook_order::kExpertParallel, just inside tensor parallelism's
+// layouts (and inside the activation checkpoint, so a recomputed block exchanges again rather than
+// keeping the rows of the first run alive) and outside any user hook. The router hook and the
+// experts hook meet in the style's state: the exchange in flight is keyed by the counts
+// tensor it was started for, and an experts call whose counts are another tensor (a model
+// that changed them in between) exchanges its own, synchronously; the stale one completes
+// when dropped.
+
+namespace {
+
+std::mutex ep_stats_mutex;
+EpStats ep_totals;
+
+void add_ep_stats(const EpStats& d) {
+  std::lock_guard<std::mutex> lock(ep_stats_mutex);
+  ep_totals.calls += d.calls;
+  ep_totals.early_exchanges += d.early_exchanges;
+  ep_totals.rows_sent += d.rows_sent;
+  ep_totals.rows_received += d.rows_received;
+  ep_totals.wait_seconds += d.wait_seconds;
+}
+
+void check_ep_mesh(const DeviceMesh& mesh, const torch::nn::Module& module) {
+  DTENSOR_CHECK(mesh.defined() && mesh.ndim() == 1,
+                "ExpertParallel on {}: the expert-parallel mesh must be 1-D, got {}", module.name(),
+                mesh.defined() ? mesh.to_string() : "an undefined mesh");
+}
+
+} // namespace
+
+struct ExpertParallel::State {
+  std::mutex mutex;
+  std::optional<detail::ep::CountsExchange> pending; // started by the router hook
+  const c10::TensorImpl* pending_key = nullptr;
+
+  void start(const at::Tensor& counts, const Group& group) {
+    detail::ep::CountsExchange x = detail::ep::start_counts_exchange(counts, group, /*async=*/true);
+    std::lock_guard<std::mutex> lock(mutex);
+    pending = std::move(x); // a stale one completes as it is dropped
+    pending_key = counts.unsafeGetTensorImpl();
+    add_ep_stats(EpStats{.early_exchanges = 1});
+  }
+  detail::ep::CountsExchange take(const at::Tensor& counts, const Group& group) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (pending && pending_key == counts.unsafeGetTensorImpl()) {
+        detail::ep::CountsExchange x = std::move(*pending);
+        pending.reset();
+        pending_key = nullptr;
+        return x;
+      }
+    }
+    return detail::ep::start_counts_exchange(counts, group, /*async=*/false);
+  }
+};
+
+ExpertParallel::ExpertParallel() : state_(std::make_shared<State>()) {}
+
+EpStats ep_stats() {
+  std::lock_guard<std::mutex> lock(ep_stats_mutex);
+  return ep_totals;
+}
+
+void reset_ep_stats() {
+  std::lock_guard<std::mutex> lock(ep_stats_mutex);
+  ep_totals = EpStats{};
+}
+
+namespace {
+
+// Every direct parameter [E, ...] -> Shard(0) on the ep mesh; all checked before any changes.
+void shard_experts(torch::nn::Module& experts, const DeviceMesh& mesh) {
+  const int64_t ep = mesh.size();
+  auto params = experts.named_parameters(/*recurse=*/false);
+  DTENSOR_CHECK(!params.is_empty(), "ExpertParallel on {}: the module has no parameters of its own",
+                experts.name());
+  for (const auto& p : params) {
+    const at::Tensor& w = p.value();
+    DTENSOR_CHECK(!is_dtensor(w), "ExpertParallel on {}: parameter '{}' is already a DTensor",
+                  experts.name(), p.key());
+    DTENSOR_CHECK(w.dim() >= 1 && w.size(0) % ep == 0,
+                  "ExpertParallel on {}: parameter '{}' {} has {} experts (dim 0), not a multiple "
+                  "of the {} ranks of the expert-parallel mesh {}",
+                  experts.name(), p.key(), w.sizes(), w.dim() >= 1 ? w.size(0) : 0, ep,
+                  mesh.to_string());
+  }
+  at::NoGradGuard no_grad;
+  for (auto& p : params) {
+    detail::replace_data(p.value(), distribute_tensor(p.value().detach(), mesh, {Shard(0)}));
+  }
+}
+
+} // namespace
+
+void ExpertParallel::apply(torch::nn::Module& experts, const DeviceMesh& ep_mesh) const {
+  check_ep_mesh(ep_mesh, experts);
+  shard_experts(experts, ep_mesh);
+  const Group group = ep_mesh.get_group();
+  auto plans = std::make_shared<std::vector<detail::ep::ExchangePlan>>();
+  auto state = state_;
+  ModuleHooks hooks;
+  hooks.name("ExpertParallel").order(hook_order::kExpertParallel);
+  hooks.pre_forward([state, group, plans](torch::nn::Module& m, TensorList& in) {
+    DTENSOR_CHECK(in.size() == 2 && in[0].defined() && in[0].dim() == 2 && in[1].defined(),
+                  "ExpertParallel on {}: the experts' call takes rows [N, D] and counts [E]; got "
+                  "{} tensors",
+                  m.name(), in.size());
+    const auto start = std::chrono::steady_clock::now();
+    detail::ep::CountsExchange x = state->take(in[1], group);
+    x.work.wait();
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    detail::ep::ExchangePlan plan = detail::ep::plan_exchange(x.sent, x.received);
+    const int64_t rows = x.sent.sum().item<int64_t>();
+    DTENSOR_CHECK(in[0].size(0) == rows,
+                  "ExpertParallel on {}: {} rows but the counts {} add up to {}", m.name(),
+                  in[0].size(0), detail::describe(in[1]), rows);
+    in[0] = detail::ep::dispatch(in[0], plan, group);
+    in[1] = plan.local_counts;
+    add_ep_stats(EpStats{
+        .calls = 1, .rows_sent = rows, .rows_received = in[0].size(0), .wait_seconds = waited});
+    plans->push_back(std::move(plan));
+  });
+  hooks.post_forward([group, plans](torch::nn::Module& m, TensorList& out) {
+    DTENSOR_CHECK(!plans->empty() && out.size() == 1,
+                  "ExpertParallel on {}: the experts' forward must return one tensor, got {}",
+                  m.name(), out.size());
+    detail::ep::ExchangePlan plan = std::move(plans->back());
+    plans->pop_back();
+    out[0] = detail::ep::combine(out[0], plan, group);
+  });
+  hooks.forward_failed([plans](torch::nn::Module&) {
+    if (!plans->empty()) {
+      plans->pop_back();
+    }
+  });
+  register_module_hooks(experts, std::move(hooks));
+}
+
+void ExpertParallel::apply_router(torch::nn::Module& router, const DeviceMesh& ep_mesh) const {
+  check_ep_mesh(ep_mesh, router);
+  const Group group = ep_mesh.get_group();
+  auto state = state_;
+  register_module_hooks(
+      router, ModuleHooks()
+                  .name("ExpertParallel counts")
+                  .order(hook_order::kExpertParallel)
+                  .post_forward([state, group](torch::nn::Module& m, TensorList& out) {
+                    DTENSOR_CHECK(!out.empty(),
+                                  "ExpertParallel on router {}: its forward returned no tensor; "
+                                  "the last must be the counts [E]",
+                                  m.name());
+                    state->start(out.back(), group);
+                  }));
+}
+
+} // namespace dtensor

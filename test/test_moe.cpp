@@ -1,0 +1,443 @@
+// Mixture of experts (models/moe/moe.h) and expert parallelism (include/dtensor/expert_parallel.h,
+// docs/moe.md). Judge: a plain reference written here from the layer's definition (per token:
+// fp32 scores, the top-k choice on scores + bias inside the best groups, gates normalised and
+// scaled, each chosen expert's SwiGLU as its own matmuls, plus the shared experts), on one
+// process with autograd for the gradients.
+//  - world1: the layer equals the reference for softmax / sigmoid, route_norm and route_scale,
+//    node-limited groups, shared experts, top-k 1, 2 and E, the grouped kernel and the per-expert
+//    loop (unaligned sizes); the bias update equals its formula.
+//  - world2 / world4 (ep = world, each rank its own tokens): outputs and every gradient equal the
+//    reference on the whole batch; per call exactly 3 all-to-alls forward (counts, rows, rows
+//    back) and 2 backward, with their bytes; every row to one rank's experts, a rank with no
+//    tokens, top-k = E: exact, no hang; the counts exchange started by the router hook; the
+//    bias update's one all-reduce; experts that do not divide over ep refused, naming them.
+#include <dtensor/expert_parallel.h>
+
+#include <models/moe/load_balance.h>
+#include <models/moe/moe.h>
+
+#include "support/prelude.h"
+
+using dtensor::ExpertParallel;
+using dtensor::models::MoE;
+using dtensor::models::MoEArgs;
+using dtensor::models::MoEImpl;
+using dtensor::models::MoEScore;
+
+namespace {
+
+// The layer's definition, token by token; returns [T, D].
+at::Tensor reference_forward(const at::Tensor& x, MoEImpl& m, const at::Tensor& gate_w,
+                             const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3) {
+  const MoEArgs& a = m.args;
+  const int64_t e_count = a.num_experts(), groups = a.num_expert_groups();
+  const int64_t per = e_count / groups;
+  std::vector<at::Tensor> rows;
+  for (int64_t t = 0; t < x.size(0); ++t) {
+    at::Tensor xt = x[t];
+    at::Tensor logits = at::mv(gate_w, xt);
+    at::Tensor s = a.score_func() == MoEScore::Softmax ? logits.exp() / logits.exp().sum()
+                                                       : 1.0 / (1.0 + (-logits).exp());
+    std::vector<double> choice(static_cast<size_t>(e_count));
+    for (int64_t e = 0; e < e_count; ++e) {
+      choice[e] =
+          s[e].item<double>() + (m.expert_bias.defined() ? m.expert_bias[e].item<double>() : 0.0);
+    }
+    // The groups whose two best choices sum highest.
+    std::vector<bool> allowed(static_cast<size_t>(e_count), true);
+    if (a.num_limited_groups() < groups) {
+      std::vector<std::pair<double, int64_t>> gs;
+      for (int64_t g = 0; g < groups; ++g) {
+        std::vector<double> v(choice.begin() + g * per, choice.begin() + (g + 1) * per);
+        std::sort(v.rbegin(), v.rend());
+        gs.push_back({v[0] + (per > 1 ? v[1] : 0.0), g});
+      }
+      std::sort(gs.rbegin(), gs.rend());
+      std::fill(allowed.begin(), allowed.end(), false);
+      for (int64_t i = 0; i < a.num_limited_groups(); ++i) {
+        for (int64_t e = 0; e < per; ++e) {
+          allowed[gs[i].second * per + e] = true;
+        }
+      }
+    }
+    std::vector<std::pair<double, int64_t>> ranked;
+    for (int64_t e = 0; e < e_count; ++e) {
+      if (allowed[e]) {
+        ranked.push_back({choice[e], e});
+      }
+    }
+    std::sort(ranked.rbegin(), ranked.rend());
+    at::Tensor gate_sum = at::zeros({});
+    for (int64_t k = 0; k < a.top_k(); ++k) {
+      gate_sum = gate_sum + s[ranked[k].second];
+    }
+    at::Tensor out = at::zeros_like(xt);
+    for (int64_t k = 0; k < a.top_k(); ++k) {
+      const int64_t e = ranked[k].second;
+      at::Tensor g = s[e];
+      if (a.route_norm()) {
+        g = g / (gate_sum + 1e-20);
+      }
+      g = g * a.route_scale();
+      at::Tensor h = at::silu(at::mv(w1[e], xt)) * at::mv(w3[e], xt);
+      out = out + g * at::mv(w2[e], h);
+    }
+    rows.push_back(out);
+  }
+  at::Tensor out = rows.empty() ? at::zeros({0, x.size(1)}) : at::stack(rows);
+  if (m.shared_experts) {
+    auto& f = *m.shared_experts;
+    out = out +
+          at::matmul(at::silu(at::matmul(x, f.w1->weight.t())) * at::matmul(x, f.w3->weight.t()),
+                     f.w2->weight.t());
+  }
+  return out;
+}
+
+// The reference's parameters: copies of the plain layer's, with gradients of their own.
+struct Reference {
+  at::Tensor gate, w1, w2, w3, x, out;
+};
+
+Reference run_reference(MoEImpl& m, const at::Tensor& x, const at::Tensor& g) {
+  auto leaf = [](const at::Tensor& t) { return t.detach().clone().requires_grad_(); };
+  Reference r;
+  r.gate = leaf(m.router->gate->weight);
+  r.w1 = leaf(m.experts->w1);
+  r.w2 = leaf(m.experts->w2);
+  r.w3 = leaf(m.experts->w3);
+  if (m.shared_experts) {
+    // The shared experts' own weights take the gradient in place (the plain layer's).
+    m.shared_experts->zero_grad();
+  }
+  r.x = leaf(x);
+  r.out = reference_forward(r.x, m, r.gate, r.w1, r.w2, r.w3);
+  (r.out * g).sum().backward();
+  return r;
+}
+
+MoE make_moe(const MoEArgs& a, int seed) {
+  MoE m(a);
+  at::manual_seed(seed);
+  m->init_weights(0.02);
+  return m;
+}
+
+bool near(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes() == b.sizes() && at::allclose(a, b, /*rtol=*/1e-4, /*atol=*/1e-5);
+}
+
+MoEArgs small(int64_t experts = 8) {
+  return MoEArgs().dim(16).hidden_dim(8).num_experts(experts).top_k(2);
+}
+
+} // namespace
+
+TEST_CASE("MoE layer equals its definition: scores, routing, groups, shared experts, top-k, "
+          "grouped kernel and per-expert loop",
+          "[world1]") {
+  struct Case {
+    const char* what;
+    MoEArgs args;
+  };
+  const std::vector<Case> cases = {
+      {"softmax top-2", small()},
+      {"sigmoid, route_norm, scale 2.5",
+       small().score_func(MoEScore::Sigmoid).route_norm(true).route_scale(2.5)},
+      {"groups 4, 2 chosen, shared 2",
+       small().num_expert_groups(4).num_limited_groups(2).num_shared_experts(2)},
+      {"top-1", small().top_k(1)},
+      {"top-k = E", small().top_k(8).route_norm(true)},
+      {"no bias", small().load_balance_coeff(std::nullopt)},
+      {"unaligned sizes: the per-expert loop",
+       MoEArgs().dim(6).hidden_dim(5).num_experts(4).top_k(2)},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    MoE m = make_moe(c.args, 5);
+    if (m->expert_bias.defined()) {
+      at::manual_seed(1);
+      m->expert_bias.copy_(at::randn({c.args.num_experts()}) * 0.05);
+    }
+    at::manual_seed(2);
+    at::Tensor x = at::randn({2, 8, c.args.dim()});
+    at::Tensor g = at::randn({16, c.args.dim()});
+    at::Tensor xl = x.clone().requires_grad_();
+    at::Tensor out = m->forward(xl);
+    (out.view({16, -1}) * g).sum().backward();
+    std::vector<at::Tensor> shared_grads;
+    if (m->shared_experts) {
+      for (const auto& p : m->shared_experts->parameters()) {
+        shared_grads.push_back(p.grad().clone());
+      }
+    }
+    Reference r = run_reference(*m, x.view({16, -1}), g);
+    CHECK(near(out.view({16, -1}), r.out));
+    CHECK(near(xl.grad().view({16, -1}), r.x.grad()));
+    CHECK(near(m->router->gate->weight.grad(), r.gate.grad()));
+    CHECK(near(m->experts->w1.grad(), r.w1.grad()));
+    CHECK(near(m->experts->w2.grad(), r.w2.grad()));
+    CHECK(near(m->experts->w3.grad(), r.w3.grad()));
+    if (m->shared_experts) {
+      size_t i = 0;
+      for (const auto& p : m->shared_experts->parameters()) {
+        CHECK(near(shared_grads[i++], p.grad()));
+      }
+    }
+    // Training: the rows per expert were counted (T * K of them).
+    if (m->expert_bias.defined()) {
+      CHECK(m->tokens_per_expert.sum().item<double>() == 16.0 * c.args.top_k());
+    }
+  }
+}
+
+TEST_CASE("MoE load balancing: bias moved by coeff * sign(mean - count), mean-centred; "
+          "selection changes, scores do not",
+          "[world1]") {
+  MoE m = make_moe(small(), 7);
+  dtensor::models::ExpertBiasUpdate update(*m);
+  REQUIRE(update.layers() == 1);
+  at::manual_seed(3);
+  m->forward(at::randn({32, 16}));
+  m->forward(at::randn({32, 16}));
+  at::Tensor c = m->tokens_per_expert.clone();
+  CHECK(c.sum().item<double>() == 2 * 32 * 2);
+  update.start(std::nullopt);
+  CHECK(!m->tokens_per_expert.defined()); // counting restarts
+  update.finish();
+  at::Tensor delta = 1e-3 * at::sign(c.mean() - c);
+  CHECK(at::allclose(m->expert_bias, delta - delta.mean()));
+  CHECK(std::abs(m->expert_bias.sum().item<double>()) < 1e-9);
+}
+
+namespace {
+
+DeviceMesh ep_mesh_of_world() {
+  return init_device_mesh(device_type(), {world()}, {"ep"});
+}
+
+// Rows of this rank: `rows_of[r]` tokens for rank r, the global batch in rank order.
+struct Split {
+  int64_t start = 0, rows = 0, total = 0;
+};
+Split split_of(const std::vector<int64_t>& rows_of) {
+  Split s;
+  for (int r = 0; r < static_cast<int>(rows_of.size()); ++r) {
+    if (r == rank()) {
+      s.start = s.total;
+      s.rows = rows_of[r];
+    }
+    s.total += rows_of[r];
+  }
+  return s;
+}
+
+// The layer with experts over ep (router hook too when `early`) against the reference on the
+// whole batch; returns the forward's and backward's collective counts as text.
+// "all_to_all 3": what a CommDebugMode counted, readable in a failure.
+std::string counts_text(const std::map<CollectiveKind, int64_t>& counts) {
+  std::string out;
+  for (const auto& [kind, n] : counts) {
+    out += (out.empty() ? "" : ", ") + dtensor::to_string(kind) + " " + std::to_string(n);
+  }
+  return out;
+}
+
+struct EpRun {
+  std::string fwd, bwd;
+  int64_t fwd_bytes = 0, bwd_bytes = 0;
+  int64_t received = 0; // rows this rank's experts computed
+};
+
+at::Tensor summed(const at::Tensor& grad, const DeviceMesh& mesh) {
+  return dtensor::all_reduce(grad, ReduceOp::Sum, mesh.get_group());
+}
+
+EpRun check_ep(const MoEArgs& a, const std::vector<int64_t>& rows_of, bool early,
+               const std::function<void(MoEImpl&)>& setup = {}) {
+  DeviceMesh mesh = ep_mesh_of_world();
+  MoE plain = make_moe(a, 9);
+  MoE ep = make_moe(a, 9);
+  if (setup) {
+    setup(*plain);
+    setup(*ep);
+  }
+  ExpertParallel style;
+  style.apply(*ep->experts, mesh);
+  if (early) {
+    style.apply_router(*ep->router, mesh);
+  }
+  const Split s = split_of(rows_of);
+  at::manual_seed(4);
+  at::Tensor x = at::randn({s.total, a.dim()});
+  at::Tensor g = at::randn({s.total, a.dim()});
+  at::Tensor xl = x.narrow(0, s.start, s.rows).clone().requires_grad_();
+  EpRun run;
+  dtensor::reset_ep_stats();
+  at::Tensor out;
+  {
+    CommDebugMode mode;
+    out = dtensor::call(ep, xl);
+    run.fwd = counts_text(mode.comm_counts());
+    run.fwd_bytes = mode.bytes_in(CollectiveKind::AllToAll);
+  }
+  {
+    CommDebugMode mode;
+    (out * g.narrow(0, s.start, s.rows)).sum().backward();
+    run.bwd = counts_text(mode.comm_counts());
+    run.bwd_bytes = mode.bytes_in(CollectiveKind::AllToAll);
+  }
+  run.received = dtensor::ep_stats().rows_received;
+  CHECK(dtensor::ep_stats().early_exchanges == (early ? 1 : 0));
+  Reference r = run_reference(*plain, x, g);
+  CHECK(near(out, r.out.narrow(0, s.start, s.rows)));
+  CHECK(near(xl.grad(), r.x.grad().narrow(0, s.start, s.rows)));
+  // Expert weights: this rank's experts' gradient is its piece of the whole one.
+  const int64_t local = a.num_experts() / world();
+  using Pair = std::pair<at::Tensor, at::Tensor>;
+  for (const auto& [w, ref] :
+       {Pair{ep->experts->w1, r.w1}, Pair{ep->experts->w2, r.w2}, Pair{ep->experts->w3, r.w3}}) {
+    REQUIRE(dtensor::is_dtensor(w.grad()));
+    CHECK(DTensor(w.grad()).placements() == Placements{dtensor::Shard(0)});
+    CHECK(near(DTensor(w.grad()).to_local(), ref.grad().narrow(0, rank() * local, local)));
+  }
+  // Replicated weights (the gate, shared experts): each rank's share, summed as data
+  // parallelism would.
+  CHECK(near(summed(ep->router->gate->weight.grad(), mesh), r.gate.grad()));
+  if (ep->shared_experts) {
+    auto ps = ep->shared_experts->parameters();
+    auto qs = plain->shared_experts->parameters();
+    for (size_t i = 0; i < ps.size(); ++i) {
+      CHECK(near(summed(ps[i].grad(), mesh), qs[i].grad()));
+    }
+  }
+  // The bias update over the ranks sees every rank's rows: the whole batch's counts.
+  dtensor::models::ExpertBiasUpdate update(*ep);
+  if (update.layers() == 1) {
+    at::Tensor whole = at::bincount(
+        std::get<1>(plain->router->forward(x, plain->expert_bias)).flatten(), {}, a.num_experts());
+    CommDebugMode mode;
+    update.start(mesh.get_group());
+    update.finish();
+    CHECK(counts_text(mode.comm_counts()) == "all_reduce 1");
+    at::Tensor c = whole.to(at::kFloat);
+    at::Tensor delta = *a.load_balance_coeff() * at::sign(c.mean() - c);
+    CHECK(at::allclose(ep->expert_bias, plain->expert_bias + delta - delta.mean()));
+  }
+  return run;
+}
+
+std::string a2a(int64_t n) {
+  return "all_to_all " + std::to_string(n);
+}
+
+} // namespace
+
+TEST_CASE("expert parallelism equals the plain layer: outputs, every gradient, the bias update; "
+          "3 all-to-alls forward and 2 backward per call, exact bytes",
+          "[world2][world4]") {
+  const int64_t d = 16, e = 8, k = 2;
+  const std::vector<int64_t> rows_of(static_cast<size_t>(world()), 12);
+  for (bool early : {false, true}) {
+    for (int64_t shared : {0, 1}) {
+      INFO((early ? "router hook" : "no router hook") << ", shared experts " << shared);
+      EpRun run = check_ep(small(e).num_shared_experts(shared), rows_of, early);
+      CHECK(run.fwd == a2a(3));
+      CHECK(run.bwd == a2a(2));
+      // Counts (E int64s), this rank's rows out (T*K x D fp32), the received rows back.
+      CHECK(run.fwd_bytes == e * 8 + 12 * k * d * 4 + run.received * d * 4);
+      CHECK(run.bwd_bytes == 12 * k * d * 4 + run.received * d * 4);
+    }
+  }
+}
+
+TEST_CASE("expert parallelism, skewed routing: every row to rank 0's experts, a rank with no "
+          "tokens, top-k = E: exact, no hang, no NaN",
+          "[world2][world4]") {
+  const int64_t d = 16;
+  const std::vector<int64_t> even(static_cast<size_t>(world()), 8);
+  SECTION("every row to experts 0 and 1 (rank 0's): the other ranks' experts get none") {
+    EpRun run = check_ep(small(), even, true,
+                         [](MoEImpl& m) { m.expert_bias.narrow(0, 0, 2).fill_(100.0); });
+    CHECK(run.received == (rank() == 0 ? world() * 8 * 2 : 0));
+    CHECK(run.fwd == a2a(3));
+  }
+  SECTION("rank 1 holds no tokens") {
+    std::vector<int64_t> rows = even;
+    rows[1] = 0;
+    EpRun run = check_ep(small().num_shared_experts(1), rows, true);
+    CHECK(run.fwd == a2a(3));
+    CHECK(run.bwd == a2a(2));
+  }
+  SECTION("top-k = E: every row to every expert") {
+    EpRun run = check_ep(small().top_k(8).route_norm(true), even, false);
+    CHECK(run.received == world() * 8 * (8 / world()));
+    CHECK(run.fwd_bytes == 8 * 8 + 8 * 8 * d * 4 + run.received * d * 4);
+  }
+}
+
+TEST_CASE("ExpertParallel refuses experts that do not divide over ep, and a mesh that is not 1-D, "
+          "naming them",
+          "[world2][world4]") {
+  DeviceMesh mesh = ep_mesh_of_world();
+  MoE m = make_moe(small(world() + 1), 1);
+  const std::string e = std::to_string(world() + 1);
+  const std::string want = "ExpertParallel on " + m->experts->name() + ": parameter 'w1' [" + e +
+                           ", 8, 16] has " + e + " experts (dim 0), not a multiple of the " +
+                           std::to_string(world()) + " ranks of the expert-parallel mesh";
+  REQUIRE_THROWS_WITH(ExpertParallel().apply(*m->experts, mesh), Catch::Matchers::Contains(want));
+  CHECK(!dtensor::is_dtensor(m->experts->w1)); // nothing half-done
+  DeviceMesh two = init_device_mesh(device_type(), {2, world() / 2}, {"a", "b"});
+  REQUIRE_THROWS_WITH(ExpertParallel().apply(*make_moe(small(), 1)->experts, two),
+                      Catch::Matchers::Contains("the expert-parallel mesh must be 1-D"));
+}
+
+TEST_CASE("expert parallelism under fully_shard: experts over efsdp 2 x ep 2, everything else over "
+          "all 4 ranks; outputs and every gradient equal the plain layer's",
+          "[world4]") {
+  DeviceMesh dense = init_device_mesh(device_type(), {4}, {"dp"});
+  DeviceMesh sparse = init_device_mesh(device_type(), {2, 2}, {"efsdp", "ep"});
+  const MoEArgs a = small().num_shared_experts(1);
+  MoE plain = make_moe(a, 9);
+  MoE ep = make_moe(a, 9);
+  ExpertParallel style;
+  style.apply(*ep->experts, sparse["ep"]);
+  style.apply_router(*ep->router, sparse["ep"]);
+  // torchtitan's division: every gradient over the dense data-parallel degree.
+  dtensor::fully_shard(*ep->experts, FullyShardOptions().mesh(sparse["efsdp"]))
+      .set_gradient_divide_factor(4);
+  dtensor::fully_shard(*ep, FullyShardOptions().mesh(dense));
+  CHECK(DTensor(ep->experts->w1).placements() == Placements{dtensor::Shard(0), dtensor::Shard(0)});
+  const int64_t rows = 12;
+  at::manual_seed(4);
+  at::Tensor x = at::randn({4 * rows, a.dim()});
+  at::Tensor g = at::randn({4 * rows, a.dim()});
+  at::Tensor xl = x.narrow(0, rank() * rows, rows).clone().requires_grad_();
+  std::map<CollectiveKind, int64_t> fwd, bwd;
+  at::Tensor out;
+  {
+    CommDebugMode mode;
+    out = dtensor::call(ep, xl);
+    fwd = mode.comm_counts();
+  }
+  {
+    CommDebugMode mode;
+    (out * g.narrow(0, rank() * rows, rows)).sum().backward();
+    bwd = mode.comm_counts();
+  }
+  CHECK(fwd.at(CollectiveKind::AllToAll) == 3);
+  CHECK(bwd.at(CollectiveKind::AllToAll) == 2);
+  Reference r = run_reference(*plain, x, g);
+  CHECK(near(out, r.out.narrow(0, rank() * rows, rows)));
+  CHECK(near(xl.grad(), r.x.grad().narrow(0, rank() * rows, rows)));
+  auto whole = [](const at::Tensor& grad) { return full_value(grad) * 4.0; };
+  CHECK(near(whole(ep->experts->w1.grad()), r.w1.grad()));
+  CHECK(near(whole(ep->experts->w2.grad()), r.w2.grad()));
+  CHECK(near(whole(ep->experts->w3.grad()), r.w3.grad()));
+  CHECK(near(whole(ep->router->gate->weight.grad()), r.gate.grad()));
+  auto ps = ep->shared_experts->parameters();
+  auto qs = plain->shared_experts->parameters();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    CHECK(near(whole(ps[i].grad()), qs[i].grad()));
+  }
+}
