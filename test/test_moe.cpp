@@ -15,6 +15,7 @@
 
 #include <models/moe/load_balance.h>
 #include <models/moe/moe.h>
+#include <models/moe/parallelize.h>
 
 #include "support/prelude.h"
 
@@ -392,52 +393,81 @@ TEST_CASE("ExpertParallel refuses experts that do not divide over ep, and a mesh
                       Catch::Matchers::Contains("the expert-parallel mesh must be 1-D"));
 }
 
-TEST_CASE("expert parallelism under fully_shard: experts over efsdp 2 x ep 2, everything else over "
-          "all 4 ranks; outputs and every gradient equal the plain layer's",
-          "[world4]") {
+namespace {
+
+// The layer on 4 ranks with experts over the sparse mesh (efsdp x ep) and fully_shard, the
+// rest fully_shard over the dense mesh; against the reference on the whole batch.
+void check_ep_fsdp(const MoEArgs& a, int64_t ep, const Placements& expert_placements) {
   DeviceMesh dense = init_device_mesh(device_type(), {4}, {"dp"});
-  DeviceMesh sparse = init_device_mesh(device_type(), {2, 2}, {"efsdp", "ep"});
-  const MoEArgs a = small().num_shared_experts(1);
+  DeviceMesh sparse = dtensor::models::moe_sparse_mesh(dense, ep);
   MoE plain = make_moe(a, 9);
-  MoE ep = make_moe(a, 9);
-  ExpertParallel style;
-  style.apply(*ep->experts, sparse["ep"]);
-  style.apply_router(*ep->router, sparse["ep"]);
-  // torchtitan's division: every gradient over the dense data-parallel degree.
-  dtensor::fully_shard(*ep->experts, FullyShardOptions().mesh(sparse["efsdp"]))
-      .set_gradient_divide_factor(4);
-  dtensor::fully_shard(*ep, FullyShardOptions().mesh(dense));
-  CHECK(DTensor(ep->experts->w1).placements() == Placements{dtensor::Shard(0), dtensor::Shard(0)});
+  MoE m = make_moe(a, 9);
+  dtensor::models::apply_ep(m, sparse);
+  dtensor::models::fully_shard_experts(m, sparse, FullyShardOptions(), /*dp_degree=*/4);
+  dtensor::fully_shard(*m, FullyShardOptions().mesh(dense));
+  CHECK(DTensor(m->experts->w1).placements() == expert_placements);
   const int64_t rows = 12;
   at::manual_seed(4);
   at::Tensor x = at::randn({4 * rows, a.dim()});
   at::Tensor g = at::randn({4 * rows, a.dim()});
   at::Tensor xl = x.narrow(0, rank() * rows, rows).clone().requires_grad_();
-  std::map<CollectiveKind, int64_t> fwd, bwd;
-  at::Tensor out;
-  {
-    CommDebugMode mode;
-    out = dtensor::call(ep, xl);
-    fwd = mode.comm_counts();
+  CommDebugMode mode;
+  at::Tensor out = dtensor::call(m, xl);
+  (out * g.narrow(0, rank() * rows, rows)).sum().backward();
+  // Per module: the counts exchange in the router's call, dispatch and combine in the
+  // experts', both backward all-to-alls in the experts' too.
+  for (const auto& [name, c] : mode.comm_module_counts()) {
+    INFO(name);
+    const auto count = [](const std::map<CollectiveKind, int64_t>& k) {
+      return k.count(CollectiveKind::AllToAll) != 0 ? k.at(CollectiveKind::AllToAll) : 0;
+    };
+    if (name.size() > 8 && name.substr(name.size() - 8) == ".experts") {
+      CHECK(count(c.forward) == 2);
+      CHECK(count(c.backward) == 2);
+    } else if (name.size() > 7 && name.substr(name.size() - 7) == ".router") {
+      CHECK(count(c.forward) == 1);
+      CHECK(count(c.backward) == 0);
+    } else if (name == "Global") {
+      CHECK(count(c.forward) == 3);
+      CHECK(count(c.backward) == 2);
+    }
   }
-  {
-    CommDebugMode mode;
-    (out * g.narrow(0, rank() * rows, rows)).sum().backward();
-    bwd = mode.comm_counts();
-  }
-  CHECK(fwd.at(CollectiveKind::AllToAll) == 3);
-  CHECK(bwd.at(CollectiveKind::AllToAll) == 2);
   Reference r = run_reference(*plain, x, g);
   CHECK(near(out, r.out.narrow(0, rank() * rows, rows)));
   CHECK(near(xl.grad(), r.x.grad().narrow(0, rank() * rows, rows)));
   auto whole = [](const at::Tensor& grad) { return full_value(grad) * 4.0; };
-  CHECK(near(whole(ep->experts->w1.grad()), r.w1.grad()));
-  CHECK(near(whole(ep->experts->w2.grad()), r.w2.grad()));
-  CHECK(near(whole(ep->experts->w3.grad()), r.w3.grad()));
-  CHECK(near(whole(ep->router->gate->weight.grad()), r.gate.grad()));
-  auto ps = ep->shared_experts->parameters();
+  CHECK(near(whole(m->experts->w1.grad()), r.w1.grad()));
+  CHECK(near(whole(m->experts->w2.grad()), r.w2.grad()));
+  CHECK(near(whole(m->experts->w3.grad()), r.w3.grad()));
+  CHECK(near(whole(m->router->gate->weight.grad()), r.gate.grad()));
+  auto ps = m->shared_experts->parameters();
   auto qs = plain->shared_experts->parameters();
   for (size_t i = 0; i < ps.size(); ++i) {
     CHECK(near(whole(ps[i].grad()), qs[i].grad()));
+  }
+}
+
+} // namespace
+
+TEST_CASE("expert parallelism under fully_shard: experts over efsdp x ep on the dense ranks, "
+          "the rest over all 4; outputs and every gradient equal the plain layer's; per-module "
+          "all-to-alls; an ep that does not divide the dense region refused",
+          "[world4]") {
+  using dtensor::Shard;
+  SECTION("efsdp 2 x ep 2, 8 experts: Shard(0) by expert on both") {
+    check_ep_fsdp(small().num_shared_experts(1), 2, Placements{Shard(0), Shard(0)});
+  }
+  SECTION("efsdp 2 x ep 2, 2 experts: one expert per ep rank, its rows over efsdp (Shard(1))") {
+    check_ep_fsdp(small(2).num_shared_experts(1), 2, Placements{Shard(0), Shard(1)});
+  }
+  SECTION("efsdp 1 x ep 4") {
+    check_ep_fsdp(small().num_shared_experts(1), 4, Placements{Shard(0), Shard(0)});
+  }
+  SECTION("ep 3 on 4 dense ranks") {
+    DeviceMesh dense = init_device_mesh(device_type(), {4}, {"dp"});
+    REQUIRE_THROWS_WITH(dtensor::models::moe_sparse_mesh(dense, 3),
+                        Catch::Matchers::Contains(
+                            "MoE expert parallelism: ep 3 does not divide the dense region's 4 "
+                            "ranks"));
   }
 }

@@ -57,22 +57,22 @@ void check_ep_mesh(const DeviceMesh& mesh, const torch::nn::Module& module) {
 struct ExpertParallel::State {
   std::mutex mutex;
   std::optional<detail::ep::CountsExchange> pending; // started by the router hook
-  const c10::TensorImpl* pending_key = nullptr;
+  at::Tensor pending_counts;                         // held: no later tensor can take its address
 
   void start(const at::Tensor& counts, const Group& group) {
     detail::ep::CountsExchange x = detail::ep::start_counts_exchange(counts, group, /*async=*/true);
     std::lock_guard<std::mutex> lock(mutex);
     pending = std::move(x); // a stale one completes as it is dropped
-    pending_key = counts.unsafeGetTensorImpl();
+    pending_counts = counts;
     add_ep_stats(EpStats{.early_exchanges = 1});
   }
   detail::ep::CountsExchange take(const at::Tensor& counts, const Group& group) {
     {
       std::lock_guard<std::mutex> lock(mutex);
-      if (pending && pending_key == counts.unsafeGetTensorImpl()) {
+      if (pending && pending_counts.is_same(counts)) {
         detail::ep::CountsExchange x = std::move(*pending);
         pending.reset();
-        pending_key = nullptr;
+        pending_counts = at::Tensor();
         return x;
       }
     }
