@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/Work.hpp> // CountsExchange holds a Work
 
 #include <dtensor/collectives.h>
 #include <dtensor/process_group.h>
