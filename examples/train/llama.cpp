@@ -256,17 +256,19 @@ struct Loop {
   // This rank's rows of the step's global batch (the same global batch on every mesh); with
   // --cp, its positions of them (every rank of a cp group loads the same rows).
   std::pair<at::Tensor, at::Tensor> batch(int64_t step) const {
+    const CpLayout layout(f.seq, std::max<int64_t>(f.cp, 1), CpBalance::HeadTail);
+    if (cp) {
+      cp->set_layout(layout);
+    }
     if (is_simulated()) { // only the shape matters (and the text may be shorter than --seq)
       const auto tokens =
-          at::empty({f.batch / dp.size(), f.seq}, at::dtype(at::kLong).device(device));
+          at::empty({f.batch / dp.size(), layout.local_len()}, at::dtype(at::kLong).device(device));
       return {tokens, tokens};
     }
     auto [x, y] = data_rows(step);
     if (!cp) {
       return {x, y};
     }
-    const CpLayout layout(f.seq, f.cp, CpBalance::HeadTail);
-    cp->set_layout(layout);
     return {cp_shard(x, 1, layout, mesh["cp"]), cp_shard(y, 1, layout, mesh["cp"])};
   }
 
@@ -473,9 +475,6 @@ int run_llama(int argc, char** argv) {
     usage("--seq " + std::to_string(f.seq) +
           " is not a multiple of 2 x cp x tp = " + std::to_string(2 * f.cp * f.mesh[2]) +
           " (head-tail balancing, then sequence parallelism over tp)");
-  }
-  if (f.cp > 1 && is_simulated()) {
-    usage("--cp is not simulated yet");
   }
   if (f.batch % (f.mesh[0] * f.mesh[1]) != 0) {
     usage("--batch " + std::to_string(f.batch) + " is not a multiple of the " +

@@ -102,6 +102,12 @@ SimFlags parse_sim(int argc, char** argv) {
   if (f.world < 1) {
     sim_usage("--simulate takes the world size, at least 1");
   }
+  if (std::find(f.passed.begin(), f.passed.end(), "--cp") != f.passed.end()) {
+    // The recipe itself simulates --cp (DTENSOR_SIMULATE=WORLD:RANK train ... --cp N); the
+    // driver's meshes, samples and time model have no cp dimension yet.
+    sim_usage("--cp is simulated rank by rank (DTENSOR_SIMULATE=WORLD:RANK train ... --cp N), "
+              "not by the driver yet");
+  }
   if (meshes.empty()) { // torchtitan's usual layout: tp within a node of 8, dp_shard across
     const int64_t tp = std::gcd(f.world, int64_t{8});
     meshes = "1x" + std::to_string(f.world / tp) + "x" + std::to_string(tp);

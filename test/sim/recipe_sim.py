@@ -166,6 +166,25 @@ with tempfile.TemporaryDirectory() as tmp:
         print(f"world {world} ({mesh_s}, batch {batch}): {world} ranks, {n} collectives each: "
               "real == simulated")
 
+    # 1b. context parallelism (--cp 2 on 8 ranks, both methods): the first and last ranks'
+    # reports, real == simulated (the formulas above assume no cp).
+    for method in ("allgather", "ring"):
+        flags = ["--mesh", "1x2x2", "--cp", "2", "--cp-method", method, "--seq", "64",
+                 "--steps", "2", "--batch", "4", "--log-every", "1"]
+        real = os.path.join(tmp, f"real-cp-{method}")
+        run([torchrun, "--standalone", "--nproc-per-node=8", "--no-python", train,
+             "--report", real, "--metrics", os.path.join(real, "m.jsonl")] + flags, ok=(0, 1))
+        for rank in (0, 7):
+            a = load(real, rank)
+            b = simulate(8, rank, os.path.join(tmp, f"sim-cp-{method}"), flags)
+            for f in ("parameter_bytes", "gradient_bytes", "optimizer_bytes", "fsdp_peak_bytes",
+                      "tokens"):
+                assert a[f] == b[f], ("cp", method, rank, f, a[f], b[f])
+            for pa, pb in zip(a["phases"], b["phases"]):
+                assert pa["flops"] == pb["flops"], ("cp", method, rank, pa["name"])
+                assert pa["collectives"] == pb["collectives"], ("cp", method, rank, pa["name"])
+        print(f"cp 2 ({method}) x dp_shard 2 x tp 2: ranks 0 and 7, real == simulated")
+
     # 2. the presets at scale, simulated, against the formulas
     # 8B with one sequence per data-parallel rank (128 over 8 x 16): the tensor-parallel
     # conversions at module boundaries keep its backward at twice the forward's FLOPs

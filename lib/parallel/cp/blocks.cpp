@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include "internal/check.h"
+#include "mesh/dispatch_keys.h"
 
 namespace dtensor::detail::cp {
 
@@ -226,6 +227,9 @@ void forward_blocks(Accumulator& acc, const Plan& plan, const at::Tensor& q, con
 }
 
 void check_complete(const Accumulator& acc, const CpLayout& layout) {
+  if (acc.lse.device().type() == kSimulatedDevice) {
+    return; // a simulated world's tensors have no values to check
+  }
   DTENSOR_CHECK(!at::isinf(acc.lse).any().item<bool>(),
                 "context_parallel: internal error: query rows no key block reached ({})",
                 layout.describe());

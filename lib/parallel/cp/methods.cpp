@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "internal/check.h"
+#include "mesh/dispatch_keys.h"
 #include "parallel/cp/blocks.h"
 
 namespace dtensor {
@@ -234,7 +235,8 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   DTENSOR_CHECK(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type(),
                 "{}: q, k and v have dtypes {}, {} and {}", what, c10::toString(q.scalar_type()),
                 c10::toString(k.scalar_type()), c10::toString(v.scalar_type()));
-  DTENSOR_CHECK(q.device().is_cpu(),
+  // The simulated device runs the CPU kernels' meta versions (lib/sim/meta_kernels.cpp).
+  DTENSOR_CHECK(q.device().is_cpu() || q.device().type() == detail::kSimulatedDevice,
                 "{}: the attention kernels are wired for CPU tensors so far (got {}); CUDA is "
                 "issue 48's next step",
                 what, q.device().str());

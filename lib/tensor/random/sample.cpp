@@ -45,15 +45,22 @@ double standard_normal(const uint32_t w[4]) {
 
 double value_of(const uint32_t w[4], const Distribution& d) {
   switch (d.kind) {
-  case Distribution::kUniform: return uniform53(w[0], w[1]) * (d.b - d.a) + d.a;
-  case Distribution::kNormal: return standard_normal(w) * d.b + d.a;
-  case Distribution::kBernoulli: return uniform53(w[0], w[1]);
-  case Distribution::kExponential: return std::log(1.0 - uniform53(w[0], w[1])) * (-1.0 / d.a);
-  case Distribution::kLogNormal: return std::exp(standard_normal(w) * d.b + d.a);
-  case Distribution::kCauchy: return std::tan((uniform53(w[0], w[1]) - 0.5) * M_PI) * d.b + d.a;
+  case Distribution::kUniform:
+    return uniform53(w[0], w[1]) * (d.b - d.a) + d.a;
+  case Distribution::kNormal:
+    return standard_normal(w) * d.b + d.a;
+  case Distribution::kBernoulli:
+    return uniform53(w[0], w[1]);
+  case Distribution::kExponential:
+    return std::log(1.0 - uniform53(w[0], w[1])) * (-1.0 / d.a);
+  case Distribution::kLogNormal:
+    return std::exp(standard_normal(w) * d.b + d.a);
+  case Distribution::kCauchy:
+    return std::tan((uniform53(w[0], w[1]) - 0.5) * M_PI) * d.b + d.a;
   case Distribution::kGeometric:
     return std::max(1.0, std::ceil(std::log(1.0 - uniform53(w[0], w[1])) / std::log1p(-d.a)));
-  case Distribution::kRandom: break;
+  case Distribution::kRandom:
+    break;
   }
   return 0.0;
 }
@@ -93,7 +100,8 @@ at::Tensor draw_on_cpu(const at::Tensor& index, const Draw& draw, const Distribu
 
 // The tensor-op forms of the scalar functions above, operation for operation.
 at::Tensor uniform53_t(const at::Tensor& hi, const at::Tensor& lo) {
-  at::Tensor k = at::bitwise_right_shift(hi, 5).bitwise_left_shift_(26).add_(at::bitwise_right_shift(lo, 6));
+  at::Tensor k =
+      at::bitwise_right_shift(hi, 5).bitwise_left_shift_(26).add_(at::bitwise_right_shift(lo, 6));
   return k.to(at::kDouble).mul_(kTwoToMinus53);
 }
 
@@ -188,9 +196,12 @@ std::string Distribution::name() const {
 at::Tensor draw_values_by_ops(const at::Tensor& index, const Draw& draw, const Distribution& d) {
   const PhiloxWords w = philox_words_by_ops(index, draw.seed, draw.offset);
   switch (d.kind) {
-  case Distribution::kUniform: return uniform53_t(w[0], w[1]).mul_(d.b - d.a).add_(d.a);
-  case Distribution::kNormal: return standard_normal_t(w).mul_(d.b).add_(d.a);
-  case Distribution::kBernoulli: return uniform53_t(w[0], w[1]);
+  case Distribution::kUniform:
+    return uniform53_t(w[0], w[1]).mul_(d.b - d.a).add_(d.a);
+  case Distribution::kNormal:
+    return standard_normal_t(w).mul_(d.b).add_(d.a);
+  case Distribution::kBernoulli:
+    return uniform53_t(w[0], w[1]);
   case Distribution::kRandom: {
     at::Tensor bits = at::bitwise_and(w[0], 0x7FFFFFFFLL).bitwise_left_shift_(32).bitwise_or_(w[1]);
     if (d.range != 0) {
@@ -200,11 +211,16 @@ at::Tensor draw_values_by_ops(const at::Tensor& index, const Draw& draw, const D
   }
   case Distribution::kExponential:
     return at::rsub(uniform53_t(w[0], w[1]), 1.0).log_().mul_(-1.0 / d.a);
-  case Distribution::kLogNormal: return standard_normal_t(w).mul_(d.b).add_(d.a).exp_();
+  case Distribution::kLogNormal:
+    return standard_normal_t(w).mul_(d.b).add_(d.a).exp_();
   case Distribution::kCauchy:
     return uniform53_t(w[0], w[1]).sub_(0.5).mul_(M_PI).tan_().mul_(d.b).add_(d.a);
   case Distribution::kGeometric:
-    return at::rsub(uniform53_t(w[0], w[1]), 1.0).log_().div_(std::log1p(-d.a)).ceil_().clamp_min_(1.0);
+    return at::rsub(uniform53_t(w[0], w[1]), 1.0)
+        .log_()
+        .div_(std::log1p(-d.a))
+        .ceil_()
+        .clamp_min_(1.0);
   }
   DTENSOR_FAIL("random: unknown distribution {}", static_cast<int>(d.kind));
 }
