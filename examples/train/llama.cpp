@@ -256,7 +256,9 @@ struct Loop {
   // This rank's rows of the step's global batch (the same global batch on every mesh); with
   // --cp, its positions of them (every rank of a cp group loads the same rows).
   std::pair<at::Tensor, at::Tensor> batch(int64_t step) const {
-    const CpLayout layout(f.seq, std::max<int64_t>(f.cp, 1), CpBalance::HeadTail);
+    // Without --cp a one-rank layout that cuts nothing (any --seq): the whole sequence.
+    const CpLayout layout =
+        cp ? CpLayout(f.seq, f.cp, CpBalance::HeadTail) : CpLayout(f.seq, 1, CpBalance::None);
     if (cp) {
       cp->set_layout(layout);
     }
