@@ -52,8 +52,24 @@ wait $prefill_pid || true
 grep '^\[prefill\]' "$root/build/oracle-prefill.log" || true
 echo "[test] oracle prefill and CPU build: $((SECONDS - start)) s"
 
+# [Note: the failed phases] CI keeps the tail of this output; the last line names every phase
+# that failed, so a failure hidden in a phase's long log still shows there.
 status=0
-meson test -C "$root/build" --print-errorlogs "$@" || status=$?
+failed_phases=()
+fail() {
+  status=1
+  failed_phases+=("$1")
+}
+# The tests of a build directory's last `meson test` that did not pass, if any.
+failed_tests() {
+  python3 - "$1/meson-logs/testlog.json" <<'PY' 2>/dev/null || true
+import json, sys
+bad = [r["name"] + " (" + r["result"] + ")" for r in map(json.loads, open(sys.argv[1]))
+       if r["result"] not in ("OK", "EXPECTEDFAIL", "SKIP")]
+print(": " + ", ".join(bad) if bad else "")
+PY
+}
+meson test -C "$root/build" --print-errorlogs "$@" || fail "suites$(failed_tests "$root/build")"
 summary=$(python3 - "$root/build/meson-logs/testlog.json" <<'PY'
 import json, sys
 passed = failed = skipped = 0
@@ -71,15 +87,15 @@ PY
 
 if [[ ${DTENSOR_SKIP_SANITIZE:-0} != 1 ]]; then
   start=$SECONDS
-  "$root/scripts/sanitize.sh" || status=1
+  "$root/scripts/sanitize.sh" || fail "sanitizer subset$(failed_tests "$root/build-asan")"
   echo "[test] sanitizer subset: $((SECONDS - start)) s"
 fi
 
 if [[ ${DTENSOR_SKIP_OLD_TORCH:-0} != 1 ]]; then
   start=$SECONDS
-  wait $old_setup_pid || status=1
+  wait $old_setup_pid || fail "LibTorch 2.9.1 set-up"
   cat "$old_setup_log"
-  "$root/scripts/old-torch-test.sh" || status=1
+  "$root/scripts/old-torch-test.sh" || fail "LibTorch 2.9.1 build or smoke subset$(failed_tests "$root/build-torch2.9.1")"
   echo "[test] LibTorch 2.9.1 build and smoke subset: $((SECONDS - start)) s"
 fi
 
@@ -89,7 +105,7 @@ if [[ ${DTENSOR_SKIP_CUDA_BUILD:-0} != 1 ]]; then
     # The library and the main job's program: what a GPU user links (each variant builds
     # only what it checks: docs/testing.md, "Budget").
     configure "$root/build-cuda" -Dcuda=enabled -Dtests=false -Dexamples=true -Dbenchmarks=false
-    ninja -C "$root/build-cuda" examples/train || status=1
+    ninja -C "$root/build-cuda" examples/train || fail "CUDA/NCCL variant build"
     echo "[test] CUDA/NCCL variant (compile + link): $((SECONDS - start)) s"
   else
     echo "[test] no libtorch_cuda in this LibTorch: CUDA/NCCL variant not built"
@@ -100,4 +116,7 @@ echo "[test] free disk: $(free_disk)"
 echo "[test] suites: $(python3 "$root/scripts/test_times.py" --summary "$root/build")"
 echo "[test] total: $((SECONDS - total_start)) s"
 echo "tests: $summary"
+if ((${#failed_phases[@]})); then
+  printf '[test] FAILED: %s\n' "$(IFS=';'; echo "${failed_phases[*]}")"
+fi
 exit $status
