@@ -450,3 +450,61 @@ TEST_CASE("checkpoint: consolidate writes the full weights as one file with an i
   dtensor::checkpoint::load(target, out);
   REQUIRE(same(target["w"], w));
 }
+
+// Guards [Note: stacked names]: a [4, 6, 3] tensor consolidated as four [6, 3] tensors under
+// a pattern's names (Hugging Face's per-expert weights), each equal to its row of the saved
+// value, and read back stacked into sharded targets, a missing row refused by name.
+TEST_CASE("checkpoint: consolidate unstacks rows under a pattern; load stacks them back",
+          "[checkpoint][world1][world2][world4]") {
+  using dtensor::Shard;
+  auto m = mesh_1d();
+  const std::string dir = fresh_dir("to-unstack");
+  const std::string out = fresh_dir("unstacked");
+  const std::string bad = fresh_dir("unstacked-bad"); // collective: on every rank
+  const at::Tensor w = seeded({4, 6, 3}, 11).to(options().device());
+  const std::string pattern = "experts.{}.w";
+  dtensor::StateDict state;
+  state.insert("stacked", dtensor::distribute_tensor(w, m, {Shard(1)}));
+  state.insert("row2", dtensor::distribute_tensor(w[0], m, {Shard(0)}));
+  dtensor::checkpoint::save(state, dir);
+  if (rank() == 0) {
+    dtensor::checkpoint::consolidate(
+        dir, out, dtensor::checkpoint::ConsolidateOptions().unstack({{"stacked", pattern}}));
+    const auto info = dtensor::checkpoint::read_metadata(out);
+    REQUIRE(info.size() == 5);
+    for (const auto& t : info) {
+      INFO(t.key);
+      CHECK(t.shape == std::vector<int64_t>{6, 3});
+    }
+    REQUIRE_THROWS_WITH(
+        dtensor::checkpoint::consolidate(
+            dir, bad, dtensor::checkpoint::ConsolidateOptions().unstack({{"stacked", "row{}"}})),
+        Catch::Matchers::Contains("two tensors would be written as 'row2'"));
+    REQUIRE(!fs::exists(bad));
+  }
+  dtensor::barrier(dtensor::world_group());
+  // Each row alone, as a plain tensor: the saved value's row.
+  for (int64_t r = 0; r < 4; ++r) {
+    dtensor::StateDict row;
+    row.insert("experts." + std::to_string(r) + ".w", at::zeros({6, 3}, options()));
+    dtensor::checkpoint::load(row, out);
+    REQUIRE(same(row.begin()->value(), w[r]));
+  }
+  // Stacked into pieces by row block and by column.
+  for (const dtensor::Placements& p :
+       {dtensor::Placements{Shard(0)}, dtensor::Placements{Shard(2)}}) {
+    dtensor::StateDict target;
+    target.insert("stacked", dtensor::distribute_tensor(at::zeros_like(w), m, p));
+    dtensor::checkpoint::load(target, out,
+                              dtensor::checkpoint::LoadOptions().stacked({{"stacked", pattern}}));
+    REQUIRE(same(full_value(target["stacked"]), w));
+  }
+  // One row too many: the missing one is named, on every rank, nothing written.
+  dtensor::StateDict five;
+  five.insert("stacked", at::full({5, 6, 3}, 7.0, options()));
+  REQUIRE_THROWS_WITH(
+      dtensor::checkpoint::load(five, out,
+                                dtensor::checkpoint::LoadOptions().stacked({{"stacked", pattern}})),
+      Catch::Matchers::Contains("no tensor 'experts.4.w' (row 4 of 'stacked', 5 rows)"));
+  REQUIRE(five["stacked"].eq(7.0).all().item<bool>());
+}

@@ -11,8 +11,14 @@
 //    back) and 2 backward, with their bytes; every row to one rank's experts, a rank with no
 //    tokens, top-k = E: exact, no hang; the counts exchange started by the router hook; the
 //    bias update's one all-reduce; experts that do not divide over ep refused, naming them.
+//  - world4: a DeepSeek-V3-style model (a dense block, then an MoE block: sigmoid scores in
+//    groups, a shared expert, route scale) and the tiny Qwen3-MoE (q / k norms) under
+//    parallelize_llama3 (dp_shard 4 with ep 2 x efsdp 2; dp_shard 2 x tp 2 with ep 4, and
+//    with ep 2 x efsdp 2) equal the plain model on one process: logits and every parameter's
+//    gradient; 3 + 2 all-to-alls per MoE layer.
 #include <dtensor/expert_parallel.h>
 
+#include <models/llama3.h>
 #include <models/moe/load_balance.h>
 #include <models/moe/moe.h>
 #include <models/moe/parallelize.h>
@@ -469,5 +475,101 @@ TEST_CASE("expert parallelism under fully_shard: experts over efsdp x ep on the 
                         Catch::Matchers::Contains(
                             "MoE expert parallelism: ep 3 does not divide the dense region's 4 "
                             "ranks"));
+  }
+}
+
+namespace {
+
+// DeepSeek-V3's routing (models/llama3/args.h, deepseek_v3_small_args) at a test's size.
+dtensor::models::Llama3Args small_deepseek() {
+  return dtensor::models::deepseek_v3_small_args()
+      .dim(32)
+      .n_layers(2)
+      .n_heads(4)
+      .n_kv_heads(4)
+      .attention_head_dim(8)
+      .vocab_size(64)
+      .ffn_hidden(48)
+      .max_seq_len(8)
+      .moe(MoEArgs()
+               .hidden_dim(16)
+               .num_experts(8)
+               .top_k(2)
+               .num_shared_experts(1)
+               .score_func(MoEScore::Sigmoid)
+               .num_expert_groups(4)
+               .num_limited_groups(2)
+               .route_norm(true)
+               .route_scale(2.5));
+}
+
+dtensor::models::Llama3 seeded_model(const dtensor::models::Llama3Args& a, const DeviceMesh* mesh,
+                                     int64_t ep) {
+  dtensor::models::Llama3 model(a);
+  if (mesh != nullptr) {
+    dtensor::models::parallelize_llama3(model, *mesh, /*loss_parallel=*/false, {}, std::nullopt,
+                                        std::nullopt, ep);
+  }
+  dtensor::set_rng_state({true, 21, 0});
+  model->init_weights();
+  return model;
+}
+
+// The model under parallelize_llama3 on a (dp_replicate, dp_shard, tp) mesh of `shape` with
+// `ep`, each data-parallel rank its rows of one batch (tp ranks the same rows), against the
+// plain model on the whole batch: logits, every parameter's gradient (the loss summed per
+// rank, the plain one divided by the data-parallel degree), 3 + 2 all-to-alls per MoE layer.
+void check_model(const dtensor::models::Llama3Args& a, std::vector<int64_t> shape, int64_t ep) {
+  const DeviceMesh mesh =
+      init_device_mesh(device_type(), shape, {"dp_replicate", "dp_shard", "tp"});
+  auto plain = seeded_model(a, nullptr, 1);
+  auto model = seeded_model(a, &mesh, ep);
+  const int64_t dp = shape[0] * shape[1];
+  const int64_t rows = 8 / dp;
+  const auto coord = mesh.get_coordinate().value();
+  const int64_t first = (coord[0] * shape[1] + coord[1]) * rows;
+  at::manual_seed(3);
+  const at::Tensor tokens = at::randint(a.vocab_size(), {8, 8}, at::kLong);
+  const at::Tensor g = at::randn({8, 8, a.vocab_size()});
+  CommDebugMode mode;
+  at::Tensor logits = dtensor::call(model, tokens.narrow(0, first, rows));
+  (logits * g.narrow(0, first, rows)).sum().backward();
+  const auto counts = mode.comm_module_counts().at("Global");
+  const int64_t moe_layers = a.n_layers() - a.n_dense_layers();
+  CHECK(counts.forward.at(CollectiveKind::AllToAll) == 3 * moe_layers);
+  CHECK(counts.backward.at(CollectiveKind::AllToAll) == 2 * moe_layers);
+  at::Tensor want = dtensor::call(plain, tokens);
+  ((want * g).sum() / static_cast<double>(dp)).backward();
+  REQUIRE(!dtensor::is_dtensor(logits));
+  CHECK(near(logits, want.narrow(0, first, rows)));
+  auto theirs = plain->named_parameters();
+  int64_t compared = 0;
+  for (const auto& item : model->named_parameters()) {
+    INFO(item.key());
+    CHECK(near(full_value(item.value().grad()), theirs[item.key()].grad()));
+    ++compared;
+  }
+  CHECK(compared == static_cast<int64_t>(theirs.size()));
+}
+
+} // namespace
+
+// Guards the model-level composition: parallelize_llama3's apply_moe (ExpertParallel, the
+// experts' own fully_shard on the sparse mesh, and with tp > 1 the router and shared experts
+// as a unit over dp_shard x tp: [Note: token-parallel units under tensor parallelism]; the
+// q / k norms on heads sharded by tp), the MoE layer's sequence-parallel boundary
+// (PrepareModuleInput / PrepareModuleOutput on a module without TP parameters) and the block's moe
+// path.
+TEST_CASE("MoE models under parallelize_llama3 equal the plain model: logits, every gradient, "
+          "3 + 2 all-to-alls per MoE layer; FSDP x EP, and TP on the dense part",
+          "[world4]") {
+  SECTION("DeepSeek-V3-style, dp_shard 4; experts ep 2 x efsdp 2") {
+    check_model(small_deepseek(), {1, 4, 1}, 2);
+  }
+  SECTION("DeepSeek-V3-style, dp_shard 2 x tp 2; experts ep 4 (borrowing tp)") {
+    check_model(small_deepseek(), {1, 2, 2}, 4);
+  }
+  SECTION("Qwen3-MoE (q / k norms), dp_shard 2 x tp 2; experts ep 2 x efsdp 2") {
+    check_model(dtensor::models::qwen3_moe_tiny_args().max_seq_len(8), {1, 2, 2}, 2);
   }
 }

@@ -3,12 +3,13 @@
 // Distributed checkpoints in PyTorch DCP's Hugging Face safetensors layout (docs/checkpoint.md).
 //
 //   auto state = dtensor::get_model_state_dict(model);
-//   for (auto& item : dtensor::get_optimizer_state_dict(model, opt)) state.insert(item.key(), item.value());
-//   state.insert("step", at::scalar_tensor(step, at::kLong));
+//   for (auto& item : dtensor::get_optimizer_state_dict(model, opt)) state.insert(item.key(),
+//   item.value()); state.insert("step", at::scalar_tensor(step, at::kLong));
 //   dtensor::checkpoint::save(state, "ckpt/step-100");
 //   ...
 //   dtensor::checkpoint::load(state, "ckpt/step-100");   // any mesh, any placements
-//   dtensor::set_model_state_dict(model, state);  dtensor::set_optimizer_state_dict(model, opt, state);
+//   dtensor::set_model_state_dict(model, state);  dtensor::set_optimizer_state_dict(model, opt,
+//   state);
 //
 // A checkpoint is a directory of files `shard-<rank+1>-model-00001-of-00001.safetensors`,
 // one per rank that owns data; each chunk's global offsets are in the header, so
@@ -26,8 +27,16 @@
 
 namespace dtensor::checkpoint {
 
+// [Note: stacked names] A tensor stored as one tensor per index of its dim 0, as Hugging
+// Face's checkpoints store a mixture of experts' weights (one [F, D] tensor per expert where
+// the model holds [E, F, D]): the tensor's key -> the stored names, "{}" standing for the
+// index ("model.layers.1.mlp.experts.{}.gate_proj.weight"). load() reads such a tensor from
+// the stored ones, each rank only the rows of its own piece; consolidate() writes one as them.
+using StackedNames = std::map<std::string, std::string>;
+
 struct SaveOptions {
-  // An XXH3-64 hash of every chunk in the header (dtensor_xxh3; PyTorch ignores it), checked by load.
+  // An XXH3-64 hash of every chunk in the header (dtensor_xxh3; PyTorch ignores it), checked by
+  // load.
   TORCH_ARG(bool, checksums) = true;
   // fsync every file and the directory before the checkpoint becomes visible.
   TORCH_ARG(bool, fsync) = true;
@@ -37,9 +46,9 @@ struct SaveOptions {
 };
 
 struct SaveResult {
-  std::string file;        // this rank's file ("" when it owns no chunk)
-  int64_t data_bytes = 0;  // tensor bytes this rank wrote
-  int64_t file_bytes = 0;  // its file's size (headers included)
+  std::string file;       // this rank's file ("" when it owns no chunk)
+  int64_t data_bytes = 0; // tensor bytes this rank wrote
+  int64_t file_bytes = 0; // its file's size (headers included)
 };
 
 // Collective over all ranks, each passing the same names with the same global shapes, dtypes
@@ -82,7 +91,8 @@ class AsyncSave {
   std::shared_ptr<State> state_;
   friend AsyncSave async_save(const StateDict&, const std::string&, const SaveOptions&);
 };
-AsyncSave async_save(const StateDict& state, const std::string& dir, const SaveOptions& options = {});
+AsyncSave async_save(const StateDict& state, const std::string& dir,
+                     const SaveOptions& options = {});
 
 // Fills the tensors of `state` in place from the checkpoint in `dir`, whatever layout wrote
 // it: each rank reads the parts of the stored chunks that overlap its own piece (other world
@@ -96,6 +106,10 @@ struct LoadOptions {
   // corrupt chunk loads silently (as with PyTorch's readers), about 1.3x faster from the
   // page cache.
   TORCH_ARG(bool, verify) = true;
+  // Names of `state` read from one stored tensor per index of dim 0 ([Note: stacked names]):
+  // pattern(0) ... pattern(n - 1) for a target of n rows, each with the target's other
+  // dimensions; one missing is an error naming it.
+  TORCH_ARG(StackedNames, stacked) = {};
 };
 void load(const StateDict& state, const std::string& dir, const LoadOptions& options = {});
 
@@ -111,21 +125,25 @@ std::vector<TensorInfo> read_metadata(const std::string& dir);
 
 struct ConsolidateOptions {
   // Names starting with one of these are left out (by default the optimizer's state).
-  TORCH_ARG(std::vector<std::string>, exclude_prefixes) =
-      std::vector<std::string>{"state.", "param_groups."};
+  TORCH_ARG(std::vector<std::string>, exclude_prefixes) = std::vector<std::string>{"state.",
+                                                                                   "param_groups."};
   // Further files written into `out` beside the weights, by name, before it is published
   // (a Hugging Face config.json).
   using Files = std::map<std::string, std::string>; // name -> content
   TORCH_ARG(Files, extra_files) = {};
   // As SaveOptions::overwrite: replace whatever is at `out`.
   TORCH_ARG(bool, overwrite) = false;
+  // Tensors written as one tensor per index of dim 0 ([Note: stacked names]), under the
+  // pattern's names instead of their own.
+  TORCH_ARG(StackedNames, unstack) = {};
 };
 
 // Writes the full (unsharded) tensors of the checkpoint in `dir` as one Hugging Face-style
 // file `out/model-00001-of-00001.safetensors` plus `out/model.safetensors.index.json`, one
 // tensor in memory at a time. Not collective: run it on one process. `out` is replaced as
 // save() replaces its `dir`; it may not be `dir` itself.
-void consolidate(const std::string& dir, const std::string& out, const ConsolidateOptions& options = {});
+void consolidate(const std::string& dir, const std::string& out,
+                 const ConsolidateOptions& options = {});
 
 // Raises the error save(dir, SaveOptions().overwrite(overwrite)) would raise because of
 // what is at `dir`, before anything is written (save checks again). Not collective.

@@ -107,7 +107,9 @@ class PrepareModuleInput : public ParallelStyle {
 at::Tensor prepare_module_input(const torch::nn::Module& module, const at::Tensor& input);
 
 // Only the output layout: the module's outputs are redistributed from output_layouts to
-// desired_output_layouts when they leave the module.
+// desired_output_layouts when they leave the module. On a module whose parameters no style
+// parallelized (a mixture-of-experts layer computing on local rows), a plain output is first
+// taken as this rank's piece in output_layouts (DTensor::from_local), as PyTorch's does.
 class PrepareModuleOutput : public ParallelStyle {
  public:
   TORCH_ARG(Placement, output_layouts) = Placement::replicate();

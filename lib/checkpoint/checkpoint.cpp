@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <ATen/ATen.h>
@@ -305,8 +306,8 @@ void load(const StateDict& state, const std::string& dir_name, const LoadOptions
   at::NoGradGuard no_grad;
   const fs::path dir = checkpoint_path(dir_name);
   detail::LoadPlan plan;
-  const std::string error =
-      attempt([&] { plan = detail::plan_reads(state, dir.string(), options.verify()); });
+  const std::string error = attempt(
+      [&] { plan = detail::plan_reads(state, dir.string(), options.verify(), options.stacked()); });
   detail::agree_on_errors("checkpoint::load(" + dir.string() + ")", error, world_group());
   detail::execute_reads(plan);
 }
@@ -324,14 +325,34 @@ namespace {
 
 // consolidate's files, written into `tmp`: the weights, their index, the extra files and the
 // manifest listing them.
+// An item of the export: a stored tensor, or row `row` of one ([Note: stacked names]).
+struct ExportSource {
+  std::string key;
+  int64_t row = -1;
+};
+
 void write_export(const detail::CheckpointIndex& index, const std::vector<st::Item>& items,
-                  const fs::path& tmp, const ConsolidateOptions& options) {
+                  const std::vector<ExportSource>& sources, const fs::path& tmp,
+                  const ConsolidateOptions& options) {
   const std::string name = "model-00001-of-00001.safetensors";
   detail::MappedFiles files(index);
   st::WriteOptions wo;
   wo.sharding_info = false;
-  st::write_file((tmp / name).string(), items,
-                 [&](size_t i) { return detail::assemble(index, items[i].key, files); }, wo);
+  // The rows of an unstacked tensor come one after another: it is assembled once for them.
+  std::string held_key;
+  at::Tensor held;
+  auto data = [&](size_t i) {
+    const ExportSource& source = sources[i];
+    if (source.row < 0) {
+      return detail::assemble(index, source.key, files);
+    }
+    if (held_key != source.key) {
+      held = detail::assemble(index, source.key, files);
+      held_key = source.key;
+    }
+    return held.select(0, source.row).contiguous();
+  };
+  st::write_file((tmp / name).string(), items, data, wo);
   nlohmann::json weight_map = nlohmann::json::object();
   int64_t total = 0;
   for (const st::Item& item : items) {
@@ -369,22 +390,49 @@ void consolidate(const std::string& dir_name, const std::string& out_name,
   detail::check_replaceable(out, options.overwrite(), what);
   const detail::CheckpointIndex index = detail::read_checkpoint(source.string());
   std::vector<st::Item> items;
+  std::vector<ExportSource> sources;
   for (const auto& [key, entry] : index.tensors) {
     const bool excluded =
         std::any_of(options.exclude_prefixes().begin(), options.exclude_prefixes().end(),
                     [&](const std::string& p) { return key.rfind(p, 0) == 0; });
-    if (!excluded) {
-      detail::check_coverage(index, key);
+    if (excluded) {
+      continue;
+    }
+    detail::check_coverage(index, key);
+    auto stack = options.unstack().find(key);
+    if (stack == options.unstack().end()) {
       items.push_back(
           {key, entry.dtype, entry.shape, std::vector<int64_t>(entry.shape.size(), 0), {}});
+      sources.push_back({key, -1});
+      continue;
     }
+    DTENSOR_CHECK(!entry.shape.empty(), "{}: '{}' is a scalar: it has no rows to unstack", what,
+                  key);
+    const std::vector<int64_t> row(entry.shape.begin() + 1, entry.shape.end());
+    for (int64_t r = 0; r < entry.shape[0]; ++r) {
+      items.push_back({detail::stacked_name(stack->second, r),
+                       entry.dtype,
+                       row,
+                       std::vector<int64_t>(row.size(), 0),
+                       {}});
+      sources.push_back({key, r});
+    }
+  }
+  for (const auto& [key, pattern] : options.unstack()) {
+    DTENSOR_CHECK(index.tensors.count(key) > 0, "{}: no tensor '{}' to unstack as '{}'", what, key,
+                  pattern);
+  }
+  std::set<std::string> names;
+  for (const st::Item& item : items) {
+    DTENSOR_CHECK(names.insert(item.key).second, "{}: two tensors would be written as '{}'", what,
+                  item.key);
   }
   fs::create_directories(out.dir.parent_path());
   const detail::TargetLock lock(out.dir, what);
   const fs::path tmp = detail::temp_dir_of(out.dir);
   detail::make_temp_dir(tmp);
   try {
-    write_export(index, items, tmp, options);
+    write_export(index, items, sources, tmp, options);
     detail::publish(tmp, out, options.overwrite(), true, what);
   } catch (...) {
     std::error_code ignored;

@@ -40,10 +40,12 @@ std::vector<SavedTensor> saved_tensors(const StateDict& state) {
   for (const auto& item : state) {
     const at::Tensor& t = item.value();
     DTENSOR_CHECK(t.defined(), "checkpoint::save: '{}' is an undefined tensor", item.key());
-    DTENSOR_CHECK(item.key().find_first_of("\t\n") == std::string::npos && !item.key().empty() &&
-                      item.key() != "__metadata__",
-                  "checkpoint::save: '{}' is not a usable name (empty, __metadata__, or with a tab or "
-                  "newline)", item.key());
+    DTENSOR_CHECK(
+        item.key().find_first_of("\t\n") == std::string::npos && !item.key().empty() &&
+            item.key() != "__metadata__",
+        "checkpoint::save: '{}' is not a usable name (empty, __metadata__, or with a tab or "
+        "newline)",
+        item.key());
     SavedTensor s;
     s.key = item.key();
     s.dtype = t.scalar_type();
@@ -82,10 +84,11 @@ namespace {
 std::string describe_pieces(const std::vector<SavedTensor>& tensors) {
   std::string text;
   for (const SavedTensor& t : tensors) {
-    const std::vector<int64_t> offset = t.spec ? t.spec->local_offset() : std::vector<int64_t>(t.shape.size(), 0);
+    const std::vector<int64_t> offset =
+        t.spec ? t.spec->local_offset() : std::vector<int64_t>(t.shape.size(), 0);
     const std::vector<int64_t> shape = t.spec ? t.spec->local_shape() : t.shape;
-    text += fmt::format("{}\t{}\t{}\t{}\t{}\n", t.key, c10::toString(t.dtype), fmt::join(t.shape, " "),
-                        fmt::join(offset, " "), fmt::join(shape, " "));
+    text += fmt::format("{}\t{}\t{}\t{}\t{}\n", t.key, c10::toString(t.dtype),
+                        fmt::join(t.shape, " "), fmt::join(offset, " "), fmt::join(shape, " "));
   }
   return text;
 }
@@ -115,7 +118,8 @@ std::vector<int64_t> ints(const std::string& s) {
 } // namespace
 
 WritePlan plan_writes(const std::vector<SavedTensor>& tensors, const std::string& what) {
-  const std::vector<std::string> texts = all_gather_strings(describe_pieces(tensors), world_group());
+  const std::vector<std::string> texts =
+      all_gather_strings(describe_pieces(tensors), world_group());
   const auto world_size = static_cast<int>(texts.size());
   std::vector<std::vector<std::string>> lines;
   for (const std::string& t : texts) {
@@ -125,12 +129,15 @@ WritePlan plan_writes(const std::vector<SavedTensor>& tensors, const std::string
     const auto& a = lines[0];
     const auto& b = lines[static_cast<size_t>(r)];
     for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
-      const std::vector<std::string> fa = i < a.size() ? split(a[i], '\t') : std::vector<std::string>(5);
-      const std::vector<std::string> fb = i < b.size() ? split(b[i], '\t') : std::vector<std::string>(5);
-      DTENSOR_CHECK(fa[0] == fb[0] && fa[1] == fb[1] && fa[2] == fb[2],
-                    "{}: rank {} passes '{}' ({} {}) where rank 0 passes '{}' ({} {}) as entry {}: every "
-                    "rank must pass the same names, dtypes and global shapes in the same order",
-                    what, r, fb[0], fb[1], fb[2], fa[0], fa[1], fa[2], i);
+      const std::vector<std::string> fa =
+          i < a.size() ? split(a[i], '\t') : std::vector<std::string>(5);
+      const std::vector<std::string> fb =
+          i < b.size() ? split(b[i], '\t') : std::vector<std::string>(5);
+      DTENSOR_CHECK(
+          fa[0] == fb[0] && fa[1] == fb[1] && fa[2] == fb[2],
+          "{}: rank {} passes '{}' ({} {}) where rank 0 passes '{}' ({} {}) as entry {}: every "
+          "rank must pass the same names, dtypes and global shapes in the same order",
+          what, r, fb[0], fb[1], fb[2], fa[0], fa[1], fa[2], i);
     }
   }
   WritePlan plan;
@@ -214,8 +221,8 @@ CheckpointIndex read_checkpoint(const std::string& dir) {
       }
       DTENSOR_CHECK(t.dtype == c.dtype && t.shape.size() == c.shape.size(),
                     "checkpoint: {}: tensor '{}' is {}[{}-dim] here but {}[{}-dim] in another file",
-                    file.path, c.key, c10::toString(c.dtype), c.shape.size(), c10::toString(t.dtype),
-                    t.shape.size());
+                    file.path, c.key, c10::toString(c.dtype), c.shape.size(),
+                    c10::toString(t.dtype), t.shape.size());
       for (size_t d = 0; d < c.shape.size(); ++d) {
         t.shape[d] = std::max(t.shape[d], c.offsets[d] + c.shape[d]);
       }
@@ -223,6 +230,50 @@ CheckpointIndex read_checkpoint(const std::string& dir) {
     }
   }
   return index;
+}
+
+std::string stacked_name(const std::string& pattern, int64_t index) {
+  const size_t at = pattern.find("{}");
+  DTENSOR_CHECK(at != std::string::npos && pattern.find("{}", at + 2) == std::string::npos,
+                "checkpoint: stacked name pattern '{}' must hold exactly one {{}}", pattern);
+  return pattern.substr(0, at) + std::to_string(index) + pattern.substr(at + 2);
+}
+
+void add_stacked(CheckpointIndex& index, const std::string& key, const std::string& pattern,
+                 int64_t rows) {
+  DTENSOR_CHECK(index.tensors.count(key) == 0,
+                "checkpoint: {}: '{}' is stored as one tensor, not as the stacked '{}'", index.dir,
+                key, pattern);
+  StoredTensor stacked;
+  for (int64_t i = 0; i < rows; ++i) {
+    const std::string name = stacked_name(pattern, i);
+    auto it = index.tensors.find(name);
+    DTENSOR_CHECK(it != index.tensors.end(),
+                  "checkpoint: {} has no tensor '{}' (row {} of '{}', {} rows)", index.dir, name, i,
+                  key, rows);
+    const StoredTensor& row = it->second;
+    if (i == 0) {
+      stacked.dtype = row.dtype;
+      stacked.shape = row.shape;
+      stacked.shape.insert(stacked.shape.begin(), rows);
+    }
+    DTENSOR_CHECK(row.dtype == stacked.dtype &&
+                      std::equal(row.shape.begin(), row.shape.end(), stacked.shape.begin() + 1,
+                                 stacked.shape.end()),
+                  "checkpoint: {}: '{}' is {}{} but row 0 of '{}' is {}{}", index.dir, name,
+                  c10::toString(row.dtype), row.shape, key, c10::toString(stacked.dtype),
+                  std::vector<int64_t>(stacked.shape.begin() + 1, stacked.shape.end()));
+    for (const auto& [fi, ci] : row.chunks) {
+      safetensors::Chunk deeper = index.files[fi].chunks[ci];
+      deeper.key = key;
+      deeper.shape.insert(deeper.shape.begin(), 1);
+      deeper.offsets.insert(deeper.offsets.begin(), i);
+      auto& chunks = index.files[fi].chunks;
+      chunks.push_back(std::move(deeper));
+      stacked.chunks.emplace_back(fi, chunks.size() - 1);
+    }
+  }
+  index.tensors.emplace(key, std::move(stacked));
 }
 
 void check_coverage(const CheckpointIndex& index, const std::string& key) {
@@ -233,10 +284,11 @@ void check_coverage(const CheckpointIndex& index, const std::string& key) {
     covered += elements_of(index.files[fi].chunks[ci].shape);
     where.push_back(fs::path(index.files[fi].path).filename().string());
   }
-  DTENSOR_CHECK(covered == elements_of(t.shape),
-                "checkpoint: {}: the chunks of tensor '{}' (in {}) hold {} elements of its {} (shape "
-                "{}): a file is missing or chunks overlap",
-                index.dir, key, where, covered, elements_of(t.shape), t.shape);
+  DTENSOR_CHECK(
+      covered == elements_of(t.shape),
+      "checkpoint: {}: the chunks of tensor '{}' (in {}) hold {} elements of its {} (shape "
+      "{}): a file is missing or chunks overlap",
+      index.dir, key, where, covered, elements_of(t.shape), t.shape);
 }
 
 const safetensors::MappedFile& MappedFiles::get(size_t file) {
@@ -306,9 +358,19 @@ at::Tensor assemble(const CheckpointIndex& index, const std::string& key, Mapped
   return full;
 }
 
-LoadPlan plan_reads(const StateDict& state, const std::string& dir, bool verify) {
+LoadPlan plan_reads(const StateDict& state, const std::string& dir, bool verify,
+                    const std::map<std::string, std::string>& stacked) {
   LoadPlan plan;
   plan.index = std::make_unique<CheckpointIndex>(read_checkpoint(dir));
+  for (const auto& [key, pattern] : stacked) {
+    const at::Tensor* found = state.find(key);
+    DTENSOR_CHECK(found != nullptr, "checkpoint::load: stacked name '{}' is not in the state", key);
+    const at::Tensor& t = *found;
+    const DTensorMeta* m = dtensor_meta(t);
+    const std::vector<int64_t> shape = m ? m->spec.shape : t.sizes().vec();
+    DTENSOR_CHECK(!shape.empty(), "checkpoint::load: stacked '{}' is a scalar", key);
+    add_stacked(*plan.index, key, pattern, shape[0]);
+  }
   plan.files = std::make_unique<MappedFiles>(*plan.index);
   const CheckpointIndex& index = *plan.index;
   for (const auto& item : state) {
@@ -317,14 +379,17 @@ LoadPlan plan_reads(const StateDict& state, const std::string& dir, bool verify)
     const DTensorMeta* m = dtensor_meta(t);
     const std::vector<int64_t> shape = m ? m->spec.shape : t.sizes().vec();
     auto it = index.tensors.find(key);
-    DTENSOR_CHECK(it != index.tensors.end(), "checkpoint::load: {} has no tensor '{}' ({} tensors in {} files)",
-                  dir, key, index.tensors.size(), index.files.size());
+    DTENSOR_CHECK(it != index.tensors.end(),
+                  "checkpoint::load: {} has no tensor '{}' ({} tensors in {} files)", dir, key,
+                  index.tensors.size(), index.files.size());
     const StoredTensor& stored = it->second;
     const std::string file0 = index.files[stored.chunks[0].first].path;
-    DTENSOR_CHECK(stored.dtype == t.scalar_type(), "checkpoint::load: {}: '{}' is {} but the target is {}",
-                  file0, key, c10::toString(stored.dtype), c10::toString(t.scalar_type()));
-    DTENSOR_CHECK(stored.shape == shape, "checkpoint::load: {}: '{}' has shape {} but the target has {}",
-                  file0, key, stored.shape, shape);
+    DTENSOR_CHECK(stored.dtype == t.scalar_type(),
+                  "checkpoint::load: {}: '{}' is {} but the target is {}", file0, key,
+                  c10::toString(stored.dtype), c10::toString(t.scalar_type()));
+    DTENSOR_CHECK(stored.shape == shape,
+                  "checkpoint::load: {}: '{}' has shape {} but the target has {}", file0, key,
+                  stored.shape, shape);
     check_coverage(index, key);
     at::Tensor local = m ? m->local : t;
     if (m) {
@@ -333,7 +398,8 @@ LoadPlan plan_reads(const StateDict& state, const std::string& dir, bool verify)
         continue;
       }
     }
-    const std::vector<int64_t> offset = m ? m->spec.local_offset() : std::vector<int64_t>(shape.size(), 0);
+    const std::vector<int64_t> offset =
+        m ? m->spec.local_offset() : std::vector<int64_t>(shape.size(), 0);
     const std::vector<int64_t> local_shape = local.sizes().vec();
     if (elements_of(local_shape) == 0 && !local_shape.empty()) {
       continue;
@@ -341,7 +407,8 @@ LoadPlan plan_reads(const StateDict& state, const std::string& dir, bool verify)
     for (const auto& [fi, ci] : stored.chunks) {
       const safetensors::Chunk& c = index.files[fi].chunks[ci];
       if (auto ranges = overlap(c, offset, local_shape)) {
-        const at::Tensor src = safetensors::chunk_tensor(plan.files->get(fi), index.files[fi], c, verify);
+        const at::Tensor src =
+            safetensors::chunk_tensor(plan.files->get(fi), index.files[fi], c, verify);
         plan.copies.emplace_back(cut(local, offset, *ranges), cut(src, c.offsets, *ranges));
       }
     }

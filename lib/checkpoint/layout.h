@@ -21,8 +21,8 @@ namespace dtensor::detail {
 
 struct SavedTensor {
   std::string key;
-  at::Tensor local;                // this rank's data
-  std::vector<int64_t> shape;      // global
+  at::Tensor local;           // this rank's data
+  std::vector<int64_t> shape; // global
   c10::ScalarType dtype = c10::ScalarType::Float;
   std::optional<DTensorSpec> spec; // DTensors only
 };
@@ -58,8 +58,8 @@ at::Tensor chunk_data(const SavedTensor& tensor);
 
 struct StoredTensor {
   c10::ScalarType dtype = c10::ScalarType::Float;
-  std::vector<int64_t> shape;                      // global: the chunks' largest extents
-  std::vector<std::pair<size_t, size_t>> chunks;   // (file, chunk) indices
+  std::vector<int64_t> shape;                    // global: the chunks' largest extents
+  std::vector<std::pair<size_t, size_t>> chunks; // (file, chunk) indices
 };
 
 struct CheckpointIndex {
@@ -71,6 +71,14 @@ struct CheckpointIndex {
 // Every .safetensors file's header in `dir`; a file that another lists but that is missing,
 // or chunks of one name with different dtypes, are errors naming them.
 CheckpointIndex read_checkpoint(const std::string& dir);
+// `pattern` with its "{}" replaced by `index` ([Note: stacked names] in dtensor/checkpoint.h);
+// throws unless the pattern holds exactly one "{}".
+std::string stacked_name(const std::string& pattern, int64_t index);
+// Adds to `index` the tensor `key` whose row i is the stored tensor stacked_name(pattern, i),
+// for i < rows: each of their chunks once more, one dimension deeper (the same bytes). Throws
+// naming the first one missing, or `key` if it is stored already.
+void add_stacked(CheckpointIndex& index, const std::string& key, const std::string& pattern,
+                 int64_t rows);
 // Throws naming the key and its files unless its chunks tile its global shape exactly.
 void check_coverage(const CheckpointIndex& index, const std::string& key);
 
@@ -98,7 +106,8 @@ struct LoadPlan {
 // Checks everything (keys, shapes, dtypes, coverage, hashes of the chunks to read unless
 // !verify) before
 // anything is written; throws naming the file and the key.
-LoadPlan plan_reads(const StateDict& state, const std::string& dir, bool verify);
+LoadPlan plan_reads(const StateDict& state, const std::string& dir, bool verify,
+                    const std::map<std::string, std::string>& stacked = {});
 void execute_reads(const LoadPlan& plan);
 
 } // namespace dtensor::detail

@@ -8,6 +8,8 @@
 
 #include <torch/arg.h>
 
+#include <models/moe/args.h>
+
 namespace dtensor::models {
 
 // Llama 3.1's RoPE frequency scaling (torchtitan's RoPEScalingArgs; Hugging Face's
@@ -40,10 +42,29 @@ struct Llama3Args {
   TORCH_ARG(int64_t, ffn_hidden) = 0;
   // Init std of wo / w2 / w3: by layer id (true) or by n_layers (false), as torchtitan.
   TORCH_ARG(bool, depth_init) = true;
+  // Each head's width; 0: dim / n_heads. (Qwen3 sets it apart: 128 at dim 2048, 32 heads.)
+  TORCH_ARG(int64_t, attention_head_dim) = 0;
+  // RMSNorm over each head of q and k before the rotary embedding (Qwen3's q_norm / k_norm).
+  TORCH_ARG(bool, qk_norm) = false;
+  // Mixture-of-experts feed-forwards (models/moe/moe.h; their dim is this model's) in the
+  // layers from n_dense_layers on, dense SwiGLU ones before (DeepSeek-V3's first_k_dense,
+  // Hugging Face's mlp_only_layers); nullopt: every layer dense.
+  TORCH_ARG(std::optional<MoEArgs>, moe) = std::nullopt;
+  TORCH_ARG(int64_t, n_dense_layers) = 0;
 
  public:
   int64_t kv_heads() const { return n_kv_heads() > 0 ? n_kv_heads() : n_heads(); }
-  int64_t head_dim() const { return dim() / n_heads(); }
+  int64_t head_dim() const {
+    return attention_head_dim() > 0 ? attention_head_dim() : dim() / n_heads();
+  }
+  bool is_moe_layer(int64_t layer_id) const {
+    return moe().has_value() && layer_id >= n_dense_layers();
+  }
+  // The MoE layers' arguments, their dim this model's.
+  MoEArgs moe_args() const {
+    MoEArgs a = moe().value_or(MoEArgs());
+    return a.dim(dim());
+  }
   // torchtitan's FeedForward: int(2 * (4 * dim) / 3), times ffn_dim_multiplier (truncated),
   // rounded up to a multiple of multiple_of. (8B: 4096 -> 14336.)
   int64_t ffn_hidden_dim() const {
@@ -84,6 +105,81 @@ inline Llama3Args llama3_405b_args() {
       .n_heads(128)
       .multiple_of(4096)
       .ffn_dim_multiplier(1.2);
+}
+
+// Qwen3-30B-A3B (Hugging Face's Qwen/Qwen3-30B-A3B config.json): 48 layers, every one a
+// mixture of 128 experts, 8 chosen by softmax scores renormalised (norm_topk_prob), no shared
+// experts; explicit head_dim and q / k norms; max_seq_len: 4096, a training length.
+inline Llama3Args qwen3_30b_a3b_args() {
+  return Llama3Args()
+      .dim(2048)
+      .n_layers(48)
+      .n_heads(32)
+      .n_kv_heads(4)
+      .attention_head_dim(128)
+      .qk_norm(true)
+      .vocab_size(151936)
+      .ffn_hidden(6144)
+      .norm_eps(1e-6)
+      .rope_theta(1000000.0)
+      .rope_scaling(std::nullopt)
+      .max_seq_len(4096)
+      .moe(MoEArgs()
+               .hidden_dim(768)
+               .num_experts(128)
+               .top_k(8)
+               .score_func(MoEScore::Softmax)
+               .route_norm(true));
+}
+
+// A DeepSeek-V3-style model at a small size: grouped-query attention (not multi-head latent
+// attention) with MoE blocks after the first dense one: sigmoid scores, 8 groups of experts of
+// which 4 are kept per token, the chosen scores renormalised and scaled by 2.5, one shared
+// expert, the load-balancing bias (DeepSeek-V3's config.json at 1/32 of its width).
+inline Llama3Args deepseek_v3_small_args() {
+  return Llama3Args()
+      .dim(224)
+      .n_layers(4)
+      .n_heads(16)
+      .n_kv_heads(16)
+      .attention_head_dim(64)
+      .vocab_size(4096)
+      .ffn_hidden(576)
+      .norm_eps(1e-6)
+      .rope_theta(10000.0)
+      .rope_scaling(std::nullopt)
+      .max_seq_len(512)
+      .n_dense_layers(1)
+      .moe(MoEArgs()
+               .hidden_dim(64)
+               .num_experts(32)
+               .top_k(8)
+               .num_shared_experts(1)
+               .score_func(MoEScore::Sigmoid)
+               .num_expert_groups(8)
+               .num_limited_groups(4)
+               .route_norm(true)
+               .route_scale(2.5));
+}
+
+// A tiny Qwen3-MoE for tests and the Hugging Face exchange: dim 64, 2 layers (the first
+// dense), head_dim 32 apart from dim / n_heads, q / k norms, 8 experts of width 32, top 2.
+inline Llama3Args qwen3_moe_tiny_args() {
+  return Llama3Args()
+      .dim(64)
+      .n_layers(2)
+      .n_heads(4)
+      .n_kv_heads(2)
+      .attention_head_dim(32)
+      .qk_norm(true)
+      .vocab_size(256)
+      .ffn_hidden(96)
+      .norm_eps(1e-6)
+      .rope_theta(1000000.0)
+      .rope_scaling(std::nullopt)
+      .max_seq_len(16)
+      .n_dense_layers(1)
+      .moe(MoEArgs().hidden_dim(32).num_experts(8).top_k(2).route_norm(true));
 }
 
 // torchtitan's flavor by name ("llama3-8b", "llama3-70b", "llama3-405b"), if it is one.

@@ -4,7 +4,9 @@
 // blocks, grouped-query attention with rotary embeddings and causal sdpa, SwiGLU, Linears
 // without bias), with parameter names and order exactly torchtitan's, and its init_weights()
 // on dtensor's layout-independent random ops (after parallelize / fully_shard / to_empty).
-// Left out: flex / varlen attention, positions, qk-norm, PEFT, tying.
+// With Llama3Args' attention_head_dim, qk_norm and moe it is also Qwen3(-MoE) and a
+// DeepSeek-V3-style MoE model (GQA attention). Left out: flex / varlen attention, positions,
+// multi-head latent attention, PEFT, tying.
 //
 // [Note: models carry no parallelism] As torchtitan's model.py, nothing here names a
 // parallelism: submodules are called through dtensor::call (the module seam,
@@ -28,16 +30,10 @@
 
 #include <models/check.h>
 #include <models/llama3/args.h>
+#include <models/llama3/layers.h>
+#include <models/moe/moe.h>
 
 namespace dtensor::models {
-
-namespace llama3_detail {
-
-inline torch::nn::Linear linear(int64_t in, int64_t out) {
-  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
-}
-
-} // namespace llama3_detail
 
 // ---------------------------------------------------------------------------------------------
 // Rotary embeddings
@@ -102,26 +98,6 @@ inline at::Tensor apply_rotary_emb(const at::Tensor& x, const at::Tensor& rot_co
 // Modules
 // ---------------------------------------------------------------------------------------------
 
-// x * rsqrt(mean(x^2) + eps) computed in fp32 and cast back to x's dtype, times `weight`
-// (Hugging Face's LlamaRMSNorm, torchtitan's former RMSNorm). A module of its own, not a
-// Linear, so SequenceParallel accepts it.
-struct RMSNormImpl : torch::nn::Module {
-  RMSNormImpl(int64_t dim, double eps_)
-      : eps(eps_), weight(register_parameter("weight", torch::ones({dim}))) {}
-  at::Tensor forward(const at::Tensor& x) {
-    at::Tensor h = x.to(at::kFloat);
-    h = h * at::rsqrt(h.pow(2).mean({-1}, /*keepdim=*/true) + eps);
-    return h.to(x.scalar_type()) * weight;
-  }
-  void reset_parameters() {
-    torch::NoGradGuard no_grad;
-    weight.fill_(1.0);
-  }
-  double eps;
-  at::Tensor weight;
-};
-TORCH_MODULE(RMSNorm);
-
 // Causal scaled dot-product attention of q [bs, n_heads, seqlen, head_dim] over k / v
 // [bs, n_kv_heads, seqlen, head_dim], each kv head repeated n_heads / n_kv_heads times in place
 // (torchtitan's repeat_kv, torch.repeat_interleave on the heads): torchtitan's inner_attention, a
@@ -155,8 +131,12 @@ struct Llama3AttentionImpl : torch::nn::Module {
         wv(register_module("wv", llama3_detail::linear(args.dim(), args.kv_heads() * head_dim))),
         wo(register_module("wo", llama3_detail::linear(args.n_heads() * head_dim, args.dim()))),
         inner_attention(register_module("inner_attention", Llama3InnerAttention())) {
-    DTENSOR_MODEL_CHECK(args.dim() % args.n_heads() == 0,
-                        "Llama3: dim must be a multiple of n_heads");
+    DTENSOR_MODEL_CHECK(args.attention_head_dim() > 0 || args.dim() % args.n_heads() == 0,
+                        "Llama3: dim must be a multiple of n_heads (or attention_head_dim set)");
+    if (args.qk_norm()) {
+      q_norm = register_module("q_norm", RMSNorm(head_dim, args.norm_eps()));
+      k_norm = register_module("k_norm", RMSNorm(head_dim, args.norm_eps()));
+    }
     DTENSOR_MODEL_CHECK(args.n_heads() % args.kv_heads() == 0,
                         "Llama3: n_heads must be a multiple of n_kv_heads");
     DTENSOR_MODEL_CHECK(head_dim % 2 == 0, "Llama3: rotary embeddings need an even head_dim");
@@ -170,6 +150,10 @@ struct Llama3AttentionImpl : torch::nn::Module {
     at::Tensor xq = dtensor::call(wq, x).view({bs, seqlen, -1, head_dim});
     at::Tensor xk = dtensor::call(wk, x).view({bs, seqlen, -1, head_dim});
     at::Tensor xv = dtensor::call(wv, x).view({bs, seqlen, -1, head_dim});
+    if (q_norm) { // per head, in Meta's rotary layout (its weight permuted as q's rows)
+      xq = dtensor::call(q_norm, xq);
+      xk = dtensor::call(k_norm, xk);
+    }
     auto [rot_cos, rot_sin] = rope_tables(freqs_cis, seqlen);
     xq = apply_rotary_emb(xq, rot_cos, rot_sin);
     xk = apply_rotary_emb(xk, rot_cos, rot_sin);
@@ -186,6 +170,10 @@ struct Llama3AttentionImpl : torch::nn::Module {
       dtensor::trunc_normal_((*l)->weight, 0.0, 0.02);
     }
     dtensor::trunc_normal_(wo->weight, 0.0, init_std);
+    if (q_norm) {
+      q_norm->reset_parameters();
+      k_norm->reset_parameters();
+    }
   }
   int64_t head_dim;
   torch::nn::Linear wq;
@@ -193,41 +181,28 @@ struct Llama3AttentionImpl : torch::nn::Module {
   torch::nn::Linear wv;
   torch::nn::Linear wo;
   Llama3InnerAttention inner_attention;
+  RMSNorm q_norm{nullptr}; // with qk_norm
+  RMSNorm k_norm{nullptr};
 };
 TORCH_MODULE(Llama3Attention);
 
-// SwiGLU: w2(silu(w1 x) * w3 x), w1 / w3 dim -> hidden_dim, w2 back.
-struct Llama3FeedForwardImpl : torch::nn::Module {
-  Llama3FeedForwardImpl(int64_t dim, int64_t hidden_dim)
-      : w1(register_module("w1", llama3_detail::linear(dim, hidden_dim))),
-        w2(register_module("w2", llama3_detail::linear(hidden_dim, dim))),
-        w3(register_module("w3", llama3_detail::linear(dim, hidden_dim))) {}
-  at::Tensor forward(const at::Tensor& x) {
-    return dtensor::call(w2, at::silu(dtensor::call(w1, x)) * dtensor::call(w3, x));
-  }
-  // torchtitan: w1 trunc_normal_(std 0.02), w2 / w3 trunc_normal_(init_std).
-  void init_weights(double init_std) {
-    torch::NoGradGuard no_grad;
-    dtensor::trunc_normal_(w1->weight, 0.0, 0.02);
-    dtensor::trunc_normal_(w2->weight, 0.0, init_std);
-    dtensor::trunc_normal_(w3->weight, 0.0, init_std);
-  }
-  torch::nn::Linear w1;
-  torch::nn::Linear w2;
-  torch::nn::Linear w3;
-};
-TORCH_MODULE(Llama3FeedForward);
-
-// h = x + attention(attention_norm(x)); out = h + feed_forward(ffn_norm(h)). Submodules in
-// torchtitan's order (attention, feed_forward, attention_norm, ffn_norm).
+// h = x + attention(attention_norm(x)); out = h + feed_forward(ffn_norm(h)), or moe in place
+// of feed_forward in a mixture-of-experts layer (Llama3Args::is_moe_layer; torchtitan's
+// qwen3 / deepseek_v3 blocks). Submodules in torchtitan's order (attention, feed_forward or
+// moe, attention_norm, ffn_norm).
 struct Llama3BlockImpl : torch::nn::Module {
   Llama3BlockImpl(int64_t layer_id, const Llama3Args& args)
       : attention(register_module("attention", Llama3Attention(args))),
-        feed_forward(
-            register_module("feed_forward", Llama3FeedForward(args.dim(), args.ffn_hidden_dim()))),
-        attention_norm(register_module("attention_norm", RMSNorm(args.dim(), args.norm_eps()))),
-        ffn_norm(register_module("ffn_norm", RMSNorm(args.dim(), args.norm_eps()))),
-        weight_init_std(init_std(layer_id, args)) {}
+        weight_init_std(init_std(layer_id, args)) {
+    if (args.is_moe_layer(layer_id)) {
+      moe = register_module("moe", MoE(args.moe_args()));
+    } else {
+      feed_forward =
+          register_module("feed_forward", Llama3FeedForward(args.dim(), args.ffn_hidden_dim()));
+    }
+    attention_norm = register_module("attention_norm", RMSNorm(args.dim(), args.norm_eps()));
+    ffn_norm = register_module("ffn_norm", RMSNorm(args.dim(), args.norm_eps()));
+  }
   // torchtitan: 0.02 / sqrt(2 * (layer_id + 1)) with depth_init, else 0.02 / sqrt(2 * n_layers).
   static double init_std(int64_t layer_id, const Llama3Args& args) {
     const int64_t depth = args.depth_init() ? layer_id + 1 : args.n_layers();
@@ -235,18 +210,24 @@ struct Llama3BlockImpl : torch::nn::Module {
   }
   at::Tensor forward(const at::Tensor& x, const at::Tensor& freqs_cis) {
     at::Tensor h = x + dtensor::call(attention, dtensor::call(attention_norm, x), freqs_cis);
-    return h + dtensor::call(feed_forward, dtensor::call(ffn_norm, h));
+    at::Tensor normed = dtensor::call(ffn_norm, h);
+    return h + (moe ? dtensor::call(moe, normed) : dtensor::call(feed_forward, normed));
   }
   void init_weights() {
     attention_norm->reset_parameters();
     ffn_norm->reset_parameters();
     attention->init_weights(weight_init_std);
-    feed_forward->init_weights(weight_init_std);
+    if (moe) {
+      moe->init_weights(weight_init_std);
+    } else {
+      feed_forward->init_weights(weight_init_std);
+    }
   }
   Llama3Attention attention;
-  Llama3FeedForward feed_forward;
-  RMSNorm attention_norm;
-  RMSNorm ffn_norm;
+  Llama3FeedForward feed_forward{nullptr}; // a dense layer's
+  MoE moe{nullptr};                        // a mixture-of-experts layer's
+  RMSNorm attention_norm{nullptr};
+  RMSNorm ffn_norm{nullptr};
   double weight_init_std;
 };
 TORCH_MODULE(Llama3Block);

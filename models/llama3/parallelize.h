@@ -15,6 +15,7 @@
 
 #include <models/check.h>
 #include <models/llama3/model.h>
+#include <models/moe/parallelize.h>
 
 namespace dtensor::models {
 
@@ -25,7 +26,12 @@ namespace dtensor::models {
 // rotary table, is taken as Replicate next to q / k sharded by heads); wq / wk / wv / w1 / w3
 // column-wise; wo / w2 row-wise, reduce-scattered to Shard(1); output column-wise from Shard(1), to
 // Shard(-1) DTensor logits with loss_parallel (for dtensor::LossParallel), else Replicate.
-inline dtensor::ParallelizePlan llama3_tp_plan(bool loss_parallel) {
+// Mixture-of-experts layers: each tp rank routes the tokens of its own sequence piece (the
+// MoE's Shard(1) input taken as local rows, its output put back as Shard(1)), so no tp rank
+// repeats another's all-to-alls (torchtitan#3167). Entries of modules the model lacks
+// (feed_forward in an all-MoE model) are left out.
+inline dtensor::ParallelizePlan llama3_tp_plan(bool loss_parallel,
+                                               const Llama3Args& args = Llama3Args()) {
   using dtensor::ColwiseParallel;
   using dtensor::Replicate;
   using dtensor::RowwiseParallel;
@@ -36,7 +42,7 @@ inline dtensor::ParallelizePlan llama3_tp_plan(bool loss_parallel) {
   const auto attention_inputs =
       dtensor::PrepareModuleInput(gathered).more_input_layouts({Replicate()});
   const auto scattered = RowwiseParallel().output_layouts(Shard(1));
-  return {
+  dtensor::ParallelizePlan plan = {
       {"tok_embeddings", RowwiseParallel().input_layouts(Replicate()).output_layouts(Shard(1))},
       {"norm", SequenceParallel()},
       // Replicate logits (loss_parallel off) are gathered as they leave `output`
@@ -50,10 +56,23 @@ inline dtensor::ParallelizePlan llama3_tp_plan(bool loss_parallel) {
       {"layers.*.attention.w[qkv]", ColwiseParallel()},
       {"layers.*.attention.wo", scattered},
       {"layers.*.ffn_norm", SequenceParallel()},
-      {"layers.*.feed_forward", gathered},
-      {"layers.*.feed_forward.w[13]", ColwiseParallel()},
-      {"layers.*.feed_forward.w2", scattered},
   };
+  if (!args.moe() || args.n_dense_layers() > 0) {
+    plan.insert(plan.end(), {{"layers.*.feed_forward", gathered},
+                             {"layers.*.feed_forward.w[13]", ColwiseParallel()},
+                             {"layers.*.feed_forward.w2", scattered}});
+  }
+  if (args.moe() && args.n_layers() > args.n_dense_layers()) {
+    plan.insert(plan.end(), {{"layers.*.moe", dtensor::PrepareModuleInput()
+                                                  .input_layouts(Shard(1))
+                                                  .desired_input_layouts(Shard(1))
+                                                  .use_local_output(true)},
+                             {"layers.*.moe", dtensor::PrepareModuleOutput()
+                                                  .output_layouts(Shard(1))
+                                                  .desired_output_layouts(Shard(1))
+                                                  .use_local_output(false)}});
+  }
+  return plan;
 }
 
 // Parallelizes `model` over the 1-D tp_mesh (collective: every rank of tp_mesh calls it).
@@ -65,7 +84,7 @@ inline void apply_tp(Llama3& model, const dtensor::DeviceMesh& tp_mesh, bool los
   DTENSOR_MODEL_CHECK(a.n_heads() % tp_mesh.size() == 0 && a.kv_heads() % tp_mesh.size() == 0,
                       "Llama3 apply_tp: n_heads (", a.n_heads(), ") and n_kv_heads (", a.kv_heads(),
                       ") must be multiples of the tensor-parallel degree ", tp_mesh.size());
-  dtensor::parallelize_module(*model, tp_mesh, llama3_tp_plan(loss_parallel));
+  dtensor::parallelize_module(*model, tp_mesh, llama3_tp_plan(loss_parallel, a));
 }
 
 // torchtitan's apply_ac (per-block): every block's forward checkpointed with `options`.
@@ -100,17 +119,80 @@ inline void apply_cp(Llama3& model, const dtensor::DeviceMesh& cp_mesh,
   }
 }
 
+// [Note: token-parallel units under tensor parallelism] With tp > 1 the tp ranks of one data
+// replica hold different tokens at a mixture-of-experts layer (each routes its own sequence
+// piece, on plain local rows): for the router and the shared experts the tp ranks are data
+// parallel, and their gradients must be summed over tp as well as over data parallelism. So
+// they are a fully_shard unit of their own over (dp_replicate, dp_shard x tp flattened), the
+// gradients divided by the data-parallel degree alone, as the experts' over (dp_replicate,
+// efsdp) are. (The q / k norms need nothing of the kind: they see q / k as DTensors sharded
+// by head, so their plain weights' gradients come back summed over tp.) With tp 1 they stay
+// in their block's unit.
+inline dtensor::DeviceMesh token_parallel_mesh(const dtensor::DeviceMesh& mesh) {
+  const dtensor::DeviceMesh root = mesh.root_mesh();
+  const dtensor::DeviceMesh flat = root[{"dp_shard", "tp"}].flatten("dp_shard_tp");
+  return root["dp_replicate"].size() > 1 ? root[{"dp_replicate", "dp_shard_tp"}] : flat;
+}
+
+// torchtitan's MoE parallelism (apply_moe_ep_tp, and apply_fsdp's experts) for the model's
+// mixture-of-experts layers: the experts of each over the sparse mesh (dp_replicate, efsdp,
+// ep) on the dense ranks (moe_sparse_mesh: ep borrows tp's ranks first), sharded by expert
+// over ep (ExpertParallel, the router's early exchange included) when ep > 1, and fully_shard
+// as their own unit over (dp_replicate, efsdp), their gradients divided by the dense
+// data-parallel degree as every other gradient. With tp > 1, the router and shared experts
+// as their own unit ([Note: token-parallel units under tensor parallelism]). Call before the
+// blocks' fully_shard. Collective.
+inline void apply_moe(Llama3& model, const dtensor::DeviceMesh& mesh, int64_t ep,
+                      const dtensor::FullyShardOptions& fsdp) {
+  const Llama3Args& a = model->model_args;
+  DTENSOR_MODEL_CHECK(a.moe() || ep == 1, "Llama3 apply_moe: expert parallelism (ep ", ep,
+                      ") on a model without mixture-of-experts layers");
+  if (!a.moe()) {
+    return;
+  }
+  DTENSOR_MODEL_CHECK(a.moe()->num_experts() % ep == 0,
+                      "Llama3 apply_moe: ", a.moe()->num_experts(),
+                      " experts do not divide over ep ", ep);
+  const int64_t dp_degree = mesh["dp_replicate"].size() * mesh["dp_shard"].size();
+  const dtensor::DeviceMesh sparse = moe_sparse_mesh(mesh, ep);
+  std::optional<dtensor::DeviceMesh> token_mesh;
+  if (mesh["tp"].size() > 1) {
+    token_mesh = token_parallel_mesh(mesh);
+  }
+  for (auto& layer : *model->layers) {
+    MoE& moe = layer->as<Llama3BlockImpl>()->moe;
+    if (!moe) {
+      continue;
+    }
+    if (ep > 1) {
+      apply_ep(moe, sparse);
+    }
+    fully_shard_experts(moe, sparse, fsdp, dp_degree);
+    if (token_mesh) {
+      dtensor::FullyShardOptions options = fsdp;
+      options.mesh(*token_mesh);
+      dtensor::fully_shard(*moe, options)
+          .set_gradient_divide_factor(static_cast<double>(dp_degree));
+    }
+  }
+}
+
 // torchtitan's parallelize_llama on a mesh named (dp_replicate, dp_shard, tp), or (dp_replicate,
 // dp_shard, cp, tp) with `cp`: apply_tp over tp, apply_cp over cp, apply_ac when `ac` is set,
 // then fully_shard on each block and on the root over (dp_replicate, dp_shard), or with cp over
 // (dp_replicate, dp_shard x cp) flattened (torchtitan's fsdp = dp_shard x cp: the cp ranks
 // hold different tokens of the same sequences, so their gradients are reduced like data
-// parallelism's). HSDP when dp_replicate > 1; mixed precision from `fsdp`. Collective.
+// parallelism's). HSDP when dp_replicate > 1; mixed precision from `fsdp`. Mixture-of-experts
+// layers: apply_moe, with `ep` (not with cp). Collective.
 inline void
 parallelize_llama3(Llama3& model, const dtensor::DeviceMesh& mesh, bool loss_parallel,
                    const dtensor::FullyShardOptions& fsdp = {},
                    const std::optional<dtensor::ActivationCheckpointOptions>& ac = std::nullopt,
-                   const std::optional<dtensor::ContextParallel>& cp = std::nullopt) {
+                   const std::optional<dtensor::ContextParallel>& cp = std::nullopt,
+                   int64_t ep = 1) {
+  const Llama3Args& a = model->model_args;
+  DTENSOR_MODEL_CHECK(!cp || !a.moe(), "Llama3 parallelize: context parallelism with "
+                                       "mixture-of-experts layers is not supported yet");
   apply_tp(model, mesh["tp"], loss_parallel);
   if (cp) {
     apply_cp(model, mesh["cp"], *cp);
@@ -125,6 +207,7 @@ parallelize_llama3(Llama3& model, const dtensor::DeviceMesh& mesh, bool loss_par
   } else {
     options.mesh(mesh[{"dp_replicate", "dp_shard"}]);
   }
+  apply_moe(model, mesh, ep, fsdp);
   for (auto& layer : *model->layers) {
     dtensor::fully_shard(*layer, options);
   }

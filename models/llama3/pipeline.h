@@ -82,7 +82,7 @@ TORCH_MODULE(Llama3Stage);
 inline dtensor::ParallelizePlan llama3_stage_tp_plan(const Llama3StageImpl& stage,
                                                      bool loss_parallel) {
   dtensor::ParallelizePlan plan;
-  for (auto& entry : llama3_tp_plan(loss_parallel)) {
+  for (auto& entry : llama3_tp_plan(loss_parallel, stage.model_args)) {
     const bool first_only = entry.pattern == "tok_embeddings";
     const bool last_only = entry.pattern == "norm" || entry.pattern == "output";
     if ((!first_only || stage.tok_embeddings) && (!last_only || stage.output)) {
@@ -104,6 +104,11 @@ inline void parallelize_llama3_stage(Llama3Stage& stage, const dtensor::DeviceMe
   DTENSOR_MODEL_CHECK(a.n_heads() % mesh["tp"].size() == 0 && a.kv_heads() % mesh["tp"].size() == 0,
                       "Llama3 stage: n_heads (", a.n_heads(), ") and n_kv_heads (", a.kv_heads(),
                       ") must be multiples of the tensor-parallel degree ", mesh["tp"].size());
+  DTENSOR_MODEL_CHECK(mesh["tp"].size() == 1 || !a.moe(),
+                      "Llama3 stage: mixture-of-experts layers with tensor parallelism (tp ",
+                      mesh["tp"].size(),
+                      ") in pipeline stages are not supported yet "
+                      "(parallelize_llama3 has them)");
   dtensor::parallelize_module(*stage, mesh["tp"], llama3_stage_tp_plan(*stage, loss_parallel));
   auto options = fsdp;
   options.mesh(mesh[{"dp_replicate", "dp_shard"}]);

@@ -2,9 +2,11 @@
 
 // torchtitan's Llama3StateDictAdapter for the Llama-3 model: Hugging Face LlamaForCausalLM
 // names and rotary layout (to_hf / from_hf), and a directory that
-// transformers' LlamaForCausalLM.from_pretrained loads (config.json, model.safetensors.index.json
-// and the weights in one safetensors file, full tensors under Hugging Face's names, q / k
-// rows in its rotary layout), and the reverse, into a model on any layout.
+// transformers' LlamaForCausalLM.from_pretrained loads (Qwen3ForCausalLM with qk_norm,
+// Qwen3MoeForCausalLM with moe: its experts one tensor each, as the Hub's checkpoints)
+// (config.json, model.safetensors.index.json and the weights in one safetensors file, full tensors
+// under Hugging Face's names, q / k rows in its rotary layout), and the reverse, into a model on
+// any layout.
 //
 //   dtensor::models::export_hf(model, "out/hf");        // collective; rank 0 writes
 //   dtensor::models::load_hf(model, "out/hf");          // collective; each rank reads its shards
@@ -15,8 +17,10 @@
 // publishes the directory atomically. No rank ever holds more than its shards and, on rank 0,
 // one full tensor at a time. Loading reads Hugging Face's files as a checkpoint whose chunks
 // are whole tensors: each rank reads only the rows of its own shards.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <utility>
@@ -52,6 +56,16 @@ inline const std::vector<std::pair<std::string, std::string>>& hf_block_names() 
       {"feed_forward.w3.weight", "mlp.up_proj.weight"},
       {"attention_norm.weight", "input_layernorm.weight"},
       {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      // Qwen3's q / k norms and a Qwen3-MoE layer's router
+      {"attention.q_norm.weight", "self_attn.q_norm.weight"},
+      {"attention.k_norm.weight", "self_attn.k_norm.weight"},
+      {"moe.router.gate.weight", "mlp.gate.weight"},
+      // A Qwen3-MoE layer's experts [E, F, D], stored by Hugging Face as one tensor per
+      // expert ([Note: stacked names] in dtensor/checkpoint.h): these names stand for the
+      // stacks, hf_expert_pattern gives the stored ones.
+      {"moe.experts.w1", "mlp.experts.gate_proj.weight"},
+      {"moe.experts.w2", "mlp.experts.down_proj.weight"},
+      {"moe.experts.w3", "mlp.experts.up_proj.weight"},
   };
   return names;
 }
@@ -69,6 +83,15 @@ namespace llama3_detail {
 
 inline bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// Our names of the weights Hugging Face holds in its rotary layout.
+inline bool is_qk_norm(const std::string& ours) {
+  return ends_with(ours, ".attention.q_norm.weight") || ends_with(ours, ".attention.k_norm.weight");
+}
+inline bool is_rotary(const std::string& ours) {
+  return ends_with(ours, ".attention.wq.weight") || ends_with(ours, ".attention.wk.weight") ||
+         is_qk_norm(ours);
 }
 
 // `name` mapped by the tables: top-level names directly, "<from_prefix>{i}.<rest>" to
@@ -100,6 +123,22 @@ inline std::optional<std::string> map_name(const std::string& name, bool forward
 
 } // namespace llama3_detail
 
+// The stored names of a stacked experts' tensor (hf_name of "layers.{i}.moe.experts.w1":
+// "model.layers.{i}.mlp.experts.gate_proj.weight" ->
+// "model.layers.{i}.mlp.experts.{}.gate_proj.weight"), or nullopt for any other name.
+inline std::optional<std::string> hf_expert_pattern(const std::string& hf) {
+  const std::string experts = ".mlp.experts.";
+  const size_t at = hf.find(experts);
+  if (at == std::string::npos) {
+    return std::nullopt;
+  }
+  const std::string rest = hf.substr(at + experts.size());
+  if (rest != "gate_proj.weight" && rest != "up_proj.weight" && rest != "down_proj.weight") {
+    return std::nullopt;
+  }
+  return hf.substr(0, at + experts.size()) + "{}." + rest;
+}
+
 // Our parameter name -> LlamaForCausalLM's ("layers.3.attention.wq.weight" ->
 // "model.layers.3.self_attn.q_proj.weight"). Throws for names without one (freqs_cis).
 inline std::string hf_name(const std::string& ours) {
@@ -123,14 +162,14 @@ inline std::string from_hf_name(const std::string& hf) {
 inline at::Tensor to_hf_qk(const at::Tensor& w, int64_t n_heads) {
   const int64_t rows = w.size(0), cols = w.size(1);
   DTENSOR_MODEL_CHECK(rows % (2 * n_heads) == 0, "to_hf_qk: ", rows, " rows are not ", n_heads,
-              " heads of even size");
+                      " heads of even size");
   return w.reshape({n_heads, rows / n_heads / 2, 2, cols}).transpose(1, 2).reshape({rows, cols});
 }
 
 inline at::Tensor from_hf_qk(const at::Tensor& w, int64_t n_heads) {
   const int64_t rows = w.size(0), cols = w.size(1);
   DTENSOR_MODEL_CHECK(rows % (2 * n_heads) == 0, "from_hf_qk: ", rows, " rows are not ", n_heads,
-              " heads of even size");
+                      " heads of even size");
   return w.reshape({n_heads, 2, rows / n_heads / 2, cols}).transpose(1, 2).reshape({rows, cols});
 }
 
@@ -138,14 +177,16 @@ inline at::Tensor from_hf_qk(const at::Tensor& w, int64_t n_heads) {
 // is; nullopt for freqs_cis ([Note: freqs_cis is persistent]). Full tensors.
 inline std::optional<std::pair<std::string, at::Tensor>>
 to_hf(const std::string& name, const at::Tensor& t, const Llama3Args& args) {
-  if (name == "freqs_cis") {
-    return std::nullopt;
+  if (name == "freqs_cis" || llama3_detail::ends_with(name, ".moe.expert_bias")) {
+    return std::nullopt; // the bias: checked zero by export_hf (Qwen3-MoE has none)
   }
   at::Tensor v = t;
   if (llama3_detail::ends_with(name, ".attention.wq.weight")) {
     v = to_hf_qk(t, args.n_heads());
   } else if (llama3_detail::ends_with(name, ".attention.wk.weight")) {
     v = to_hf_qk(t, args.kv_heads());
+  } else if (llama3_detail::is_qk_norm(name)) {
+    v = to_hf_qk(t.view({-1, 1}), 1).view({-1}); // one head's features, as q's rows
   }
   return std::make_pair(hf_name(name), v);
 }
@@ -162,6 +203,9 @@ from_hf(const std::string& hf, const at::Tensor& t, const Llama3Args& args) {
     v = from_hf_qk(t, args.n_heads());
   } else if (llama3_detail::ends_with(hf, ".self_attn.k_proj.weight")) {
     v = from_hf_qk(t, args.kv_heads());
+  } else if (llama3_detail::ends_with(hf, "_norm.weight") &&
+             hf.find(".self_attn.") != std::string::npos) {
+    v = from_hf_qk(t.view({-1, 1}), 1).view({-1});
   }
   return std::make_pair(from_hf_name(hf), v);
 }
@@ -170,8 +214,92 @@ from_hf(const std::string& hf, const at::Tensor& t, const Llama3Args& args) {
 // Export and load
 // ---------------------------------------------------------------------------------------------
 
+namespace llama3_detail {
 
-// config.json for LlamaForCausalLM (transformers' LlamaConfig keys).
+// What Qwen3MoeForCausalLM can hold of a mixture-of-experts model; throws naming the rest.
+inline void check_qwen3_moe(const Llama3Args& a) {
+  const MoEArgs& m = *a.moe();
+  DTENSOR_MODEL_CHECK(a.qk_norm(),
+                      "export_hf: a mixture-of-experts model is written as "
+                      "Qwen3MoeForCausalLM, whose attention has q / k norms: set qk_norm");
+  DTENSOR_MODEL_CHECK(
+      m.score_func() == MoEScore::Softmax && m.num_shared_experts() == 0 &&
+          m.route_scale() == 1.0 && m.num_expert_groups() == 1,
+      "export_hf: Qwen3MoeForCausalLM routes by softmax over all experts with no shared "
+      "experts, groups or route scale; this model has ",
+      m.score_func() == MoEScore::Softmax ? "softmax" : "sigmoid", " scores, ",
+      m.num_shared_experts(), " shared experts, ", m.num_expert_groups(), " groups, route scale ",
+      m.route_scale());
+}
+
+// The rotary base and scaling of a config.json: transformers 5's rope_parameters, or the
+// older rope_theta / rope_scaling keys.
+inline void rope_from_hf(const nlohmann::json& c, const std::string& path, Llama3Args& a) {
+  nlohmann::json rope = c.contains("rope_scaling") ? c["rope_scaling"] : nlohmann::json();
+  double theta = c.value("rope_theta", 10000.0);
+  if (c.contains("rope_parameters") && c["rope_parameters"].is_object()) {
+    const nlohmann::json& p = c["rope_parameters"];
+    theta = p.value("rope_theta", theta);
+    if (p.value("rope_type", "default") != "default") {
+      rope = p;
+    }
+  }
+  a.rope_theta(theta);
+  if (rope.is_object() && rope.value("rope_type", rope.value("type", "")) == "llama3") {
+    a.rope_scaling(
+        Llama3RopeScaling()
+            .scaling_factor(rope.at("factor"))
+            .low_freq_factor(rope.at("low_freq_factor"))
+            .high_freq_factor(rope.at("high_freq_factor"))
+            .original_max_position_embeddings(rope.at("original_max_position_embeddings")));
+  } else {
+    DTENSOR_MODEL_CHECK(rope.is_null() ||
+                            (rope.is_object() && rope.value("rope_type", "") == "default"),
+                        "load_hf: ", path, ": unsupported rope scaling ", rope.dump());
+    a.rope_scaling(std::nullopt);
+  }
+}
+
+// The first of `keys` that config.json has (transformers writes some keys under other names
+// than the Hub's configs: num_local_experts for num_experts); throws naming them and the file.
+inline const nlohmann::json& config_value(const nlohmann::json& c, const std::string& path,
+                                          std::initializer_list<const char*> keys) {
+  std::string names;
+  for (const char* k : keys) {
+    if (c.contains(k) && !c[k].is_null()) {
+      return c[k];
+    }
+    names += names.empty() ? k : std::string(" / ") + k;
+  }
+  DTENSOR_MODEL_CHECK(false, "load_hf: ", path, " has no ", names);
+  return c; // unreachable
+}
+
+// A Qwen3-MoE config's experts: moe_intermediate_size, num_experts, num_experts_per_tok,
+// norm_topk_prob; its MLP-only layers must be the first ones, every later layer sparse.
+inline void moe_from_hf(const nlohmann::json& c, const std::string& path, Llama3Args& a) {
+  DTENSOR_MODEL_CHECK(c.value("decoder_sparse_step", int64_t{1}) == 1, "load_hf: ", path,
+                      ": decoder_sparse_step ", c.value("decoder_sparse_step", int64_t{1}),
+                      " is not supported (MoE layers must follow the dense ones)");
+  const std::vector<int64_t> dense = c.value("mlp_only_layers", std::vector<int64_t>{});
+  for (size_t i = 0; i < dense.size(); ++i) {
+    DTENSOR_MODEL_CHECK(dense[i] == static_cast<int64_t>(i), "load_hf: ", path,
+                        ": mlp_only_layers must be the first layers (0, 1, ...), not ",
+                        c["mlp_only_layers"].dump());
+  }
+  a.n_dense_layers(static_cast<int64_t>(dense.size()))
+      .moe(MoEArgs()
+               .hidden_dim(config_value(c, path, {"moe_intermediate_size"}))
+               .num_experts(config_value(c, path, {"num_experts", "num_local_experts"}))
+               .top_k(config_value(c, path, {"num_experts_per_tok"}))
+               .route_norm(c.value("norm_topk_prob", false))
+               .score_func(MoEScore::Softmax));
+}
+
+} // namespace llama3_detail
+
+// config.json for Hugging Face's LlamaForCausalLM, or Qwen3ForCausalLM (with qk_norm), or
+// Qwen3MoeForCausalLM (with moe): transformers' config keys.
 inline nlohmann::json hf_config(const Llama3Args& a, c10::ScalarType dtype) {
   nlohmann::json rope = nullptr;
   if (a.rope_scaling()) {
@@ -182,63 +310,81 @@ inline nlohmann::json hf_config(const Llama3Args& a, c10::ScalarType dtype) {
             {"high_freq_factor", s.high_freq_factor()},
             {"original_max_position_embeddings", s.original_max_position_embeddings()}};
   }
-  return {{"architectures", {"LlamaForCausalLM"}},
-          {"model_type", "llama"},
-          {"hidden_size", a.dim()},
-          {"intermediate_size", a.ffn_hidden_dim()},
-          {"num_hidden_layers", a.n_layers()},
-          {"num_attention_heads", a.n_heads()},
-          {"num_key_value_heads", a.kv_heads()},
-          {"head_dim", a.head_dim()},
-          {"vocab_size", a.vocab_size()},
-          {"max_position_embeddings", a.max_seq_len()},
-          {"rms_norm_eps", a.norm_eps()},
-          {"rope_theta", a.rope_theta()},
-          {"rope_scaling", rope},
-          {"hidden_act", "silu"},
-          {"attention_bias", false},
-          {"mlp_bias", false},
-          {"tie_word_embeddings", false},
-          {"torch_dtype", dtype == at::kBFloat16 ? "bfloat16" : "float32"}};
+  nlohmann::json c = {{"architectures", {"LlamaForCausalLM"}},
+                      {"model_type", "llama"},
+                      {"hidden_size", a.dim()},
+                      {"intermediate_size", a.ffn_hidden_dim()},
+                      {"num_hidden_layers", a.n_layers()},
+                      {"num_attention_heads", a.n_heads()},
+                      {"num_key_value_heads", a.kv_heads()},
+                      {"head_dim", a.head_dim()},
+                      {"vocab_size", a.vocab_size()},
+                      {"max_position_embeddings", a.max_seq_len()},
+                      {"rms_norm_eps", a.norm_eps()},
+                      {"rope_theta", a.rope_theta()},
+                      {"rope_scaling", rope},
+                      {"hidden_act", "silu"},
+                      {"attention_bias", false},
+                      {"mlp_bias", false},
+                      {"tie_word_embeddings", false},
+                      {"torch_dtype", dtype == at::kBFloat16 ? "bfloat16" : "float32"}};
+  if (a.moe()) {
+    llama3_detail::check_qwen3_moe(a);
+    const MoEArgs& m = *a.moe();
+    std::vector<int64_t> dense;
+    for (int64_t i = 0; i < std::min(a.n_dense_layers(), a.n_layers()); ++i) {
+      dense.push_back(i);
+    }
+    c["architectures"] = {"Qwen3MoeForCausalLM"};
+    c["model_type"] = "qwen3_moe";
+    c["moe_intermediate_size"] = m.hidden_dim();
+    c["num_experts"] = m.num_experts();
+    c["num_experts_per_tok"] = m.top_k();
+    c["norm_topk_prob"] = m.route_norm();
+    c["decoder_sparse_step"] = 1;
+    c["mlp_only_layers"] = dense;
+  } else if (a.qk_norm()) {
+    c["architectures"] = {"Qwen3ForCausalLM"};
+    c["model_type"] = "qwen3";
+  }
+  return c;
 }
 
-// The model arguments a Hugging Face directory's config.json describes. The feed-forward
-// width is taken as given (intermediate_size), whatever multiple_of would round it to.
+// The model arguments a Hugging Face directory's config.json describes (LlamaForCausalLM,
+// Qwen3ForCausalLM, Qwen3MoeForCausalLM). The feed-forward width is taken as given
+// (intermediate_size), whatever multiple_of would round it to.
 inline Llama3Args args_from_hf(const std::string& dir) {
   const std::string path = dir + "/config.json";
   std::ifstream f(path);
   DTENSOR_MODEL_CHECK(f.good(), "load_hf: cannot read ", path);
   const nlohmann::json c = nlohmann::json::parse(f);
-  DTENSOR_MODEL_CHECK(c.value("model_type", "") == "llama", "load_hf: ", path, " describes a '",
-              c.value("model_type", ""), "' model, not 'llama'");
+  const std::string type = c.value("model_type", "");
+  DTENSOR_MODEL_CHECK(type == "llama" || type == "qwen3" || type == "qwen3_moe", "load_hf: ", path,
+                      " describes a '", type, "' model, not 'llama', 'qwen3' or 'qwen3_moe'");
   DTENSOR_MODEL_CHECK(!c.value("tie_word_embeddings", false), "load_hf: ", path,
-              ": tied embeddings are not supported");
+                      ": tied embeddings are not supported");
+  DTENSOR_MODEL_CHECK(!c.value("attention_bias", false), "load_hf: ", path,
+                      ": attention biases are not supported");
   const int64_t dim = c.at("hidden_size");
   const int64_t heads = c.at("num_attention_heads");
-  DTENSOR_MODEL_CHECK(c.value("head_dim", dim / heads) == dim / heads, "load_hf: ", path,
-              ": head_dim must be hidden_size / num_attention_heads");
+  const int64_t head_dim = c.contains("head_dim") && !c["head_dim"].is_null()
+                               ? c["head_dim"].get<int64_t>()
+                               : dim / heads;
   Llama3Args a;
   a.dim(dim)
       .n_layers(c.at("num_hidden_layers"))
       .n_heads(heads)
       .n_kv_heads(c.value("num_key_value_heads", heads))
+      .attention_head_dim(head_dim == dim / heads && dim % heads == 0 ? 0 : head_dim)
+      .qk_norm(type != "llama")
       .vocab_size(c.at("vocab_size"))
       .multiple_of(1)
       .ffn_dim_multiplier(0.0)
       .norm_eps(c.value("rms_norm_eps", 1e-5))
-      .rope_theta(c.value("rope_theta", 10000.0))
       .max_seq_len(c.value("max_position_embeddings", int64_t{2048}));
-  const nlohmann::json& rope = c.contains("rope_scaling") ? c["rope_scaling"] : nlohmann::json();
-  if (rope.is_object() && rope.value("rope_type", rope.value("type", "")) == "llama3") {
-    a.rope_scaling(
-        Llama3RopeScaling()
-            .scaling_factor(rope.at("factor"))
-            .low_freq_factor(rope.at("low_freq_factor"))
-            .high_freq_factor(rope.at("high_freq_factor"))
-            .original_max_position_embeddings(rope.at("original_max_position_embeddings")));
-  } else {
-    DTENSOR_MODEL_CHECK(rope.is_null(), "load_hf: ", path, ": unsupported rope_scaling ", rope.dump());
-    a.rope_scaling(std::nullopt);
+  llama3_detail::rope_from_hf(c, path, a);
+  if (type == "qwen3_moe") {
+    llama3_detail::moe_from_hf(c, path, a);
   }
   a.ffn_hidden(c.at("intermediate_size"));
   return a;
@@ -249,27 +395,42 @@ inline Llama3Args args_from_hf(const std::string& dir) {
 inline void export_hf(Llama3& model, const std::string& dir) {
   torch::NoGradGuard no_grad;
   const Llama3Args& args = model->model_args;
+  if (args.moe()) {
+    llama3_detail::check_qwen3_moe(args); // before anything is written
+  }
   dtensor::StateDict hf;
   c10::ScalarType dtype = at::kFloat;
+  dtensor::checkpoint::StackedNames unstack; // the experts, one tensor each
   for (const auto& item : dtensor::get_model_state_dict(*model)) {
+    if (llama3_detail::ends_with(item.key(), ".moe.expert_bias")) {
+      DTENSOR_MODEL_CHECK(!item.value().ne(0).any().item<bool>(), "export_hf: ", item.key(),
+                          " is not zero, and Qwen3MoeForCausalLM has no load-balancing bias: its "
+                          "routing would differ from this model's");
+    }
     if (auto entry = to_hf(item.key(), item.value(), args)) {
       dtype = entry->second.scalar_type();
+      if (auto pattern = hf_expert_pattern(entry->first)) {
+        unstack[entry->first] = *pattern;
+      }
       hf.insert(entry->first, entry->second);
     }
   }
   // What is at `dir` is checked before anything is written (docs/checkpoint.md); the
   // sharded parts go to a sibling, consolidated by rank 0, then removed.
   const std::string what = "export_hf(" + dir + ")";
-  dtensor::on_rank0(what, [&] { dtensor::checkpoint::check_target(dir); }, dtensor::world_group());
+  dtensor::on_rank0(
+      what, [&] { dtensor::checkpoint::check_target(dir); }, dtensor::world_group());
   const std::string parts = dir + ".dtensor-parts";
   dtensor::checkpoint::save(hf, parts, dtensor::checkpoint::SaveOptions().checksums(false));
   dtensor::on_rank0(
       what,
       [&] {
         try {
-          dtensor::checkpoint::consolidate(parts, dir,
-                                           dtensor::checkpoint::ConsolidateOptions().extra_files(
-                                               {{"config.json", hf_config(args, dtype).dump(2)}}));
+          dtensor::checkpoint::consolidate(
+              parts, dir,
+              dtensor::checkpoint::ConsolidateOptions()
+                  .extra_files({{"config.json", hf_config(args, dtype).dump(2)}})
+                  .unstack(unstack));
         } catch (...) {
           dtensor::checkpoint::remove(parts);
           throw;
@@ -285,23 +446,35 @@ inline void load_hf(Llama3& model, const std::string& dir) {
   torch::NoGradGuard no_grad;
   const Llama3Args& args = model->model_args;
   dtensor::StateDict state = dtensor::get_model_state_dict(*model);
-  dtensor::StateDict reads;          // Hugging Face's names -> tensors laid out as ours
-  std::vector<std::string> permuted; // our names of q / k weights, read into temporaries
+  dtensor::StateDict reads;                  // Hugging Face's names -> tensors laid out as ours
+  std::vector<std::string> permuted;         // our names of q / k weights, read into temporaries
+  dtensor::checkpoint::StackedNames stacked; // the experts, one tensor each
+  std::vector<std::string> biases;
   for (const auto& item : state) {
     if (item.key() == "freqs_cis") {
       continue;
     }
-    const bool qk = llama3_detail::ends_with(item.key(), ".attention.wq.weight") ||
-                    llama3_detail::ends_with(item.key(), ".attention.wk.weight");
-    reads.insert(hf_name(item.key()), qk ? at::empty_like(item.value()) : item.value());
+    if (llama3_detail::ends_with(item.key(), ".moe.expert_bias")) {
+      biases.push_back(item.key()); // Hugging Face's model has none: zero after the load
+      continue;
+    }
+    const bool qk = llama3_detail::is_rotary(item.key());
+    const std::string name = hf_name(item.key());
+    reads.insert(name, qk ? at::empty_like(item.value()) : item.value());
     if (qk) {
       permuted.push_back(item.key());
     }
+    if (auto pattern = hf_expert_pattern(name)) {
+      stacked[name] = *pattern;
+    }
   }
-  dtensor::checkpoint::load(reads, dir);
+  dtensor::checkpoint::load(reads, dir, dtensor::checkpoint::LoadOptions().stacked(stacked));
   for (const std::string& key : permuted) {
     auto entry = from_hf(hf_name(key), reads[hf_name(key)], args);
     state[key] = entry->second;
+  }
+  for (const std::string& key : biases) {
+    state[key].zero_();
   }
   state["freqs_cis"].copy_(model->compute_freqs_cis(state["freqs_cis"].options()));
   dtensor::set_model_state_dict(*model, state);

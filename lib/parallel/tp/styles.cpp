@@ -205,6 +205,37 @@ ModuleRegistry<ModuleInput>& module_inputs() {
   return r;
 }
 
+// PrepareModuleOutput on a module without parallelized parameters of its own (an MoE layer
+// under sequence parallelism): its outputs converted by the module seam's post-forward hook.
+struct ModuleOutput {
+  DeviceMesh mesh;
+  PrepareModuleOutput style;
+};
+
+ModuleRegistry<ModuleOutput>& module_outputs() {
+  static ModuleRegistry<ModuleOutput> r;
+  return r;
+}
+
+// A plain output taken as this rank's piece in output_layouts, a DTensor as it is;
+// redistributed to desired_output_layouts, local with use_local_output; differentiable.
+at::Tensor prepare_module_output(const torch::nn::Module& module, const at::Tensor& output) {
+  const std::optional<ModuleOutput> entry = module_outputs().get(module);
+  if (!entry || !output.defined()) {
+    return output;
+  }
+  const PrepareModuleOutput& style = entry->style;
+  DTensor d = is_dtensor(output)
+                  ? DTensor(output)
+                  : DTensor::from_local(output, entry->mesh, {style.output_layouts()});
+  DTENSOR_CHECK(d.device_mesh() == entry->mesh,
+                "PrepareModuleOutput({}): the output is on {}, the style's mesh is {}",
+                module.name(), d.device_mesh().to_string(), entry->mesh.to_string());
+  const Placements want{style.desired_output_layouts().normalized(d.dim())};
+  DTensor out = d.placements() == want ? d : d.redistribute(want);
+  return style.use_local_output() ? out.to_local() : at::Tensor(out);
+}
+
 bool has_own_tp_parameters(const torch::nn::Module& module) {
   for (const auto& p : module.named_parameters(/*recurse=*/false)) {
     if (detail::tp_tag(p.value())) {
@@ -311,7 +342,7 @@ ModuleHooks tp_hooks() {
       })
       .post_forward([](torch::nn::Module& m, TensorList& outputs) {
         for (at::Tensor& t : outputs) {
-          t = detail::tp_module_output(t, &m);
+          t = detail::tp_module_output(prepare_module_output(m, t), &m);
         }
       });
 }
@@ -333,6 +364,12 @@ void tp_hook_module(torch::nn::Module& module) {
 
 void PrepareModuleOutput::apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const {
   check_mesh(tp_mesh, name());
+  if (!has_own_tp_parameters(module)) {
+    module_outputs().set(module, detail::owned_module(module, "PrepareModuleOutput"),
+                         ModuleOutput{tp_mesh, *this});
+    tp_hook_module(module);
+    return;
+  }
   for (const auto& layouts : existing_layouts(module, name())) {
     layouts->output = desired_output_layouts();
     layouts->local_output = use_local_output();
