@@ -16,6 +16,10 @@
 //    parallelize_llama3 (dp_shard 4 with ep 2 x efsdp 2; dp_shard 2 x tp 2 with ep 4, and
 //    with ep 2 x efsdp 2) equal the plain model on one process: logits and every parameter's
 //    gradient; 3 + 2 all-to-alls per MoE layer.
+//  - world8: dp_shard 4 x tp 2 with ep 4 x efsdp 2 and with ep 8, the same judge.
+//  - world1 also: export_hf's refusals of what Qwen3MoeForCausalLM cannot hold.
+#include <filesystem>
+
 #include <dtensor/expert_parallel.h>
 
 #include <models/llama3.h>
@@ -572,4 +576,41 @@ TEST_CASE("MoE models under parallelize_llama3 equal the plain model: logits, ev
   SECTION("Qwen3-MoE (q / k norms), dp_shard 2 x tp 2; experts ep 2 x efsdp 2") {
     check_model(dtensor::models::qwen3_moe_tiny_args().max_seq_len(8), {1, 2, 2}, 2);
   }
+}
+
+// The issue's 8-rank layouts: dense dp_shard 4 x tp 2 with the experts over ep 4 x efsdp 2,
+// and over ep 8 (one expert a rank, no efsdp).
+TEST_CASE("MoE models on 8 ranks: dp_shard 4 x tp 2 with ep 4 x efsdp 2 and with ep 8 equal the "
+          "plain model",
+          "[world8]") {
+  SECTION("Qwen3-MoE, ep 4 x efsdp 2") {
+    check_model(dtensor::models::qwen3_moe_tiny_args().max_seq_len(8), {1, 4, 2}, 4);
+  }
+  SECTION("DeepSeek-V3-style, ep 8") {
+    check_model(small_deepseek(), {1, 4, 2}, 8);
+  }
+}
+
+// Guards export_hf's refusals: what Qwen3MoeForCausalLM cannot hold (DeepSeek-V3's routing,
+// a trained load-balancing bias) is refused by name before anything is written.
+TEST_CASE("export_hf refuses attention without q / k norms, sigmoid groups, shared experts and "
+          "a non-zero bias, writing nothing",
+          "[world1]") {
+  namespace fs = std::filesystem;
+  const std::string dir = dtensor::testing::fresh_shared_dir("moe-tests", "refused-export");
+  auto plain_attention = seeded_model(small_deepseek(), nullptr, 1);
+  REQUIRE_THROWS_WITH(dtensor::models::export_hf(plain_attention, dir),
+                      Catch::Matchers::Contains("whose attention has q / k norms: set qk_norm"));
+  auto deepseek = seeded_model(small_deepseek().qk_norm(true), nullptr, 1);
+  REQUIRE_THROWS_WITH(dtensor::models::export_hf(deepseek, dir),
+                      Catch::Matchers::Contains(
+                          "Qwen3MoeForCausalLM routes by softmax over all experts with no shared "
+                          "experts, groups or route scale; this model has sigmoid scores, 1 shared "
+                          "experts, 4 groups, route scale 2.5"));
+  CHECK(!fs::exists(dir));
+  auto qwen = seeded_model(dtensor::models::qwen3_moe_tiny_args(), nullptr, 1);
+  qwen->layers[1]->as<dtensor::models::Llama3BlockImpl>()->moe->expert_bias.fill_(0.5);
+  REQUIRE_THROWS_WITH(dtensor::models::export_hf(qwen, dir),
+                      Catch::Matchers::Contains("layers.1.moe.expert_bias is not zero"));
+  CHECK(!fs::exists(dir));
 }
