@@ -70,6 +70,15 @@ def perturb_norms(model):
                 p.add_(torch.randn_like(p) * 0.1)
 
 
+def saved_reference(model, tmp):
+    """`model` with its norms off one, saved by save_pretrained: (directory, its logits)."""
+    model.eval()
+    perturb_norms(model)
+    src = os.path.join(tmp, "src")
+    model.save_pretrained(src)
+    return src, hf_logits(model, model.config.vocab_size)
+
+
 def qwen3_moe(torchrun, worker):
     good = True
     with tempfile.TemporaryDirectory() as tmp:
@@ -93,11 +102,7 @@ def qwen3_moe(torchrun, worker):
                                 norm_topk_prob=True, mlp_only_layers=[0], vocab_size=256,
                                 max_position_embeddings=16, rope_theta=1e6,
                                 tie_word_embeddings=False)
-        ref = Qwen3MoeForCausalLM(config).eval()
-        perturb_norms(ref)
-        src = os.path.join(tmp, "src")
-        ref.save_pretrained(src)
-        want = hf_logits(ref, 256)
+        src, want = saved_reference(Qwen3MoeForCausalLM(config), tmp)
         job(torchrun, worker, 4, "load", src, out + "-load", "1x4x1", "2")
         good &= check("Qwen3-MoE save_pretrained loaded on 1x4x1 (ep 2 x efsdp 2)",
                       logits_of(out + "-load"), want)
@@ -121,11 +126,7 @@ def main():
                              num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
                              max_position_embeddings=16, rope_theta=10000.0,
                              tie_word_embeddings=False)
-        ref = LlamaForCausalLM(config).eval()
-        perturb_norms(ref)
-        src = os.path.join(tmp, "src")
-        ref.save_pretrained(src)
-        want = hf_logits(ref, 256)
+        src, want = saved_reference(LlamaForCausalLM(config), tmp)
         for nproc, shape in ((8, "2x2x2"), (4, "2x1x2"), (2, "1x2x1")):
             job(torchrun, worker, nproc, "load", src, out + shape, shape)
             good &= check(f"save_pretrained loaded on {shape}", logits_of(out + shape), want)

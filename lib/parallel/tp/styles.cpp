@@ -205,6 +205,20 @@ ModuleRegistry<ModuleInput>& module_inputs() {
   return r;
 }
 
+// A tensor crossing a module's boundary under a Prepare* style: a plain one taken as this
+// rank's piece in `layout`, a DTensor as it is; redistributed to `desired`, local with
+// `local`; differentiable.
+at::Tensor at_boundary(const torch::nn::Module& module, const at::Tensor& t, const DeviceMesh& mesh,
+                       const Placement& layout, const Placement& desired, bool local,
+                       const char* style) {
+  DTensor d = is_dtensor(t) ? DTensor(t) : DTensor::from_local(t, mesh, {layout});
+  DTENSOR_CHECK(d.device_mesh() == mesh, "{}({}): the tensor is on {}, the style's mesh is {}",
+                style, module.name(), d.device_mesh().to_string(), mesh.to_string());
+  const Placements want{desired.normalized(d.dim())};
+  DTensor out = d.placements() == want ? d : d.redistribute(want);
+  return local ? out.to_local() : at::Tensor(out);
+}
+
 // PrepareModuleOutput on a module without parallelized parameters of its own (an MoE layer
 // under sequence parallelism): its outputs converted by the module seam's post-forward hook.
 struct ModuleOutput {
@@ -225,15 +239,9 @@ at::Tensor prepare_module_output(const torch::nn::Module& module, const at::Tens
     return output;
   }
   const PrepareModuleOutput& style = entry->style;
-  DTensor d = is_dtensor(output)
-                  ? DTensor(output)
-                  : DTensor::from_local(output, entry->mesh, {style.output_layouts()});
-  DTENSOR_CHECK(d.device_mesh() == entry->mesh,
-                "PrepareModuleOutput({}): the output is on {}, the style's mesh is {}",
-                module.name(), d.device_mesh().to_string(), entry->mesh.to_string());
-  const Placements want{style.desired_output_layouts().normalized(d.dim())};
-  DTensor out = d.placements() == want ? d : d.redistribute(want);
-  return style.use_local_output() ? out.to_local() : at::Tensor(out);
+  return at_boundary(module, output, entry->mesh, style.output_layouts(),
+                     style.desired_output_layouts(), style.use_local_output(),
+                     "PrepareModuleOutput");
 }
 
 bool has_own_tp_parameters(const torch::nn::Module& module) {
@@ -286,14 +294,9 @@ at::Tensor prepare_module_input(const torch::nn::Module& module, const at::Tenso
     return to_desired_input(module, input);
   }
   const PrepareModuleInput& style = entry->style;
-  DTensor d = is_dtensor(input) ? DTensor(input)
-                                : DTensor::from_local(input, entry->mesh, {style.input_layouts()});
-  DTENSOR_CHECK(d.device_mesh() == entry->mesh,
-                "prepare_module_input({}): the input is on {}, the style's mesh is {}",
-                module.name(), d.device_mesh().to_string(), entry->mesh.to_string());
-  const Placements want{style.desired_input_layouts().normalized(d.dim())};
-  DTensor out = d.placements() == want ? d : d.redistribute(want);
-  return style.use_local_output() ? out.to_local() : at::Tensor(out);
+  return at_boundary(module, input, entry->mesh, style.input_layouts(),
+                     style.desired_input_layouts(), style.use_local_output(),
+                     "prepare_module_input");
 }
 
 namespace {
