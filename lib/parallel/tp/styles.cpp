@@ -194,15 +194,28 @@ void SequenceParallel::apply(torch::nn::Module& module, const DeviceMesh& tp_mes
 
 namespace {
 
-// [Note: module inputs without hooks]: the modules that convert their own input.
-struct ModuleInput {
+// A Prepare* style on a module without parallelized parameters of its own, applied at the
+// module seam: PrepareModuleInput ([Note: module inputs without hooks]: the modules that
+// convert their own input) and PrepareModuleOutput (an MoE layer under sequence parallelism:
+// its outputs converted by the post-forward hook).
+template <class Style>
+struct Boundary {
   DeviceMesh mesh;
-  PrepareModuleInput style;
+  Style style;
 };
+using ModuleInput = Boundary<PrepareModuleInput>;
+using ModuleOutput = Boundary<PrepareModuleOutput>;
 
-ModuleRegistry<ModuleInput>& module_inputs() {
-  static ModuleRegistry<ModuleInput> r;
+template <class Style>
+ModuleRegistry<Boundary<Style>>& boundaries() {
+  static ModuleRegistry<Boundary<Style>> r;
   return r;
+}
+ModuleRegistry<ModuleInput>& module_inputs() {
+  return boundaries<PrepareModuleInput>();
+}
+ModuleRegistry<ModuleOutput>& module_outputs() {
+  return boundaries<PrepareModuleOutput>();
 }
 
 // A tensor crossing a module's boundary under a Prepare* style: a plain one taken as this
@@ -217,18 +230,6 @@ at::Tensor at_boundary(const torch::nn::Module& module, const at::Tensor& t, con
   const Placements want{desired.normalized(d.dim())};
   DTensor out = d.placements() == want ? d : d.redistribute(want);
   return local ? out.to_local() : at::Tensor(out);
-}
-
-// PrepareModuleOutput on a module without parallelized parameters of its own (an MoE layer
-// under sequence parallelism): its outputs converted by the module seam's post-forward hook.
-struct ModuleOutput {
-  DeviceMesh mesh;
-  PrepareModuleOutput style;
-};
-
-ModuleRegistry<ModuleOutput>& module_outputs() {
-  static ModuleRegistry<ModuleOutput> r;
-  return r;
 }
 
 // A plain output taken as this rank's piece in output_layouts, a DTensor as it is;
