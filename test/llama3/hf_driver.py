@@ -9,7 +9,8 @@ usage: hf_driver.py TORCHRUN WORKER [qwen3_moe]
           load_hf on 8 (2x2x2), 4 (2x1x2) and 2 (1x2x1) ranks: logits equal transformers'.
 With qwen3_moe, the tiny Qwen3-MoE (explicit head_dim, q / k norms, a dense layer then a
 mixture of 8 experts, top 2) against Qwen3MoeForCausalLM, its experts one tensor each:
-  export  4 ranks (1x4x1, experts over ep 4) write it; transformers loads it.
+  export  4 ranks (1x4x1, experts over ep 4) write it; transformers loads it. And the dense
+          Qwen3 (the tiny Llama with q / k norms) from 1x2x2 (tp 2), by Qwen3ForCausalLM.
   load    a Qwen3MoeForCausalLM saved by save_pretrained loads on 4 ranks (1x4x1, ep 2 x
           efsdp 2: each rank reads its experts' rows of the per-expert tensors).
 Exits 0 when all hold.
@@ -26,7 +27,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local directories only
 
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM  # noqa: E402
+from transformers import (LlamaConfig, LlamaForCausalLM, Qwen3ForCausalLM, Qwen3MoeConfig,  # noqa: E402
+                          Qwen3MoeForCausalLM)
 
 TOL = 1e-4
 
@@ -94,6 +96,11 @@ def qwen3_moe(torchrun, worker):
         ok = per_expert == 3 * 8 and "model.layers.1.mlp.experts.7.down_proj.weight" in keys
         print(f"{'ok' if ok else 'FAIL'}: {per_expert} per-expert tensors (want 24), files {files}")
         good &= ok
+
+        job(torchrun, worker, 4, "export-qwen3", hf + "-dense", out + "-dense", "1x2x2")
+        dense = Qwen3ForCausalLM.from_pretrained(hf + "-dense", torch_dtype=torch.float32).eval()
+        good &= check("dense Qwen3 (q / k norms) export on 1x2x2 (tp 2), loaded by transformers",
+                      logits_of(out + "-dense"), hf_logits(dense, dense.config.vocab_size))
 
         torch.manual_seed(7)
         config = Qwen3MoeConfig(hidden_size=64, intermediate_size=96, moe_intermediate_size=32,

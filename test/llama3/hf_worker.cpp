@@ -5,8 +5,8 @@
 // to judge against transformers' LlamaForCausalLM (Qwen3MoeForCausalLM for the tiny
 // Qwen3-MoE: export-qwen3-moe, or a loaded Qwen3-MoE directory; its experts over EP ranks).
 //
-//   torchrun --nproc-per-node N llama3_hf_worker export|export-qwen3-moe|load HF_DIR LOGITS_DIR
-//   AxBxC [EP]
+//   torchrun --nproc-per-node N llama3_hf_worker export|export-qwen3|export-qwen3-moe|load HF_DIR
+//   LOGITS_DIR AxBxC [EP]
 #include <iostream>
 #include <sstream>
 
@@ -52,15 +52,17 @@ Llama3 build(const Llama3Args& args, const dtensor::DeviceMesh& mesh, int64_t ep
 void run(const std::string& mode, const std::string& hf_dir, const std::string& logits_dir,
          const std::vector<int64_t>& shape, int64_t ep) {
   const auto mesh = dtensor::init_device_mesh(c10::kCPU, shape, {"dp_replicate", "dp_shard", "tp"});
-  const bool exporting = mode == "export" || mode == "export-qwen3-moe";
-  const Llama3Args args = mode == "export"             ? dtensor::models::llama3_tiny_args()
+  const bool exporting = mode.rfind("export", 0) == 0;
+  const Llama3Args args = mode == "export" ? dtensor::models::llama3_tiny_args()
+                          : mode == "export-qwen3"
+                              ? dtensor::models::llama3_tiny_args().qk_norm(true)
                           : mode == "export-qwen3-moe" ? dtensor::models::qwen3_moe_tiny_args()
                                                        : dtensor::models::args_from_hf(hf_dir);
   Llama3 model = build(args, mesh, ep);
   if (exporting) {
     dtensor::set_rng_state({true, 11, 0});
     model->init_weights();
-    if (mode == "export-qwen3-moe") { // norms off one, so that q / k norms' layout counts
+    if (mode != "export") { // norms off one, so that q / k norms' layout counts
       torch::NoGradGuard no_grad;
       for (auto& item : model->named_parameters()) {
         if (item.key().find("norm") != std::string::npos) {
@@ -89,8 +91,8 @@ void run(const std::string& mode, const std::string& hf_dir, const std::string& 
 
 int main(int argc, char** argv) {
   if (argc != 5 && argc != 6) {
-    std::cerr
-        << "usage: llama3_hf_worker export|export-qwen3-moe|load HF_DIR LOGITS_DIR AxBxC [EP]\n";
+    std::cerr << "usage: llama3_hf_worker export|export-qwen3|export-qwen3-moe|load HF_DIR "
+                 "LOGITS_DIR AxBxC [EP]\n";
     return 2;
   }
   dtensor::init_process_group();
