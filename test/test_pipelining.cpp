@@ -4,9 +4,12 @@
 // mean loss; each rank's point-to-point transfers are counted exactly (one send of each
 // activation and one of each input gradient across every stage boundary between ranks, per
 // microbatch); bad input is refused naming what was wrong.
+#include <cmath>
+
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/linear.h>
 
+#include <dtensor/clip_grad.h>
 #include <dtensor/pipelining.h>
 #include <dtensor/replicate.h>
 #include <models/llama3.h>
@@ -92,7 +95,8 @@ std::vector<dtensor::PipelineStage> stages_of(Model& model, const PipelineOrder&
 } // namespace
 
 TEST_CASE("every schedule's gradients equal the plain model's", "[pipelining][world2][world4]") {
-  auto pp = init_device_mesh(device_type(), {world()}, {"pp"}).get_group();
+  const DeviceMesh pp_mesh = init_device_mesh(device_type(), {world()}, {"pp"});
+  auto pp = pp_mesh.get_group();
   torch::manual_seed(7);
   at::Tensor input = at::randn({kBatch, kWidth});
   at::Tensor target = at::randn({kBatch, kWidth});
@@ -146,6 +150,24 @@ TEST_CASE("every schedule's gradients equal the plain model's", "[pipelining][wo
             sends); // each rank receives as much as it sends here
       CHECK(mode.total_bytes_in() == sends * (kBatch / 8) * kWidth * 4);
       CHECK(mode.count(dtensor::CollectiveKind::AllReduce) == 0);
+      // The total norm over every stage's gradients ([Note: the norm over pipeline stages]):
+      // the plain model's, for one all-reduce over pp (orders 2 and inf).
+      std::vector<at::Tensor> mine, all;
+      for (int i = 0; i < 8; ++i) {
+        for (const auto& t : {model.layers[i]->weight, model.layers[i]->bias}) {
+          if (t.grad().defined()) {
+            mine.push_back(t.grad());
+          }
+        }
+        all.push_back(plain.layers[i]->weight.grad());
+        all.push_back(plain.layers[i]->bias.grad());
+      }
+      for (double p : {2.0, static_cast<double>(INFINITY)}) {
+        dtensor::CommDebugMode norm_mode;
+        const at::Tensor norm = dtensor::get_total_norm(mine, p, false, pp_mesh);
+        CHECK(norm_mode.count(dtensor::CollectiveKind::AllReduce) == 1);
+        CHECK(close(full_value(norm), dtensor::get_total_norm(all, p)));
+      }
     }
   }
 }
@@ -332,8 +354,10 @@ TEST_CASE("Llama3 on pp x dp x tp: stages equal the plain model, exact counts",
   const at::Tensor targets = at::randint(kVocab, {kSequences, kSeq}, options(at::kLong));
   token_loss(plain->forward(tokens), targets).backward();
   std::map<std::string, at::Tensor> want;
+  std::vector<at::Tensor> plain_grads;
   for (const auto& p : plain->named_parameters()) {
     want[p.key()] = p.value().grad();
+    plain_grads.push_back(p.value().grad());
   }
   for (const auto& shape : std::vector<std::vector<int64_t>>{{2, 1, 2, 2}, {2, 2, 2, 1}}) {
     const DeviceMesh mesh =
@@ -382,20 +406,31 @@ TEST_CASE("Llama3 on pp x dp x tp: stages equal the plain model, exact counts",
       // The data-parallel mesh is 2-D, so each unit all-reduces over dp_replicate (also of
       // size 1, as FSDP x TP units on a (1, n) mesh do).
       CHECK(count_of(mode, "dp_replicate", CollectiveKind::AllReduce) == units);
+      std::vector<at::Tensor> params;
       for (const auto& st : stages) {
         for (const auto& p : st.module->named_parameters()) {
           INFO("gradient of " << p.key());
           REQUIRE(want.count(p.key()) == 1); // the whole model's name
           REQUIRE(p.value().grad().defined());
           CHECK(dtensor::testing::near(full_value(p.value().grad()), want.at(p.key())));
+          params.push_back(p.value());
         }
       }
+      // The recipe's clipping over every stage: the plain model's total norm, one all-reduce
+      // per mesh dimension of more than one rank that some gradient is sharded over (pp,
+      // dp_shard, tp; never dp_replicate, where HSDP's gradients are replicated).
+      CommDebugMode norm_mode;
+      const at::Tensor norm = dtensor::clip_grad_norm_(params, 1e9, 2.0, false, mesh["pp"]);
+      CHECK(norm_mode.count(CollectiveKind::AllReduce) ==
+            1 + (mesh["dp_shard"].size() > 1 ? 1 : 0) + (mesh["tp"].size() > 1 ? 1 : 0));
+      CHECK(dtensor::testing::near(full_value(norm), dtensor::get_total_norm(plain_grads)));
     }
   }
 }
 
 TEST_CASE("pipeline errors name what was wrong", "[pipelining][world2][world4]") {
-  auto pp = init_device_mesh(device_type(), {world()}, {"pp"}).get_group();
+  const DeviceMesh pp_mesh = init_device_mesh(device_type(), {world()}, {"pp"});
+  auto pp = pp_mesh.get_group();
   auto order = dtensor::generate_schedule(ScheduleKind::OneFOneB, world(), 8);
   Model model(1);
   // Stages the schedule does not place here.
@@ -406,6 +441,13 @@ TEST_CASE("pipeline errors name what was wrong", "[pipelining][world2][world4]")
                                "] on pipeline rank " + std::to_string(rank()) +
                                ", but this rank was given stages [" +
                                std::to_string((rank() + 1) % world()) + "]"));
+  // A norm of order 0 over stages (it counts tensors, which differ between stages), and a
+  // pipeline mesh of two dimensions: refused before any collective.
+  REQUIRE_THROWS_WITH(dtensor::get_total_norm({at::ones({2})}, 0.0, false, pp_mesh),
+                      contains("norm_type 0 counts gradient tensors"));
+  const DeviceMesh two_d = init_device_mesh(device_type(), {world(), 1}, {"pp", "x"});
+  REQUIRE_THROWS_WITH(dtensor::get_total_norm({at::ones({2})}, 2.0, false, two_d),
+                      contains("the pipeline mesh must be 1-D"));
   // A batch that does not split into the microbatches (checked before any transfer).
   dtensor::PipelineSchedule schedule(stages_of(model, order, world()), pp, order, 8, sum_loss);
   if (rank() == 0 || rank() == world() - 1) {

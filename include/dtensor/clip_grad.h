@@ -6,6 +6,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <dtensor/device_mesh.h>
+
 namespace dtensor {
 
 // The norm of order `norm_type` (any p > 0, inf, -inf, or 0 for the count of non-zeros) of
@@ -14,8 +16,18 @@ namespace dtensor {
 // dimension: the local partial norms of all tensors are combined first); plain inputs
 // only (no DTensor) give a plain tensor and no communication. The result has the inputs'
 // dtype; the reduction runs in fp32. error_if_nonfinite: throw (host sync) on nan / inf.
+//
+// [Note: the norm over pipeline stages] Under pipeline parallelism each pipeline rank holds
+// other parameters (its stages'). `pipeline`, a 1-D slice of the root mesh the gradients live
+// on (mesh["pp"]; or a 1-D mesh of its own when the stages hold plain tensors), makes the
+// norm cover every pipeline rank's gradients: the pipeline dimension counts as one more
+// dimension every gradient is sharded over, so one all-reduce more, over it, and the result
+// is Replicate over the union of the meshes including the pipeline dimension (torchtitan's
+// clip_grad_norm_ with pp_mesh). Every rank of the pipeline takes part, with or without
+// gradients. Order 0 is refused with a pipeline (its total counts tensors, which differ
+// between stages).
 at::Tensor get_total_norm(const std::vector<at::Tensor>& tensors, double norm_type = 2.0,
-                          bool error_if_nonfinite = false);
+                          bool error_if_nonfinite = false, const DeviceMesh& pipeline = {});
 
 // Scales every gradient of `parameters` by clamp(max_norm / (total_norm + 1e-6), max=1),
 // on the device, without a host sync and without communication.
@@ -24,7 +36,9 @@ void clip_grads_with_norm_(const std::vector<at::Tensor>& parameters, double max
 
 // get_total_norm of the parameters' gradients, then clip_grads_with_norm_; returns the
 // total norm (torch.nn.utils.clip_grad_norm_ semantics on DTensor gradients).
+// `pipeline`: [Note: the norm over pipeline stages].
 at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
-                           double norm_type = 2.0, bool error_if_nonfinite = false);
+                           double norm_type = 2.0, bool error_if_nonfinite = false,
+                           const DeviceMesh& pipeline = {});
 
 } // namespace dtensor

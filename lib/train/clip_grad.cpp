@@ -132,28 +132,55 @@ at::Tensor scaled(const Contribution& k, const MeshUnion& red, const std::vector
   return replicas == 1 ? k.part : k.part / replicas;
 }
 
+// The union mesh's index of the pipeline dimension ([Note: the norm over pipeline stages]),
+// or -1 without one.
+int64_t pipeline_dim(const MeshUnion& red, const DeviceMesh& pipeline, double p) {
+  if (!pipeline.defined()) {
+    return -1;
+  }
+  DTENSOR_CHECK(pipeline.ndim() == 1,
+                "get_total_norm: the pipeline mesh must be 1-D (mesh[\"pp\"]), got {}",
+                pipeline.to_string());
+  DTENSOR_CHECK(p != 0,
+                "get_total_norm: norm_type 0 counts gradient tensors, which differ between "
+                "pipeline stages; it is not supported with a pipeline mesh ({})",
+                pipeline.to_string());
+  return red.map_of(pipeline)[0];
+}
+
 at::Tensor total_norm(const std::vector<at::Tensor>& tensors,
-                      const std::vector<DeviceMesh>& extra_meshes, double p,
-                      bool error_if_nonfinite, c10::ScalarType dtype) {
+                      const std::vector<DeviceMesh>& extra_meshes, const DeviceMesh& pipeline,
+                      double p, bool error_if_nonfinite, c10::ScalarType dtype) {
   DTENSOR_CHECK(p >= 0 || std::isinf(p),
                 "get_total_norm: norm_type must be > 0, 0, inf or -inf, got {}", p);
   std::vector<DeviceMesh> meshes = extra_meshes;
+  if (pipeline.defined()) {
+    meshes.push_back(pipeline);
+  }
   for (const auto& t : tensors) {
     if (const DTensorMeta* m = dtensor_meta(t)) {
       meshes.push_back(m->spec.mesh);
     }
   }
   const MeshUnion red = mesh_union(meshes, "get_total_norm");
+  const int64_t pp_dim = pipeline_dim(red, pipeline, p);
   const Combine c = combine_of(p);
   at::Device device = tensors.empty() ? at::Device(at::kCPU) : tensors.front().device();
   std::vector<Contribution> contribs;
   contribs.reserve(tensors.size());
   for (const auto& t : tensors) {
     contribs.push_back(contribution(t, red, p));
+    if (pp_dim >= 0) { // each pipeline rank holds other gradients
+      contribs.back().sharded[static_cast<size_t>(pp_dim)] = true;
+    }
   }
   // Only mesh dims that some gradient is sharded over need the all-reduce: over the others
-  // every gradient already holds the whole value on every rank.
-  const std::vector<bool> reduced = dims_to_reduce(contribs, red);
+  // every gradient already holds the whole value on every rank. The pipeline dim always
+  // (a stage without gradients still takes part).
+  std::vector<bool> reduced = dims_to_reduce(contribs, red);
+  if (pp_dim >= 0) {
+    reduced[static_cast<size_t>(pp_dim)] = true;
+  }
   std::vector<at::Tensor> parts;
   parts.reserve(contribs.size());
   for (auto& k : contribs) {
@@ -172,7 +199,7 @@ at::Tensor total_norm(const std::vector<at::Tensor>& tensors,
                                    at::TensorOptions().dtype(at::kFloat).device(device));
   } else {
     at::Tensor all = at::stack(parts);
-    acc = count_tensors     ? all
+    acc = count_tensors       ? all
           : c == Combine::Max ? all.max()
           : c == Combine::Min ? all.min()
                               : all.sum();
@@ -192,7 +219,7 @@ at::Tensor total_norm(const std::vector<at::Tensor>& tensors,
       }
     }
   }
-  at::Tensor total = count_tensors ? (acc != 0).sum().to(at::kFloat)
+  at::Tensor total = count_tensors         ? (acc != 0).sum().to(at::kFloat)
                      : (c == Combine::Sum) ? (p == 1 ? acc : acc.pow(1.0 / p))
                                            : acc;
   if (error_if_nonfinite) {
@@ -214,10 +241,10 @@ at::Tensor total_norm(const std::vector<at::Tensor>& tensors,
 } // namespace detail
 
 at::Tensor get_total_norm(const std::vector<at::Tensor>& tensors, double norm_type,
-                          bool error_if_nonfinite) {
+                          bool error_if_nonfinite, const DeviceMesh& pipeline) {
   at::NoGradGuard no_grad;
   c10::ScalarType dtype = tensors.empty() ? at::kFloat : tensors.front().scalar_type();
-  return detail::total_norm(tensors, {}, norm_type, error_if_nonfinite, dtype);
+  return detail::total_norm(tensors, {}, pipeline, norm_type, error_if_nonfinite, dtype);
 }
 
 void clip_grads_with_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
@@ -240,7 +267,7 @@ void clip_grads_with_norm_(const std::vector<at::Tensor>& parameters, double max
 }
 
 at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
-                           double norm_type, bool error_if_nonfinite) {
+                           double norm_type, bool error_if_nonfinite, const DeviceMesh& pipeline) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
   std::vector<DeviceMesh> meshes; // every DTensor parameter's, so ranks without a gradient
@@ -260,7 +287,8 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max
   } else {
     dtype = grads.front().scalar_type();
   }
-  at::Tensor total = detail::total_norm(grads, meshes, norm_type, error_if_nonfinite, dtype);
+  at::Tensor total =
+      detail::total_norm(grads, meshes, pipeline, norm_type, error_if_nonfinite, dtype);
   clip_grads_with_norm_(parameters, max_norm, total);
   return total;
 }
