@@ -10,6 +10,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include <dtensor/clip_grad.h>
+#include <dtensor/materialize.h>
 #include <dtensor/pipelining.h>
 #include <dtensor/replicate.h>
 #include <models/llama3.h>
@@ -373,9 +374,13 @@ TEST_CASE("Llama3 on pp x dp x tp: stages equal the plain model, exact counts",
       const int num_stages = 2 * v;
       auto order = dtensor::generate_schedule(kind, 2, kMicro, v);
       auto placement = dtensor::validate_schedule(order, num_stages, kMicro);
-      Llama3 model(four_layers());
-      dtensor::set_rng_state({true, 7, 0});
-      model->init_weights();
+      // Built on meta; only this rank's stages materialized, then initialized by the whole
+      // model's init_weights ([Note: initializing stages built on meta]).
+      Llama3 model{nullptr};
+      {
+        dtensor::MetaDeviceGuard meta;
+        model = Llama3(four_layers());
+      }
       std::vector<dtensor::PipelineStage> stages;
       int64_t units = 0; // with parameters, on this rank
       for (int s = 0; s < num_stages; ++s) {
@@ -391,10 +396,13 @@ TEST_CASE("Llama3 on pp x dp x tp: stages equal the plain model, exact counts",
             units += unit->managed_parameters().empty() ? 0 : 1;
           }
         }
+        dtensor::to_empty(*stage, at::Device(device_type()));
         stages.push_back({s, stage.ptr(),
                           [stage](const at::Tensor& x) mutable { return stage->forward(x); },
                           mesh["tp"]}); // sequence-parallel hidden states travel as DTensors
       }
+      dtensor::set_rng_state({true, 7, 0});
+      model->init_weights();
       dtensor::PipelineSchedule schedule(stages, pp, order, kMicro, token_loss);
       CommDebugMode mode;
       schedule.step(my_tokens, my_targets);

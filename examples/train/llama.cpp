@@ -40,6 +40,8 @@
 #include "checkpoints.h"
 #include "common.h"
 #include "flags.h"
+#include "llama_flags.h"
+#include "pipeline.h"
 #include "tokenizer.h"
 
 namespace dtensor::train {
@@ -48,108 +50,6 @@ namespace {
 
 using models::Llama3;
 using models::Llama3Args;
-
-struct Flags {
-  std::vector<int64_t> mesh; // empty: from the world size (over the ranks of one cp group)
-  int64_t cp = 1;            // context parallelism: the sequence sharded over cp ranks
-  std::string cp_method = "allgather";
-  int64_t steps = 200, dim = 64, layers = 2, heads = 4, kv_heads = 2, seq = 32, batch = 32;
-  int64_t log_every = 20, save_every = 0, keep_latest = 0, vocab = 128;
-  double lr = 3e-3, max_norm = 1.0;
-  std::string ac = "full", precision = "bf16";
-  std::string metrics = "train-out/metrics.jsonl";
-  std::string export_hf, init_from_hf, save, resume;
-  std::string preset, report; // torchtitan's flavor; the directory of step reports
-  bool async_save = false;    // checkpoints written in the background ([Note: asynchronous save])
-  bool auto_resume = false;   // continue from --save DIR when it holds a checkpoint
-};
-
-std::vector<int64_t> parse_mesh(const std::string& s) {
-  std::vector<int64_t> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    const size_t x = s.find('x', start);
-    out.push_back(FlagTable::parse_int(s.substr(start, x - start)));
-    if (x == std::string::npos) {
-      break;
-    }
-    start = x + 1;
-  }
-  if (out.size() != 3) {
-    throw std::invalid_argument("three sizes: dp_replicate x dp_shard x tp");
-  }
-  return out;
-}
-
-// The recipe's flags: `train --help` prints them.
-FlagTable flag_table(Flags& f) {
-  FlagTable t("train", "examples/train/llama.cpp");
-  t.value("--mesh",
-          "dp_replicate x dp_shard x tp, e.g. 2x2x2 (default from the world size: "
-          "8 -> 2x2x2, 4 -> 1x2x2, 2 -> 1x1x2)",
-          [&f](const std::string& v) { f.mesh = parse_mesh(v); })
-      .value("--cp",
-             "context parallelism: each sequence sharded over N ranks (1), head-tail "
-             "balanced; the world is dp_replicate x dp_shard x cp x tp",
-             f.cp)
-      .value("--cp-method", "how K/V reach the other cp ranks", f.cp_method, {"allgather", "ring"})
-      .value("--preset", "torchtitan's flavor: llama3-8b|llama3-70b|llama3-405b",
-             [&f](const std::string& v) {
-               if (!models::llama3_preset(v)) {
-                 throw std::invalid_argument("not a flavor");
-               }
-               f.preset = v;
-             })
-      .value("--steps", "training steps (200)", f.steps)
-      .value("--dim", "model width (64)", f.dim)
-      .value("--layers", "transformer blocks (2)", f.layers)
-      .value("--heads", "attention heads (4)", f.heads)
-      .value("--kv-heads", "key/value heads (2)", f.kv_heads)
-      .value("--seq", "sequence length (32)", f.seq)
-      .value("--batch", "global batch, split over the data-parallel ranks (32)", f.batch)
-      .value("--vocab", "the tokenizer's pieces (128)", f.vocab)
-      .value("--lr", "AdamW's learning rate (3e-3)", f.lr)
-      .value("--max-norm", "clip_grad_norm_'s max norm (1.0)", f.max_norm)
-      .value("--ac", "activation checkpointing per block", f.ac, {"full", "selective", "none"})
-      .value("--precision", "parameters in forward and backward", f.precision, {"bf16", "fp32"})
-      .value("--log-every", "print every N-th step (20)",
-             [&f](const std::string& v) {
-               f.log_every = std::max<int64_t>(1, FlagTable::parse_int(v));
-             })
-      .value("--metrics", "JSON lines of every step (train-out/metrics.jsonl)", f.metrics)
-      .value("--export-hf", "a Hugging Face LlamaForCausalLM directory at the end", f.export_hf)
-      .value("--init-from-hf", "start from one (its config.json gives the shape)", f.init_from_hf)
-      .value("--save", "a checkpoint folder: DIR/step-<N> per save, as torchtitan's", f.save)
-      .value("--save-every", "steps between checkpoints (0: at the end only)", f.save_every)
-      .value("--keep-latest", "keep the K newest checkpoints (0: all)", f.keep_latest)
-      .value("--resume", "a checkpoint, or the newest under a checkpoint folder", f.resume)
-      .toggle("--async-save", "checkpoints written in the background while training goes on",
-              f.async_save)
-      .toggle("--auto-resume", "continue from the newest checkpoint under --save DIR",
-              f.auto_resume)
-      .value("--report", "the last step's RankReport of each rank as DIR/rank<R>.json", f.report);
-  return t;
-}
-
-[[noreturn]] void usage(const std::string& why) {
-  Flags f;
-  flag_table(f).fail(why);
-}
-
-Flags parse(int argc, char** argv) {
-  Flags f;
-  flag_table(f).parse(argc, argv);
-  return f;
-}
-
-// torchtitan's usual shape for a world size: tp 2 where possible, then dp_shard 2, the rest
-// replicated (8 -> 2x2x2, 4 -> 1x2x2, 2 -> 1x1x2, 6 -> 1x3x2).
-std::vector<int64_t> default_mesh(int64_t world) {
-  const int64_t tp = world % 2 == 0 ? 2 : 1;
-  const int64_t rest = world / tp;
-  const int64_t shard = rest % 2 == 0 ? 2 : rest;
-  return {rest / shard, shard, tp};
-}
 
 std::optional<ActivationCheckpointOptions> ac_options(const std::string& ac) {
   if (ac == "none") {
@@ -242,6 +142,8 @@ struct Loop {
   const std::optional<ContextParallel>& cp; // --cp > 1
   const at::Device& device;
   Llama3& model;
+  PipelineRecipe* pipeline;              // --pp > 1: this rank's stages and their schedule
+  const std::vector<at::Tensor>& params; // this rank's (its stages' under --pp)
   torch::optim::AdamW& opt;
   const at::Tensor& data;
   int64_t text_vocab;
@@ -297,6 +199,14 @@ struct Loop {
     };
     auto [x, y] = batch(index);
     opt.zero_grad();
+    if (pipeline != nullptr) { // forwards and backwards interleaved by the schedule
+      phase("pipeline");
+      at::Tensor loss = pipeline->step(x, y);
+      phase("optimizer");
+      at::Tensor norm = clip_grad_norm_(params, f.max_norm, 2.0, false, mesh["pp"]);
+      opt.step();
+      return {loss, norm};
+    }
     phase("forward");
     at::Tensor logits = dtensor::call(model, x);
     at::Tensor loss;
@@ -307,19 +217,21 @@ struct Loop {
       loss.backward();
     }
     phase("optimizer");
-    at::Tensor norm = clip_grad_norm_(model->parameters(), f.max_norm);
+    at::Tensor norm = clip_grad_norm_(params, f.max_norm);
     opt.step();
     return {loss.detach(), norm};
   }
 
   // The loss averaged over the data-parallel ranks and the norm, for the log only (after
-  // the step's counted collectives).
-  static std::pair<double, double> values(const at::Tensor& loss, const at::Tensor& norm) {
+  // the step's counted collectives). Under --pp only the last stage's ranks hold a loss
+  // (zero elsewhere): theirs, scaled by pp, averaged over the world.
+  std::pair<double, double> values(const at::Tensor& loss, const at::Tensor& norm) const {
     if (is_simulated()) { // a simulated rank's tensors have no values
       return {std::nan(""), std::nan("")};
     }
     at::Tensor l = is_dtensor(loss) ? DTensor(loss).to_local() : loss;
-    l = all_reduce(l.reshape({1}).to(at::kDouble), ReduceOp::Avg, world_group());
+    l = l.reshape({1}).to(at::kDouble) * static_cast<double>(f.pp);
+    l = all_reduce(l, ReduceOp::Avg, world_group());
     const at::Tensor n = is_dtensor(norm) ? DTensor(norm).to_local() : norm;
     return {l.item<double>(), n.item<double>()};
   }
@@ -341,7 +253,7 @@ struct Loop {
       }
       const auto [loss_t, norm_t] = step(s, recorder ? &*recorder : nullptr);
       if (recorder) {
-        RankReport report = recorder->finish(model->parameters(), &opt);
+        RankReport report = recorder->finish(params, &opt);
         report.tokens = f.batch * f.seq;
         write_report(report);
       }
@@ -465,33 +377,42 @@ int run_llama(int argc, char** argv) {
     usage("--cp " + std::to_string(f.cp) + " does not divide the " + std::to_string(world) +
           " ranks");
   }
-  if (f.mesh.empty()) {
-    f.mesh = default_mesh(world / f.cp);
+  if (const std::string why = pipeline_flag_error(f, world); !why.empty()) {
+    usage(why);
   }
-  if (f.mesh[0] * f.mesh[1] * f.cp * f.mesh[2] != world) {
+  if (f.mesh.empty()) {
+    f.mesh = default_mesh(world / (f.cp * f.pp));
+  }
+  if (f.pp * f.mesh[0] * f.mesh[1] * f.cp * f.mesh[2] != world) {
     usage("--mesh " + std::to_string(f.mesh[0]) + "x" + std::to_string(f.mesh[1]) + "x" +
-          std::to_string(f.mesh[2]) + " with --cp " + std::to_string(f.cp) +
-          " does not cover the " + std::to_string(world) + " ranks");
+          std::to_string(f.mesh[2]) + " with --cp " + std::to_string(f.cp) + " and --pp " +
+          std::to_string(f.pp) + " does not cover the " + std::to_string(world) + " ranks");
   }
   if (f.cp > 1 && f.seq % (2 * f.cp * f.mesh[2]) != 0) {
     usage("--seq " + std::to_string(f.seq) +
           " is not a multiple of 2 x cp x tp = " + std::to_string(2 * f.cp * f.mesh[2]) +
           " (head-tail balancing, then sequence parallelism over tp)");
   }
-  if (f.batch % (f.mesh[0] * f.mesh[1]) != 0) {
+  if (f.batch % (f.mesh[0] * f.mesh[1] * pipeline_microbatches(f)) != 0) {
     usage("--batch " + std::to_string(f.batch) + " is not a multiple of the " +
-          std::to_string(f.mesh[0] * f.mesh[1]) + " data-parallel ranks");
+          std::to_string(f.mesh[0] * f.mesh[1]) + " data-parallel ranks" +
+          (f.pp > 1 ? " x " + std::to_string(pipeline_microbatches(f)) + " microbatches" : ""));
   }
   const bool cuda = get_backend() == BackendType::Nccl;
   const at::Device device = default_device(); // the simulated device in a simulated world
-  const DeviceMesh mesh = f.cp > 1 ? init_device_mesh(cuda ? c10::kCUDA : c10::kCPU,
-                                                      {f.mesh[0], f.mesh[1], f.cp, f.mesh[2]},
+  const c10::DeviceType kind = cuda ? c10::kCUDA : c10::kCPU;
+  const DeviceMesh mesh = f.cp > 1 ? init_device_mesh(kind, {f.mesh[0], f.mesh[1], f.cp, f.mesh[2]},
                                                       {"dp_replicate", "dp_shard", "cp", "tp"})
-                                   : init_device_mesh(cuda ? c10::kCUDA : c10::kCPU, f.mesh,
-                                                      {"dp_replicate", "dp_shard", "tp"});
+                          : f.pp > 1
+                              ? init_device_mesh(kind, {f.pp, f.mesh[0], f.mesh[1], f.mesh[2]},
+                                                 {"pp", "dp_replicate", "dp_shard", "tp"})
+                              : init_device_mesh(kind, f.mesh, {"dp_replicate", "dp_shard", "tp"});
   const DeviceMesh dp = mesh[{"dp_replicate", "dp_shard"}];
   for (const char* dim : {"dp_replicate", "dp_shard", "tp"}) {
     mesh[dim].get_group(); // every group now, while Gloo's connection lines are muted
+  }
+  if (f.pp > 1) {
+    mesh["pp"].get_group();
   }
   std::optional<ContextParallel> cp;
   if (f.cp > 1) {
@@ -514,15 +435,27 @@ int run_llama(int argc, char** argv) {
   if (f.precision == "bf16") {
     fsdp.mp_policy(MixedPrecisionPolicy().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat));
   }
-  models::parallelize_llama3(model, mesh, /*loss_parallel=*/true, fsdp, ac_options(f.ac), cp);
-  to_empty(*model, device);
-  if (f.init_from_hf.empty()) {
-    set_rng_state({true, 0, 0}); // the same values on every layout (docs/random.md)
-    model->init_weights();
+  std::optional<PipelineRecipe> pipeline; // --pp: this rank's stages, initialized
+  if (f.pp > 1) {
+    const int64_t stages = f.pp * (is_single_stage(schedule_kind(f.pp_schedule)) ? 1 : 2);
+    if (args.n_layers() < stages) {
+      usage(std::to_string(args.n_layers()) + " layers cannot fill " + std::to_string(stages) +
+            " pipeline stages (" + f.pp_schedule + " on " + std::to_string(f.pp) +
+            " ranks): one block each at least");
+    }
+    pipeline.emplace(f, mesh, model, fsdp, ac_options(f.ac), device);
   } else {
-    models::load_hf(model, f.init_from_hf);
+    models::parallelize_llama3(model, mesh, /*loss_parallel=*/true, fsdp, ac_options(f.ac), cp);
+    to_empty(*model, device);
+    if (f.init_from_hf.empty()) {
+      set_rng_state({true, 0, 0}); // the same values on every layout (docs/random.md)
+      model->init_weights();
+    } else {
+      models::load_hf(model, f.init_from_hf);
+    }
   }
-  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(f.lr).weight_decay(0.1));
+  const std::vector<at::Tensor> params = pipeline ? pipeline->parameters() : model->parameters();
+  torch::optim::AdamW opt(params, torch::optim::AdamWOptions(f.lr).weight_decay(0.1));
   int64_t start = 0;
   if (is_simulated() && (!f.save.empty() || !f.resume.empty() || !f.export_hf.empty())) {
     usage("a simulated world has no values to save, resume or export");
@@ -548,11 +481,13 @@ int run_llama(int argc, char** argv) {
   }
   if (rank == 0) {
     std::printf(
-        "dtensor train (Llama 3 recipe): %lld ranks as (dp_replicate=%lld, dp_shard=%lld, "
+        "dtensor train (Llama 3 recipe): %lld ranks as (%sdp_replicate=%lld, dp_shard=%lld, "
         "%stp=%lld) on %s; vocab %lld, dim %lld, %lld layers, %lld/%lld heads, batch %lld x "
         "%lld (global), %s, AC %s, AdamW lr %g, clip %g\n",
-        static_cast<long long>(world), static_cast<long long>(f.mesh[0]),
-        static_cast<long long>(f.mesh[1]),
+        static_cast<long long>(world),
+        pipeline ? ("pp=" + std::to_string(f.pp) + " (" + pipeline->describe() + "), ").c_str()
+                 : "",
+        static_cast<long long>(f.mesh[0]), static_cast<long long>(f.mesh[1]),
         f.cp > 1 ? ("cp=" + std::to_string(f.cp) + " " + f.cp_method + ", ").c_str() : "",
         static_cast<long long>(f.mesh[2]),
         is_simulated() ? "the simulated device"
@@ -565,8 +500,9 @@ int run_llama(int argc, char** argv) {
         f.precision == "bf16" ? "bf16 parameters, fp32 reductions" : "fp32", f.ac.c_str(), f.lr,
         f.max_norm);
   }
-  Loop loop{f,    mesh,         dp,     cp, device, model, opt,
-            data, vocab.size(), folder, 0,  0,      {},    std::nullopt};
+  Loop loop{f,      mesh,        dp,   cp,           device, model, pipeline ? &*pipeline : nullptr,
+            params, opt,         data, vocab.size(), folder, 0,     0,
+            {},     std::nullopt};
   const bool ok = loop.run(start);
   if (is_simulated()) {
     return 0; // nothing to sample or export from tensors without values
@@ -574,12 +510,15 @@ int run_llama(int argc, char** argv) {
   if (cp) {
     cp->set_enabled(false); // generation: every cp rank runs the whole growing sequence
   }
-  const std::string text = sample(model, vocab, "It was the ", 24, f.seq, device);
+  // Under --pp no rank holds the whole model: no sample (a pipelined forward is not wired up).
+  const std::string text = pipeline ? "" : sample(model, vocab, "It was the ", 24, f.seq, device);
   if (!f.export_hf.empty()) {
     models::export_hf(model, f.export_hf);
   }
   if (rank == 0) {
-    std::printf("sample: \"%s\"\n", text.c_str());
+    if (!pipeline) {
+      std::printf("sample: \"%s\"\n", text.c_str());
+    }
     std::printf("loss %.4f -> %.4f (%s); metrics in %s%s%s\n", loop.first, loop.last,
                 ok ? "falling" : "NOT falling", f.metrics.c_str(),
                 f.export_hf.empty() ? "" : "; Hugging Face model in ", f.export_hf.c_str());

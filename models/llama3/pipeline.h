@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -93,13 +94,22 @@ inline dtensor::ParallelizePlan llama3_stage_tp_plan(const Llama3StageImpl& stag
 }
 
 // parallelize_llama3 for one stage, on the 4-D mesh's (dp_replicate, dp_shard, tp) part:
-// tensor parallelism over tp, fully_shard on each block and then on the stage (its root unit,
-// which the pipeline schedule drives). torchtitan's choice under pipelining:
-// reshard_after_forward off unless `fsdp` sets it (each microbatch's backward would gather the
-// blocks again).
-inline void parallelize_llama3_stage(Llama3Stage& stage, const dtensor::DeviceMesh& mesh,
-                                     bool loss_parallel,
-                                     const dtensor::FullyShardOptions& fsdp = {}) {
+// tensor parallelism over tp, activation checkpointing per block when `ac` is set, fully_shard
+// on each block and then on the stage (its root unit, which the pipeline schedule drives).
+// torchtitan's choice under pipelining: reshard_after_forward off unless `fsdp` sets it (each
+// microbatch's backward would gather the blocks again).
+//
+// [Note: initializing stages built on meta] A model built on the meta device and split into
+// stages is initialized by the whole model's init_weights() after parallelize_llama3_stage
+// and to_empty of this rank's stages: the other stages' parameters are still on the meta
+// device, where a random op consumes its draw and computes nothing (docs/random.md). Every
+// op thus draws what it draws in the unsplit model, and each stage holds exactly the values
+// of the unsplit model's init, on any layout (torchtitan initializes each stage on its own,
+// so its pipelined model starts from other values than its unpipelined one).
+inline void
+parallelize_llama3_stage(Llama3Stage& stage, const dtensor::DeviceMesh& mesh, bool loss_parallel,
+                         const dtensor::FullyShardOptions& fsdp = {},
+                         const std::optional<dtensor::ActivationCheckpointOptions>& ac = {}) {
   const Llama3Args& a = stage->model_args;
   DTENSOR_MODEL_CHECK(a.n_heads() % mesh["tp"].size() == 0 && a.kv_heads() % mesh["tp"].size() == 0,
                       "Llama3 stage: n_heads (", a.n_heads(), ") and n_kv_heads (", a.kv_heads(),
@@ -110,6 +120,11 @@ inline void parallelize_llama3_stage(Llama3Stage& stage, const dtensor::DeviceMe
                       ") in pipeline stages are not supported yet "
                       "(parallelize_llama3 has them)");
   dtensor::parallelize_module(*stage, mesh["tp"], llama3_stage_tp_plan(*stage, loss_parallel));
+  if (ac) {
+    for (auto* block : stage->blocks) {
+      dtensor::checkpoint_module(*block, *ac);
+    }
+  }
   auto options = fsdp;
   options.mesh(mesh[{"dp_replicate", "dp_shard"}]);
   if (!options.reshard_after_forward()) {

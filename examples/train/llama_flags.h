@@ -1,0 +1,131 @@
+#pragma once
+
+// The flags of the Llama 3 recipe (examples/train/llama.cpp, its pipeline part pipeline.cpp):
+// the values, their table (`train --help`) and the default mesh.
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <models/llama3.h>
+
+#include "flags.h"
+
+namespace dtensor::train {
+
+struct Flags {
+  std::vector<int64_t> mesh; // empty: from the world size (over the ranks of one cp group)
+  int64_t cp = 1;            // context parallelism: the sequence sharded over cp ranks
+  std::string cp_method = "allgather";
+  int64_t pp = 1; // pipeline parallelism: the blocks cut into stages over pp ranks
+  std::string pp_schedule = "1F1B";
+  int64_t microbatches = 0; // per step and data-parallel rank (0: 2 x pp)
+  int64_t steps = 200, dim = 64, layers = 2, heads = 4, kv_heads = 2, seq = 32, batch = 32;
+  int64_t log_every = 20, save_every = 0, keep_latest = 0, vocab = 128;
+  double lr = 3e-3, max_norm = 1.0;
+  std::string ac = "full", precision = "bf16";
+  std::string metrics = "train-out/metrics.jsonl";
+  std::string export_hf, init_from_hf, save, resume;
+  std::string preset, report; // torchtitan's flavor; the directory of step reports
+  bool async_save = false;    // checkpoints written in the background ([Note: asynchronous save])
+  bool auto_resume = false;   // continue from --save DIR when it holds a checkpoint
+};
+
+inline std::vector<int64_t> parse_mesh(const std::string& s) {
+  std::vector<int64_t> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    const size_t x = s.find('x', start);
+    out.push_back(FlagTable::parse_int(s.substr(start, x - start)));
+    if (x == std::string::npos) {
+      break;
+    }
+    start = x + 1;
+  }
+  if (out.size() != 3) {
+    throw std::invalid_argument("three sizes: dp_replicate x dp_shard x tp");
+  }
+  return out;
+}
+
+// The recipe's flags: `train --help` prints them.
+inline FlagTable flag_table(Flags& f) {
+  FlagTable t("train", "examples/train/llama.cpp");
+  t.value("--mesh",
+          "dp_replicate x dp_shard x tp, e.g. 2x2x2 (default from the world size: "
+          "8 -> 2x2x2, 4 -> 1x2x2, 2 -> 1x1x2)",
+          [&f](const std::string& v) { f.mesh = parse_mesh(v); })
+      .value("--cp",
+             "context parallelism: each sequence sharded over N ranks (1), head-tail "
+             "balanced; the world is dp_replicate x dp_shard x cp x tp",
+             f.cp)
+      .value("--cp-method", "how K/V reach the other cp ranks", f.cp_method, {"allgather", "ring"})
+      .value("--pp",
+             "pipeline parallelism: the blocks cut into stages over N ranks (1); the world is "
+             "pp x dp_replicate x dp_shard x tp (docs/pipeline.md)",
+             f.pp)
+      .value("--pp-schedule", "PyTorch's schedule (1F1B; two stages per rank but for GPipe, 1F1B)",
+             f.pp_schedule,
+             {"GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
+              "ZBVZeroBubble", "DualPipeV"})
+      .value("--microbatches", "microbatches per step of each data-parallel rank (2 x pp)",
+             f.microbatches)
+      .value("--preset", "torchtitan's flavor: llama3-8b|llama3-70b|llama3-405b",
+             [&f](const std::string& v) {
+               if (!models::llama3_preset(v)) {
+                 throw std::invalid_argument("not a flavor");
+               }
+               f.preset = v;
+             })
+      .value("--steps", "training steps (200)", f.steps)
+      .value("--dim", "model width (64)", f.dim)
+      .value("--layers", "transformer blocks (2)", f.layers)
+      .value("--heads", "attention heads (4)", f.heads)
+      .value("--kv-heads", "key/value heads (2)", f.kv_heads)
+      .value("--seq", "sequence length (32)", f.seq)
+      .value("--batch", "global batch, split over the data-parallel ranks (32)", f.batch)
+      .value("--vocab", "the tokenizer's pieces (128)", f.vocab)
+      .value("--lr", "AdamW's learning rate (3e-3)", f.lr)
+      .value("--max-norm", "clip_grad_norm_'s max norm (1.0)", f.max_norm)
+      .value("--ac", "activation checkpointing per block", f.ac, {"full", "selective", "none"})
+      .value("--precision", "parameters in forward and backward", f.precision, {"bf16", "fp32"})
+      .value("--log-every", "print every N-th step (20)",
+             [&f](const std::string& v) {
+               f.log_every = std::max<int64_t>(1, FlagTable::parse_int(v));
+             })
+      .value("--metrics", "JSON lines of every step (train-out/metrics.jsonl)", f.metrics)
+      .value("--export-hf", "a Hugging Face LlamaForCausalLM directory at the end", f.export_hf)
+      .value("--init-from-hf", "start from one (its config.json gives the shape)", f.init_from_hf)
+      .value("--save", "a checkpoint folder: DIR/step-<N> per save, as torchtitan's", f.save)
+      .value("--save-every", "steps between checkpoints (0: at the end only)", f.save_every)
+      .value("--keep-latest", "keep the K newest checkpoints (0: all)", f.keep_latest)
+      .value("--resume", "a checkpoint, or the newest under a checkpoint folder", f.resume)
+      .toggle("--async-save", "checkpoints written in the background while training goes on",
+              f.async_save)
+      .toggle("--auto-resume", "continue from the newest checkpoint under --save DIR",
+              f.auto_resume)
+      .value("--report", "the last step's RankReport of each rank as DIR/rank<R>.json", f.report);
+  return t;
+}
+
+[[noreturn]] inline void usage(const std::string& why) {
+  Flags f;
+  flag_table(f).fail(why);
+}
+
+inline Flags parse(int argc, char** argv) {
+  Flags f;
+  flag_table(f).parse(argc, argv);
+  return f;
+}
+
+// torchtitan's usual shape for a world size: tp 2 where possible, then dp_shard 2, the rest
+// replicated (8 -> 2x2x2, 4 -> 1x2x2, 2 -> 1x1x2, 6 -> 1x3x2).
+inline std::vector<int64_t> default_mesh(int64_t world) {
+  const int64_t tp = world % 2 == 0 ? 2 : 1;
+  const int64_t rest = world / tp;
+  const int64_t shard = rest % 2 == 0 ? 2 : rest;
+  return {rest / shard, shard, tp};
+}
+
+} // namespace dtensor::train
