@@ -508,3 +508,48 @@ TEST_CASE("checkpoint: consolidate unstacks rows under a pattern; load stacks th
       Catch::Matchers::Contains("no tensor 'experts.4.w' (row 4 of 'stacked', 5 rows)"));
   REQUIRE(five["stacked"].eq(7.0).all().item<bool>());
 }
+
+// [Note: names held by some ranks] As under pipeline parallelism, each rank of a (pp, dp)
+// mesh passes its stage's names only (sharded over dp) and a name every rank holds: the
+// checkpoint holds every name, each chunk written once, and any rank loads any name. Ranks
+// that disagree on a name's dtype, or whose pieces leave part of a tensor out, are refused
+// on every rank, naming the name and the ranks.
+TEST_CASE("checkpoint: names held by some ranks, as pipeline stages save them",
+          "[checkpoint][world2][world4]") {
+  using dtensor::Shard;
+  const std::string dir = fresh_dir("stages");
+  auto mesh = dtensor::init_device_mesh(device_type(), {2, world() / 2}, {"pp", "dp"});
+  const int64_t stage = mesh.get_local_rank("pp");
+  auto stage_value = [](int64_t s) { return seeded({8, 4}, 40 + static_cast<uint64_t>(s)); };
+  dtensor::StateDict state;
+  state.insert("layers." + std::to_string(stage) + ".w",
+               dtensor::distribute_tensor(stage_value(stage).to(options().device()), mesh["dp"],
+                                          {Shard(0)}));
+  state.insert("step", at::full({}, 7, options(at::kLong)));
+  const auto result = dtensor::checkpoint::save(state, dir);
+  at::Tensor mine = at::full({1}, result.data_bytes, options(at::kLong));
+  CHECK(dtensor::all_reduce(mine, dtensor::ReduceOp::Sum, dtensor::world_group()).item<int64_t>() ==
+        2 * 8 * 4 * 4 + 8);
+  const auto info = dtensor::checkpoint::read_metadata(dir);
+  CHECK(info.size() == 3);
+  for (int64_t s : {0, 1}) { // the other stage's name too, as a plain tensor
+    dtensor::StateDict want;
+    want.insert("layers." + std::to_string(s) + ".w", at::zeros({8, 4}, options()));
+    dtensor::checkpoint::load(want, dir);
+    CHECK(near(want["layers." + std::to_string(s) + ".w"].cpu(), stage_value(s)));
+  }
+  const auto refused = [&](const dtensor::StateDict& bad, const std::string& words) {
+    REQUIRE_THROWS_WITH(dtensor::checkpoint::save(bad, fresh_dir("stages-bad")), contains(words));
+  };
+  dtensor::StateDict mixed; // rank 0 Float, the others Double
+  mixed.insert("y", at::zeros({4}, options(rank() == 0 ? at::kFloat : at::kDouble)));
+  refused(mixed, "rank 1 passes 'y' as Double [4] where rank 0 passes it as Float [4]");
+  dtensor::StateDict gap; // rank 0's row block of a Shard(0) tensor, the others' missing
+  if (rank() == 0) {
+    gap.insert("g", dtensor::DTensor::from_local(at::zeros({2, 4}, options()), mesh_1d(),
+                                                 {Shard(0)}, std::vector<int64_t>{2 * world(), 4}));
+  }
+  refused(gap, "the pieces of 'g' ([" + std::to_string(2 * world()) +
+                   " 4]) held by ranks [0] cover 8 of its " + std::to_string(8 * world()) +
+                   " elements");
+}

@@ -110,9 +110,12 @@ std::string sample(Llama3& model, const Tokenizer& vocab, const std::string& pro
   return vocab.decode(ids);
 }
 
-StateDict train_state(Llama3& model, torch::optim::Optimizer& opt, int64_t step,
-                      StateDict* model_part, StateDict* optim_part) {
-  *model_part = get_model_state_dict(*model);
+// Under --pp (`pipeline`) this rank's stages only, under the whole model's names: the
+// checkpoint holds every name some rank saves ([Note: names held by some ranks]), so it is
+// the unpipelined recipe's checkpoint and any layout resumes it.
+StateDict train_state(Llama3& model, PipelineRecipe* pipeline, torch::optim::Optimizer& opt,
+                      int64_t step, StateDict* model_part, StateDict* optim_part) {
+  *model_part = pipeline ? pipeline->model_state() : get_model_state_dict(*model);
   model_part->erase("freqs_cis"); // recomputed, not trained
   *optim_part = get_optimizer_state_dict(*model, opt);
   StateDict all = *model_part;
@@ -123,12 +126,17 @@ StateDict train_state(Llama3& model, torch::optim::Optimizer& opt, int64_t step,
   return all;
 }
 
-int64_t resume(const std::string& dir, Llama3& model, torch::optim::Optimizer& opt) {
+int64_t resume(const std::string& dir, Llama3& model, PipelineRecipe* pipeline,
+               torch::optim::Optimizer& opt) {
   StateDict m, o;
-  StateDict all = train_state(model, opt, 0, &m, &o);
+  StateDict all = train_state(model, pipeline, opt, 0, &m, &o);
   checkpoint::load(all, dir);
   m.insert("freqs_cis", model->freqs_cis);
-  set_model_state_dict(*model, m);
+  if (pipeline) {
+    pipeline->load_model_state(m);
+  } else {
+    set_model_state_dict(*model, m);
+  }
   set_optimizer_state_dict(*model, opt, o);
   return all["step"].item<int64_t>();
 }
@@ -341,9 +349,9 @@ struct Loop {
     const std::string dir = folder.step_dir(s);
     if (f.async_save) { // waits for the previous save, stages this one, returns
       finish_saves();
-      pending = checkpoint::async_save(train_state(model, opt, s, &m, &o), dir);
+      pending = checkpoint::async_save(train_state(model, pipeline, opt, s, &m, &o), dir);
     } else {
-      checkpoint::save(train_state(model, opt, s, &m, &o), dir);
+      checkpoint::save(train_state(model, pipeline, opt, s, &m, &o), dir);
       folder.prune();
     }
     if (get_rank() == 0) {
@@ -473,7 +481,7 @@ int run_llama(int argc, char** argv) {
   if (!f.resume.empty()) {
     const std::string latest = latest_checkpoint(f.resume);
     f.resume = latest.empty() ? f.resume : latest; // else what load() makes of it (PyTorch's)
-    start = resume(f.resume, model, opt);
+    start = resume(f.resume, model, pipeline ? &*pipeline : nullptr, opt);
     if (rank == 0) {
       std::printf("resumed from %s at step %lld\n", f.resume.c_str(),
                   static_cast<long long>(start));

@@ -13,6 +13,8 @@
 #include <dtensor/random.h>
 #include <dtensor/tensor_parallel.h>
 
+#include <models/check.h>
+
 namespace dtensor::train {
 
 std::string pipeline_flag_error(const Flags& f, int64_t world) {
@@ -29,15 +31,12 @@ std::string pipeline_flag_error(const Flags& f, int64_t world) {
   if (f.cp > 1) {
     return "--pp with --cp is not supported yet (context parallelism inside pipeline stages)";
   }
-  for (const auto& [flag, set] : {std::pair{"--save", !f.save.empty()},
-                                  {"--resume", !f.resume.empty()},
-                                  {"--auto-resume", f.auto_resume},
-                                  {"--export-hf", !f.export_hf.empty()},
+  for (const auto& [flag, set] : {std::pair{"--export-hf", !f.export_hf.empty()},
                                   {"--init-from-hf", !f.init_from_hf.empty()}}) {
     if (set) {
       return std::string("--pp with ") + flag +
-             " is not supported yet (each pipeline rank holds other parameters; checkpoints "
-             "of stages are not written or read yet)";
+             " is not supported yet (no rank holds the whole model: save a checkpoint with "
+             "--pp, then resume it without)";
     }
   }
   return "";
@@ -113,6 +112,31 @@ std::vector<at::Tensor> PipelineRecipe::parameters() const {
     }
   }
   return out;
+}
+
+StateDict PipelineRecipe::model_state() {
+  StateDict out;
+  for (auto& stage : stages_) {
+    for (const auto& item : get_model_state_dict(*stage)) {
+      if (!out.contains(item.key())) { // freqs_cis: every stage's, the same tensor
+        out.insert(item.key(), item.value());
+      }
+    }
+  }
+  return out;
+}
+
+void PipelineRecipe::load_model_state(const StateDict& state) {
+  for (auto& stage : stages_) {
+    StateDict mine;
+    for (const auto& item : get_model_state_dict(*stage)) {
+      const at::Tensor* value = state.find(item.key());
+      DTENSOR_MODEL_CHECK(value != nullptr, "train --pp: the state has no '", item.key(),
+                          "' for stage ", stage->stage);
+      mine.insert(item.key(), *value);
+    }
+    set_model_state_dict(*stage, mine);
+  }
 }
 
 at::Tensor PipelineRecipe::step(const at::Tensor& tokens, const at::Tensor& targets) {

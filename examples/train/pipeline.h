@@ -15,6 +15,7 @@
 #include <dtensor/device_mesh.h>
 #include <dtensor/fully_shard.h>
 #include <dtensor/pipelining.h>
+#include <dtensor/state_dict.h>
 
 #include <models/llama3/pipeline.h>
 
@@ -47,6 +48,10 @@ class PipelineRecipe {
   // contract: gradients as the unpipelined recipe's mean loss); zero elsewhere.
   at::Tensor step(const at::Tensor& tokens, const at::Tensor& targets);
   bool holds_last_stage() const { return last_; }
+  // This rank's stages' model state (get_model_state_dict of each, under the whole model's
+  // names), and its inverse (the names of this rank's stages taken from `state`).
+  StateDict model_state();
+  void load_model_state(const StateDict& state);
   const std::string& describe() const { return describe_; }
 
  private:

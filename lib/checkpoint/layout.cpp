@@ -87,8 +87,9 @@ std::string describe_pieces(const std::vector<SavedTensor>& tensors) {
     const std::vector<int64_t> offset =
         t.spec ? t.spec->local_offset() : std::vector<int64_t>(t.shape.size(), 0);
     const std::vector<int64_t> shape = t.spec ? t.spec->local_shape() : t.shape;
-    text += fmt::format("{}\t{}\t{}\t{}\t{}\n", t.key, c10::toString(t.dtype),
-                        fmt::join(t.shape, " "), fmt::join(offset, " "), fmt::join(shape, " "));
+    text += fmt::format("{}\t{}\t{}\t{}\t{}\t{}\n", t.key, c10::toString(t.dtype),
+                        fmt::join(t.shape, " "), fmt::join(offset, " "), fmt::join(shape, " "),
+                        c10::elementSize(t.dtype));
   }
   return text;
 }
@@ -117,59 +118,97 @@ std::vector<int64_t> ints(const std::string& s) {
 
 } // namespace
 
+namespace {
+
+// One rank's line for one name: what it passes and where it sits in that rank's list.
+struct Held {
+  int rank = 0;
+  size_t index = 0;                // into that rank's SavedTensor list
+  std::vector<std::string> fields; // name, dtype, global shape, offsets, piece shape, bytes
+                                   // per element (describe_pieces)
+};
+
+// Every name passed by some rank, in the order of first appearance (rank 0's list, then what
+// rank 1 adds, ...), with the ranks holding it.
+std::vector<std::pair<std::string, std::vector<Held>>>
+names_and_holders(const std::vector<std::string>& texts) {
+  std::vector<std::pair<std::string, std::vector<Held>>> out;
+  std::map<std::string, size_t> position;
+  for (size_t r = 0; r < texts.size(); ++r) {
+    const std::vector<std::string> lines = split(texts[r], '\n');
+    for (size_t i = 0; i < lines.size(); ++i) {
+      Held h{static_cast<int>(r), i, split(lines[i], '\t')};
+      auto [it, added] = position.emplace(h.fields[0], out.size());
+      if (added) {
+        out.emplace_back(h.fields[0], std::vector<Held>{});
+      }
+      out[it->second].second.push_back(std::move(h));
+    }
+  }
+  return out;
+}
+
+} // namespace
+
+// [Note: names held by some ranks] As DCP's global plan, the checkpoint holds every name any
+// rank passes: under pipeline parallelism each pipeline rank passes its stages' names only.
+// The ranks holding a name must agree on its dtype and global shape, and their pieces must
+// cover the whole tensor (a rank that forgot its piece would otherwise leave rows unsaved);
+// either failure is named, with the ranks, on every rank.
 WritePlan plan_writes(const std::vector<SavedTensor>& tensors, const std::string& what) {
   const std::vector<std::string> texts =
       all_gather_strings(describe_pieces(tensors), world_group());
   const auto world_size = static_cast<int>(texts.size());
-  std::vector<std::vector<std::string>> lines;
-  for (const std::string& t : texts) {
-    lines.push_back(split(t, '\n'));
-  }
-  for (int r = 1; r < world_size; ++r) {
-    const auto& a = lines[0];
-    const auto& b = lines[static_cast<size_t>(r)];
-    for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
-      const std::vector<std::string> fa =
-          i < a.size() ? split(a[i], '\t') : std::vector<std::string>(5);
-      const std::vector<std::string> fb =
-          i < b.size() ? split(b[i], '\t') : std::vector<std::string>(5);
-      DTENSOR_CHECK(
-          fa[0] == fb[0] && fa[1] == fb[1] && fa[2] == fb[2],
-          "{}: rank {} passes '{}' ({} {}) where rank 0 passes '{}' ({} {}) as entry {}: every "
-          "rank must pass the same names, dtypes and global shapes in the same order",
-          what, r, fb[0], fb[1], fb[2], fa[0], fa[1], fa[2], i);
-    }
-  }
   WritePlan plan;
   plan.chunks.resize(static_cast<size_t>(world_size));
   std::vector<int64_t> assigned(static_cast<size_t>(world_size), 0);
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const SavedTensor& t = tensors[i];
+  for (const auto& [name, held] : names_and_holders(texts)) {
+    const Held& first = held.front();
+    for (const Held& h : held) {
+      DTENSOR_CHECK(h.fields[1] == first.fields[1] && h.fields[2] == first.fields[2],
+                    "{}: rank {} passes '{}' as {} [{}] where rank {} passes it as {} [{}]: the "
+                    "ranks holding a name must agree on its dtype and global shape",
+                    what, h.rank, name, h.fields[1], h.fields[2], first.rank, first.fields[1],
+                    first.fields[2]);
+    }
     // Distinct pieces (offsets, shape) in rank order, each with the ranks holding it.
     std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> boxes;
-    std::vector<std::vector<int>> holders;
-    for (int r = 0; r < world_size; ++r) {
-      const std::vector<std::string> f = split(lines[static_cast<size_t>(r)][i], '\t');
-      std::pair<std::vector<int64_t>, std::vector<int64_t>> box{ints(f[3]), ints(f[4])};
+    std::vector<std::vector<const Held*>> holders;
+    for (const Held& h : held) {
+      std::pair<std::vector<int64_t>, std::vector<int64_t>> box{ints(h.fields[3]),
+                                                                ints(h.fields[4])};
       auto it = std::find(boxes.begin(), boxes.end(), box);
       if (it == boxes.end()) {
         boxes.push_back(std::move(box));
         holders.emplace_back();
         it = boxes.end() - 1;
       }
-      holders[static_cast<size_t>(it - boxes.begin())].push_back(r);
+      holders[static_cast<size_t>(it - boxes.begin())].push_back(&h);
     }
-    const int64_t elem = static_cast<int64_t>(c10::elementSize(t.dtype));
+    const std::vector<int64_t> shape = ints(first.fields[2]);
+    int64_t covered = 0;
+    for (const auto& box : boxes) {
+      covered += elements_of(box.second);
+    }
+    std::vector<int> ranks;
+    for (const Held& h : held) {
+      ranks.push_back(h.rank);
+    }
+    DTENSOR_CHECK(covered >= elements_of(shape),
+                  "{}: the pieces of '{}' ([{}]) held by ranks [{}] cover {} of its {} elements",
+                  what, name, first.fields[2], fmt::join(ranks, ", "), covered, elements_of(shape));
+    const int64_t elem = std::stoll(first.fields[5]);
     for (size_t b = 0; b < boxes.size(); ++b) {
       const int64_t n = elements_of(boxes[b].second);
-      if (n == 0 && !(elements_of(t.shape) == 0 && b == 0)) {
+      if (n == 0 && !(elements_of(shape) == 0 && b == 0)) {
         continue; // an empty piece of a non-empty tensor: nothing to write
       }
-      const int writer = *std::min_element(holders[b].begin(), holders[b].end(), [&](int x, int y) {
-        return assigned[static_cast<size_t>(x)] < assigned[static_cast<size_t>(y)];
-      });
-      assigned[static_cast<size_t>(writer)] += n * elem;
-      plan.chunks[static_cast<size_t>(writer)].push_back({i, boxes[b].first});
+      const Held* writer = *std::min_element(
+          holders[b].begin(), holders[b].end(), [&](const Held* x, const Held* y) {
+            return assigned[static_cast<size_t>(x->rank)] < assigned[static_cast<size_t>(y->rank)];
+          });
+      assigned[static_cast<size_t>(writer->rank)] += n * elem;
+      plan.chunks[static_cast<size_t>(writer->rank)].push_back({writer->index, boxes[b].first});
     }
   }
   for (int r = 0; r < world_size; ++r) {

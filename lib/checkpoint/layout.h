@@ -44,11 +44,12 @@ struct WritePlan {
 
 // Collective over the world (two all-gathers of a few bytes per tensor): every rank
 // describes its pieces (name, dtype, global shape, offsets and shape of its piece; Partial
-// pieces as if reduced); when the ranks agree on the names, dtypes and global shapes, each
-// distinct non-empty piece is given to one of the ranks holding it, the one with the fewest
-// bytes so far (the same decision on every rank). Pieces are matched by name and offsets, as
-// PyTorch's DCP does, so DTensors on sub-meshes (each rank its own) dedup like any other.
-// Otherwise every rank throws naming the first differing name and the ranks.
+// pieces as if reduced). Every name some rank passes is saved ([Note: names held by some
+// ranks] in layout.cpp): when the ranks holding it agree on its dtype and global shape and
+// their pieces cover it, each distinct non-empty piece is given to one of the ranks holding
+// it, the one with the fewest bytes so far (the same decision on every rank). Pieces are
+// matched by name and offsets, as PyTorch's DCP does, so DTensors on sub-meshes (each rank
+// its own) dedup like any other. Otherwise every rank throws naming the name and the ranks.
 WritePlan plan_writes(const std::vector<SavedTensor>& tensors, const std::string& what);
 
 // The local piece as a contiguous CPU tensor.

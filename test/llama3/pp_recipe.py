@@ -8,11 +8,15 @@ split backward). Each pipelined run builds the model on meta, materializes only 
 initializes them by the whole model's init ([Note: initializing stages built on meta]): every
 step's loss and gradient norm (clipped over every stage, one all-reduce more over pp) must
 equal the run without pp within 2e-4 (relative). Rank 0's sends and receives per step are
-counted exactly: one per microbatch per stage boundary it touches. Then flags that cannot go
-with --pp are refused by name before anything runs.
+counted exactly: one per microbatch per stage boundary it touches. The 1F1B run saves a
+checkpoint at step 3 (each pipeline rank its stages' names: [Note: names held by some
+ranks]); the recipe without pp on 2 ranks resumes it and must go on as the run without pp
+did (steps 3-5, and the same closing sample: the same final model). Then flags that cannot
+go with --pp are refused by name before anything runs.
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -36,35 +40,53 @@ def run(torchrun, train, nproc, out, extra):
     if p.returncode != 0:
         print(p.stderr[-3000:])
         sys.exit(f"{name}: exit {p.returncode}")
-    return [json.loads(line) for line in open(metrics)]
+    sample = [line for line in p.stdout.splitlines() if line.startswith("sample:")]
+    return [json.loads(line) for line in open(metrics)], sample
+
+
+def compare(label, got, want):
+    ok = len(got) == len(want)
+    for a, b in zip(got, want):
+        for key in ("loss", "grad_norm"):
+            if abs(a[key] - b[key]) > 2e-4 * abs(b[key]):
+                print(f"FAIL {label} step {a['step']}: {key} {a[key]} against {b[key]}")
+                ok = False
+    print(f"{label}: losses {[round(r['loss'], 5) for r in got]} "
+          f"against {[round(r['loss'], 5) for r in want]}")
+    return ok
 
 
 def main():
     torchrun, train, out = sys.argv[1:4]
     os.makedirs(out, exist_ok=True)
-    want = run(torchrun, train, 2, out, ["--ac", "none"])
-    ok = True
+    want, want_sample = run(torchrun, train, 2, out, ["--ac", "none"])
+    ok = len(want) == STEPS and len(want_sample) == 1
+    ckpt = os.path.join(out, "ckpt")
+    shutil.rmtree(ckpt, ignore_errors=True)  # a rerun saves afresh
     # Rank 0 holds stage 0 (1F1B: one boundary) or stages 0 and 3 (ZBV: two).
-    for schedule, ac, boundaries in (("1F1B", "full", 1), ("ZBVZeroBubble", "none", 2)):
-        got = run(torchrun, train, 4, out, ["--pp", "2", "--pp-schedule", schedule, "--ac", ac])
-        for a, b in zip(got, want):
-            for key in ("loss", "grad_norm"):
-                if abs(a[key] - b[key]) > 2e-4 * abs(b[key]):
-                    print(f"FAIL {schedule} step {a['step']}: {key} {a[key]} against {b[key]}")
-                    ok = False
+    for schedule, ac, boundaries, extra in (
+            ("1F1B", "full", 1, ["--save", ckpt, "--save-every", "3"]),
+            ("ZBVZeroBubble", "none", 2, [])):
+        got, _ = run(torchrun, train, 4, out,
+                     ["--pp", "2", "--pp-schedule", schedule, "--ac", ac, *extra])
+        ok = compare(schedule, got, want) and ok
+        for a in got:
             for kind in ("send", "recv"):
                 if a["collectives"].get(kind) != boundaries * MICRO:
                     print(f"FAIL {schedule} step {a['step']}: {kind} {a['collectives']}")
                     ok = False
-        print(f"{schedule}: losses {[round(r['loss'], 5) for r in got]} "
-              f"against {[round(r['loss'], 5) for r in want]}")
-        ok = ok and len(got) == len(want) == STEPS
+    # The pipelined checkpoint resumed without pp, on 2 ranks.
+    got, sample = run(torchrun, train, 2, out,
+                      ["--ac", "none", "--resume", os.path.join(ckpt, "step-3")])
+    ok = compare("resumed without pp", got, want[3:]) and ok
+    if sample != want_sample:
+        print(f"FAIL resumed without pp: {sample} against {want_sample}")
+        ok = False
     # Refused by name, on every rank, before any training (exit 2, the usage error).
-    for extra, words in ((["--pp", "2", "--save", os.path.join(out, "ckpt")],
-                          "--pp with --save is not supported yet"),
+    for extra, words in ((["--pp", "2", "--export-hf", os.path.join(out, "hf")],
+                          "--pp with --export-hf is not supported yet"),
                          (["--pp", "2", "--layers", "2", "--pp-schedule", "ZBVZeroBubble"],
-                          "2 layers cannot fill 4 pipeline stages (ZBVZeroBubble on 2 ranks)"),
-                         (["--pp", "3"], "--pp 3 does not divide the 4 ranks")):
+                          "2 layers cannot fill 4 pipeline stages (ZBVZeroBubble on 2 ranks)")):
         p = launch(torchrun, train, 4, [*FLAGS[:-2], *extra])
         if p.returncode == 0 or words not in p.stderr:
             print(f"FAIL {extra}: exit {p.returncode}, stderr {p.stderr[-1500:]}")
