@@ -11,9 +11,14 @@
 // set from the end of the warm-up steps to its peak over the timed steps (MB, the largest
 // over ranks: what a step holds at its peak), the measured bubble (1 - busy time of all
 // ranks / (ranks x step time), from PipelineOptions::record_timeline) and the bubble the
-// timed simulation predicts from the measured mean cost of each action type.
+// timed simulation predicts from the measured mean cost of each action type, without and
+// with the measured point-to-point latency of one activation (half a round trip between
+// ranks 0 and 1). Under LD_PRELOAD of bench/live_bytes.cpp: also the peak of live tensor
+// bytes over the timed steps (MB, the largest over ranks).
+#include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -111,6 +116,36 @@ double peak_rss_mb() {
   return kb / 1e3;
 }
 
+// bench/live_bytes.cpp's counter when it is preloaded, else null.
+template <typename F>
+F* live_bytes_fn(const char* name) {
+  return reinterpret_cast<F*>(dlsym(RTLD_DEFAULT, name));
+}
+
+// Half the median round trip of `shape` floats between ranks 0 and 1 (the others idle),
+// seconds: the simulation's p2p latency for one activation.
+double p2p_latency(const std::vector<int64_t>& shape) {
+  const int rank = dtensor::get_rank();
+  at::Tensor buf = at::zeros(shape);
+  std::vector<double> trips;
+  for (int i = 0; i < 21; ++i) {
+    dtensor::barrier(dtensor::world_group());
+    const auto t0 = Clock::now();
+    if (rank == 0) {
+      dtensor::send(buf, 1, dtensor::world_group()).wait();
+      dtensor::recv(buf, 1, dtensor::world_group()).wait();
+    } else if (rank == 1) {
+      dtensor::recv(buf, 0, dtensor::world_group()).wait();
+      dtensor::send(buf, 0, dtensor::world_group()).wait();
+    }
+    trips.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(trips.begin(), trips.end());
+  at::Tensor half = at::tensor({rank == 0 ? trips[trips.size() / 2] / 2 : 0.0}, at::kDouble);
+  dtensor::all_reduce_(half, dtensor::ReduceOp::Max, dtensor::world_group());
+  return half.item<double>();
+}
+
 std::string json_list(const std::vector<double>& v) {
   std::string out;
   for (double x : v) {
@@ -175,6 +210,13 @@ int main(int argc, char** argv) {
   for (int i = 0; i < f.warmup; ++i) {
     step();
   }
+  const double latency = p2p_latency({f.batch / f.microbatches, 64, f.dim});
+  auto* live_peak = live_bytes_fn<int64_t()>("live_bytes_peak");
+  if (auto* reset = live_bytes_fn<void()>("live_bytes_reset_peak")) {
+    reset();
+  }
+  auto* live_now = live_bytes_fn<int64_t()>("live_bytes_now");
+  const double live_before = live_now != nullptr ? static_cast<double>(live_now()) / 1e6 : -1.0;
   const double rss_before = reset_peak_rss_mb(); // after the warm-up's one-time costs
   std::vector<double> ms;
   std::map<dtensor::ActionType, std::pair<double, int>> cost; // total seconds, count
@@ -208,12 +250,22 @@ int main(int argc, char** argv) {
   const double full = mean_cost(dtensor::ActionType::FullBackward);
   const double in = mean_cost(dtensor::ActionType::BackwardInput);
   const double wt = mean_cost(dtensor::ActionType::BackwardWeight);
-  const auto predicted = dtensor::simulate_schedule(order, num_stages,
-                                                    dtensor::ScheduleCosts()
-                                                        .forward(fwd)
-                                                        .full_backward(full > 0 ? full : in + wt)
-                                                        .backward_input(in > 0 ? in : full / 2)
-                                                        .backward_weight(wt > 0 ? wt : full / 2));
+  const auto costs = dtensor::ScheduleCosts()
+                         .forward(fwd)
+                         .full_backward(full > 0 ? full : in + wt)
+                         .backward_input(in > 0 ? in : full / 2)
+                         .backward_weight(wt > 0 ? wt : full / 2);
+  const auto predicted = dtensor::simulate_schedule(order, num_stages, costs);
+  const auto with_latency = dtensor::simulate_schedule(
+      order, num_stages, dtensor::ScheduleCosts(costs).p2p_latency(latency));
+  at::Tensor live = at::tensor(
+      {live_peak != nullptr ? static_cast<double>(live_peak()) / 1e6 : -1.0, live_before},
+      at::kDouble);
+  if (std::getenv("BENCH_PIPELINE_VERBOSE") != nullptr) { // each rank's own figures
+    std::fprintf(stderr, "rank %d: live %.2f MB before the timed steps, peak %.2f MB\n", rank,
+                 live[1].item<double>(), live[0].item<double>());
+  }
+  dtensor::all_reduce_(live, dtensor::ReduceOp::Max, dtensor::world_group());
   at::Tensor growth = at::tensor({peak_rss_mb() - rss_before}, at::kDouble);
   dtensor::all_reduce_(growth, dtensor::ReduceOp::Max, dtensor::world_group());
   std::vector<double> bubbles;
@@ -222,9 +274,13 @@ int main(int argc, char** argv) {
   }
   if (rank == 0) {
     std::printf("RESULT {\"step_ms\": %s, \"rss_growth_mb\": %f, \"bubble\": %s, "
-                "\"simulated_bubble\": %f, \"costs_ms\": [%f, %f, %f, %f]}\n",
+                "\"simulated_bubble\": %f, \"simulated_bubble_p2p\": %f, \"p2p_ms\": %f, "
+                "\"live_peak_mb\": %f, \"live_before_mb\": %f, "
+                "\"costs_ms\": [%f, %f, %f, %f]}\n",
                 json_list(ms).c_str(), growth.item<double>(), json_list(bubbles).c_str(),
-                predicted.bubble_fraction, fwd * 1e3, full * 1e3, in * 1e3, wt * 1e3);
+                predicted.bubble_fraction, with_latency.bubble_fraction, latency * 1e3,
+                live[0].item<double>(), live[1].item<double>(), fwd * 1e3, full * 1e3, in * 1e3,
+                wt * 1e3);
     std::fflush(stdout);
   }
   return 0;

@@ -14,8 +14,14 @@ gradients zeroed before each step, no optimizer. Each round runs every configura
 PyTorch, then dtensor. A run's figure is the median of its timed steps; the table gives
 the median over rounds with the spread (min-max); ratios are medians of per-round ratios.
 Memory: the growth of the resident set from the end of the warm-up steps to its peak over
-the timed steps (the largest over ranks; VmHWM reset through /proc/self/clear_refs). Bubble (dtensor only): measured, 1 - busy / (ranks x step), and as the timed
-simulation predicts it from the measured mean cost of each action type.
+the timed steps (the largest over ranks; VmHWM reset through /proc/self/clear_refs); with
+--live-bytes LIB (build/bench/liblive_bytes.so), one more run of each side per
+configuration with LIB preloaded gives the peak of live tensor bytes over the timed steps
+(the largest over ranks): every tensor's memory, counted where LibTorch allocates it on
+both sides (bench/live_bytes.cpp), blind to what glibc keeps after a free. Bubble (dtensor
+only): measured, 1 - busy / (ranks x step), and as the timed simulation predicts it from
+the measured mean cost of each action type, without and with the measured point-to-point
+latency of one activation.
 """
 import argparse
 import json
@@ -52,6 +58,15 @@ def peak_rss_mb():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1e3
     return 0.0
+
+
+def live_bytes(name):
+    """bench/live_bytes.cpp's counter when it is preloaded, else None."""
+    import ctypes
+    fn = getattr(ctypes.CDLL(None), name, None)
+    if fn is not None:
+        fn.restype = ctypes.c_int64 if name != "live_bytes_reset_peak" else None
+    return fn
 
 
 def worker(args):
@@ -101,6 +116,10 @@ def worker(args):
 
     for _ in range(args.warmup):
         step()
+    reset_live, live_peak = live_bytes("live_bytes_reset_peak"), live_bytes("live_bytes_peak")
+    if reset_live:
+        reset_live()
+    live_before = live_bytes("live_bytes_now")() / 1e6 if reset_live else -1.0
     before = reset_peak_rss_mb()  # after the warm-up's one-time costs
     ms = []
     for _ in range(args.steps):
@@ -108,15 +127,23 @@ def worker(args):
         t0 = time.perf_counter()
         step()
         ms.append((time.perf_counter() - t0) * 1e3)
-    growth = torch.tensor([peak_rss_mb() - before])
+    growth = torch.tensor([peak_rss_mb() - before, live_peak() / 1e6 if live_peak else -1.0,
+                           live_before], dtype=torch.float64)
+    if os.environ.get("BENCH_PIPELINE_VERBOSE"):  # each rank's own figures
+        print(f"rank {rank}: live {live_before:.2f} MB before the timed steps, peak "
+              f"{float(growth[1]):.2f} MB", file=sys.stderr, flush=True)
     dist.all_reduce(growth, op=dist.ReduceOp.MAX)
     if rank == 0:
-        print("RESULT " + json.dumps({"step_ms": ms, "rss_growth_mb": float(growth)}), flush=True)
+        print("RESULT " + json.dumps({"step_ms": ms, "rss_growth_mb": float(growth[0]),
+                                      "live_peak_mb": float(growth[1]),
+                                      "live_before_mb": float(growth[2])}), flush=True)
     dist.destroy_process_group()
 
 
-def run(cmd):
+def run(cmd, preload=None):
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_CPP_LOG_LEVEL="ERROR")
+    if preload:
+        env["LD_PRELOAD"] = preload
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -137,9 +164,12 @@ def ratio(a, b):
 
 
 def driver(args):
-    print("| schedule | ranks | m | PyTorch ms | dtensor ms | dtensor / PyTorch | PyTorch RSS "
-          "growth MB | dtensor RSS growth MB | bubble measured | bubble simulated |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    live = ["PyTorch live peak MB", "dtensor live peak MB"] if args.live_bytes else []
+    cols = ["schedule", "ranks", "m", "PyTorch ms", "dtensor ms", "dtensor / PyTorch",
+            "PyTorch RSS growth MB", "dtensor RSS growth MB", *live, "bubble measured",
+            "bubble simulated", "with p2p latency", "p2p ms"]
+    print("| " + " | ".join(cols) + " |")
+    print("| --- |" + " ---: |" * (len(cols) - 1))
     for ranks in args.ranks:
         for schedule in args.schedules:
             m = args.microbatches or 2 * ranks
@@ -151,13 +181,22 @@ def driver(args):
             for _ in range(args.rounds):
                 t.append(run(tr + [__file__, "--worker"] + common))
                 d.append(run(tr + ["--no-python", args.binary] + common))
+            mem = ""
+            if args.live_bytes:  # one more pair, preloaded (the counter slows every free)
+                lt = run(tr + [__file__, "--worker"] + common, args.live_bytes)
+                ld = run(tr + ["--no-python", args.binary] + common, args.live_bytes)
+                mem = f"| {lt['live_peak_mb']:.2f} | {ld['live_peak_mb']:.2f} "
+                print(f"live at the first timed step: PyTorch {lt['live_before_mb']:.2f} MB, "
+                      f"dtensor {ld['live_before_mb']:.2f} MB", file=sys.stderr)
             print(f"| {schedule} | {ranks} | {m} | {fmt([r['ms'] for r in t])} "
                   f"| {fmt([r['ms'] for r in d])} "
                   f"| {ratio([r['ms'] for r in d], [r['ms'] for r in t]):.2f}x "
                   f"| {fmt([r['rss_growth_mb'] for r in t])} "
-                  f"| {fmt([r['rss_growth_mb'] for r in d])} "
+                  f"| {fmt([r['rss_growth_mb'] for r in d])} {mem}"
                   f"| {fmt([r['measured'] for r in d], 3)} "
-                  f"| {fmt([r['simulated_bubble'] for r in d], 3)} |", flush=True)
+                  f"| {fmt([r['simulated_bubble'] for r in d], 3)} "
+                  f"| {fmt([r['simulated_bubble_p2p'] for r in d], 3)} "
+                  f"| {fmt([r['p2p_ms'] for r in d], 2)} |", flush=True)
 
 
 def main():
@@ -174,6 +213,7 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--ranks", type=int, nargs="*", default=[2, 4])
+    p.add_argument("--live-bytes", default=None)  # build/bench/liblive_bytes.so
     p.add_argument("torchrun", nargs="?")
     p.add_argument("binary", nargs="?")
     args = p.parse_args()

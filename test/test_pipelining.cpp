@@ -175,6 +175,71 @@ TEST_CASE("every schedule's gradients equal the plain model's", "[pipelining][wo
 
 namespace {
 
+int64_t count_of(const CommDebugMode& mode, const std::string& group, CollectiveKind kind);
+
+} // namespace
+
+// [Note: a communicator per pipeline edge], forced on Gloo (NCCL's default): the gradients
+// of the plain model; every transfer on the communicator of its boundary and direction (per
+// step, each such communicator of this rank carries the 8 microbatches' sends, or their
+// receives), none on the pipeline group; two per boundary this rank shares with another,
+// made once (a second schedule over the same edges makes none).
+TEST_CASE("a communicator per pipeline edge", "[pipelining][world2][world4]") {
+  const DeviceMesh pp_mesh = init_device_mesh(device_type(), {world()}, {"pp"});
+  auto pp = pp_mesh.get_group();
+  torch::manual_seed(7);
+  const at::Tensor input = at::randn({kBatch, kWidth});
+  const at::Tensor target = at::randn({kBatch, kWidth});
+  Model plain(1);
+  sum_loss(plain.run(input, 0, 8), target).backward();
+  const auto options = dtensor::PipelineOptions().group_per_edge(true);
+  for (const Case& c : {Case{ScheduleKind::OneFOneB, 1}, Case{ScheduleKind::ZBVZeroBubble, 2}}) {
+    INFO(dtensor::schedule_name(c.kind));
+    const int num_stages = world() * c.stages_per_rank;
+    const auto order = dtensor::generate_schedule(c.kind, world(), 8, c.stages_per_rank);
+    const auto placement = dtensor::validate_schedule(order, num_stages, 8);
+    std::vector<std::string> mine; // this rank's edge communicators
+    for (int b = 0; b + 1 < num_stages; ++b) {
+      if (placement[b] != placement[b + 1] &&
+          (placement[b] == rank() || placement[b + 1] == rank())) {
+        for (const char* dir : {"F", "B"}) {
+          mine.push_back("pp:pp-" + std::to_string(b) + "-" + std::to_string(b + 1) + dir);
+        }
+      }
+    }
+    Model model(1);
+    const int64_t before = dtensor::num_groups_created();
+    dtensor::PipelineSchedule schedule(stages_of(model, order, num_stages), pp, order, 8, sum_loss,
+                                       options);
+    if (c.kind == ScheduleKind::OneFOneB) { // the first: every edge group is new
+      CHECK(dtensor::num_groups_created() - before == static_cast<int64_t>(mine.size()));
+    }
+    const int64_t made = dtensor::num_groups_created();
+    dtensor::PipelineSchedule again(stages_of(model, order, num_stages), pp, order, 8, sum_loss,
+                                    options);
+    CHECK(dtensor::num_groups_created() == made);
+    CommDebugMode mode;
+    schedule.step(input, target);
+    for (const std::string& label : mine) {
+      INFO(label);
+      CHECK(count_of(mode, label, CollectiveKind::Send) +
+                count_of(mode, label, CollectiveKind::Recv) ==
+            8);
+    }
+    CHECK(count_of(mode, "pp", CollectiveKind::Send) == 0);
+    CHECK(count_of(mode, "pp", CollectiveKind::Recv) == 0);
+    const int per = 8 / num_stages;
+    for (int s = 0; s < num_stages; ++s) {
+      for (int i = s * per; placement[s] == rank() && i < (s + 1) * per; ++i) {
+        CHECK(close(model.layers[i]->weight.grad(), plain.layers[i]->weight.grad()));
+        CHECK(close(model.layers[i]->bias.grad(), plain.layers[i]->bias.grad()));
+      }
+    }
+  }
+}
+
+namespace {
+
 int64_t count_of(const CommDebugMode& mode, const std::string& group, CollectiveKind kind) {
   const auto counts = mode.counts_by_group();
   auto g = counts.find(group);

@@ -33,7 +33,6 @@ namespace dtensor {
 // agreeing on sizes] in lib/mesh/size_check.cpp). The library's own collectives, whose sizes
 // agree by construction, skip it.
 
-
 struct CollectiveOptions {
   // Return at once with a pending Work instead of waiting for completion. The tensors
   // must not be read or freed before Work::wait().
@@ -55,6 +54,8 @@ class Work {
 
   void wait();
   bool completed() const { return done_; }
+  // The communication has finished, so wait() would not block (waited or not); no wait.
+  bool is_ready() const;
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
@@ -109,7 +110,6 @@ Work recv(at::Tensor& tensor, int src, const Group& group, int tag = 0,
 // Group rank 0 runs `body` (file-system work, say); every rank then raises the same
 // dtensor::Error, "<what>: rank r: <message>", when it threw. One all-gather of one integer
 // when it did not.
-void on_rank0(const std::string& what, const std::function<void()>& body,
-              const Group& group);
+void on_rank0(const std::string& what, const std::function<void()>& body, const Group& group);
 
 } // namespace dtensor

@@ -19,6 +19,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -58,6 +59,12 @@ struct PipelineOptions {
   // the measured side of the timed simulation (simulate_schedule), for calibration.
   TORCH_ARG(bool, record_timeline) = false;
   TORCH_ARG(LoweringOptions, lowering) = {};
+  // [Note: a communicator per pipeline edge] Activations and input gradients of each stage
+  // boundary travel on a two-rank communicator of their own per direction, instead of the
+  // pipeline group. nullopt: per edge on NCCL, where a communicator's transfers to one peer
+  // share one stream (a receive posted ahead would hold up an unrelated send queued behind
+  // it); the pipeline group on Gloo, whose pairs are independent already.
+  TORCH_ARG(std::optional<bool>, group_per_edge) = std::nullopt;
 };
 
 class PipelineSchedule {

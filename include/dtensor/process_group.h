@@ -110,10 +110,13 @@ Group new_group(const std::vector<int>& ranks, std::string label = "");
 // [Note: per-group backends] A group's backend and timeout may differ from the world's: a
 // CPU mesh beside CUDA ones in an NCCL world runs on Gloo, a slow dimension gets a longer
 // timeout (PyTorch's init_device_mesh(..., backend_override=...)). Auto is the world's backend
-// (its timeout for nullopt). Groups are cached by rank list, backend and timeout.
+// (its timeout for nullopt). Groups are cached by rank list, backend, timeout and name.
 struct GroupOptions {
   TORCH_ARG(BackendType, backend) = BackendType::Auto;
   TORCH_ARG(std::optional<std::chrono::milliseconds>, timeout) = std::nullopt;
+  // A communicator of its own for these ranks when not empty (another name, another
+  // communicator over the same ranks): pipelining's per-edge groups.
+  TORCH_ARG(std::string, name) = "";
 };
 Group new_group(const std::vector<int>& ranks, std::string label, const GroupOptions& options);
 

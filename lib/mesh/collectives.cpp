@@ -224,6 +224,10 @@ Work::~Work() {
   }
 }
 
+bool Work::is_ready() const {
+  return done_ || !work_ || work_->isCompleted();
+}
+
 void Work::wait() {
   if (done_) {
     return;

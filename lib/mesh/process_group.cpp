@@ -24,8 +24,8 @@ struct World {
   bool initialized = false;
   c10::intrusive_ptr<c10d::Store> store;
   std::shared_ptr<const detail::GroupState> world;
-  // By rank list, backend and timeout ([Note: per-group backends]).
-  std::map<std::tuple<std::vector<int>, BackendType, int64_t>,
+  // By rank list, backend, timeout ([Note: per-group backends]) and name.
+  std::map<std::tuple<std::vector<int>, BackendType, int64_t, std::string>,
            std::shared_ptr<const detail::GroupState>>
       groups;
   int local_rank = 0;
@@ -398,7 +398,7 @@ void init_process_group(const ProcessGroupOptions& options) {
   w.store = store;
   w.world = world;
   w.groups.clear();
-  w.groups[{all, type, options.timeout().count()}] = world;
+  w.groups[{all, type, options.timeout().count(), ""}] = world;
   w.local_rank = local_rank;
   w.local_world = local_world;
   w.num_created = 1;
@@ -524,7 +524,8 @@ Group new_group(const std::vector<int>& ranks, std::string label, const GroupOpt
   if (it == ranks.end()) {
     return Group();
   }
-  std::tuple<std::vector<int>, BackendType, int64_t> key{ranks, type, timeout.count()};
+  std::tuple<std::vector<int>, BackendType, int64_t, std::string> key{ranks, type, timeout.count(),
+                                                                      options.name()};
   if (auto cached = w.groups.find(key); cached != w.groups.end()) {
     return Group(cached->second, std::move(label));
   }
@@ -537,6 +538,9 @@ Group new_group(const std::vector<int>& ranks, std::string label, const GroupOpt
   std::string prefix = fmt::format("dtensor/group/{}/", fmt::join(ranks, ","));
   if (type != w.world->type || timeout != w.world->timeout) {
     prefix += fmt::format("{}-{}ms/", to_string(type), timeout.count());
+  }
+  if (!options.name().empty()) {
+    prefix += fmt::format("name-{}/", options.name());
   }
   auto state = make_group(c10::make_intrusive<c10d::PrefixStore>(prefix, w.store), ranks,
                           static_cast<int>(it - ranks.begin()), type, timeout);

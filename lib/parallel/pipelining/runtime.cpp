@@ -24,12 +24,24 @@
 // WAIT_REDUCE_GRAD completes it. UNSHARD all-gathers every unit of the stage asynchronously
 // (the units' first use waits), RESHARD frees them. Whether a unit also reshards after each
 // forward stays the unit's own reshard_after_forward (torchtitan turns it off under PP).
+//
+// [Note: a communicator per pipeline edge] With group_per_edge, the transfers across stage
+// boundary b (stage b to b+1) go on two communicators over [rank of b, rank of b+1]: one for
+// the activations, one for the input gradients, each named for its boundary and direction.
+// On each of them one rank only sends and the other only receives, both in the order of
+// the microbatches (every schedule runs a stage's forwards, and its backwards, in microbatch
+// order), so a receive posted ahead waits only for its own send, on no other transfer's
+// stream. They are made in the constructor, boundary after boundary on every rank: a rank
+// waits only at a lower boundary whose two ranks have made every boundary below it, so the
+// rendezvous cannot deadlock. Cached by name: another schedule over the same edges reuses
+// them.
 #include <dtensor/pipelining.h>
 
 #include <algorithm>
 #include <chrono>
 #include <map>
 #include <optional>
+#include <string>
 #include <tuple>
 
 #include <ATen/ATen.h>
@@ -101,6 +113,9 @@ struct PipelineSchedule::Impl {
   // PyTorch allocates each just before its receive). A tensor a caller keeps alive is never
   // reused. The list is the peak of live receives, kept between steps.
   std::vector<at::Tensor> recv_pool;
+  // [Note: a communicator per pipeline edge] (boundary, forward) -> its group; empty: all on
+  // `group`.
+  std::map<std::pair<int, bool>, Group> edges;
   // Posted receives and sends in flight: (type, stage, microbatch) -> (work, its tensor).
   std::map<std::tuple<AT, int, int>, std::pair<Work, at::Tensor>> in_flight;
 
@@ -120,9 +135,39 @@ struct PipelineSchedule::Impl {
   at::Tensor recv_buffer(const Shape& shape);
   void post_send(bool fwd, int s, int mb);
   void wait_send(bool fwd, int s, int mb);
+  void release_sent();
   at::Tensor take_recv(bool fwd, int s, int mb);
   void check_done();
+  void make_edge_groups();
+  // The communicator of a transfer across boundary b (stage b to b+1) and the peer's rank in
+  // it: `to_next` when the peer holds stage b + 1.
+  std::pair<const Group*, int> route(int b, bool fwd, bool to_next) const;
 };
+
+void PipelineSchedule::Impl::make_edge_groups() {
+  const std::vector<int>& ranks = group.ranks();
+  for (int b = 0; b + 1 < num_stages; ++b) {
+    const int lo = placement[b];
+    const int hi = placement[b + 1];
+    if (lo == hi || (group.rank() != lo && group.rank() != hi)) {
+      continue;
+    }
+    for (bool fwd : {true, false}) {
+      const std::string name = fmt::format("pp-{}-{}{}", b, b + 1, fwd ? "F" : "B");
+      edges[{b, fwd}] =
+          new_group({ranks[static_cast<size_t>(lo)], ranks[static_cast<size_t>(hi)]},
+                    fmt::format("{}:{}", group.label(), name), GroupOptions().name(name));
+    }
+  }
+}
+
+std::pair<const Group*, int> PipelineSchedule::Impl::route(int b, bool fwd, bool to_next) const {
+  auto it = edges.find({b, fwd});
+  if (it == edges.end()) {
+    return {&group, placement[to_next ? b + 1 : b]};
+  }
+  return {&it->second, to_next ? 1 : 0};
+}
 
 void PipelineSchedule::Impl::find_shapes() {
   detail::Uncounted uncounted;
@@ -233,8 +278,8 @@ void PipelineSchedule::Impl::post_recv(bool fwd, int s, int mb) {
   // gradient from stage s+1.
   const Shape& shape = fwd ? in_shape.at(s) : out_shape.at(s); // local sizes
   at::Tensor buf = recv_buffer(shape);
-  int peer = placement[fwd ? s - 1 : s + 1];
-  Work w = dtensor::recv(buf, peer, group, tag(fwd, s, mb), CollectiveOptions().async_op(true));
+  const auto [on, peer] = fwd ? route(s - 1, true, false) : route(s, false, true);
+  Work w = dtensor::recv(buf, peer, *on, tag(fwd, s, mb), CollectiveOptions().async_op(true));
   in_flight.emplace(std::tuple{fwd ? AT::RecvF : AT::RecvB, s, mb}, std::pair{std::move(w), buf});
 }
 
@@ -266,11 +311,27 @@ void PipelineSchedule::Impl::post_send(bool fwd, int s, int mb) {
   at::Tensor t = fwd ? detail::wire_of(outputs.at({s, mb}))
                      : detail::grad_to_wire(input_grads.at({s, mb}), in_shape.at(s));
   int to = fwd ? s + 1 : s - 1;
-  Work w =
-      dtensor::send(t, placement[to], group, tag(fwd, to, mb), CollectiveOptions().async_op(true));
+  const auto [on, peer] = fwd ? route(s, true, true) : route(s - 1, false, false);
+  Work w = dtensor::send(t, peer, *on, tag(fwd, to, mb), CollectiveOptions().async_op(true));
   in_flight.emplace(std::tuple{fwd ? AT::SendF : AT::SendB, s, mb}, std::pair{std::move(w), t});
   if (!fwd) {
     input_grads.erase({s, mb});
+  }
+}
+
+// [Note: releasing sent tensors] A send's tensor (an activation, or an input gradient nothing
+// else refers to) is held by its Work until the schedule's WAIT_SEND, which the lowering puts
+// at the end of the step for input gradients. Before each compute action, the sends already
+// delivered are completed here and let go of their tensors, so that a stage's input
+// gradients do not pile up until the step ends; their WAIT_SEND finds them done.
+void PipelineSchedule::Impl::release_sent() {
+  for (auto& [key, entry] : in_flight) {
+    const AT type = std::get<0>(key);
+    if ((type == AT::SendF || type == AT::SendB) && entry.second.defined() &&
+        entry.first.is_ready()) {
+      entry.first.wait(); // raises a failed send's error here, naming the action
+      entry = {Work(), at::Tensor()};
+    }
   }
 }
 
@@ -367,6 +428,9 @@ void PipelineSchedule::Impl::backward(AT type, int s, int mb) {
 void PipelineSchedule::Impl::run(const PipelineAction& a) {
   for (const auto& part : a.sub_actions) { // OVERLAP_F_B: one after the other
     run(part);
+  }
+  if (a.is_compute() && a.sub_actions.empty()) {
+    release_sent(); // [Note: releasing sent tensors]
   }
   int s = a.stage;
   int mb = a.microbatch.value_or(-1);
@@ -471,6 +535,9 @@ PipelineSchedule::PipelineSchedule(std::vector<PipelineStage> stages, Group grou
                 "PipelineSchedule: the schedule places stages [{}] on pipeline rank {}, but this "
                 "rank was given stages [{}]",
                 fmt::join(mine, ", "), d.group.rank(), fmt::join(given, ", "));
+  if (d.options.group_per_edge().value_or(d.group.backend_type() == BackendType::Nccl)) {
+    d.make_edge_groups();
+  }
 }
 
 PipelineSchedule::~PipelineSchedule() = default;
