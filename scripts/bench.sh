@@ -7,7 +7,7 @@ configure "$root/build" -Dcuda=disabled -Dbuildtype=debugoptimized
 ninja -C "$root/build" bench/bench_dispatch_overhead bench/bench_fsdp_step bench/bench_clip_grad_norm \
   bench/bench_checkpoint_io bench/bench_fsdp_overlap bench/bench_meta_init_memory \
   bench/bench_activation_checkpoint bench/bench_loss_parallel bench/bench_reduce_scatter \
-  bench/bench_module_call bench/bench_pipeline examples/train
+  bench/bench_module_call bench/bench_pipeline bench/liblive_bytes.so examples/train
 export TORCH_CPP_LOG_LEVEL=${TORCH_CPP_LOG_LEVEL:-WARNING}
 echo "## dispatch overhead, 1 rank"
 "$root/build/bench/bench_dispatch_overhead"
@@ -39,7 +39,11 @@ echo "## fully_shard step time vs PyTorch FSDP2, overlap on / off, 2 and 4 ranks
 echo
 echo "## pipeline schedules vs PyTorch's torch.distributed.pipelining, 2 and 4 ranks (alternating)"
 "$root/.venv/bin/python" "$root/bench/pipeline.py" "$root/.venv/bin/torchrun" \
-  "$root/build/bench/bench_pipeline" --rounds 3 --ranks 2 4
+  "$root/build/bench/bench_pipeline" --rounds 3 --ranks 2 4 \
+  --live-bytes "$root/build/bench/liblive_bytes.so"
+"$root/.venv/bin/python" "$root/bench/pipeline.py" "$root/.venv/bin/torchrun" \
+  "$root/build/bench/bench_pipeline" --rounds 3 --ranks 2 4 --dim 32 \
+  --schedules 1F1B ZBVZeroBubble --live-bytes "$root/build/bench/liblive_bytes.so"
 echo
 echo "## memory per rank: meta init and a training step, Transformer on 8 ranks"
 torchrun --standalone --nproc-per-node 8 --no-python "$root/build/bench/bench_meta_init_memory"
