@@ -16,6 +16,7 @@ go with --pp are refused by name before anything runs.
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -34,7 +35,9 @@ def launch(torchrun, train, nproc, args):
 
 def run(torchrun, train, nproc, out, extra):
     name = "-".join(extra) or "plain"
-    metrics = os.path.join(out, f"metrics-{nproc}-{name}.jsonl")
+    metrics = os.path.join(out, f"metrics-{nproc}-{re.sub('[^A-Za-z0-9]+', '-', name)}.jsonl")
+    if os.path.exists(metrics):  # a resumed run appends to its file: start afresh
+        os.remove(metrics)
     p = launch(torchrun, train, nproc, [*FLAGS, *extra, "--metrics", metrics])
     print(p.stdout[-2000:])
     if p.returncode != 0:

@@ -24,150 +24,16 @@
 // WAIT_REDUCE_GRAD completes it. UNSHARD all-gathers every unit of the stage asynchronously
 // (the units' first use waits), RESHARD frees them. Whether a unit also reshards after each
 // forward stays the unit's own reshard_after_forward (torchtitan turns it off under PP).
-//
-// [Note: a communicator per pipeline edge] With group_per_edge, the transfers across stage
-// boundary b (stage b to b+1) go on two communicators over [rank of b, rank of b+1]: one for
-// the activations, one for the input gradients, each named for its boundary and direction.
-// On each of them one rank only sends and the other only receives, both in the order of
-// the microbatches (every schedule runs a stage's forwards, and its backwards, in microbatch
-// order), so a receive posted ahead waits only for its own send, on no other transfer's
-// stream. They are made in the constructor, boundary after boundary on every rank: a rank
-// waits only at a lower boundary whose two ranks have made every boundary below it, so the
-// rendezvous cannot deadlock. Cached by name: another schedule over the same edges reuses
-// them.
+
 #include <dtensor/pipelining.h>
 
-#include <algorithm>
-#include <chrono>
-#include <map>
-#include <optional>
-#include <string>
-#include <tuple>
+#include "parallel/pipelining/runtime_impl.h"
 
-#include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
-#include <torch/nn/module.h>
-
-#include <dtensor/collectives.h>
-#include <dtensor/fully_shard.h>
-#include <dtensor/replicate.h>
-
-#include "internal/check.h"
-#include "mesh/collectives_internal.h"
-#include "parallel/pipelining/activations.h"
-#include "parallel/pipelining/schedule_parts.h"
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/variable.h>
 
 namespace dtensor {
-
-namespace detail {
-
-// A stage's data parallelism: its fully_shard units ([Note: fully_shard under pipelining])
-// and replicate() handles.
-struct StageUnits {
-  std::optional<FSDPModule> root;
-  std::vector<FSDPModule> units; // root included
-  GradientReductionHandle reduction;
-  std::vector<ReplicateHandle> replicas; // replicate() inside the stage
-  int weight_backwards = 0;              // this step's B and W so far
-};
-
-} // namespace detail
-
-namespace {
-
-using AT = ActionType;
-using Clock = std::chrono::steady_clock;
-using Slot = std::pair<int, int>; // stage, microbatch
-using Shape = detail::StageShape;
-
-constexpr int kMetaTag = 1 << 24;
-
-} // namespace
-
-struct PipelineSchedule::Impl {
-  std::map<int, PipelineStage> stages;        // this rank's, by index
-  std::map<int, detail::StageUnits> dp_units; // the same stages'
-  Group group;
-  int microbatches = 0;
-  int num_stages = 0;
-  PipelineLoss loss;
-  PipelineOptions options;
-  std::vector<int> placement; // stage -> pipeline rank
-  PipelineOrder program;
-  bool shapes_known = false;
-  std::map<int, detail::StageShape> in_shape, out_shape; // per local stage
-
-  // Per step.
-  std::vector<at::Tensor> input_mbs, target_mbs, losses;
-  Clock::time_point step_start;
-  std::optional<Clock::time_point> compute_start; // the running compute action's, once its
-                                                  // input is there (record_timeline)
-  std::vector<TimedAction> timeline;
-  double step_seconds = 0.0;
-  std::map<Slot, at::Tensor> inputs, outputs, grad_outputs, input_grads;
-  // [Note: receive buffers] Every receive buffer this schedule allocated. A receive takes one
-  // of the right size and dtype that nothing else refers to any more (its storage's only
-  // owner is this list: the forward that read it and the backward that saved it are done, or
-  // the gradient it held has been used), else allocates one: buffers follow the liveness of
-  // the activations and gradients they hold, instead of one per microbatch (pytorch#136380;
-  // PyTorch allocates each just before its receive). A tensor a caller keeps alive is never
-  // reused. The list is the peak of live receives, kept between steps.
-  std::vector<at::Tensor> recv_pool;
-  // [Note: a communicator per pipeline edge] (boundary, forward) -> its group; empty: all on
-  // `group`.
-  std::map<std::pair<int, bool>, Group> edges;
-  // Posted receives and sends in flight: (type, stage, microbatch) -> (work, its tensor).
-  std::map<std::tuple<AT, int, int>, std::pair<Work, at::Tensor>> in_flight;
-
-  bool is_local(int stage) const { return stages.count(stage) > 0; }
-  int tag(bool fwd, int stage, int mb) const {
-    return ((stage * 2 + (fwd ? 0 : 1)) * microbatches + mb) + 1;
-  }
-
-  void find_shapes();
-  void find_units(int s);
-  void run_data_parallel(AT type, int s);
-  void run(const PipelineAction& a);
-  void record(const PipelineAction& a);
-  void forward(int s, int mb);
-  void backward(AT type, int s, int mb);
-  void post_recv(bool fwd, int s, int mb);
-  at::Tensor recv_buffer(const Shape& shape);
-  void post_send(bool fwd, int s, int mb);
-  void wait_send(bool fwd, int s, int mb);
-  void release_sent();
-  at::Tensor take_recv(bool fwd, int s, int mb);
-  void check_done();
-  void make_edge_groups();
-  // The communicator of a transfer across boundary b (stage b to b+1) and the peer's rank in
-  // it: `to_next` when the peer holds stage b + 1.
-  std::pair<const Group*, int> route(int b, bool fwd, bool to_next) const;
-};
-
-void PipelineSchedule::Impl::make_edge_groups() {
-  const std::vector<int>& ranks = group.ranks();
-  for (int b = 0; b + 1 < num_stages; ++b) {
-    const int lo = placement[b];
-    const int hi = placement[b + 1];
-    if (lo == hi || (group.rank() != lo && group.rank() != hi)) {
-      continue;
-    }
-    for (bool fwd : {true, false}) {
-      const std::string name = fmt::format("pp-{}-{}{}", b, b + 1, fwd ? "F" : "B");
-      edges[{b, fwd}] =
-          new_group({ranks[static_cast<size_t>(lo)], ranks[static_cast<size_t>(hi)]},
-                    fmt::format("{}:{}", group.label(), name), GroupOptions().name(name));
-    }
-  }
-}
-
-std::pair<const Group*, int> PipelineSchedule::Impl::route(int b, bool fwd, bool to_next) const {
-  auto it = edges.find({b, fwd});
-  if (it == edges.end()) {
-    return {&group, placement[to_next ? b + 1 : b]};
-  }
-  return {&it->second, to_next ? 1 : 0};
-}
 
 void PipelineSchedule::Impl::find_shapes() {
   detail::Uncounted uncounted;
@@ -273,74 +139,24 @@ void PipelineSchedule::Impl::run_data_parallel(AT type, int s) {
   }
 }
 
-void PipelineSchedule::Impl::post_recv(bool fwd, int s, int mb) {
-  // A forward receive fills stage s's input from stage s-1; a backward one its output's
-  // gradient from stage s+1.
-  const Shape& shape = fwd ? in_shape.at(s) : out_shape.at(s); // local sizes
-  at::Tensor buf = recv_buffer(shape);
-  const auto [on, peer] = fwd ? route(s - 1, true, false) : route(s, false, true);
-  Work w = dtensor::recv(buf, peer, *on, tag(fwd, s, mb), CollectiveOptions().async_op(true));
-  in_flight.emplace(std::tuple{fwd ? AT::RecvF : AT::RecvB, s, mb}, std::pair{std::move(w), buf});
-}
+namespace {
 
-at::Tensor PipelineSchedule::Impl::recv_buffer(const Shape& shape) {
-  for (const at::Tensor& t : recv_pool) {
-    // Only the list holds it: this handle (no receive or action holds the tensor) and its
-    // storage (no view, detached copy or tensor autograd saved).
-    if (t.use_count() == 1 && t.storage().use_count() == 1 && t.scalar_type() == shape.dtype &&
-        t.sizes() == at::IntArrayRef(shape.sizes)) {
-      return t; // its storage's other owners are gone: reused ([Note: receive buffers])
-    }
+// A backward from `root` (a released output's edge) with output gradient `dy` into `wrt`:
+// accumulated into their .grad, or returned (accumulate false), as torch::autograd::backward
+// and grad do from a tensor.
+std::vector<at::Tensor> backward_from(const torch::autograd::Edge& root, const at::Tensor& dy,
+                                      const std::vector<at::Tensor>& wrt, bool keep_graph,
+                                      bool accumulate) {
+  torch::autograd::edge_list outputs;
+  for (const auto& t : wrt) {
+    outputs.push_back(torch::autograd::impl::gradient_edge(t));
   }
-  recv_pool.push_back(at::empty(shape.sizes, at::TensorOptions().dtype(shape.dtype)));
-  return recv_pool.back();
+  return torch::autograd::Engine::get_default_engine().execute({root}, {dy}, keep_graph,
+                                                               /*create_graph=*/false, accumulate,
+                                                               outputs);
 }
 
-at::Tensor PipelineSchedule::Impl::take_recv(bool fwd, int s, int mb) {
-  auto it = in_flight.find({fwd ? AT::RecvF : AT::RecvB, s, mb});
-  DTENSOR_CHECK(it != in_flight.end(), "nothing was received for stage {}, microbatch {} ({})", s,
-                mb, fwd ? "its input" : "its output's gradient");
-  it->second.first.wait();
-  at::Tensor t = it->second.second;
-  in_flight.erase(it);
-  return t;
-}
-
-void PipelineSchedule::Impl::post_send(bool fwd, int s, int mb) {
-  // Stage s's output goes to s+1; its input's gradient to s-1. The tag is the receiver's.
-  at::Tensor t = fwd ? detail::wire_of(outputs.at({s, mb}))
-                     : detail::grad_to_wire(input_grads.at({s, mb}), in_shape.at(s));
-  int to = fwd ? s + 1 : s - 1;
-  const auto [on, peer] = fwd ? route(s, true, true) : route(s - 1, false, false);
-  Work w = dtensor::send(t, peer, *on, tag(fwd, to, mb), CollectiveOptions().async_op(true));
-  in_flight.emplace(std::tuple{fwd ? AT::SendF : AT::SendB, s, mb}, std::pair{std::move(w), t});
-  if (!fwd) {
-    input_grads.erase({s, mb});
-  }
-}
-
-// [Note: releasing sent tensors] A send's tensor (an activation, or an input gradient nothing
-// else refers to) is held by its Work until the schedule's WAIT_SEND, which the lowering puts
-// at the end of the step for input gradients. Before each compute action, the sends already
-// delivered are completed here and let go of their tensors, so that a stage's input
-// gradients do not pile up until the step ends; their WAIT_SEND finds them done.
-void PipelineSchedule::Impl::release_sent() {
-  for (auto& [key, entry] : in_flight) {
-    const AT type = std::get<0>(key);
-    if ((type == AT::SendF || type == AT::SendB) && entry.second.defined() &&
-        entry.first.is_ready()) {
-      entry.first.wait(); // raises a failed send's error here, naming the action
-      entry = {Work(), at::Tensor()};
-    }
-  }
-}
-
-void PipelineSchedule::Impl::wait_send(bool fwd, int s, int mb) {
-  auto it = in_flight.find({fwd ? AT::SendF : AT::SendB, s, mb});
-  DTENSOR_CHECK(it != in_flight.end(), "no send of stage {}, microbatch {} to wait for", s, mb);
-  it->second.first.wait();
-  in_flight.erase(it);
-}
+} // namespace
 
 void PipelineSchedule::Impl::forward(int s, int mb) {
   at::Tensor x;
@@ -373,8 +189,6 @@ void PipelineSchedule::Impl::forward(int s, int mb) {
 
 void PipelineSchedule::Impl::backward(AT type, int s, int mb) {
   Slot slot{s, mb};
-  at::Tensor y = outputs.at(slot);
-  at::Tensor x = inputs.at(slot);
   at::Tensor dy;
   if (type != AT::BackwardWeight) {
     if (s == num_stages - 1) {
@@ -383,13 +197,21 @@ void PipelineSchedule::Impl::backward(AT type, int s, int mb) {
       dy = detail::as_grad_of(input_grads.at({s + 1, mb}), out_shape.at(s)); // a V's turn
       input_grads.erase({s + 1, mb});
     } else {
-      dy = detail::from_wire(take_recv(false, s, mb), out_shape.at(s), detail::mesh_of(y),
-                             fmt::format("stage {}", s));
+      dy = detail::from_wire(take_recv(false, s, mb), out_shape.at(s),
+                             detail::mesh_of(outputs.at(slot)), fmt::format("stage {}", s));
+      // The gradient came back, so the activation arrived: its send is done (no wait), and
+      // the output is let go of before the backward ([Note: releasing sent tensors]).
+      auto sent = in_flight.find({AT::SendF, s, mb});
+      if (sent != in_flight.end() && sent->second.second.defined()) {
+        release(sent->first, sent->second);
+      }
     }
     grad_outputs[slot] = dy;
   } else {
     dy = grad_outputs.at(slot);
   }
+  const at::Tensor y = outputs.at(slot);
+  const at::Tensor x = inputs.at(slot);
   compute_start = Clock::now();
   run_data_parallel(type, s); // gradients accumulate unsharded until REDUCE_GRAD
   std::vector<at::Tensor> dys;
@@ -397,9 +219,13 @@ void PipelineSchedule::Impl::backward(AT type, int s, int mb) {
     dys.push_back(dy);
   }
   bool needs_input_grad = s > 0 && x.requires_grad();
+  const auto edge = released.find(slot); // y let go of after its send, when there
+  const bool from_edge = !y.defined() && edge != released.end();
   if (type == AT::BackwardInput) {
     if (needs_input_grad) {
-      input_grads[slot] = torch::autograd::grad({y}, {x}, dys, /*retain_graph=*/true)[0];
+      input_grads[slot] = from_edge
+                              ? backward_from(edge->second, dy, {x}, /*keep_graph=*/true, false)[0]
+                              : torch::autograd::grad({y}, {x}, dys, /*retain_graph=*/true)[0];
     }
     return; // the graph stays for W
   }
@@ -413,16 +239,20 @@ void PipelineSchedule::Impl::backward(AT type, int s, int mb) {
     if (needs_input_grad) {
       params.push_back(x);
     }
+  }
+  // B into the parameters (and the input), or W into the parameters only, after I.
+  if (from_edge) {
+    backward_from(edge->second, dy, params, /*keep_graph=*/false, /*accumulate=*/true);
+  } else {
     torch::autograd::backward({y}, dys, /*retain_graph=*/false, /*create_graph=*/false, params);
-    if (needs_input_grad) {
-      input_grads[slot] = x.grad();
-    }
-  } else { // W: the weights only, after I
-    torch::autograd::backward({y}, dys, /*retain_graph=*/false, /*create_graph=*/false, params);
+  }
+  if (type == AT::FullBackward && needs_input_grad) {
+    input_grads[slot] = x.grad();
   }
   inputs.erase(slot);
   outputs.erase(slot);
   grad_outputs.erase(slot);
+  released.erase(slot);
 }
 
 void PipelineSchedule::Impl::run(const PipelineAction& a) {
@@ -490,6 +320,7 @@ void PipelineSchedule::Impl::check_done() {
   outputs.clear();
   grad_outputs.clear();
   input_grads.clear();
+  released.clear();
 }
 
 PipelineSchedule::PipelineSchedule(std::vector<PipelineStage> stages, Group group,
@@ -579,7 +410,7 @@ std::vector<at::Tensor> PipelineSchedule::step(const at::Tensor& input, const at
   for (auto& [s, u] : d.dp_units) {
     u.weight_backwards = 0;
   }
-  d.step_start = Clock::now();
+  d.step_start = Impl::Clock::now();
   const auto& mine = d.program.at(d.group.rank());
   for (size_t i = 0; i < mine.size(); ++i) {
     const PipelineAction& a = *mine[i];
@@ -591,7 +422,7 @@ std::vector<at::Tensor> PipelineSchedule::step(const at::Tensor& input, const at
     }
   }
   d.check_done();
-  d.step_seconds = std::chrono::duration<double>(Clock::now() - d.step_start).count();
+  d.step_seconds = std::chrono::duration<double>(Impl::Clock::now() - d.step_start).count();
   return last ? d.losses : std::vector<at::Tensor>{};
 }
 

@@ -1,0 +1,135 @@
+// Point-to-point transfers of the pipeline runtime (PipelineSchedule::Impl,
+// runtime_impl.h): receives into reused buffers, sends, their waits and early release, and
+// the per-edge communicators.
+//
+// [Note: a communicator per pipeline edge] With group_per_edge, the transfers across stage
+// boundary b (stage b to b+1) go on two communicators over [rank of b, rank of b+1]: one for
+// the activations, one for the input gradients, each named for its boundary and direction.
+// On each of them one rank only sends and the other only receives, both in the order of
+// the microbatches (every schedule runs a stage's forwards, and its backwards, in microbatch
+// order), so a receive posted ahead waits only for its own send, on no other transfer's
+// stream. They are made in the constructor, boundary after boundary on every rank: a rank
+// waits only at a lower boundary whose two ranks have made every boundary below it, so the
+// rendezvous cannot deadlock. Cached by name: another schedule over the same edges reuses
+// them.
+#include "parallel/pipelining/runtime_impl.h"
+
+#include <string>
+
+#include <torch/csrc/autograd/variable.h>
+#include <torch/csrc/distributed/c10d/Work.hpp> // dtensor::Work's c10d work, released here
+
+namespace dtensor {
+
+void PipelineSchedule::Impl::make_edge_groups() {
+  const std::vector<int>& ranks = group.ranks();
+  for (int b = 0; b + 1 < num_stages; ++b) {
+    const int lo = placement[b];
+    const int hi = placement[b + 1];
+    if (lo == hi || (group.rank() != lo && group.rank() != hi)) {
+      continue;
+    }
+    for (bool fwd : {true, false}) {
+      const std::string name = fmt::format("pp-{}-{}{}", b, b + 1, fwd ? "F" : "B");
+      edges[{b, fwd}] =
+          new_group({ranks[static_cast<size_t>(lo)], ranks[static_cast<size_t>(hi)]},
+                    fmt::format("{}:{}", group.label(), name), GroupOptions().name(name));
+    }
+  }
+}
+
+std::pair<const Group*, int> PipelineSchedule::Impl::route(int b, bool fwd, bool to_next) const {
+  auto it = edges.find({b, fwd});
+  if (it == edges.end()) {
+    return {&group, placement[to_next ? b + 1 : b]};
+  }
+  return {&it->second, to_next ? 1 : 0};
+}
+
+void PipelineSchedule::Impl::post_recv(bool fwd, int s, int mb) {
+  // A forward receive fills stage s's input from stage s-1; a backward one its output's
+  // gradient from stage s+1.
+  const Shape& shape = fwd ? in_shape.at(s) : out_shape.at(s); // local sizes
+  at::Tensor buf = recv_buffer(shape);
+  const auto [on, peer] = fwd ? route(s - 1, true, false) : route(s, false, true);
+  Work w = dtensor::recv(buf, peer, *on, tag(fwd, s, mb), CollectiveOptions().async_op(true));
+  in_flight.emplace(std::tuple{fwd ? AT::RecvF : AT::RecvB, s, mb}, std::pair{std::move(w), buf});
+}
+
+at::Tensor PipelineSchedule::Impl::recv_buffer(const Shape& shape) {
+  for (const at::Tensor& t : recv_pool) {
+    // Only the list holds it: this handle (no receive or action holds the tensor) and its
+    // storage (no view, detached copy or tensor autograd saved).
+    if (t.use_count() == 1 && t.storage().use_count() == 1 && t.scalar_type() == shape.dtype &&
+        t.sizes() == at::IntArrayRef(shape.sizes)) {
+      return t; // its storage's other owners are gone: reused ([Note: receive buffers])
+    }
+  }
+  recv_pool.push_back(at::empty(shape.sizes, at::TensorOptions().dtype(shape.dtype)));
+  return recv_pool.back();
+}
+
+at::Tensor PipelineSchedule::Impl::take_recv(bool fwd, int s, int mb) {
+  auto it = in_flight.find({fwd ? AT::RecvF : AT::RecvB, s, mb});
+  DTENSOR_CHECK(it != in_flight.end(), "nothing was received for stage {}, microbatch {} ({})", s,
+                mb, fwd ? "its input" : "its output's gradient");
+  it->second.first.wait();
+  at::Tensor t = it->second.second;
+  in_flight.erase(it);
+  return t;
+}
+
+void PipelineSchedule::Impl::post_send(bool fwd, int s, int mb) {
+  // Stage s's output goes to s+1; its input's gradient to s-1. The tag is the receiver's.
+  at::Tensor t = fwd ? detail::wire_of(outputs.at({s, mb}))
+                     : detail::grad_to_wire(input_grads.at({s, mb}), in_shape.at(s));
+  int to = fwd ? s + 1 : s - 1;
+  const auto [on, peer] = fwd ? route(s, true, true) : route(s - 1, false, false);
+  Work w = dtensor::send(t, peer, *on, tag(fwd, to, mb), CollectiveOptions().async_op(true));
+  in_flight.emplace(std::tuple{fwd ? AT::SendF : AT::SendB, s, mb}, std::pair{std::move(w), t});
+  if (!fwd) {
+    input_grads.erase({s, mb});
+  }
+}
+
+// [Note: releasing sent tensors] A send's tensor (an activation, or an input gradient nothing
+// else refers to) is held by its Work until the schedule's WAIT_SEND, which the lowering puts
+// after the backward that proves arrival (activations) or at the end of the step (input
+// gradients). Sends are completed and let go of their tensors earlier, their WAIT_SEND then
+// finding them done: before each compute action, those the backend reports delivered (NCCL;
+// a Gloo send reports nothing until waited for), and an activation's send as soon as its
+// gradient has come back (which proves it arrived), before the backward. A sent activation
+// (a plain tensor) is also let go of by its stage, which keeps only the autograd edge its
+// backward starts from (PyTorch 2.15's release_fwd_send_outputs): the output's memory is
+// freed unless its own backward saved it, instead of living through that backward.
+void PipelineSchedule::Impl::release_sent() {
+  for (auto& [key, entry] : in_flight) {
+    const AT type = std::get<0>(key);
+    if ((type == AT::SendF || type == AT::SendB) && entry.second.defined() &&
+        entry.first.is_ready()) {
+      release(key, entry);
+    }
+  }
+}
+
+void PipelineSchedule::Impl::release(const std::tuple<AT, int, int>& key,
+                                     std::pair<Work, at::Tensor>& entry) {
+  entry.first.wait(); // raises a failed send's error here, naming the action
+  entry = {Work(), at::Tensor()};
+  const auto [type, s, mb] = key;
+  auto out = outputs.find({s, mb});
+  if (type == AT::SendF && out != outputs.end() && !is_dtensor(out->second) &&
+      out->second.requires_grad()) {
+    released[{s, mb}] = torch::autograd::impl::gradient_edge(out->second);
+    out->second = at::Tensor();
+  }
+}
+
+void PipelineSchedule::Impl::wait_send(bool fwd, int s, int mb) {
+  auto it = in_flight.find({fwd ? AT::SendF : AT::SendB, s, mb});
+  DTENSOR_CHECK(it != in_flight.end(), "no send of stage {}, microbatch {} to wait for", s, mb);
+  it->second.first.wait();
+  in_flight.erase(it);
+}
+
+} // namespace dtensor
