@@ -43,6 +43,9 @@ std::string pipeline_flag_error(const Flags& f, int64_t world) {
 }
 
 int64_t pipeline_microbatches(const Flags& f) {
+  if (f.pp == 1) {
+    return 1; // no pipeline: the rank's rows in one piece
+  }
   return f.microbatches > 0 ? f.microbatches : 2 * f.pp;
 }
 

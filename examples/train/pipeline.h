@@ -27,7 +27,7 @@ namespace dtensor::train {
 // same text on every rank, before any group is made.
 std::string pipeline_flag_error(const Flags& f, int64_t world);
 
-// The schedule's microbatches per step (--microbatches, or 2 x pp).
+// The schedule's microbatches per step (--microbatches, or 2 x pp; 1 without --pp).
 int64_t pipeline_microbatches(const Flags& f);
 
 class PipelineRecipe {
