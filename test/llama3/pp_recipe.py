@@ -14,12 +14,11 @@ ranks]); the recipe without pp on 2 ranks resumes it and must go on as the run w
 did (steps 3-5, and the same closing sample: the same final model). Then flags that cannot
 go with --pp are refused by name before anything runs.
 """
-import json
 import os
-import re
 import shutil
-import subprocess
 import sys
+
+from recipe_runs import compare, launch, run as run_recipe
 
 STEPS = 6
 MICRO = 4  # --microbatches' default, 2 x pp
@@ -27,36 +26,8 @@ FLAGS = ["--steps", str(STEPS), "--precision", "fp32", "--layers", "4", "--mesh"
          "--seq", "16", "--batch", "8", "--log-every", "1"]
 
 
-def launch(torchrun, train, nproc, args):
-    return subprocess.run([torchrun, "--standalone", f"--nproc-per-node={nproc}", "--no-python",
-                           train, *args], capture_output=True, text=True, timeout=280,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-
-
 def run(torchrun, train, nproc, out, extra):
-    name = "-".join(extra) or "plain"
-    metrics = os.path.join(out, f"metrics-{nproc}-{re.sub('[^A-Za-z0-9]+', '-', name)}.jsonl")
-    if os.path.exists(metrics):  # a resumed run appends to its file: start afresh
-        os.remove(metrics)
-    p = launch(torchrun, train, nproc, [*FLAGS, *extra, "--metrics", metrics])
-    print(p.stdout[-2000:])
-    if p.returncode != 0:
-        print(p.stderr[-3000:])
-        sys.exit(f"{name}: exit {p.returncode}")
-    sample = [line for line in p.stdout.splitlines() if line.startswith("sample:")]
-    return [json.loads(line) for line in open(metrics)], sample
-
-
-def compare(label, got, want):
-    ok = len(got) == len(want)
-    for a, b in zip(got, want):
-        for key in ("loss", "grad_norm"):
-            if abs(a[key] - b[key]) > 2e-4 * abs(b[key]):
-                print(f"FAIL {label} step {a['step']}: {key} {a[key]} against {b[key]}")
-                ok = False
-    print(f"{label}: losses {[round(r['loss'], 5) for r in got]} "
-          f"against {[round(r['loss'], 5) for r in want]}")
-    return ok
+    return run_recipe(torchrun, train, nproc, out, FLAGS, extra)
 
 
 def main():
