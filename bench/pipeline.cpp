@@ -146,6 +146,25 @@ double p2p_latency(const std::vector<int64_t>& shape) {
   return half.item<double>();
 }
 
+// The timed figures' index of a compute action type: F, I, W, B.
+int type_index(dtensor::ActionType t) {
+  switch (t) {
+  case dtensor::ActionType::Forward:
+    return 0;
+  case dtensor::ActionType::BackwardInput:
+    return 1;
+  case dtensor::ActionType::BackwardWeight:
+    return 2;
+  default:
+    return 3;
+  }
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 std::string json_list(const std::vector<double>& v) {
   std::string out;
   for (double x : v) {
@@ -219,20 +238,35 @@ int main(int argc, char** argv) {
   const double live_before = live_now != nullptr ? static_cast<double>(live_now()) / 1e6 : -1.0;
   const double rss_before = reset_peak_rss_mb(); // after the warm-up's one-time costs
   std::vector<double> ms;
-  std::map<dtensor::ActionType, std::pair<double, int>> cost; // total seconds, count
-  std::vector<double> busy_fraction;
+  // Seconds summed over the timed steps, per (stage, F / I / W / B, microbatch): each
+  // action runs on one rank, so a sum over ranks assembles the whole schedule's.
+  at::Tensor cost = at::zeros({num_stages, 4, f.microbatches}, at::kDouble);
+  // A replay: each action costs what it measured (the per-action table `t`), the
+  // ranks' order and dependencies the simulator's.
+  auto replay_of = [&](const at::Tensor& t) {
+    return dtensor::ScheduleCosts().p2p_latency(latency).action_cost(
+        [t](const dtensor::PipelineAction& a) {
+          return a.type == dtensor::ActionType::OverlapFB
+                     ? -1.0
+                     : t[a.stage][type_index(a.type)][*a.microbatch].item<double>();
+        });
+  };
+  std::vector<double> busy_fraction, replay_bubbles;
   for (int i = 0; i < f.steps; ++i) {
     dtensor::barrier(dtensor::world_group());
     const auto t0 = Clock::now();
     step();
     ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
     double busy = 0;
+    at::Tensor step_cost = at::zeros_like(cost);
     for (const auto& a : schedule.last_step_timeline()) {
       busy += a.end - a.start;
-      auto& c = cost[a.action.type];
-      c.first += a.end - a.start;
-      c.second += 1;
+      step_cost[a.action.stage][type_index(a.action.type)][*a.action.microbatch] += a.end - a.start;
     }
+    dtensor::all_reduce_(step_cost, dtensor::ReduceOp::Sum, dtensor::world_group());
+    cost += step_cost;
+    replay_bubbles.push_back(
+        dtensor::simulate_schedule(order, num_stages, replay_of(step_cost)).bubble_fraction);
     // The measured bubble: every rank's busy time against the slowest rank's step.
     at::Tensor sums = at::tensor({busy, schedule.last_step_seconds()}, at::kDouble);
     at::Tensor wall = sums.narrow(0, 1, 1).clone();
@@ -240,27 +274,52 @@ int main(int argc, char** argv) {
     dtensor::all_reduce_(wall, dtensor::ReduceOp::Max, dtensor::world_group());
     busy_fraction.push_back(sums[0].item<double>() / (world * wall.item<double>()));
   }
-  // The simulation's costs: each action type's mean over all ranks.
-  auto mean_cost = [&](dtensor::ActionType t) {
-    at::Tensor v = at::tensor({cost[t].first, static_cast<double>(cost[t].second)}, at::kDouble);
-    dtensor::all_reduce_(v, dtensor::ReduceOp::Sum, dtensor::world_group());
-    return v[1].item<double>() > 0 ? v[0].item<double>() / v[1].item<double>() : 0.0;
+  // The simulation's costs, three calibrations of the same measured actions: each action
+  // type's mean over all stages and microbatches; each (stage, type)'s mean (a stage's own
+  // cost: the last one's forward includes the loss); and each action's own mean over the
+  // steps (a replay: what is left between it and the measured bubble is time outside the
+  // compute actions, and ranks sharing cores).
+  cost.div_(f.steps);
+  auto type_mean = [&](int t) {
+    at::Tensor c = cost.select(1, t);
+    const double n = c.gt(0).sum().item<double>();
+    return n > 0 ? c.sum().item<double>() / n : 0.0;
   };
-  const double fwd = mean_cost(dtensor::ActionType::Forward);
-  const double full = mean_cost(dtensor::ActionType::FullBackward);
-  const double in = mean_cost(dtensor::ActionType::BackwardInput);
-  const double wt = mean_cost(dtensor::ActionType::BackwardWeight);
-  const auto costs = dtensor::ScheduleCosts()
-                         .forward(fwd)
-                         .full_backward(full > 0 ? full : in + wt)
-                         .backward_input(in > 0 ? in : full / 2)
-                         .backward_weight(wt > 0 ? wt : full / 2);
-  const auto predicted = dtensor::simulate_schedule(order, num_stages, costs);
-  const auto with_latency = dtensor::simulate_schedule(
-      order, num_stages, dtensor::ScheduleCosts(costs).p2p_latency(latency));
+  const double fwd = type_mean(0), in = type_mean(1), wt = type_mean(2), full = type_mean(3);
+  const auto by_type = dtensor::ScheduleCosts()
+                           .forward(fwd)
+                           .full_backward(full > 0 ? full : in + wt)
+                           .backward_input(in > 0 ? in : full / 2)
+                           .backward_weight(wt > 0 ? wt : full / 2)
+                           .p2p_latency(latency);
+  const at::Tensor stage_mean = cost.sum(2) / cost.gt(0).sum(2).clamp_min(1);
+  auto by_stage =
+      dtensor::ScheduleCosts(by_type).action_cost([&](const dtensor::PipelineAction& a) {
+        return a.type == dtensor::ActionType::OverlapFB
+                   ? -1.0
+                   : stage_mean[a.stage][type_index(a.type)].item<double>();
+      });
+  const auto predicted =
+      dtensor::simulate_schedule(order, num_stages, dtensor::ScheduleCosts(by_type).p2p_latency(0));
+  const auto with_latency = dtensor::simulate_schedule(order, num_stages, by_type);
+  const auto staged = dtensor::simulate_schedule(order, num_stages, by_stage);
+  const auto replayed = dtensor::simulate_schedule(order, num_stages, replay_of(cost));
+  const double step_s = median(ms) / 1e3;
   at::Tensor live = at::tensor(
       {live_peak != nullptr ? static_cast<double>(live_peak()) / 1e6 : -1.0, live_before},
       at::kDouble);
+  if (std::getenv("BENCH_PIPELINE_TIMELINES") != nullptr) { // the last step, measured and replayed
+    for (const auto& a : schedule.last_step_timeline()) {
+      std::fprintf(stderr, "measured %d %s %.2f %.2f\n", rank, a.action.str().c_str(),
+                   a.start * 1e3, a.end * 1e3);
+    }
+    if (rank == 0) {
+      for (const auto& a : replayed.actions) {
+        std::fprintf(stderr, "replayed %d %s %.2f %.2f\n", a.rank, a.action.str().c_str(),
+                     a.start * 1e3, a.end * 1e3);
+      }
+    }
+  }
   if (std::getenv("BENCH_PIPELINE_VERBOSE") != nullptr) { // each rank's own figures
     std::fprintf(stderr, "rank %d: live %.2f MB before the timed steps, peak %.2f MB\n", rank,
                  live[1].item<double>(), live[0].item<double>());
@@ -275,12 +334,16 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     std::printf("RESULT {\"step_ms\": %s, \"rss_growth_mb\": %f, \"bubble\": %s, "
                 "\"simulated_bubble\": %f, \"simulated_bubble_p2p\": %f, \"p2p_ms\": %f, "
+                "\"simulated_bubble_stage\": %f, \"simulated_bubble_replay\": %f, "
+                "\"replay_bubbles\": %s, \"staged_makespan_ms\": %f, "
+                "\"replay_makespan_fraction\": %f, "
                 "\"live_peak_mb\": %f, \"live_before_mb\": %f, "
                 "\"costs_ms\": [%f, %f, %f, %f]}\n",
                 json_list(ms).c_str(), growth.item<double>(), json_list(bubbles).c_str(),
                 predicted.bubble_fraction, with_latency.bubble_fraction, latency * 1e3,
-                live[0].item<double>(), live[1].item<double>(), fwd * 1e3, full * 1e3, in * 1e3,
-                wt * 1e3);
+                staged.bubble_fraction, replayed.bubble_fraction, json_list(replay_bubbles).c_str(),
+                staged.makespan * 1e3, replayed.makespan / step_s, live[0].item<double>(),
+                live[1].item<double>(), fwd * 1e3, full * 1e3, in * 1e3, wt * 1e3);
     std::fflush(stdout);
   }
   return 0;

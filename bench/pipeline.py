@@ -167,7 +167,9 @@ def driver(args):
     live = ["PyTorch live peak MB", "dtensor live peak MB"] if args.live_bytes else []
     cols = ["schedule", "ranks", "m", "PyTorch ms", "dtensor ms", "dtensor / PyTorch",
             "PyTorch RSS growth MB", "dtensor RSS growth MB", *live, "bubble measured",
-            "bubble simulated", "with p2p latency", "p2p ms"]
+            "bubble simulated", "with p2p latency", "per-stage costs", "replay of each step",
+            "predicted / measured step",
+            "p2p ms"]
     print("| " + " | ".join(cols) + " |")
     print("| --- |" + " ---: |" * (len(cols) - 1))
     for ranks in args.ranks:
@@ -196,6 +198,9 @@ def driver(args):
                   f"| {fmt([r['measured'] for r in d], 3)} "
                   f"| {fmt([r['simulated_bubble'] for r in d], 3)} "
                   f"| {fmt([r['simulated_bubble_p2p'] for r in d], 3)} "
+                  f"| {fmt([r['simulated_bubble_stage'] for r in d], 3)} "
+                  f"| {fmt([statistics.median(r['replay_bubbles']) for r in d], 3)} "
+                  f"| {ratio([r['staged_makespan_ms'] for r in d], [r['ms'] for r in d]):.2f} "
                   f"| {fmt([r['p2p_ms'] for r in d], 2)} |", flush=True)
 
 

@@ -320,7 +320,8 @@ TEST_CASE("fully_shard inside pipeline stages: every schedule equals the plain m
       CHECK(mode.count(CollectiveKind::Send) == sends);
       CHECK(mode.count(CollectiveKind::Recv) == sends);
       CHECK(mode.total_count() == 8 + 2 * sends);
-      // [Note: receive buffers]: reused as what they held dies; the second step allocates none.
+      // [Note: receive buffers]: reused as what they held dies; the second step allocates as
+      // many as the first (they are let go of between steps).
       // GPipe's last stage holds every microbatch's input until the backwards; every other
       // schedule here needs fewer buffers than it has receives (1F1B: 1-2 of 4).
       CHECK(schedule.receive_buffer_count() <= sends);

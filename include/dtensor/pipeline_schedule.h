@@ -19,6 +19,7 @@
 // and the action.
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -138,6 +139,12 @@ struct ScheduleCosts {
   TORCH_ARG(double, overlapped_f_b) = 0.0;
   // From the end of an action to its output's arrival on another rank.
   TORCH_ARG(double, p2p_latency) = 0.0;
+  // When set, the cost of each compute action (F, I, W, B, or a whole OVERLAP_F_B), in place
+  // of the per-type costs above: costs per stage (a last stage with the output layer and the
+  // loss, uneven layer splits) or per microbatch, e.g. calibrated from a measured run's
+  // PipelineSchedule::last_step_timeline(). A negative result falls back to the per-type
+  // cost.
+  TORCH_ARG(std::function<double(const PipelineAction&)>, action_cost);
 };
 
 struct TimedAction {

@@ -93,8 +93,9 @@ class PipelineSchedule {
   // wall time is last_step_seconds(). Empty otherwise.
   const std::vector<TimedAction>& last_step_timeline() const;
   double last_step_seconds() const;
-  // Receive buffers this schedule allocated so far: reused as the activations and gradients
-  // they held die, so their number is the peak of live receives, not the microbatch count.
+  // Receive buffers the last step allocated: reused as the activations and gradients they
+  // held die, so their number is the step's peak of live receives, not the microbatch count.
+  // They are let go of when the step ends.
   int64_t receive_buffer_count() const;
 
  private:

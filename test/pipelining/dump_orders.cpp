@@ -9,6 +9,9 @@
 //   timeline KIND PP MICROBATCHES STAGES_PER_RANK
 //     as simulate, then "action RANK START END ACTION" per simulated action
 //     (scripts/pipeline_timelines.py draws them for docs/pipeline.md).
+//   simulate-heavy KIND PP MICROBATCHES STAGES_PER_RANK STAGE FACTOR
+//     as simulate, with ScheduleCosts::action_cost making STAGE's actions FACTOR times the
+//     unit costs (every other stage falls back to them).
 //   lower-csv PATH NUM_STAGES MICROBATCHES
 //     "== lower-csv PATH", then "lowered" and the program lower_schedule makes of the CSV's
 //     compute schedule; or "ERROR <message>".
@@ -41,14 +44,25 @@ void generate(std::istringstream& in) {
   }
 }
 
-void simulate(std::istringstream& in, bool timed) {
+void simulate(std::istringstream& in, bool timed, bool heavy) {
   std::string kind;
-  int pp = 0, m = 0, v = 0;
+  int pp = 0, m = 0, v = 0, stage = -1;
+  double factor = 1.0;
   in >> kind >> pp >> m >> v;
+  if (heavy) {
+    in >> stage >> factor;
+  }
   std::cout << "== simulate " << kind << " " << pp << " " << m << " " << v << "\n";
   try {
     auto order = dtensor::generate_schedule(dtensor::schedule_kind(kind), pp, m, v);
-    auto t = dtensor::simulate_schedule(order, pp * v);
+    dtensor::ScheduleCosts costs;
+    if (heavy) {
+      costs.action_cost([stage, factor](const dtensor::PipelineAction& a) {
+        const bool full = a.type == dtensor::ActionType::FullBackward;
+        return a.stage == stage ? factor * (full ? 2.0 : 1.0) : -1.0;
+      });
+    }
+    auto t = dtensor::simulate_schedule(order, pp * v, costs);
     std::cout << "timeline makespan " << t.makespan << " bubble " << t.bubble_fraction << " peaks ";
     for (size_t r = 0; r < t.peak_activations.size(); ++r) {
       std::cout << (r ? "," : "") << t.peak_activations[r];
@@ -93,8 +107,8 @@ int main() {
     in >> cmd;
     if (cmd == "generate") {
       generate(in);
-    } else if (cmd == "simulate" || cmd == "timeline") {
-      simulate(in, cmd == "timeline");
+    } else if (cmd == "simulate" || cmd == "timeline" || cmd == "simulate-heavy") {
+      simulate(in, cmd == "timeline", cmd == "simulate-heavy");
     } else if (cmd == "lower-csv") {
       lower_csv(in);
     } else if (!cmd.empty()) {

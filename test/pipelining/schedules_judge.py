@@ -240,3 +240,21 @@ for (kind, p, m, v), mine in zip(sim_grid, timed):
         assert float(mine["timeline"].split()[2]) == reference[(kind, p, m, v)], (kind, mine["timeline"])
 print(f"timeline: {len(sim_grid)} schedules timed with unit costs, {forms} bubbles equal their closed form, "
       "every rank's peak activations equal PyTorch's liveness analysis")
+
+# Per-stage costs (ScheduleCosts::action_cost): one stage h of p made `a` times the unit costs
+# (F = a, B = 2a), a far above the other stages' work. Judged by the bottleneck argument, not
+# by another simulation: the heavy stage never waits once started (1F1B: the gradient it needs
+# comes back while it runs its next forward, and the stage before it is one microbatch ahead;
+# GPipe: after its forwards it waits for the first gradient to cross the stages behind it),
+# so with unit costs elsewhere
+#   1F1B:  makespan = 3 a m + 3 h      (h forwards before it, h backwards after it)
+#   GPipe: makespan = 3 a m + 3 (p - 1)
+p, m, a = 4, 8, 20
+heavy_grid = [(kind, h) for kind in ("1F1B", "GPipe") for h in range(p)]
+heavy = dtensor_side([f"simulate-heavy {k} {p} {m} 1 {h} {a}" for k, h in heavy_grid])
+for (kind, h), mine in zip(heavy_grid, heavy):
+    assert not mine["error"], (kind, h, mine["error"])
+    makespan = float(mine["timeline"].split()[2])
+    expect = 3 * a * m + (3 * h if kind == "1F1B" else 3 * (p - 1))
+    assert makespan == expect, f"{kind} p={p} m={m}, stage {h} x{a}: makespan {makespan}, expected {expect}"
+print(f"per-stage costs: {len(heavy_grid)} schedules with one heavy stage, makespans equal the bottleneck forms")

@@ -321,6 +321,8 @@ void PipelineSchedule::Impl::check_done() {
   grad_outputs.clear();
   input_grads.clear();
   released.clear();
+  recv_buffers = static_cast<int64_t>(recv_pool.size());
+  recv_pool.clear(); // [Note: receive buffers]
 }
 
 PipelineSchedule::PipelineSchedule(std::vector<PipelineStage> stages, Group group,
@@ -369,6 +371,7 @@ PipelineSchedule::PipelineSchedule(std::vector<PipelineStage> stages, Group grou
   if (d.options.group_per_edge().value_or(d.group.backend_type() == BackendType::Nccl)) {
     d.make_edge_groups();
   }
+  d.find_proven_sends();
 }
 
 PipelineSchedule::~PipelineSchedule() = default;
@@ -386,7 +389,7 @@ double PipelineSchedule::last_step_seconds() const {
 }
 
 int64_t PipelineSchedule::receive_buffer_count() const {
-  return static_cast<int64_t>(impl_->recv_pool.size());
+  return impl_->recv_buffers;
 }
 
 std::vector<at::Tensor> PipelineSchedule::step(const at::Tensor& input, const at::Tensor& target) {

@@ -78,13 +78,19 @@ struct PipelineSchedule::Impl {
   // the gradient it held has been used), else allocates one: buffers follow the liveness of
   // the activations and gradients they hold, instead of one per microbatch (pytorch#136380;
   // PyTorch allocates each just before its receive). A tensor a caller keeps alive is never
-  // reused. The list is the peak of live receives, kept between steps.
+  // reused. The list grows to the step's peak of live receives and is let go of when the step
+  // ends: between steps (the optimizer's step, whose own peak may be the job's) no receive
+  // buffer is held, as in PyTorch.
   std::vector<at::Tensor> recv_pool;
+  int64_t recv_buffers = 0; // the last step's recv_pool size, for receive_buffer_count()
   // [Note: a communicator per pipeline edge] (boundary, forward) -> its group; empty: all on
   // `group`.
   std::map<std::pair<int, bool>, Group> edges;
   // Posted receives and sends in flight: (type, stage, microbatch) -> (work, its tensor).
   std::map<std::tuple<AT, int, int>, std::pair<Work, at::Tensor>> in_flight;
+  // [Note: sends a receive proves received] A receive of this rank -> this rank's sends to the
+  // same peer whose matching receives the peer posts before it sends what this one receives.
+  std::map<std::tuple<AT, int, int>, std::vector<std::tuple<AT, int, int>>> proven_by;
 
   bool is_local(int stage) const { return stages.count(stage) > 0; }
   int tag(bool fwd, int stage, int mb) const {
@@ -107,6 +113,7 @@ struct PipelineSchedule::Impl {
   at::Tensor take_recv(bool fwd, int s, int mb);
   void check_done();
   void make_edge_groups();
+  void find_proven_sends();
   // The communicator of a transfer across boundary b (stage b to b+1) and the peer's rank in
   // it: `to_next` when the peer holds stage b + 1.
   std::pair<const Group*, int> route(int b, bool fwd, bool to_next) const;

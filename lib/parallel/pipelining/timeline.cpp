@@ -31,6 +31,12 @@ using AT = ActionType;
 using Key = std::tuple<int, AT, int>;
 
 double cost_of(const PipelineAction& a, const ScheduleCosts& c) {
+  if (c.action_cost()) {
+    const double own = c.action_cost()(a);
+    if (own >= 0) {
+      return own;
+    }
+  }
   switch (a.type) {
   case AT::Forward:
     return c.forward();

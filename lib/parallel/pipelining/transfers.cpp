@@ -70,13 +70,75 @@ at::Tensor PipelineSchedule::Impl::recv_buffer(const Shape& shape) {
 }
 
 at::Tensor PipelineSchedule::Impl::take_recv(bool fwd, int s, int mb) {
-  auto it = in_flight.find({fwd ? AT::RecvF : AT::RecvB, s, mb});
+  const std::tuple<AT, int, int> key{fwd ? AT::RecvF : AT::RecvB, s, mb};
+  auto it = in_flight.find(key);
   DTENSOR_CHECK(it != in_flight.end(), "nothing was received for stage {}, microbatch {} ({})", s,
                 mb, fwd ? "its input" : "its output's gradient");
   it->second.first.wait();
   at::Tensor t = it->second.second;
   in_flight.erase(it);
+  auto proven = proven_by.find(key); // [Note: sends a receive proves received]
+  if (proven != proven_by.end()) {
+    for (const auto& send : proven->second) {
+      auto sent = in_flight.find(send);
+      if (sent != in_flight.end() && sent->second.second.defined()) {
+        release(sent->first, sent->second);
+      }
+    }
+  }
   return t;
+}
+
+// [Note: sends a receive proves received] A send's tensor can be let go of only once the send
+// completed, which a Gloo send reports only when waited for, and waiting is safe only once
+// the peer has posted the matching receive. Every rank's program is known here, and each
+// rank runs its own in order: when this rank receives what the peer sent at position i of
+// its program, the peer has posted every receive before i. So this rank's sends whose
+// matching receives come before i can be waited for then without waiting on anything else
+// (the transfer has been under way since both sides were posted), and their tensors let go
+// of. On 1F1B's first stage, the gradient of microbatch i proves the activation of i + 1
+// received, which PyTorch 2.15 also waits for and releases before the backward of i (its send
+// and that receive are one batch); without it the activation lives through that backward.
+void PipelineSchedule::Impl::find_proven_sends() {
+  using Key = std::tuple<AT, int, int>;
+  std::map<std::pair<int, Key>, size_t> position; // (rank, transfer) -> index in its program
+  for (size_t r = 0; r < program.size(); ++r) {
+    for (size_t i = 0; i < program[r].size(); ++i) {
+      const auto& a = program[r][i];
+      if (a && a->microbatch) {
+        position[{static_cast<int>(r), Key{a->type, a->stage, *a->microbatch}}] = i;
+      }
+    }
+  }
+  auto where = [&](int rank, const Key& k) -> std::optional<size_t> {
+    auto it = position.find({rank, k});
+    return it == position.end() ? std::nullopt : std::optional<size_t>(it->second);
+  };
+  const auto& mine = program.at(static_cast<size_t>(group.rank()));
+  for (const auto& x : mine) {
+    if (!x || (x->type != AT::RecvF && x->type != AT::RecvB) || !x->microbatch) {
+      continue;
+    }
+    const bool fwd = x->type == AT::RecvF;
+    const int from = fwd ? x->stage - 1 : x->stage + 1;
+    const int peer = placement.at(static_cast<size_t>(from));
+    const auto sent_at = where(peer, Key{fwd ? AT::SendF : AT::SendB, from, *x->microbatch});
+    for (const auto& y : mine) {
+      if (!y || (y->type != AT::SendF && y->type != AT::SendB) || !y->microbatch) {
+        continue;
+      }
+      const bool out = y->type == AT::SendF;
+      const int to = out ? y->stage + 1 : y->stage - 1;
+      if (placement.at(static_cast<size_t>(to)) != peer) {
+        continue;
+      }
+      const auto recv_at = where(peer, Key{out ? AT::RecvF : AT::RecvB, to, *y->microbatch});
+      if (sent_at && recv_at && *recv_at < *sent_at) {
+        proven_by[Key{x->type, x->stage, *x->microbatch}].push_back(
+            Key{y->type, y->stage, *y->microbatch});
+      }
+    }
+  }
 }
 
 void PipelineSchedule::Impl::post_send(bool fwd, int s, int mb) {

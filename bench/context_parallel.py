@@ -1,0 +1,107 @@
+"""Context parallelism's cost on CPU ranks: the Llama 3 model's forward and backward over one
+long sequence, as the plain model on one rank, on data-parallel ranks (each its own whole
+sequence), and with cp 2 / 4 by both methods (bench/context_parallel.cpp, one row each).
+PyTorch 2.15's context_parallel does not run on CPU (no sharding strategy for the CPU flash
+kernel), so the judge of each row is the 1-rank plain model: CP must split its work, not
+repeat it.
+
+    python bench/context_parallel.py TORCHRUN build/bench/bench_context_parallel \\
+        --seqs 1024 4096 16384 --rounds 2 [--live-bytes build/bench/liblive_bytes.so]
+
+Each round runs every row once, in order; a row's figures are medians over the rounds.
+Printed per sequence length, markdown:
+- step ms: the slowest rank's median wall time of a step;
+- CPU ms (sum): the CPU time of a step summed over the ranks (user + system, the
+  collectives' threads included), and its ratio to the 1-rank row's per sequence (goal
+  <= 1.3 for CP; dp ranks train one sequence each, so their sum is divided by the ranks);
+- balance: the busiest rank's CPU time over the least busy one's (goal <= 1.10);
+- bytes: each rank's bytes handed to collectives per step, against the method's formula
+  (per layer, K_b = this rank's K and V bytes: all-gather K_b + cp K_b, ring 3 (cp-1) K_b);
+- K/V peak: the most K/V bytes an attention call held at once (cp_stats), and the live
+  peak of all tensor bytes over the timed steps (MB, the largest rank; with --live-bytes).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+
+def run(torchrun, binary, nproc, args, env):
+    cmd = [torchrun, "--standalone", f"--nproc-per-node={nproc}", "--no-python", binary] + args
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    if out.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stderr[-4000:]}")
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    sys.exit(f"{' '.join(cmd)}: no RESULT line:\n{out.stdout[-2000:]}")
+
+
+def formula(method, cp, seq, a):
+    """Bytes a rank hands to collectives per step by the method's formula (fp32, batch 1)."""
+    if method not in ("allgather", "ring"):
+        return 0
+    kb = 2 * (a.kv_heads * (seq // cp) * (a.dim // a.heads)) * 4
+    per_layer = kb + cp * kb if method == "allgather" else 3 * (cp - 1) * kb
+    return per_layer * a.layers
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("torchrun")
+    p.add_argument("binary")
+    p.add_argument("--seqs", type=int, nargs="+", default=[1024, 4096, 16384])
+    p.add_argument("--cps", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--live-bytes", default=None)
+    p.add_argument("--unbalanced", action="store_true",
+                   help="also the ring without load balancing at the largest cp")
+    a = p.parse_args()
+    env = dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR", OMP_NUM_THREADS="1")
+    if a.live_bytes:
+        env["LD_PRELOAD"] = os.path.abspath(a.live_bytes)
+    model = ["--dim", str(a.dim), "--layers", str(a.layers), "--heads", str(a.heads),
+             "--kv-heads", str(a.kv_heads)]
+    rows = [("none", 1, "-")] + [("dp", c, "-") for c in a.cps]
+    for c in a.cps:
+        rows += [("allgather", c, "headtail"), ("ring", c, "headtail")]
+    if a.unbalanced:
+        rows.append(("ring", max(a.cps), "none"))
+    for seq in a.seqs:
+        got = {r: [] for r in rows}
+        for _ in range(a.rounds):
+            for method, n, balance in rows:
+                args = ["--method", method, "--seq", str(seq), "--balance",
+                        balance if balance != "-" else "none"] + model
+                got[(method, n, balance)].append(run(a.torchrun, a.binary, n, args, env))
+        base_cpu = statistics.median(sum(r["cpu_ms"]) for r in got[rows[0]])
+        print(f"\n### sequence {seq} (dim {a.dim}, {a.layers} layer(s), heads {a.heads}/{a.kv_heads}, "
+              f"{a.rounds} rounds)\n")
+        print("| layout | ranks | balance | step ms | CPU ms (sum) | CPU / 1 rank | balance max/min | "
+              "bytes per rank | formula | K/V peak bytes | live peak MB |")
+        print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for key in rows:
+            method, n, balance = key
+            rs = got[key]
+            step = statistics.median(r["step_ms"] for r in rs)
+            steps = sorted(r["step_ms"] for r in rs)
+            cpu = statistics.median(sum(r["cpu_ms"]) for r in rs)
+            skew = statistics.median(max(r["cpu_ms"]) / min(r["cpu_ms"]) for r in rs)
+            sent = int(max(rs[0]["bytes_in"]))
+            kv = int(max(rs[0]["peak_kv_bytes"]))
+            live = statistics.median(max(r["live_peak_mb"]) for r in rs)
+            layout = {"none": "plain", "dp": "dp"}.get(method, f"cp {method}")
+            print(f"| {layout} | {n} | {balance} | {step:.0f} ({steps[0]:.0f}-{steps[-1]:.0f}) | "
+                  f"{cpu:.0f} | {cpu / (n if method == 'dp' else 1) / base_cpu:.2f} | {skew:.2f} | {sent} | "
+                  f"{formula(method, n, seq, a)} | {kv} | {live:.1f} |")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

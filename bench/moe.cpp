@@ -1,0 +1,199 @@
+// One training step of a stack of mixture-of-experts blocks with expert parallelism, timed:
+// the dtensor side of bench/moe.py, which runs the same model written with PyTorch 2.15's
+// public API (bench/moe.py --worker) alternately with it. Run under torchrun.
+//   model: --layers blocks x + MoE(RMSNorm(x)) (models/moe/moe.h: softmax top-k router,
+//          route_norm, --experts routed SwiGLU experts of --hidden, one shared expert, no
+//          load-balancing bias), width --dim, fp32;
+//   parallelism: the dense ranks are the whole world ("dp"); the experts over the sparse mesh
+//          (efsdp, ep) with --ep (ExpertParallel, the count exchange started by the router
+//          unless --no-early-exchange), fully_shard of the experts over efsdp and of each
+//          block and the root over dp;
+//   step: --tokens rows per rank, loss sum(out * g) / rows, backward, AdamW.
+// Rank 0 prints "RESULT <json>": the median step time (ms), each step's time, the mean time a
+// layer's experts call waited for its split sizes (ExpertParallel's counts, us per layer per
+// step), all-to-alls per step, and, under LD_PRELOAD of bench/live_bytes.cpp, the largest
+// rank's peak of live tensor bytes over the timed steps (MB).
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/nn/module.h>
+#include <torch/optim/adamw.h>
+
+#include <dtensor/all.h>
+#include <models/moe/moe.h>
+#include <models/moe/parallelize.h>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using dtensor::models::MoE;
+using dtensor::models::MoEArgs;
+using dtensor::models::RMSNorm;
+
+struct Flags {
+  int64_t dim = 256, hidden = 256, experts = 8, top_k = 2, layers = 2, tokens = 512, ep = 2;
+  int steps = 10, warmup = 3;
+  bool early_exchange = true;
+};
+
+Flags parse(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k == "--no-early-exchange") {
+      f.early_exchange = false;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "bench_moe: %s needs a value\n", k.c_str());
+      std::exit(2);
+    }
+    const int64_t v = std::stoll(argv[++i]);
+    if (k == "--dim") {
+      f.dim = v;
+    } else if (k == "--hidden") {
+      f.hidden = v;
+    } else if (k == "--experts") {
+      f.experts = v;
+    } else if (k == "--top-k") {
+      f.top_k = v;
+    } else if (k == "--layers") {
+      f.layers = v;
+    } else if (k == "--tokens") {
+      f.tokens = v;
+    } else if (k == "--ep") {
+      f.ep = v;
+    } else if (k == "--steps") {
+      f.steps = static_cast<int>(v);
+    } else if (k == "--warmup") {
+      f.warmup = static_cast<int>(v);
+    } else {
+      std::fprintf(stderr, "bench_moe: unknown flag %s\n", k.c_str());
+      std::exit(2);
+    }
+  }
+  return f;
+}
+
+struct BlockImpl : torch::nn::Module {
+  explicit BlockImpl(const MoEArgs& a)
+      : norm(register_module("norm", RMSNorm(a.dim(), 1e-5))), moe(register_module("moe", MoE(a))) {
+  }
+  at::Tensor forward(const at::Tensor& x) { return x + dtensor::call(moe, dtensor::call(norm, x)); }
+  RMSNorm norm;
+  MoE moe;
+};
+TORCH_MODULE(Block);
+
+struct StackImpl : torch::nn::Module {
+  StackImpl(const MoEArgs& a, int64_t layers) {
+    for (int64_t i = 0; i < layers; ++i) {
+      blocks.push_back(register_module("layers." + std::to_string(i), Block(a)));
+    }
+  }
+  at::Tensor forward(at::Tensor x) {
+    for (auto& b : blocks) {
+      x = dtensor::call(b, x);
+    }
+    return x;
+  }
+  std::vector<Block> blocks;
+};
+TORCH_MODULE(Stack);
+
+template <typename F>
+F* live_bytes_fn(const char* name) {
+  return reinterpret_cast<F*>(dlsym(RTLD_DEFAULT, name));
+}
+
+std::string json_list(const std::vector<double>& v) {
+  std::string out;
+  for (double x : v) {
+    out += (out.empty() ? "" : ", ") + std::to_string(x);
+  }
+  return "[" + out + "]";
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  const Flags f = parse(argc, argv);
+  at::set_num_threads(1);
+  dtensor::init_process_group();
+  const int world = dtensor::get_world_size();
+  const auto args = MoEArgs()
+                        .dim(f.dim)
+                        .hidden_dim(f.hidden)
+                        .num_experts(f.experts)
+                        .top_k(f.top_k)
+                        .num_shared_experts(1)
+                        .route_norm(true)
+                        .load_balance_coeff(std::nullopt);
+  torch::manual_seed(0);
+  Stack model(args, f.layers);
+  for (auto& b : model->blocks) {
+    b->moe->init_weights(0.02);
+  }
+  const auto dense = dtensor::init_device_mesh(c10::kCPU, {world}, {"dp"});
+  const auto sparse = dtensor::models::moe_sparse_mesh(dense, f.ep);
+  for (auto& b : model->blocks) {
+    dtensor::ExpertParallel style;
+    style.apply(*b->moe->experts, sparse["ep"]);
+    if (f.early_exchange) {
+      style.apply_router(*b->moe->router, sparse["ep"]);
+    }
+    dtensor::models::fully_shard_experts(b->moe, sparse, {}, world);
+    dtensor::fully_shard(*b, dtensor::FullyShardOptions().mesh(dense));
+  }
+  dtensor::fully_shard(*model, dtensor::FullyShardOptions().mesh(dense));
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  at::manual_seed(1 + dtensor::get_rank());
+  const at::Tensor x = at::randn({f.tokens, f.dim});
+  const at::Tensor g = at::randn({f.tokens, f.dim});
+  int64_t all_to_alls = 0;
+  auto step = [&] {
+    opt.zero_grad();
+    dtensor::CommDebugMode comm;
+    at::Tensor out = dtensor::call(model, x);
+    ((out * g).sum() / static_cast<double>(f.tokens)).backward();
+    opt.step();
+    all_to_alls = comm.count(dtensor::CollectiveKind::AllToAll);
+  };
+  for (int i = 0; i < f.warmup; ++i) {
+    step();
+  }
+  if (auto* reset = live_bytes_fn<void()>("live_bytes_reset_peak")) {
+    reset();
+  }
+  dtensor::reset_ep_stats();
+  std::vector<double> ms;
+  for (int i = 0; i < f.steps; ++i) {
+    dtensor::barrier(dtensor::world_group());
+    const auto t0 = Clock::now();
+    step();
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  const double wait_us =
+      dtensor::ep_stats().wait_seconds * 1e6 / static_cast<double>(f.steps * f.layers);
+  auto* live_peak = live_bytes_fn<int64_t()>("live_bytes_peak");
+  at::Tensor figures = at::tensor(
+      {live_peak != nullptr ? static_cast<double>(live_peak()) / 1e6 : -1.0, wait_us}, at::kDouble);
+  dtensor::all_reduce_(figures, dtensor::ReduceOp::Max, dtensor::world_group());
+  std::vector<double> sorted = ms;
+  std::sort(sorted.begin(), sorted.end());
+  if (dtensor::get_rank() == 0) {
+    std::printf("RESULT {\"ms\": %f, \"step_ms\": %s, \"wait_us\": %f, \"all_to_alls\": %lld, "
+                "\"live_peak_mb\": %f}\n",
+                sorted[sorted.size() / 2], json_list(ms).c_str(), figures[1].item<double>(),
+                static_cast<long long>(all_to_alls), figures[0].item<double>());
+    std::fflush(stdout);
+  }
+  return 0;
+}
