@@ -38,7 +38,7 @@ using dtensor::models::MoEArgs;
 using dtensor::models::RMSNorm;
 
 struct Flags {
-  int64_t dim = 256, hidden = 256, experts = 8, top_k = 2, layers = 2, tokens = 512, ep = 2;
+  int64_t dim = 128, hidden = 128, experts = 8, top_k = 2, layers = 2, tokens = 256, ep = 2;
   int steps = 10, warmup = 3;
   bool early_exchange = true;
 };
@@ -95,7 +95,7 @@ TORCH_MODULE(Block);
 struct StackImpl : torch::nn::Module {
   StackImpl(const MoEArgs& a, int64_t layers) {
     for (int64_t i = 0; i < layers; ++i) {
-      blocks.push_back(register_module("layers." + std::to_string(i), Block(a)));
+      blocks.push_back(register_module(std::to_string(i), Block(a)));
     }
   }
   at::Tensor forward(at::Tensor x) {

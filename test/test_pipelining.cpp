@@ -558,3 +558,53 @@ TEST_CASE("pipeline errors name what was wrong", "[pipelining][world2][world4]")
   REQUIRE_THROWS_WITH(inner_unit.finalize_backward(),
                       contains("finalize_backward: unit") && contains("is nested in unit"));
 }
+
+// [Note: sends a receive proves received] on Gloo, whose sends report completion only when
+// waited for: 1F1B's first stage, whose output nothing but the runtime holds (clone saves
+// nothing for backward), must have let go of every activation it has sent by the backward
+// of microbatch k, microbatch k + 1's included: the gradient of k proves it received (the
+// last stage posts that receive before sending the gradient), as PyTorch 2.15 waits for that
+// send and releases it before its backward of k. Before, it lived through that backward.
+TEST_CASE("1F1B's first stage lets go of sent activations a received gradient proves received",
+          "[pipelining][world2]") {
+  constexpr int kMicros = 4;
+  const DeviceMesh pp_mesh = init_device_mesh(device_type(), {2}, {"pp"});
+  torch::manual_seed(7);
+  const at::Tensor input = at::randn({kBatch, kWidth});
+  const at::Tensor target = at::randn({kBatch, kWidth});
+  Model model(1);
+  const auto order = dtensor::generate_schedule(ScheduleKind::OneFOneB, 2, kMicros, 1);
+  auto stages = stages_of(model, order, 2, kMicros);
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> sent; // stage 0's outputs, in order
+  std::string alive_during_backward;
+  if (rank() == 0) {
+    stages[0].forward = [&model, &sent](const at::Tensor& x) {
+      at::Tensor y = model.run(x, 0, 4).clone();
+      sent.push_back(y.storage().getWeakStorageImpl());
+      return y;
+    };
+    int backwards = 0;
+    model.layers[3]->weight.register_hook([&](const at::Tensor& g) {
+      for (size_t mb = 0; mb < sent.size(); ++mb) {
+        if (!sent[mb].expired()) {
+          alive_during_backward += "forward call " + std::to_string(mb) +
+                                   " during the backward of " + std::to_string(backwards) + "; ";
+        }
+      }
+      ++backwards;
+      return g;
+    });
+  }
+  dtensor::PipelineSchedule schedule(std::move(stages), pp_mesh.get_group(), order, kMicros,
+                                     sum_loss);
+  schedule.step(input, target);
+  CHECK(alive_during_backward == "");
+  if (rank() == 0) {
+    CHECK(sent.size() == static_cast<size_t>(kMicros) + 1); // + finding the shapes on meta
+  }
+  Model plain(1);
+  sum_loss(plain.run(input, 0, 8), target).backward();
+  for (int i = rank() * 4; i < rank() * 4 + 4; ++i) {
+    CHECK(close(model.layers[i]->weight.grad(), plain.layers[i]->weight.grad()));
+  }
+}
