@@ -1,5 +1,6 @@
-// Live tensor bytes of a process, for bench/pipeline.py's memory comparison: loaded with
-// LD_PRELOAD into both the dtensor and the PyTorch ranks, it counts the bytes allocated by
+// Live tensor bytes of a process, for the memory comparisons of bench/pipeline.py, moe.py
+// and context_parallel.py: loaded with LD_PRELOAD into the dtensor and the PyTorch ranks
+// alike, it counts the bytes allocated by
 // posix_memalign and not yet freed. LibTorch's CPU allocator (c10::alloc_cpu) takes every
 // tensor's memory through posix_memalign, in the C++ process and under Python alike, while
 // the interpreter's own objects come from malloc and pymalloc's arenas: the same measure on
@@ -9,11 +10,18 @@
 //   live_bytes_now(), live_bytes_peak(), live_bytes_reset_peak() (the peak restarts at now).
 // The table of live blocks is fixed (kSlots, linear probing with backward-shift deletion);
 // blocks beyond it are not counted and counted in live_bytes_dropped().
+// With LIVE_BYTES_HISTOGRAM set, the live blocks at the last peak (since the last reset),
+// counted by size, are printed to stderr at exit ("live_bytes at peak: SIZE x COUNT"): where
+// two processes' peaks differ, the sizes whose counts differ say which tensors.
 #include <pthread.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 extern "C" {
 void* __libc_memalign(size_t alignment, size_t size);
@@ -39,6 +47,47 @@ size_t used;
 int64_t live, peak, dropped;
 pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
+// Live blocks by size (open addressing, never deleted: sizes are few), and a copy taken
+// at each new peak.
+constexpr size_t kSizes = 4096;
+struct SizeCount {
+  size_t size;
+  int64_t count;
+};
+SizeCount sizes[kSizes], at_peak[kSizes];
+int histogram = -1; // -1: LIVE_BYTES_HISTOGRAM not read yet
+
+void count_size(size_t size, int64_t delta) {
+  if (histogram < 0) {
+    histogram = std::getenv("LIVE_BYTES_HISTOGRAM") != nullptr ? 1 : 0;
+  }
+  if (histogram == 0 || size == 0) {
+    return;
+  }
+  size_t i = (size * 0x9E3779B97F4A7C15ull >> 52) & (kSizes - 1);
+  for (size_t n = 0; n < kSizes; ++n, i = (i + 1) & (kSizes - 1)) {
+    if (sizes[i].size == 0) { // a size not seen yet: its slot from now on
+      sizes[i].size = size;
+    }
+    if (sizes[i].size == size) {
+      sizes[i].count += delta;
+      return;
+    }
+  }
+}
+
+__attribute__((destructor)) void print_histogram() {
+  if (histogram != 1) {
+    return;
+  }
+  for (const SizeCount& e : at_peak) {
+    if (e.count != 0) {
+      std::fprintf(stderr, "live_bytes at peak (pid %d): %zu x %lld\n", static_cast<int>(getpid()),
+                   e.size, static_cast<long long>(e.count));
+    }
+  }
+}
+
 size_t slot_of(uintptr_t p) {
   return static_cast<size_t>((p >> 4) * 0x9E3779B97F4A7C15ull >> 44) & (kSlots - 1);
 }
@@ -56,8 +105,12 @@ void insert(uintptr_t p, size_t size) {
     table[i].size = size;
     used += 1;
     live += static_cast<int64_t>(size);
+    count_size(size, 1);
     if (live > peak) {
       peak = live;
+      if (histogram == 1) {
+        std::memcpy(at_peak, sizes, sizeof(sizes));
+      }
     }
   }
   pthread_mutex_unlock(&lock);
@@ -71,6 +124,7 @@ void erase(uintptr_t p) {
   }
   if (table[i].ptr == p) {
     live -= static_cast<int64_t>(table[i].size);
+    count_size(table[i].size, -1);
     used -= 1;
     // Backward-shift deletion: move later entries of the run into the hole when their home
     // slot allows it, so that lookups never stop early.

@@ -14,7 +14,9 @@ score summed back into its token; no load-balancing bias. Parallelism, as torcht
 experts Shard(0) over "ep" of the sparse mesh (efsdp, ep), with the counts exchanged by one
 all-to-all, the rows dispatched and combined by all_to_all_single with autograd and
 permuted expert-major between; fully_shard of the experts over efsdp (gradients divided by
-the world, as the rest) and of each block and the root over the world. A step: --tokens rows
+the world, as the rest; PyTorch's with efsdp > 1 by efsdp, since its other divide factors
+reduce with PREMUL_SUM, which Gloo lacks: a constant factor on the experts' gradients, the
+same work) and of each block and the root over the world. A step: --tokens rows
 per rank, loss sum(out * g) / rows, backward, AdamW (lr 1e-3). PyTorch's dispatcher turns
 the splits into Python lists (.tolist(), torchtitan's device-to-host sync) and permutes with
 an argsort; dtensor's is ExpertParallel.
@@ -149,7 +151,9 @@ def worker(a):
     torch.manual_seed(0)
     model = nn.Sequential(*[Block() for _ in range(a.layers)])
     for block in model:
-        fully_shard(block.moe.experts, mesh=sparse["efsdp"]).set_gradient_divide_factor(float(world))
+        experts = fully_shard(block.moe.experts, mesh=sparse["efsdp"])
+        if world // a.ep == 1:  # on Gloo, another factor needs PREMUL_SUM, which Gloo lacks
+            experts.set_gradient_divide_factor(float(world))
         fully_shard(block, mesh=dense)
     fully_shard(model, mesh=dense)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

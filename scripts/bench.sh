@@ -7,7 +7,8 @@ configure "$root/build" -Dcuda=disabled -Dbuildtype=debugoptimized
 ninja -C "$root/build" bench/bench_dispatch_overhead bench/bench_fsdp_step bench/bench_clip_grad_norm \
   bench/bench_checkpoint_io bench/bench_fsdp_overlap bench/bench_meta_init_memory \
   bench/bench_activation_checkpoint bench/bench_loss_parallel bench/bench_reduce_scatter \
-  bench/bench_module_call bench/bench_pipeline bench/liblive_bytes.so examples/train
+  bench/bench_module_call bench/bench_pipeline bench/bench_context_parallel bench/bench_moe \
+  bench/liblive_bytes.so examples/train
 export TORCH_CPP_LOG_LEVEL=${TORCH_CPP_LOG_LEVEL:-WARNING}
 echo "## dispatch overhead, 1 rank"
 "$root/build/bench/bench_dispatch_overhead"
@@ -44,6 +45,17 @@ echo "## pipeline schedules vs PyTorch's torch.distributed.pipelining, 2 and 4 r
 "$root/.venv/bin/python" "$root/bench/pipeline.py" "$root/.venv/bin/torchrun" \
   "$root/build/bench/bench_pipeline" --rounds 3 --ranks 2 4 --dim 32 \
   --schedules 1F1B ZBVZeroBubble --live-bytes "$root/build/bench/liblive_bytes.so"
+echo
+echo "## context parallelism: the Llama model over one long sequence, cp 1 / 2 / 4, both methods"
+"$root/.venv/bin/python" "$root/bench/context_parallel.py" "$root/.venv/bin/torchrun" \
+  "$root/build/bench/bench_context_parallel" --seqs 1024 4096 16384 --rounds 2 \
+  --live-bytes "$root/build/bench/liblive_bytes.so" --unbalanced
+echo
+echo "## MoE blocks with expert parallelism vs the same model in PyTorch, 2 and 4 ranks (alternating)"
+"$root/.venv/bin/python" "$root/bench/moe.py" "$root/.venv/bin/torchrun" "$root/build/bench/bench_moe" \
+  --rounds 3 --layouts 2:2 4:4 4:2 --live-bytes "$root/build/bench/liblive_bytes.so"
+"$root/.venv/bin/python" "$root/bench/moe.py" "$root/.venv/bin/torchrun" "$root/build/bench/bench_moe" \
+  --rounds 2 --dim 256 --hidden 256 --tokens 512 --layouts 2:2 4:4
 echo
 echo "## memory per rank: meta init and a training step, Transformer on 8 ranks"
 torchrun --standalone --nproc-per-node 8 --no-python "$root/build/bench/bench_meta_init_memory"

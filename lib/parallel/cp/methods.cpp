@@ -237,8 +237,8 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 c10::toString(k.scalar_type()), c10::toString(v.scalar_type()));
   // The simulated device runs the CPU kernels' meta versions (lib/sim/meta_kernels.cpp).
   DTENSOR_CHECK(q.device().is_cpu() || q.device().type() == detail::kSimulatedDevice,
-                "{}: the attention kernels are wired for CPU tensors so far (got {}); CUDA is "
-                "issue 48's next step",
+                "{}: the attention kernels are wired for CPU tensors only (got {}): the CUDA "
+                "kernels are not built yet (docs/context_parallel.md, \"Not yet\")",
                 what, q.device().str());
   DTENSOR_CHECK(mesh.ndim() == 1 && mesh.size() == layout.cp(),
                 "{}: the cp mesh must be 1-D with {} ranks ({}), got {}", what, layout.cp(),
