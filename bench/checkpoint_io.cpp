@@ -7,8 +7,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
 #include <filesystem>
+#include <functional>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -22,8 +22,9 @@ double timed(const std::function<void()>& body) {
   dtensor::barrier(dtensor::world_group());
   const auto t0 = std::chrono::steady_clock::now();
   body();
-  at::Tensor secs = at::full({1}, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-                             at::kDouble);
+  at::Tensor secs =
+      at::full({1}, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+               at::kDouble);
   return dtensor::all_reduce(secs, dtensor::ReduceOp::Max, dtensor::world_group()).item<double>();
 }
 
@@ -56,12 +57,18 @@ int main(int argc, char** argv) {
   // Optional third argument "no-hash": save without hashes, load without verifying them
   // (what PyTorch's readers and writers do).
   const bool hash = !(argc > 3 && std::string(argv[3]) == "no-hash");
-  const double save_s = timed([&] { dtensor::checkpoint::save(state, dir, dtensor::checkpoint::SaveOptions().checksums(hash)); });
-  const double load_s = timed([&] { dtensor::checkpoint::load(target, dir, dtensor::checkpoint::LoadOptions().verify(hash)); });
+  const double save_s = timed([&] {
+    dtensor::checkpoint::save(state, dir, dtensor::checkpoint::SaveOptions().checksums(hash));
+  });
+  const double load_s = timed([&] {
+    dtensor::checkpoint::load(target, dir, dtensor::checkpoint::LoadOptions().verify(hash));
+  });
   for (const auto& item : state) { // the load really happened
-    if (!at::equal(dtensor::is_dtensor(item.value()) ? dtensor::DTensor(item.value()).to_local() : item.value(),
-                   dtensor::is_dtensor(target[item.key()]) ? dtensor::DTensor(target[item.key()]).to_local()
-                                                           : target[item.key()])) {
+    if (!at::equal(dtensor::is_dtensor(item.value()) ? dtensor::DTensor(item.value()).to_local()
+                                                     : item.value(),
+                   dtensor::is_dtensor(target[item.key()])
+                       ? dtensor::DTensor(target[item.key()]).to_local()
+                       : target[item.key()])) {
       std::fprintf(stderr, "bench_checkpoint_io: %s differs after load\n", item.key().c_str());
       return 1;
     }

@@ -13,7 +13,6 @@
 // cost the CPU too), each rank's bytes handed to collectives per step (CommDebugMode), the
 // K/V bytes the attention calls held at once (cp_stats), and, under LD_PRELOAD of
 // bench/live_bytes.cpp, each rank's peak of live tensor bytes over the timed steps.
-#include <dlfcn.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -27,12 +26,14 @@
 #include <ATen/Parallel.h>
 #include <torch/nn/functional/loss.h>
 
+#include "bench_util.h"
 #include <dtensor/all.h>
 #include <models/llama3.h>
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using bench::live_bytes_fn;
 
 struct Flags {
   std::string method = "none";
@@ -82,11 +83,6 @@ double cpu_seconds() {
   getrusage(RUSAGE_SELF, &u);
   auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
   return s(u.ru_utime) + s(u.ru_stime);
-}
-
-template <typename F>
-F* live_bytes_fn(const char* name) {
-  return reinterpret_cast<F*>(dlsym(RTLD_DEFAULT, name));
 }
 
 // Every rank's value, gathered (in rank order) as a JSON list.

@@ -55,7 +55,8 @@ int main() {
     xs.push_back(dtensor::distribute_tensor(t, mesh, s0));
     ys.push_back(dtensor::distribute_tensor(t, mesh, s0));
   }
-  double miss = best_us_per_op(1, misses, [&](int i) { (void)(xs[static_cast<size_t>(i)] + ys[static_cast<size_t>(i)]); });
+  double miss = best_us_per_op(
+      1, misses, [&](int i) { (void)(xs[static_cast<size_t>(i)] + ys[static_cast<size_t>(i)]); });
 
   if (dtensor::get_rank() == 0) {
     std::printf("| measure (world %d, add of two Float[%d, 8] Shard(0) DTensors) | us per op |\n",

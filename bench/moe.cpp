@@ -13,7 +13,6 @@
 // layer's experts call waited for its split sizes (ExpertParallel's counts, us per layer per
 // step), all-to-alls per step, and, under LD_PRELOAD of bench/live_bytes.cpp, the largest
 // rank's peak of live tensor bytes over the timed steps (MB).
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <chrono>
@@ -26,6 +25,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/adamw.h>
 
+#include "bench_util.h"
 #include <dtensor/all.h>
 #include <models/moe/moe.h>
 #include <models/moe/parallelize.h>
@@ -33,6 +33,9 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using bench::json_list;
+using bench::live_bytes_fn;
+using bench::median;
 using dtensor::models::MoE;
 using dtensor::models::MoEArgs;
 using dtensor::models::RMSNorm;
@@ -108,19 +111,6 @@ struct StackImpl : torch::nn::Module {
 };
 TORCH_MODULE(Stack);
 
-template <typename F>
-F* live_bytes_fn(const char* name) {
-  return reinterpret_cast<F*>(dlsym(RTLD_DEFAULT, name));
-}
-
-std::string json_list(const std::vector<double>& v) {
-  std::string out;
-  for (double x : v) {
-    out += (out.empty() ? "" : ", ") + std::to_string(x);
-  }
-  return "[" + out + "]";
-}
-
 } // namespace
 
 int main(int argc, char** argv) {
@@ -186,12 +176,10 @@ int main(int argc, char** argv) {
   at::Tensor figures = at::tensor(
       {live_peak != nullptr ? static_cast<double>(live_peak()) / 1e6 : -1.0, wait_us}, at::kDouble);
   dtensor::all_reduce_(figures, dtensor::ReduceOp::Max, dtensor::world_group());
-  std::vector<double> sorted = ms;
-  std::sort(sorted.begin(), sorted.end());
   if (dtensor::get_rank() == 0) {
     std::printf("RESULT {\"ms\": %f, \"step_ms\": %s, \"wait_us\": %f, \"all_to_alls\": %lld, "
                 "\"live_peak_mb\": %f}\n",
-                sorted[sorted.size() / 2], json_list(ms).c_str(), figures[1].item<double>(),
+                median(ms), json_list(ms).c_str(), figures[1].item<double>(),
                 static_cast<long long>(all_to_alls), figures[0].item<double>());
     std::fflush(stdout);
   }

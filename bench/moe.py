@@ -37,14 +37,7 @@ import subprocess
 import sys
 import time
 
-
-def live_bytes(name):
-    """bench/live_bytes.cpp's counter when it is preloaded, else None."""
-    import ctypes
-    fn = getattr(ctypes.CDLL(None), name, None)
-    if fn is not None:
-        fn.restype = ctypes.c_int64 if name != "live_bytes_reset_peak" else None
-    return fn
+from bench_util import live_bytes  # bench/bench_util.py (this script's folder)
 
 
 def worker(a):

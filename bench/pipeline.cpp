@@ -15,7 +15,6 @@
 // with the measured point-to-point latency of one activation (half a round trip between
 // ranks 0 and 1). Under LD_PRELOAD of bench/live_bytes.cpp: also the peak of live tensor
 // bytes over the timed steps (MB, the largest over ranks).
-#include <dlfcn.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,11 +31,15 @@
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/linear.h>
 
+#include "bench_util.h"
 #include <dtensor/all.h>
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using bench::json_list;
+using bench::live_bytes_fn;
+using bench::median;
 
 struct Flags {
   std::string schedule = "1F1B";
@@ -116,12 +119,6 @@ double peak_rss_mb() {
   return kb / 1e3;
 }
 
-// bench/live_bytes.cpp's counter when it is preloaded, else null.
-template <typename F>
-F* live_bytes_fn(const char* name) {
-  return reinterpret_cast<F*>(dlsym(RTLD_DEFAULT, name));
-}
-
 // Half the median round trip of `shape` floats between ranks 0 and 1 (the others idle),
 // seconds: the simulation's p2p latency for one activation.
 double p2p_latency(const std::vector<int64_t>& shape) {
@@ -158,19 +155,6 @@ int type_index(dtensor::ActionType t) {
   default:
     return 3;
   }
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-std::string json_list(const std::vector<double>& v) {
-  std::string out;
-  for (double x : v) {
-    out += (out.empty() ? "" : ", ") + std::to_string(x);
-  }
-  return "[" + out + "]";
 }
 
 } // namespace

@@ -31,6 +31,8 @@ import subprocess
 import sys
 import time
 
+from bench_util import live_bytes  # bench/bench_util.py (this script's folder)
+
 CLASSES = {"GPipe": "ScheduleGPipe", "1F1B": "Schedule1F1B",
            "Interleaved1F1B": "ScheduleInterleaved1F1B", "LoopedBFS": "ScheduleLoopedBFS",
            "InterleavedZeroBubble": "ScheduleInterleavedZeroBubble",
@@ -58,15 +60,6 @@ def peak_rss_mb():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1e3
     return 0.0
-
-
-def live_bytes(name):
-    """bench/live_bytes.cpp's counter when it is preloaded, else None."""
-    import ctypes
-    fn = getattr(ctypes.CDLL(None), name, None)
-    if fn is not None:
-        fn.restype = ctypes.c_int64 if name != "live_bytes_reset_peak" else None
-    return fn
 
 
 def worker(args):

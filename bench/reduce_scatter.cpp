@@ -27,7 +27,8 @@ int main() {
   auto group = dtensor::init_device_mesh(c10::kCPU, {world}, {"x"}).get_group();
   std::string json;
   for (const std::string kind : {"rs", "ag"}) {
-    for (int64_t numel : {int64_t{4096}, int64_t{786432}, int64_t{3145728}}) { // 16 KiB, 3 and 12 MiB
+    for (int64_t numel :
+         {int64_t{4096}, int64_t{786432}, int64_t{3145728}}) { // 16 KiB, 3 and 12 MiB
       at::Tensor whole = kind == "rs" ? at::randn({numel}) : at::empty({numel});
       at::Tensor shard = kind == "rs" ? at::empty({numel / world}) : at::randn({numel / world});
       std::vector<double> ms;
@@ -45,8 +46,8 @@ int main() {
         }
       }
       std::sort(ms.begin(), ms.end());
-      json += (json.empty() ? "" : ", ") + std::string("\"") + kind + ":" +
-              std::to_string(numel) + "\": " + std::to_string(ms[ms.size() / 2]);
+      json += (json.empty() ? "" : ", ") + std::string("\"") + kind + ":" + std::to_string(numel) +
+              "\": " + std::to_string(ms[ms.size() / 2]);
     }
   }
   { // DTensor::from_local of a 2x2 tensor as Shard(0) without a shape (the agreement on sizes)
