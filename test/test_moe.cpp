@@ -16,10 +16,13 @@
 //    parallelize_llama3 (dp_shard 4 with ep 2 x efsdp 2; dp_shard 2 x tp 2 with ep 4, and
 //    with ep 2 x efsdp 2) equal the plain model on one process: logits and every parameter's
 //    gradient; 3 + 2 all-to-alls per MoE layer.
+//  - world4 with context parallelism (cp 2 x tp 2 with ep 4; dp_shard 2 x cp 2 with ep 2 x
+//    efsdp 2): the same judge, the cp ranks holding head-tail chunks of their rows.
 //  - world8: dp_shard 4 x tp 2 with ep 4 x efsdp 2 and with ep 8, the same judge.
 //  - world1 also: export_hf's refusals of what Qwen3MoeForCausalLM cannot hold.
 #include <filesystem>
 
+#include <dtensor/context_parallel.h>
 #include <dtensor/expert_parallel.h>
 
 #include <models/llama3.h>
@@ -508,44 +511,65 @@ dtensor::models::Llama3Args small_deepseek() {
 }
 
 dtensor::models::Llama3 seeded_model(const dtensor::models::Llama3Args& a, const DeviceMesh* mesh,
-                                     int64_t ep) {
+                                     int64_t ep,
+                                     const std::optional<dtensor::ContextParallel>& cp = {}) {
   dtensor::models::Llama3 model(a);
   if (mesh != nullptr) {
-    dtensor::models::parallelize_llama3(model, *mesh, /*loss_parallel=*/false, {}, std::nullopt,
-                                        std::nullopt, ep);
+    dtensor::models::parallelize_llama3(model, *mesh, /*loss_parallel=*/false, {}, std::nullopt, cp,
+                                        ep);
   }
   dtensor::set_rng_state({true, 21, 0});
   model->init_weights();
   return model;
 }
 
-// The model under parallelize_llama3 on a (dp_replicate, dp_shard, tp) mesh of `shape` with
-// `ep`, each data-parallel rank its rows of one batch (tp ranks the same rows), against the
-// plain model on the whole batch: logits, every parameter's gradient (the loss summed per
-// rank, the plain one divided by the data-parallel degree), 3 + 2 all-to-alls per MoE layer.
+// The model under parallelize_llama3 on a (dp_replicate, dp_shard, tp) mesh of `shape`, or
+// with four entries a (dp_replicate, dp_shard, cp, tp) mesh with context parallelism (head-tail
+// chunks), with `ep`: each data-parallel rank its rows of one batch (tp ranks the same rows,
+// cp ranks their chunks of them), against the plain model on the whole batch: logits, every
+// parameter's gradient (the loss summed per rank, the plain one divided by the number of
+// ranks holding different tokens, dp x cp), 3 + 2 all-to-alls per MoE layer.
 void check_model(const dtensor::models::Llama3Args& a, std::vector<int64_t> shape, int64_t ep) {
+  const bool with_cp = shape.size() == 4;
   const DeviceMesh mesh =
-      init_device_mesh(device_type(), shape, {"dp_replicate", "dp_shard", "tp"});
+      with_cp ? init_device_mesh(device_type(), shape, {"dp_replicate", "dp_shard", "cp", "tp"})
+              : init_device_mesh(device_type(), shape, {"dp_replicate", "dp_shard", "tp"});
+  std::optional<dtensor::ContextParallel> cp;
+  if (with_cp) {
+    cp.emplace(dtensor::ContextParallelOptions().method(dtensor::CpMethod::AllGather));
+  }
   auto plain = seeded_model(a, nullptr, 1);
-  auto model = seeded_model(a, &mesh, ep);
+  auto model = seeded_model(a, &mesh, ep, cp);
   const int64_t dp = shape[0] * shape[1];
+  const int64_t seq = 8;
+  const int64_t cp_size = with_cp ? shape[2] : 1;
   const int64_t rows = 8 / dp;
   const auto coord = mesh.get_coordinate().value();
   const int64_t first = (coord[0] * shape[1] + coord[1]) * rows;
+  // This rank's tokens: its rows, and with cp its head-tail chunks of them.
+  std::optional<dtensor::CpLayout> layout;
+  auto mine = [&](const at::Tensor& full) {
+    const at::Tensor r = full.narrow(0, first, rows);
+    return layout ? dtensor::cp_shard(r, 1, *layout, mesh["cp"]) : r;
+  };
+  if (with_cp) {
+    layout.emplace(seq, cp_size, dtensor::CpBalance::HeadTail);
+    cp->set_layout(*layout);
+  }
   at::manual_seed(3);
-  const at::Tensor tokens = at::randint(a.vocab_size(), {8, 8}, at::kLong);
-  const at::Tensor g = at::randn({8, 8, a.vocab_size()});
+  const at::Tensor tokens = at::randint(a.vocab_size(), {8, seq}, at::kLong);
+  const at::Tensor g = at::randn({8, seq, a.vocab_size()});
   CommDebugMode mode;
-  at::Tensor logits = dtensor::call(model, tokens.narrow(0, first, rows));
-  (logits * g.narrow(0, first, rows)).sum().backward();
+  at::Tensor logits = dtensor::call(model, mine(tokens));
+  (logits * mine(g)).sum().backward();
   const auto counts = mode.comm_module_counts().at("Global");
   const int64_t moe_layers = a.n_layers() - a.n_dense_layers();
   CHECK(counts.forward.at(CollectiveKind::AllToAll) == 3 * moe_layers);
   CHECK(counts.backward.at(CollectiveKind::AllToAll) == 2 * moe_layers);
   at::Tensor want = dtensor::call(plain, tokens);
-  ((want * g).sum() / static_cast<double>(dp)).backward();
+  ((want * g).sum() / static_cast<double>(dp * cp_size)).backward();
   REQUIRE(!dtensor::is_dtensor(logits));
-  CHECK(near(logits, want.narrow(0, first, rows)));
+  CHECK(near(logits, mine(want)));
   auto theirs = plain->named_parameters();
   int64_t compared = 0;
   for (const auto& item : model->named_parameters()) {
@@ -575,6 +599,21 @@ TEST_CASE("MoE models under parallelize_llama3 equal the plain model: logits, ev
   }
   SECTION("Qwen3-MoE (q / k norms), dp_shard 2 x tp 2; experts ep 2 x efsdp 2") {
     check_model(dtensor::models::qwen3_moe_tiny_args().max_seq_len(8), {1, 2, 2}, 2);
+  }
+}
+
+// Guards MoE layers with context parallelism: the cp ranks' head-tail chunks route like any
+// other tokens; ep borrows cp's ranks (and tp's); the experts' gradients divided by dp x cp, the
+// router's unit over dp_shard x cp x tp when tp > 1 ([Note: token-parallel units under tensor
+// parallelism]).
+TEST_CASE("MoE models with context parallelism equal the plain model: cp 2 x tp 2 with ep 4, "
+          "dp_shard 2 x cp 2 with ep 2 x efsdp 2",
+          "[world4]") {
+  SECTION("DeepSeek-V3-style, cp 2 x tp 2; experts ep 4 (borrowing cp and tp)") {
+    check_model(small_deepseek(), {1, 1, 2, 2}, 4);
+  }
+  SECTION("Qwen3-MoE, dp_shard 2 x cp 2; experts ep 2 x efsdp 2") {
+    check_model(dtensor::models::qwen3_moe_tiny_args().max_seq_len(8), {1, 2, 2, 1}, 2);
   }
 }
 

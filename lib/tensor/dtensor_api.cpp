@@ -3,6 +3,9 @@
 #include <dtensor/collectives.h>
 #include <dtensor/dtensor.h>
 
+#include <algorithm>
+#include <numeric>
+
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -100,6 +103,30 @@ at::Tensor resolved_local(AutogradContext* ctx, const at::Tensor& source) {
   return fresh_alias(m->local);
 }
 
+// [Note: gradient layout follows the spec] to_local's backward wraps the local gradient in the
+// forward's spec, whose strides may not be contiguous (q.transpose(1, 2) taken to_local by
+// context parallelism's attention). The local tensor must have the same dimension order as
+// the wrapper's strides: ops decide from the wrapper whether a view is possible (reshape's
+// backward of a transpose), and the local op would then fail. So the gradient is made dense
+// in that order (PyTorch derives the wrapper's strides from the local gradient instead; the
+// forward's layout is what the plain tensor's gradient would have).
+at::Tensor dense_in_order_of(const at::Tensor& g, const std::vector<int64_t>& stride) {
+  const int64_t nd = g.dim();
+  if (static_cast<int64_t>(stride.size()) != nd) {
+    return g.contiguous();
+  }
+  std::vector<int64_t> order(static_cast<size_t>(nd));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return stride[static_cast<size_t>(a)] > stride[static_cast<size_t>(b)];
+  });
+  std::vector<int64_t> inverse(order.size());
+  for (size_t k = 0; k < order.size(); ++k) {
+    inverse[static_cast<size_t>(order[k])] = static_cast<int64_t>(k);
+  }
+  return g.permute(order).contiguous().permute(inverse);
+}
+
 struct ToLocalFn : torch::autograd::Function<ToLocalFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& dt,
                             const std::optional<Placements>& grad_placements) {
@@ -137,7 +164,7 @@ struct ToLocalFn : torch::autograd::Function<ToLocalFn> {
       return {grads[0], at::Tensor()}; // the resolved value was plain: so is its gradient
     }
     const DTensorSpec& spec = saved_spec(ctx);
-    return {detail::make_dtensor(grads[0].contiguous(), spec), at::Tensor()};
+    return {detail::make_dtensor(dense_in_order_of(grads[0], spec.stride), spec), at::Tensor()};
   }
 };
 

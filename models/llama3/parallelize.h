@@ -3,8 +3,11 @@
 // torchtitan's models/llama3/infra/parallelize.py for the Llama-3 model: tensor parallelism
 // (apply_tp), activation checkpointing (apply_ac) and fully_shard (apply_fsdp), applied from
 // outside the model ([Note: models carry no parallelism] in models/llama3/model.h).
+#include <algorithm>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include <dtensor/activation_checkpoint.h>
 #include <dtensor/context_parallel.h>
@@ -127,11 +130,25 @@ inline void apply_cp(Llama3& model, const dtensor::DeviceMesh& cp_mesh,
 // gradients divided by the data-parallel degree alone, as the experts' over (dp_replicate,
 // efsdp) are. (The q / k norms need nothing of the kind: they see q / k as DTensors sharded
 // by head, so their plain weights' gradients come back summed over tp.) With tp 1 they stay
-// in their block's unit.
+// in their block's unit. With context parallelism the cp ranks hold yet other tokens: the unit
+// spans dp_shard x cp x tp, and the data-parallel degree counts cp.
+
+// Whether `mesh`'s root has a "cp" dimension (parallelize_llama3 with context parallelism).
+inline bool has_cp_dim(const dtensor::DeviceMesh& mesh) {
+  const dtensor::DeviceMesh root = mesh.root_mesh();
+  const std::vector<std::string>& names = root.dim_names();
+  return std::find(names.begin(), names.end(), "cp") != names.end();
+}
+
+// The token-parallel unit's mesh: (dp_replicate, dp_shard x tp), or (dp_replicate, dp_shard x
+// cp x tp) with context parallelism.
 inline dtensor::DeviceMesh token_parallel_mesh(const dtensor::DeviceMesh& mesh) {
   const dtensor::DeviceMesh root = mesh.root_mesh();
-  const dtensor::DeviceMesh flat = root[{"dp_shard", "tp"}].flatten("dp_shard_tp");
-  return root["dp_replicate"].size() > 1 ? root[{"dp_replicate", "dp_shard_tp"}] : flat;
+  const bool cp = has_cp_dim(root);
+  const std::string name = cp ? "dp_shard_cp_tp" : "dp_shard_tp";
+  const dtensor::DeviceMesh flat =
+      cp ? root[{"dp_shard", "cp", "tp"}].flatten(name) : root[{"dp_shard", "tp"}].flatten(name);
+  return root["dp_replicate"].size() > 1 ? root[{"dp_replicate", name}] : flat;
 }
 
 // torchtitan's MoE parallelism (apply_moe_ep_tp, and apply_fsdp's experts) for the model's
@@ -153,7 +170,10 @@ inline void apply_moe(Llama3& model, const dtensor::DeviceMesh& mesh, int64_t ep
   DTENSOR_MODEL_CHECK(a.moe()->num_experts() % ep == 0,
                       "Llama3 apply_moe: ", a.moe()->num_experts(),
                       " experts do not divide over ep ", ep);
-  const int64_t dp_degree = mesh["dp_replicate"].size() * mesh["dp_shard"].size();
+  // The ranks whose losses are averaged: data parallelism's, and context parallelism's (its
+  // ranks hold other tokens of the same sequences); tp ranks share one loss.
+  const int64_t dp_degree = mesh["dp_replicate"].size() * mesh["dp_shard"].size() *
+                            (has_cp_dim(mesh) ? mesh["cp"].size() : 1);
   const dtensor::DeviceMesh sparse = moe_sparse_mesh(mesh, ep);
   std::optional<dtensor::DeviceMesh> token_mesh;
   if (mesh["tp"].size() > 1) {
@@ -183,16 +203,14 @@ inline void apply_moe(Llama3& model, const dtensor::DeviceMesh& mesh, int64_t ep
 // (dp_replicate, dp_shard x cp) flattened (torchtitan's fsdp = dp_shard x cp: the cp ranks
 // hold different tokens of the same sequences, so their gradients are reduced like data
 // parallelism's). HSDP when dp_replicate > 1; mixed precision from `fsdp`. Mixture-of-experts
-// layers: apply_moe, with `ep` (not with cp). Collective.
+// layers: apply_moe, with `ep` (which borrows ranks from cp as from dp_shard and tp: MoE layers
+// are token-wise, so the cp ranks' sequence pieces route like any other tokens). Collective.
 inline void
 parallelize_llama3(Llama3& model, const dtensor::DeviceMesh& mesh, bool loss_parallel,
                    const dtensor::FullyShardOptions& fsdp = {},
                    const std::optional<dtensor::ActivationCheckpointOptions>& ac = std::nullopt,
                    const std::optional<dtensor::ContextParallel>& cp = std::nullopt,
                    int64_t ep = 1) {
-  const Llama3Args& a = model->model_args;
-  DTENSOR_MODEL_CHECK(!cp || !a.moe(), "Llama3 parallelize: context parallelism with "
-                                       "mixture-of-experts layers is not supported yet");
   apply_tp(model, mesh["tp"], loss_parallel);
   if (cp) {
     apply_cp(model, mesh["cp"], *cp);
