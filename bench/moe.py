@@ -171,6 +171,11 @@ def run(cmd, preload=None):
     if preload:
         env["LD_PRELOAD"] = os.path.abspath(preload)
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    if preload and "LIVE_BYTES_HISTOGRAM" in os.environ:  # bench/live_bytes.cpp's, per rank
+        print(f"{os.path.basename(cmd[-1]) if cmd else ''}", file=sys.stderr)
+        for line in out.stderr.splitlines():
+            if line.startswith("live_bytes at peak"):
+                print(line, file=sys.stderr)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])

@@ -18,6 +18,7 @@ safetensors_version=0.8.0    # checkpoint interop tests (PyTorch's HuggingFaceSt
 transformers_version=5.24.0  # the judge of the Llama-3 model's Hugging Face exchange (tests only)
 matplotlib_version=3.11.2    # the main job's loss curve (scripts/plot_metrics.py)
 tabulate_version=0.9.0       # what PyTorch's visualize_sharding prints with (its judge in tests)
+torchao_version=0.18.0       # the judge of the float8 linears' numerics (tests only)
 
 log() { printf '[setup] %s\n' "$*"; }
 
@@ -73,7 +74,7 @@ install_venv() {
 install_venv "$venv" "torch==$torch_version" "meson==$meson_version" "ninja==$ninja_version" \
   "numpy==$numpy_version" "expecttest==$expecttest_version" "safetensors==$safetensors_version" \
   "transformers==$transformers_version" "matplotlib==$matplotlib_version" \
-  "tabulate==$tabulate_version"
+  "tabulate==$tabulate_version" "torchao==$torchao_version"
 if [[ ${DTENSOR_SKIP_OLD_TORCH:-0} != 1 ]]; then
   install_venv "$venv_old_torch" "torch==$old_torch_version"
 fi
