@@ -7,9 +7,14 @@
 //    converted on one process (its float8 products with the rank's own input scales), the
 //    gradients averaged over the ranks; every recipe; 1 all-gather per unit and call, 1
 //    reduce-scatter per unit in backward (the float8 products add no collective).
+//  - world2 / world4: fully_shard's float8 all-gather, with an even (64 rows), an uneven and,
+//    on 4 ranks, an empty shard (3 rows): outputs and gradients equal the float8 model without
+//    it, bit for bit, over two optimizer steps; all-gather bytes exactly half the bf16 run's;
+//    without precompute one amax all-reduce per unit, with it exactly one per step.
 #include <dtensor/float8.h>
 
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
 
 #include "support/prelude.h"
 
@@ -19,11 +24,11 @@ using dtensor::Float8Recipe;
 namespace {
 
 struct TwoLinearsImpl : torch::nn::Module {
-  TwoLinearsImpl()
+  explicit TwoLinearsImpl(int64_t in = 32, int64_t hidden = 64, int64_t out = 10)
       : proj(register_module("proj",
-                             torch::nn::Linear(torch::nn::LinearOptions(32, 64).bias(false)))),
-        output(register_module("output",
-                               torch::nn::Linear(torch::nn::LinearOptions(64, 10).bias(false)))) {}
+                             torch::nn::Linear(torch::nn::LinearOptions(in, hidden).bias(false)))),
+        output(register_module(
+            "output", torch::nn::Linear(torch::nn::LinearOptions(hidden, out).bias(false)))) {}
   at::Tensor forward(const at::Tensor& x) {
     return dtensor::call(output, at::relu(dtensor::call(proj, x)));
   }
@@ -101,5 +106,93 @@ TEST_CASE("float8: a converted module under fully_shard equals it on one process
     }
     CHECK(close(full_value(model->proj->weight.grad()), plain->proj->weight.grad()));
     CHECK(close(full_value(model->output->weight.grad()), plain->output->weight.grad()));
+  }
+}
+
+namespace {
+
+// proj 32 -> 64 (even shards) in a unit of its own, head 64 -> 3 (uneven; empty on 4 ranks) in
+// the root's; every Linear converted, the float8 all-gather on or off; bf16 parameters in
+// the all-gather with `bf16`.
+TwoLinears float8_units(bool all_gather, bool bf16) {
+  at::manual_seed(5);
+  TwoLinears m(32, 64, 3);
+  dtensor::convert_to_float8_training(
+      *m, Float8LinearOptions().enable_fsdp_float8_all_gather(all_gather));
+  FullyShardOptions options;
+  if (bf16) {
+    options.mp_policy(dtensor::MixedPrecisionPolicy().param_dtype(at::kBFloat16));
+  }
+  dtensor::fully_shard(*m->proj, options);
+  dtensor::fully_shard(*m, options);
+  return m;
+}
+
+// One forward and backward, with what CommDebugMode saw.
+struct Step {
+  at::Tensor y;
+  int64_t all_gathers = 0;
+  int64_t all_gather_bytes = 0;
+  int64_t all_reduces = 0;
+};
+
+Step step(TwoLinears& m, const at::Tensor& x, const at::Tensor& g) {
+  Step out;
+  CommDebugMode mode;
+  out.y = dtensor::call(m, x);
+  (out.y * g).sum().backward();
+  out.all_gathers = mode.count(CollectiveKind::AllGather);
+  out.all_gather_bytes = mode.bytes_in(CollectiveKind::AllGather);
+  out.all_reduces = mode.count(CollectiveKind::AllReduce);
+  return out;
+}
+
+} // namespace
+
+// Guards [Note: float8 all-gather] (lib/parallel/fsdp/float8_all_gather.cpp): the bytes on the
+// wire, the scales (one MAX all-reduce), uneven and empty shards (torchao#3982 crashes on
+// them), and that the products see exactly the bits of the float8 model without it.
+TEST_CASE("float8 all-gather: values equal float8 without it; bytes half of bf16's; one amax "
+          "all-reduce per step with precompute",
+          "[world2][world4]") {
+  TwoLinears plain = float8_units(false, false);
+  TwoLinears gathered = float8_units(true, false);
+  TwoLinears bf16 = float8_units(false, true);
+  torch::optim::SGD opt_plain(plain->parameters(), 0.5);
+  torch::optim::SGD opt_gathered(gathered->parameters(), 0.5);
+  at::manual_seed(11 + rank());
+  for (int s = 0; s < 2; ++s) {
+    INFO("step " << s);
+    const at::Tensor x = at::randn({4, 32});
+    const at::Tensor g = at::randn({4, 3});
+    const Step a = step(plain, x, g);
+    const Step b = step(gathered, x, g);
+    const Step c = step(bf16, x, g);
+    CHECK(same(b.y.detach(), a.y.detach()));
+    for (const auto& [name, grad] : std::vector<std::pair<std::string, at::Tensor>>{
+             {"proj", gathered->proj->weight.grad()},
+             {"output", gathered->output->weight.grad()}}) {
+      INFO(name);
+      const at::Tensor want =
+          name == "proj" ? plain->proj->weight.grad() : plain->output->weight.grad();
+      CHECK(same(full_value(grad), full_value(want)));
+    }
+    // Every gathered byte is float8 where the bf16 run sends two (the segments are multiples
+    // of 16 elements: no alignment padding).
+    CHECK(b.all_gathers == c.all_gathers);
+    CHECK(2 * b.all_gather_bytes == c.all_gather_bytes);
+    // The scales: step 0 all-reduces each unit's amaxes as it first unshards; step 1 uses the
+    // precomputed ones.
+    CHECK(b.all_reduces == (s == 0 ? 2 : 0));
+    CHECK(a.all_reduces == 0);
+    opt_plain.step();
+    opt_gathered.step();
+    opt_plain.zero_grad();
+    opt_gathered.zero_grad();
+    bf16->zero_grad();
+    CommDebugMode precompute;
+    dtensor::precompute_float8_dynamic_scale_for_fsdp(*gathered);
+    CHECK(precompute.count(CollectiveKind::AllReduce) == 1);
+    CHECK(precompute.total_count() == 1);
   }
 }

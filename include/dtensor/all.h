@@ -35,3 +35,4 @@
 #include <dtensor/pipelining.h>
 #include <dtensor/context_parallel.h>
 #include <dtensor/expert_parallel.h>
+#include <dtensor/float8.h>

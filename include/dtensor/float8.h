@@ -51,6 +51,10 @@ const char* name_of(Float8Recipe recipe);
 
 struct Float8LinearOptions {
   TORCH_ARG(Float8Recipe, recipe) = Float8Recipe::Tensorwise;
+  // fully_shard gathers the converted weights as float8 bytes (half of bf16's), each cast with
+  // one scale for the whole weight ([Note: float8 all-gather]). Tensorwise only; convert before
+  // fully_shard.
+  TORCH_ARG(bool, enable_fsdp_float8_all_gather) = false;
 };
 
 // y = x weight^T (+ bias), differentiable, with the recipe's float8 products. x [..., in],
@@ -72,5 +76,12 @@ bool float8_skip_output_and_unaligned(const std::string& name, const torch::nn::
 std::vector<std::string> convert_to_float8_training(torch::nn::Module& module,
                                                     const Float8LinearOptions& options,
                                                     const Float8Filter& filter = nullptr);
+
+// torchao's precompute_float8_dynamic_scale_for_fsdp: after the optimizer step, the float8
+// all-gather scales of every converted weight under `module` from one MAX all-reduce of their
+// shards' amaxes (one per data-parallel shard group: one for a model on one mesh), used by
+// the next forward and backward. Without it each unit all-reduces its own amaxes when it first
+// unshards in a step. Collective over the units' shard groups.
+void precompute_float8_dynamic_scale_for_fsdp(torch::nn::Module& module);
 
 } // namespace dtensor

@@ -12,6 +12,8 @@
 #include <dtensor/user_rules.h>
 
 #include "internal/check.h"
+#include "parallel/float8/float8_cast.h"
+#include "parallel/fsdp/float8_all_gather.h"
 #include "parallel/module_ptr.h"
 
 namespace dtensor {
@@ -50,10 +52,6 @@ Recipe recipe_of(Float8Recipe r) {
   DTENSOR_FAIL("float8: unknown recipe {}", static_cast<int>(r));
 }
 
-double float8_max(c10::ScalarType dtype) {
-  return dtype == at::kFloat8_e5m2 ? 57344.0 : 448.0;
-}
-
 // A float8 operand: its bits, its scale (hp * scale = bits), per tensor or per row.
 struct Fp8 {
   at::Tensor data;
@@ -62,24 +60,24 @@ struct Fp8 {
   Fp8 t() const { return {data.t(), scale.dim() > 1 ? scale.t() : scale, axiswise}; }
 };
 
-// [Note: float8 scales as torchao computes them] amax in the tensor's dtype, then in fp64:
-// scale = max(dtype) * reciprocal(clamp(amax, 1e-12)) (Python's float / tensor is a
-// reciprocal and a product), to fp32, rounded down to a power of two by the rowwise recipes.
-// The cast multiplies in fp32 and saturates. Bit for bit what torchao does.
-at::Tensor amax_to_scale(const at::Tensor& amax, c10::ScalarType dtype, bool pow2) {
-  at::Tensor scale =
-      (amax.to(at::kDouble).clamp_min(1e-12).reciprocal() * float8_max(dtype)).to(at::kFloat);
-  return pow2 ? at::exp2(at::floor(at::log2(scale))) : scale;
-}
-
 // `hp` [rows, cols] cast with `cast`; `axis`: the dimension the per-row amax reduces.
 Fp8 to_float8(const at::Tensor& hp, const Cast& cast, int64_t axis, bool pow2) {
   const at::Tensor amax =
       cast.axiswise ? at::amax(hp.abs(), {axis}, /*keepdim=*/true) : at::max(hp.abs());
-  at::Tensor scale = amax_to_scale(amax, cast.dtype, pow2);
-  const double max = float8_max(cast.dtype);
-  at::Tensor data = (hp.to(at::kFloat) * scale).clamp(-max, max).to(cast.dtype);
+  at::Tensor scale = detail::float8_amax_to_scale(amax, cast.dtype, pow2);
+  at::Tensor data = detail::float8_cast(hp, scale, cast.dtype);
   return {std::move(data), std::move(scale), cast.axiswise};
+}
+
+// The weight [out, in] transposed and cast for a product: with its tensorwise scale, or with
+// `scale` where fully_shard gathered it in float8 with that scale ([Note: float8 all-gather]
+// in lib/parallel/fsdp/float8_all_gather.cpp: the cast reproduces the gathered bits).
+Fp8 weight_t_to_float8(const at::Tensor& weight, const at::Tensor& scale, const Cast& cast,
+                       int64_t axis, bool pow2) {
+  if (!scale.defined()) {
+    return to_float8(weight.t(), cast, axis, pow2);
+  }
+  return {detail::float8_cast(weight.t(), scale, cast.dtype), scale, false};
 }
 
 bool row_major(const at::Tensor& t) {
@@ -129,13 +127,18 @@ at::Tensor scaled_mm(const Fp8& a, const Fp8& b, c10::ScalarType out_dtype, bool
 // reduces (x and go per row of the batch for grad_input, per column for grad_weight).
 struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
-                            const at::Tensor& weight, int64_t recipe) {
+                            const at::Tensor& weight, const at::Tensor& weight_scale,
+                            int64_t recipe) {
     ctx->save_for_backward({x, weight});
+    if (weight_scale.numel() > 0) { // an empty tensor: no scale (autograd takes no undefined input)
+      ctx->saved_data["weight_scale"] = weight_scale;
+    }
     ctx->saved_data["recipe"] = recipe;
     const Recipe r = recipe_of(static_cast<Float8Recipe>(recipe));
     const at::Tensor x2 = x.reshape({-1, x.size(-1)});
     const Fp8 a = to_float8(x2, r.input, -1, r.pow2_scales);
-    const Fp8 b = to_float8(weight.t(), r.weight, 0, r.pow2_scales);
+    const Fp8 b = weight_t_to_float8(weight, weight_scale.numel() > 0 ? weight_scale : at::Tensor(),
+                                     r.weight, 0, r.pow2_scales);
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = weight.size(0);
     return scaled_mm(a, b, x.scalar_type(), /*fast_accum=*/true).reshape(shape);
@@ -151,7 +154,10 @@ struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
     const at::Tensor x2 = x.reshape({-1, x.size(-1)});
     const c10::ScalarType dtype = grads[0].scalar_type();
     const Fp8 go8 = to_float8(go, r.grad_output, -1, r.pow2_scales);
-    const Fp8 w8 = to_float8(weight.t(), r.weight_for_grad_input, -1, r.pow2_scales);
+    const auto scale = ctx->saved_data.find("weight_scale");
+    const Fp8 w8 = weight_t_to_float8(
+        weight, scale == ctx->saved_data.end() ? at::Tensor() : scale->second.toTensor(),
+        r.weight_for_grad_input, -1, r.pow2_scales);
     std::vector<int64_t> shape = grads[0].sizes().vec();
     shape.back() = weight.size(1);
     at::Tensor grad_input = scaled_mm(go8, w8.t(), dtype, false).reshape(shape);
@@ -163,17 +169,44 @@ struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
     } else {
       grad_weight = at::mm(go.t(), x2);
     }
-    return {grad_input, grad_weight, at::Tensor()};
+    return {grad_input, grad_weight, at::Tensor(), at::Tensor()};
   }
 };
 
 at::Tensor float8_linear_plain(const at::Tensor& x, const at::Tensor& weight,
-                               const at::Tensor& bias, Float8Recipe recipe) {
-  at::Tensor y = Float8LinearFn::apply(x, weight, static_cast<int64_t>(recipe));
+                               const at::Tensor& bias, const at::Tensor& weight_scale,
+                               Float8Recipe recipe) {
+  const at::Tensor scale =
+      weight_scale.defined() ? weight_scale : at::empty({0}, at::TensorOptions(at::kFloat));
+  at::Tensor y = Float8LinearFn::apply(x, weight, scale, static_cast<int64_t>(recipe));
   return bias.defined() ? y + bias.to(y.scalar_type()) : y;
 }
 
 } // namespace
+
+namespace detail {
+
+double float8_max(c10::ScalarType dtype) {
+  return dtype == at::kFloat8_e5m2 ? 57344.0 : 448.0;
+}
+
+// [Note: float8 scales as torchao computes them] amax in the tensor's dtype, then in fp64:
+// scale = max(dtype) * reciprocal(clamp(amax, 1e-12)) (Python's float / tensor is a
+// reciprocal and a product; a true division differs in the last bit), to fp32, rounded down
+// to a power of two by the rowwise recipes. The cast multiplies in fp32 and saturates. Bit
+// for bit what torchao does (test/float8/torchao_judge.py).
+at::Tensor float8_amax_to_scale(const at::Tensor& amax, c10::ScalarType dtype, bool pow2) {
+  at::Tensor scale =
+      (amax.to(at::kDouble).clamp_min(1e-12).reciprocal() * float8_max(dtype)).to(at::kFloat);
+  return pow2 ? at::exp2(at::floor(at::log2(scale))) : scale;
+}
+
+at::Tensor float8_cast(const at::Tensor& hp, const at::Tensor& scale, c10::ScalarType dtype) {
+  const double max = float8_max(dtype);
+  return (hp.to(at::kFloat) * scale).clamp(-max, max).to(dtype);
+}
+
+} // namespace detail
 
 Float8Recipe float8_recipe_from_name(const std::string& name) {
   for (Float8Recipe r :
@@ -212,13 +245,15 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at
                 to_string(DTensor(x).placements()));
   const Float8Recipe recipe = options.recipe();
   if (!is_dtensor(weight) && !(bias.defined() && is_dtensor(bias))) {
-    return float8_linear_plain(x, weight, bias, recipe);
+    return float8_linear_plain(x, weight, bias, at::Tensor(), recipe);
   }
+  // Gathered in float8 by fully_shard: cast again with the scale it was gathered with.
+  const at::Tensor scale = detail::fsdp_float8_scale(weight);
   // A fully_shard parameter: inside local_map, its local value is the unit's unsharded value
   // ([Note: local regions] in lib/tensor/dispatch/interceptors.h).
   const LocalFn local = local_map(
-      [recipe](const std::vector<at::Tensor>& t) -> std::vector<at::Tensor> {
-        return {float8_linear_plain(t[0], t[1], t.size() > 2 ? t[2] : at::Tensor(), recipe)};
+      [recipe, scale](const std::vector<at::Tensor>& t) -> std::vector<at::Tensor> {
+        return {float8_linear_plain(t[0], t[1], t.size() > 2 ? t[2] : at::Tensor(), scale, recipe)};
       },
       LocalMapOptions().out_placements({std::nullopt}));
   return bias.defined() ? local({x, weight, bias})[0] : local({x, weight})[0];
@@ -240,6 +275,13 @@ std::vector<std::string> convert_to_float8_training(torch::nn::Module& module,
     auto* linear = dynamic_cast<torch::nn::LinearImpl*>(item.value().get());
     if (linear == nullptr || (filter && !filter(item.key(), *linear))) {
       continue;
+    }
+    if (options.enable_fsdp_float8_all_gather()) {
+      DTENSOR_CHECK(options.recipe() == Float8Recipe::Tensorwise,
+                    "convert_to_float8_training: Linear '{}': fully_shard's float8 all-gather "
+                    "needs the tensorwise recipe (one scale per weight), got {}",
+                    item.key(), name_of(options.recipe()));
+      detail::mark_float8_all_gather(linear->weight, item.key());
     }
     for (const std::string& hook : module_hook_names(*linear)) {
       DTENSOR_CHECK(hook.rfind("Float8Linear", 0) != 0,

@@ -6,6 +6,7 @@
 
 #include "internal/check.h"
 #include "mesh/collectives_internal.h"
+#include "parallel/fsdp/float8_all_gather.h"
 
 namespace dtensor::detail {
 
@@ -73,6 +74,17 @@ Work gather_in_place(FSDPParamGroup& group, const at::Tensor& input) {
 
 void all_gather_flat(FSDPParamGroup& group, PendingGather& pending, const Group& over,
                      bool background, bool may_gather_in_place) {
+  if (pending.bytes) {
+    DTENSOR_CHECK(!group.custom_all_gather.call,
+                  "fully_shard unit '{}': a custom all-gather cannot gather float8 weights "
+                  "(convert_to_float8_training's enable_fsdp_float8_all_gather)",
+                  group.name);
+    pending.buffer.emplace(at::empty({over.size() * pending.input.numel()},
+                                     at::TensorOptions(at::kByte).device(group.device)));
+    pending.work = detail::all_gather_into_tensor(pending.buffer->tensor, pending.input, over,
+                                                  CollectiveOptions().async_op(background));
+    return;
+  }
   if (may_gather_in_place && !background && gathers_in_place(group)) {
     pending.work = gather_in_place(group, pending.input);
     return;
@@ -96,6 +108,10 @@ void all_gather_copy_out(FSDPParamGroup& group, PendingGather& pending) {
   }
   at::NoGradGuard no_grad;
   allocate_storage(group.unsharded_flat);
+  if (pending.bytes) {
+    float8_copy_out(group, pending.buffer->tensor);
+    return;
+  }
   for (const FSDPParam& fp : group.params) {
     fp.copy_out(pending.buffer->tensor, group.shard_numel, group.shard_size);
   }

@@ -24,6 +24,7 @@ struct PendingGather {
   explicit PendingGather(at::Tensor in) : input(std::move(in)) {}
   at::Tensor input;
   std::optional<CommBuffer> buffer; // the gathered shards, to be copied out (not in place)
+  bool bytes = false; // the input is float8_all_gather_input's bytes (float8_all_gather.h)
   Work work;
 };
 

@@ -69,6 +69,10 @@ struct FSDPParam {
   std::optional<DTensorSpec> tp_spec;
   std::shared_ptr<const TpTag> tp_tag;
   at::Tensor unsharded; // view of the unsharded buffer (param dtype)
+  // Gathered as float8 with one scale for the whole weight ([Note: float8 all-gather] in
+  // float8_all_gather.cpp); the scale, valid while the unit's float8_scales_valid.
+  bool float8 = false;
+  at::Tensor float8_scale;
   at::Tensor unsharded_grad;
   bool grad_received = false; // in the current backward
   compat::NodePtr grad_node;

@@ -61,6 +61,7 @@ struct FSDPParamGroup : FSDPModule::Unit {
   int64_t shard_numel = 0;   // its length (equal on every rank)
   at::Tensor unsharded_flat; // every parameter unsharded, one after another
   ShardState state = ShardState::Sharded;
+  bool float8_scales_valid = false;      // [Note: float8 all-gather] in float8_all_gather.cpp
   std::shared_ptr<PendingGather> gather; // while Unsharding
   bool forward_used = false;             // touched by forward since it was last resharded
   bool backward_used = false;            // touched by the current backward

@@ -14,6 +14,7 @@
 
 #include "internal/check.h"
 #include "mesh/collectives_internal.h"
+#include "parallel/fsdp/float8_all_gather.h"
 #include "parallel/fsdp/fsdp_collectives.h"
 #include "parallel/fsdp/fsdp_state.h"
 #include "parallel/tp/tensor_parallel.h"
@@ -221,6 +222,11 @@ void FSDPParamGroup::init_sharded(std::vector<std::pair<std::string, at::Tensor>
                   name, fqn, c10::toString(p.scalar_type()), first_fqn,
                   c10::toString(first.scalar_type()));
     params.emplace_back(fqn, p, values.back(), offset, shard_placement(p), shard_info(), name);
+    params.back().float8 = take_float8_all_gather_mark(p);
+    DTENSOR_CHECK(!params.back().float8 || !tp_meta,
+                  "fully_shard({}): '{}' is to be gathered in float8, which tensor parallelism "
+                  "does not support yet",
+                  name, fqn);
     offset += params.back().segment_numel();
   }
   shard_numel = offset;
@@ -252,8 +258,13 @@ void FSDPParamGroup::unshard(bool async, bool explicit_background) {
   // From the piece kept after forward, over its k ranks ([Note: reshard to a smaller
   // group] in post_forward.cpp), or from the flat shard over the shard group.
   const bool post_forward = state == ShardState::ShardedPostForward;
-  auto pending = std::make_shared<PendingGather>(post_forward ? take_post_forward_piece()
-                                                              : flat_shard.to(device, param_dtype));
+  // The piece kept after forward holds unsharded (dequantized) values: gathered as they are.
+  const bool float8 = !post_forward && gathers_float8(*this);
+  auto pending =
+      std::make_shared<PendingGather>(post_forward ? take_post_forward_piece()
+                                                   : (float8 ? float8_all_gather_input(*this)
+                                                             : flat_shard.to(device, param_dtype)));
+  pending->bytes = float8;
   const bool background = async && (overlap || explicit_background);
   all_gather_flat(*this, *pending, post_forward ? post_forward_group : shard_group, background,
                   /*may_gather_in_place=*/!post_forward);
