@@ -213,6 +213,9 @@ struct Loop {
       phase("optimizer");
       at::Tensor norm = clip_grad_norm_(params, f.max_norm, 2.0, false, mesh["pp"]);
       opt.step();
+      if (f.float8_all_gather) {
+        pipeline->precompute_float8_scales();
+      }
       return {loss, norm};
     }
     phase("forward");
@@ -227,6 +230,9 @@ struct Loop {
     phase("optimizer");
     at::Tensor norm = clip_grad_norm_(params, f.max_norm);
     opt.step();
+    if (f.float8_all_gather) { // the next step's scales: one all-reduce (docs/float8.md)
+      precompute_float8_dynamic_scale_for_fsdp(*model);
+    }
     return {loss.detach(), norm};
   }
 
@@ -406,6 +412,11 @@ int run_llama(int argc, char** argv) {
           std::to_string(f.mesh[0] * f.mesh[1]) + " data-parallel ranks" +
           (f.pp > 1 ? " x " + std::to_string(pipeline_microbatches(f)) + " microbatches" : ""));
   }
+  if (f.float8_all_gather && (f.float8 != "tensorwise" || f.mesh[2] != 1)) {
+    usage("--float8-all-gather needs --float8 tensorwise (one scale per weight) and tp 1 (the "
+          "float8 all-gather does not compose with tensor parallelism); got --float8 " +
+          f.float8 + " and tp " + std::to_string(f.mesh[2]));
+  }
   const bool cuda = get_backend() == BackendType::Nccl;
   const at::Device device = default_device(); // the simulated device in a simulated world
   const c10::DeviceType kind = cuda ? c10::kCUDA : c10::kCPU;
@@ -438,6 +449,13 @@ int run_llama(int argc, char** argv) {
   {
     MetaDeviceGuard meta; // nothing is allocated until to_empty, and then only shards
     model = Llama3(args);
+  }
+  if (f.float8 != "none") { // torchtitan's converter, before parallelizing (docs/float8.md)
+    convert_to_float8_training(*model,
+                               Float8LinearOptions()
+                                   .recipe(float8_recipe_from_name(f.float8))
+                                   .enable_fsdp_float8_all_gather(f.float8_all_gather),
+                               float8_skip_output_and_unaligned);
   }
   auto fsdp = FullyShardOptions();
   if (f.precision == "bf16") {
@@ -491,7 +509,7 @@ int run_llama(int argc, char** argv) {
     std::printf(
         "dtensor train (Llama 3 recipe): %lld ranks as (%sdp_replicate=%lld, dp_shard=%lld, "
         "%stp=%lld) on %s; vocab %lld, dim %lld, %lld layers, %lld/%lld heads, batch %lld x "
-        "%lld (global), %s, AC %s, AdamW lr %g, clip %g\n",
+        "%lld (global), %s%s, AC %s, AdamW lr %g, clip %g\n",
         static_cast<long long>(world),
         pipeline ? ("pp=" + std::to_string(f.pp) + " (" + pipeline->describe() + "), ").c_str()
                  : "",
@@ -505,8 +523,12 @@ int run_llama(int argc, char** argv) {
         static_cast<long long>(args.n_layers()), static_cast<long long>(args.n_heads()),
         static_cast<long long>(args.kv_heads()), static_cast<long long>(f.batch),
         static_cast<long long>(f.seq),
-        f.precision == "bf16" ? "bf16 parameters, fp32 reductions" : "fp32", f.ac.c_str(), f.lr,
-        f.max_norm);
+        f.precision == "bf16" ? "bf16 parameters, fp32 reductions" : "fp32",
+        f.float8 == "none"
+            ? ""
+            : (", float8 " + f.float8 + (f.float8_all_gather ? " with float8 all-gather" : ""))
+                  .c_str(),
+        f.ac.c_str(), f.lr, f.max_norm);
   }
   Loop loop{f,      mesh,        dp,   cp,           device, model, pipeline ? &*pipeline : nullptr,
             params, opt,         data, vocab.size(), folder, 0,     0,

@@ -26,9 +26,11 @@ struct Flags {
   std::string ac = "full", precision = "bf16";
   std::string metrics = "train-out/metrics.jsonl";
   std::string export_hf, init_from_hf, save, resume;
-  std::string preset, report; // torchtitan's flavor; the directory of step reports
-  bool async_save = false;    // checkpoints written in the background ([Note: asynchronous save])
-  bool auto_resume = false;   // continue from --save DIR when it holds a checkpoint
+  std::string preset, report;  // torchtitan's flavor; the directory of step reports
+  bool async_save = false;     // checkpoints written in the background ([Note: asynchronous save])
+  bool auto_resume = false;    // continue from --save DIR when it holds a checkpoint
+  std::string float8 = "none"; // the Linears' float8 recipe (docs/float8.md)
+  bool float8_all_gather = false;
 };
 
 inline std::vector<int64_t> parse_mesh(const std::string& s) {
@@ -89,6 +91,12 @@ inline FlagTable flag_table(Flags& f) {
       .value("--max-norm", "clip_grad_norm_'s max norm (1.0)", f.max_norm)
       .value("--ac", "activation checkpointing per block", f.ac, {"full", "selective", "none"})
       .value("--precision", "parameters in forward and backward", f.precision, {"bf16", "fp32"})
+      .value("--float8", "the blocks' Linears in float8 (torchao's recipes; not the output layer)",
+             f.float8, {"none", "tensorwise", "rowwise", "rowwise_with_gw_hp"})
+      .toggle("--float8-all-gather",
+              "fully_shard gathers the float8 weights as float8 (--float8 tensorwise, tp 1), "
+              "their scales from one all-reduce after each optimizer step",
+              f.float8_all_gather)
       .value("--log-every", "print every N-th step (20)",
              [&f](const std::string& v) {
                f.log_every = std::max<int64_t>(1, FlagTable::parse_int(v));

@@ -8,6 +8,7 @@
 #include <torch/nn/functional/loss.h>
 
 #include <dtensor/dtensor.h>
+#include <dtensor/float8.h>
 #include <dtensor/materialize.h>
 #include <dtensor/pipeline_schedule.h>
 #include <dtensor/random.h>
@@ -115,6 +116,12 @@ std::vector<at::Tensor> PipelineRecipe::parameters() const {
     }
   }
   return out;
+}
+
+void PipelineRecipe::precompute_float8_scales() {
+  for (auto& stage : stages_) {
+    precompute_float8_dynamic_scale_for_fsdp(*stage);
+  }
 }
 
 StateDict PipelineRecipe::model_state() {

@@ -48,6 +48,8 @@ class PipelineRecipe {
   // contract: gradients as the unpipelined recipe's mean loss); zero elsewhere.
   at::Tensor step(const at::Tensor& tokens, const at::Tensor& targets);
   bool holds_last_stage() const { return last_; }
+  // --float8-all-gather: the next step's float8 scales of this rank's stages.
+  void precompute_float8_scales();
   // This rank's stages' model state (get_model_state_dict of each, under the whole model's
   // names), and its inverse (the names of this rank's stages taken from `state`).
   StateDict model_state();

@@ -58,10 +58,6 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at
                 c10::toString(x.scalar_type()), c10::toString(weight.scalar_type()));
   const Float8Recipe recipe = options.recipe();
   if (is_dtensor(x) || detail::float8_tp_weight(weight)) {
-    DTENSOR_CHECK(!detail::fsdp_float8_scale(weight).defined(),
-                  "float8_linear: fully_shard gathers this weight in float8 and it has a "
-                  "tensor-parallel layout; the float8 all-gather does not compose with tensor "
-                  "parallelism");
     return detail::float8_linear_tp(x, weight, bias, recipe);
   }
   if (!is_dtensor(weight) && !(bias.defined() && is_dtensor(bias))) {

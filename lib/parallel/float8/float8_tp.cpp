@@ -9,6 +9,7 @@
 
 #include "internal/check.h"
 #include "parallel/float8/float8_mm.h"
+#include "parallel/fsdp/float8_all_gather.h"
 #include "parallel/tp/tensor_parallel.h"
 #include "tensor/dispatch/interceptors.h"
 
@@ -57,6 +58,9 @@ Layout layout_of(const DTensor& x, const DTensor& w) {
                     : m_sharded      ? xp
                     : wp.is_shard(0) ? Placement::shard(last)
                                      : Placement::replicate());
+    if (g.size() == 1) {
+      continue; // one rank holds the whole: nothing to all-reduce
+    }
     if (k_sharded) {
       l.sharding->x_cols.push_back(g);
       l.sharding->w_cols.push_back(g);
@@ -143,7 +147,14 @@ at::Tensor float8_linear_tp(const at::Tensor& x_in, const at::Tensor& weight,
     LocalRegion region;
     w_local = DTensor(weight).to_local(l.w_grad);
   }
-  const at::Tensor y_local = float8_mm(x_local, w_local, at::Tensor(), recipe, l.sharding);
+  // Gathered in float8 by fully_shard (tp over one rank only): its scale, the whole weight's.
+  const at::Tensor scale = fsdp_float8_scale(weight);
+  DTENSOR_CHECK(!scale.defined() || (l.sharding->w_rows.empty() && l.sharding->w_cols.empty()),
+                "float8_linear: fully_shard gathers this weight in float8 and tensor parallelism "
+                "shards it ({}); the float8 all-gather does not compose with tensor parallelism "
+                "over more than one rank",
+                to_string(dw.placements()));
+  const at::Tensor y_local = float8_mm(x_local, w_local, scale, recipe, l.sharding);
   std::vector<int64_t> shape = x.sizes().vec();
   shape.back() = dw.size(0);
   at::Tensor y = DTensor::from_local(y_local, dx.device_mesh(), l.out, shape);

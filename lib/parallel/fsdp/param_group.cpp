@@ -223,9 +223,9 @@ void FSDPParamGroup::init_sharded(std::vector<std::pair<std::string, at::Tensor>
                   c10::toString(first.scalar_type()));
     params.emplace_back(fqn, p, values.back(), offset, shard_placement(p), shard_info(), name);
     params.back().float8 = take_float8_all_gather_mark(p);
-    DTENSOR_CHECK(!params.back().float8 || !tp_meta,
+    DTENSOR_CHECK(!params.back().float8 || !tp_meta || tp_meta->spec.mesh.size() == 1,
                   "fully_shard({}): '{}' is to be gathered in float8, which tensor parallelism "
-                  "does not support yet",
+                  "over more than one rank does not support yet",
                   name, fqn);
     offset += params.back().segment_numel();
   }
