@@ -58,10 +58,25 @@ struct Float8LinearOptions {
 };
 
 // y = x weight^T (+ bias), differentiable, with the recipe's float8 products. x [..., in],
-// weight [out, in], bias [out]; floating dtypes; the result has x's dtype. Plain tensors
-// (fully_shard's unsharded parameters are); DTensors are refused by name.
+// weight [out, in], bias [out]; floating dtypes; the result has x's dtype. Plain tensors,
+// fully_shard's parameters (its unsharded values), and tensor parallelism's: a DTensor input
+// and a Replicate / Shard(0) / Shard(1) weight (ColwiseParallel, RowwiseParallel, with
+// fully_shard over them) compute what the unsharded layer computes, every scale the whole
+// tensor's, from amaxes all-reduced over the mesh dimensions that shard them
+// ([Note: float8 under tensor parallelism]); the result is laid out as the matmul's.
 at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                          const Float8LinearOptions& options);
+
+// Mixture-of-experts grouped products in float8, as torchao's fp8_grouped_mm
+// (prototype.moe_training, torchtitan's Float8GroupedExpertsConverter): for the rows of each
+// expert e in order (counts[e] of them), x[rows] w[e]^T; x [N, in], w [E, out, in], counts
+// [E] (int64); differentiable in x and w. Every operand e4m3 with power-of-two scales, per
+// expert: x per row and w[e] per output feature; in backward the output gradient per row
+// and w[e] per input feature (grad_input), the output gradient and x per column within the
+// expert's rows (grad_weight); the scales into every product (fast accumulation). Computed
+// one expert at a time through at::_scaled_mm (on CPU ATen emulates it; the fused
+// _scaled_grouped_mm of GPUs is not used yet). Plain tensors (a local region's).
+at::Tensor float8_grouped_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts);
 
 // Which Linears convert_to_float8_training converts: (its qualified name, the module).
 using Float8Filter = std::function<bool(const std::string& name, const torch::nn::LinearImpl&)>;

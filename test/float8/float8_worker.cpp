@@ -8,7 +8,8 @@
 // the output gradient; y, dx, dw, db: the results), and "model.<recipe>.<name>" for a
 // two-Linear module converted with float8_skip_output_and_unaligned (proj 32 -> 64
 // converted, output 64 -> 10 not): x, proj.weight, output.weight, g, y, dx, proj.grad,
-// output.grad.
+// output.grad. "grouped.<dtype>.<name>" for float8_grouped_mm over 4 experts with 5, 0, 11
+// and 8 rows (an expert without rows): x [24, 32], w [4, 48, 32], counts, g; y, dx, dw.
 #include <iostream>
 
 #include <torch/nn/modules/container/sequential.h>
@@ -79,6 +80,24 @@ void model_case(std::map<std::string, at::Tensor>& out, Float8Recipe recipe) {
   out[key + "output.grad"] = model->output->weight.grad();
 }
 
+void grouped_case(std::map<std::string, at::Tensor>& out, c10::ScalarType dtype) {
+  const std::string key =
+      std::string("grouped.") + (dtype == at::kFloat ? "float32" : "bfloat16") + ".";
+  at::Tensor x = at::randn({24, 32}).to(dtype).requires_grad_();
+  at::Tensor w = (at::randn({4, 48, 32}) * 0.1).to(dtype).requires_grad_();
+  const at::Tensor counts = at::tensor({5, 0, 11, 8}, at::kLong);
+  at::Tensor g = at::randn({24, 48}).to(dtype);
+  at::Tensor y = dtensor::float8_grouped_mm(x, w, counts);
+  y.backward(g);
+  out[key + "x"] = x.detach();
+  out[key + "w"] = w.detach();
+  out[key + "counts"] = counts;
+  out[key + "g"] = g;
+  out[key + "y"] = y.detach();
+  out[key + "dx"] = x.grad();
+  out[key + "dw"] = w.grad();
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -92,6 +111,9 @@ int main(int argc, char** argv) {
       linear_cases(out, r, dtype);
     }
     model_case(out, r);
+  }
+  for (c10::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    grouped_case(out, dtype);
   }
   dtensor::StateDict dict;
   for (auto& [k, v] : out) {

@@ -75,6 +75,23 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at
   return bias.defined() ? local({x, weight, bias})[0] : local({x, weight})[0];
 }
 
+at::Tensor float8_grouped_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts) {
+  DTENSOR_CHECK(!is_dtensor(x) && !is_dtensor(w),
+                "float8_grouped_mm: takes plain tensors (call it inside dtensor::local_map)");
+  DTENSOR_CHECK(x.dim() == 2 && w.dim() == 3 && x.size(1) == w.size(2) && counts.dim() == 1 &&
+                    counts.size(0) == w.size(0),
+                "float8_grouped_mm: rows {} do not fit experts {} with counts {} (x [N, in], w "
+                "[E, out, in], counts [E])",
+                c10::str(x.sizes()), c10::str(w.sizes()), c10::str(counts.sizes()));
+  DTENSOR_CHECK(at::isFloatingType(x.scalar_type()) && x.scalar_type() == w.scalar_type(),
+                "float8_grouped_mm: rows ({}) and experts ({}) must share a floating dtype",
+                c10::toString(x.scalar_type()), c10::toString(w.scalar_type()));
+  DTENSOR_CHECK(counts.sum().item<int64_t>() == x.size(0),
+                "float8_grouped_mm: counts add up to {} rows, x has {}",
+                counts.sum().item<int64_t>(), x.size(0));
+  return detail::float8_grouped_mm_local(x, w, counts);
+}
+
 bool float8_skip_output_and_unaligned(const std::string& name,
                                       const torch::nn::LinearImpl& linear) {
   const bool output = name == "output" || (name.size() > 7 && name.ends_with(".output"));

@@ -30,12 +30,20 @@ struct Recipe {
   Cast input, weight, grad_output;
   Cast input_for_grad_weight, weight_for_grad_input, grad_output_for_grad_weight;
   bool pow2_scales = false;
+  bool fast_accum_backward = false; // the scales into the backward products too
 };
 
-Recipe recipe_of(Float8Recipe r) {
+// torchao's fp8_grouped_mm, per expert: rowwise operands, every product with fast accumulation.
+constexpr int64_t kGroupedRowwise = 100;
+
+Recipe recipe_of(int64_t code) {
+  const Cast rows{true, at::kFloat8_e4m3fn, true};
+  if (code == kGroupedRowwise) {
+    return {rows, rows, rows, rows, rows, rows, true, true};
+  }
+  const auto r = static_cast<Float8Recipe>(code);
   const Cast e4m3{true, at::kFloat8_e4m3fn, false};
   const Cast e5m2{true, at::kFloat8_e5m2, false};
-  const Cast rows{true, at::kFloat8_e4m3fn, true};
   const Cast off{false, at::kFloat8_e4m3fn, false};
   switch (r) {
   case Float8Recipe::Tensorwise:
@@ -45,7 +53,7 @@ Recipe recipe_of(Float8Recipe r) {
   case Float8Recipe::RowwiseWithGwHp:
     return {rows, rows, rows, off, e4m3, off, true};
   }
-  DTENSOR_FAIL("float8: unknown recipe {}", static_cast<int>(r));
+  DTENSOR_FAIL("float8: unknown recipe {}", code);
 }
 
 // A float8 operand: its bits, its scale (hp * scale = bits), per tensor or per row.
@@ -201,7 +209,7 @@ struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
       ctx->saved_data["sharding"] = c10::IValue::make_capsule(sharding);
     }
     const Float8Sharding& s = sharding_of(sharding);
-    const Recipe r = recipe_of(static_cast<Float8Recipe>(recipe));
+    const Recipe r = recipe_of(recipe);
     const at::Tensor x2 = x.reshape({-1, x.size(-1)});
     Fp8 a;
     Fp8 b;
@@ -229,7 +237,7 @@ struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];
     const at::Tensor& weight = saved[1];
-    const Recipe r = recipe_of(static_cast<Float8Recipe>(ctx->saved_data["recipe"].toInt()));
+    const Recipe r = recipe_of(ctx->saved_data["recipe"].toInt());
     c10::intrusive_ptr<Float8Sharding> sharding;
     if (ctx->saved_data.count("sharding") != 0) {
       sharding = c10::static_intrusive_pointer_cast<Float8Sharding>(
@@ -260,9 +268,10 @@ struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
     }
     std::vector<int64_t> shape = grads[0].sizes().vec();
     shape.back() = weight.size(1);
-    at::Tensor grad_input = scaled_mm(f[0], w8.t(), dtype, false).reshape(shape);
+    const bool fast = r.fast_accum_backward;
+    at::Tensor grad_input = scaled_mm(f[0], w8.t(), dtype, fast).reshape(shape);
     at::Tensor grad_weight =
-        gw_fp8 ? scaled_mm(f[next].t(), f[next + 1], dtype, false) : at::mm(go.t(), x2);
+        gw_fp8 ? scaled_mm(f[next].t(), f[next + 1], dtype, fast) : at::mm(go.t(), x2);
     return {grad_input, grad_weight, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -274,6 +283,25 @@ at::Tensor float8_mm(const at::Tensor& x, const at::Tensor& weight, const at::Te
   const at::Tensor scale =
       weight_scale.defined() ? weight_scale : at::empty({0}, at::TensorOptions(at::kFloat));
   return Float8LinearFn::apply(x, weight, scale, static_cast<int64_t>(recipe), sharding);
+}
+
+// Each expert's rows through Float8LinearFn in the grouped recipe; an expert with no rows adds
+// nothing (its weight's gradient stays zero).
+at::Tensor float8_grouped_mm_local(const at::Tensor& x, const at::Tensor& w,
+                                   const at::Tensor& counts) {
+  const at::Tensor host = counts.to(at::kCPU).to(at::kLong).contiguous();
+  const int64_t* n = host.data_ptr<int64_t>();
+  const at::Tensor none = at::empty({0}, at::TensorOptions(at::kFloat));
+  std::vector<at::Tensor> parts;
+  int64_t start = 0;
+  for (int64_t e = 0; e < w.size(0); ++e) {
+    if (n[e] > 0) {
+      parts.push_back(Float8LinearFn::apply(x.narrow(0, start, n[e]), w.select(0, e), none,
+                                            kGroupedRowwise, c10::intrusive_ptr<Float8Sharding>()));
+    }
+    start += n[e];
+  }
+  return parts.empty() ? at::zeros({0, w.size(1)}, x.options()) : at::cat(parts, 0);
 }
 
 double float8_max(c10::ScalarType dtype) {

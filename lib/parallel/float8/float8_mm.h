@@ -32,6 +32,10 @@ at::Tensor float8_mm(const at::Tensor& x, const at::Tensor& weight, const at::Te
 
 namespace dtensor::detail {
 
+// float8_grouped_mm on plain tensors (checked by the caller).
+at::Tensor float8_grouped_mm_local(const at::Tensor& x, const at::Tensor& w,
+                                   const at::Tensor& counts);
+
 // Whether `weight` is a parallelized Linear's (tensor parallelism; under fully_shard too).
 bool float8_tp_weight(const at::Tensor& weight);
 // float8_linear with a DTensor input or a tensor-parallel weight: the products on the local
