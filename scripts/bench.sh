@@ -8,6 +8,7 @@ ninja -C "$root/build" bench/bench_dispatch_overhead bench/bench_fsdp_step bench
   bench/bench_checkpoint_io bench/bench_fsdp_overlap bench/bench_meta_init_memory \
   bench/bench_activation_checkpoint bench/bench_loss_parallel bench/bench_reduce_scatter \
   bench/bench_module_call bench/bench_pipeline bench/bench_context_parallel bench/bench_moe \
+  bench/bench_float8 \
   bench/liblive_bytes.so examples/train
 export TORCH_CPP_LOG_LEVEL=${TORCH_CPP_LOG_LEVEL:-WARNING}
 echo "## dispatch overhead, 1 rank"
@@ -56,6 +57,10 @@ echo "## MoE blocks with expert parallelism vs the same model in PyTorch, 2 and 
   --rounds 3 --layouts 2:2 4:4 4:2 --live-bytes "$root/build/bench/liblive_bytes.so"
 "$root/.venv/bin/python" "$root/bench/moe.py" "$root/.venv/bin/torchrun" "$root/build/bench/bench_moe" \
   --rounds 2 --dim 256 --hidden 256 --tokens 512 --layouts 2:2 4:4
+echo
+echo "## float8 under fully_shard vs torchao + FSDP2, 4 ranks (alternating)"
+"$root/.venv/bin/python" "$root/bench/float8.py" "$root/.venv/bin/torchrun" "$root/build/bench/bench_float8" \
+  --ranks 4 --rounds 2 --live-bytes "$root/build/bench/liblive_bytes.so"
 echo
 echo "## memory per rank: meta init and a training step, Transformer on 8 ranks"
 torchrun --standalone --nproc-per-node 8 --no-python "$root/build/bench/bench_meta_init_memory"
