@@ -51,6 +51,20 @@ class FlagTable {
     return *this;
   }
 
+  // Sets one flag as the command line would (a toggle ignores `value`); throws
+  // std::invalid_argument for an unknown flag or a bad value instead of exiting.
+  void set(const std::string& name, const std::string& value) const {
+    const Flag* flag = find(name);
+    if (flag == nullptr) {
+      throw std::invalid_argument("unknown flag " + name);
+    }
+    try {
+      flag->set(value);
+    } catch (const std::exception& e) {
+      throw std::invalid_argument("bad value '" + value + "' for " + name + " (" + e.what() + ")");
+    }
+  }
+
   // Parses argv[1..]. Flags not in the table go to `rest` (in order, with the word after
   // them) when it is given; otherwise they are an error.
   void parse(int argc, char** argv, std::vector<std::string>* rest = nullptr) const {
@@ -93,8 +107,7 @@ class FlagTable {
   }
   static double parse_double(const std::string& v) {
     return parse_whole<double>(
-        v, [](const std::string& s, size_t* used) { return std::stod(s, used); },
-        "not a number");
+        v, [](const std::string& s, size_t* used) { return std::stod(s, used); }, "not a number");
   }
   std::string usage() const {
     std::string out = "flags (" + source_ + "):\n";

@@ -394,6 +394,9 @@ int run_llama(int argc, char** argv) {
   if (const std::string why = pipeline_flag_error(f, world); !why.empty()) {
     usage(why);
   }
+  if (const std::string why = mesh_from_degrees(f, world / (f.cp * f.pp)); !why.empty()) {
+    usage(why);
+  }
   if (f.mesh.empty()) {
     f.mesh = default_mesh(world / (f.cp * f.pp));
   }

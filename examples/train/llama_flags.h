@@ -2,6 +2,7 @@
 
 // The flags of the Llama 3 recipe (examples/train/llama.cpp, its pipeline part pipeline.cpp):
 // the values, their table (`train --help`) and the default mesh.
+#include <array>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -9,13 +10,17 @@
 
 #include <models/llama3.h>
 
+#include "config.h"
 #include "flags.h"
 
 namespace dtensor::train {
 
 struct Flags {
   std::vector<int64_t> mesh; // empty: from the world size (over the ranks of one cp group)
-  int64_t cp = 1;            // context parallelism: the sequence sharded over cp ranks
+  // Named degrees instead of --mesh (0: not given; dp_shard -1: the ranks left).
+  int64_t dp_replicate = 0, dp_shard = 0, tp = 0;
+  std::string config; // --config: the TOML job file the flags were read from first
+  int64_t cp = 1;     // context parallelism: the sequence sharded over cp ranks
   std::string cp_method = "allgather";
   int64_t pp = 1; // pipeline parallelism: the blocks cut into stages over pp ranks
   std::string pp_schedule = "1F1B";
@@ -57,6 +62,15 @@ inline FlagTable flag_table(Flags& f) {
           "dp_replicate x dp_shard x tp, e.g. 2x2x2 (default from the world size: "
           "8 -> 2x2x2, 4 -> 1x2x2, 2 -> 1x1x2)",
           [&f](const std::string& v) { f.mesh = parse_mesh(v); })
+      .value("--dp-replicate",
+             "data-parallel replicas (HSDP's replicate degree; instead of --mesh)", f.dp_replicate)
+      .value("--dp-shard", "fully_shard's degree (-1: the ranks left; instead of --mesh)",
+             f.dp_shard)
+      .value("--tp", "tensor parallelism's degree (instead of --mesh)", f.tp)
+      .value("--config",
+             "a TOML job file (torchtitan's keys, docs/recipe.md), read before the other flags, "
+             "which override it",
+             f.config)
       .value("--cp",
              "context parallelism: each sequence sharded over N ranks (1), head-tail "
              "balanced; the world is dp_replicate x dp_shard x cp x tp",
@@ -121,10 +135,64 @@ inline FlagTable flag_table(Flags& f) {
   flag_table(f).fail(why);
 }
 
+// [Note: config then flags] --config FILE is read first wherever it stands, then the command
+// line, so a flag overrides the file's key; an error in the file names the file and the key.
 inline Flags parse(int argc, char** argv) {
   Flags f;
-  flag_table(f).parse(argc, argv);
+  const FlagTable table = flag_table(f);
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--config") {
+      f.config = argv[i + 1];
+    }
+  }
+  if (!f.config.empty()) {
+    try {
+      for (const ConfigEntry& e : read_config(f.config)) {
+        try {
+          table.set(e.flag, e.value);
+        } catch (const std::exception& x) {
+          throw std::invalid_argument(f.config + ": " + e.key + ": " + x.what());
+        }
+      }
+    } catch (const std::invalid_argument& e) {
+      table.fail(e.what());
+    }
+  }
+  // A --mesh on the command line overrides the file's degrees.
+  const std::vector<int64_t> file_mesh = f.mesh;
+  const std::array<int64_t, 3> file_degrees{f.dp_replicate, f.dp_shard, f.tp};
+  table.parse(argc, argv);
+  if (f.mesh != file_mesh &&
+      std::array<int64_t, 3>{f.dp_replicate, f.dp_shard, f.tp} == file_degrees) {
+    f.dp_replicate = f.dp_shard = f.tp = 0;
+  }
   return f;
+}
+
+// --dp-replicate / --dp-shard / --tp as the mesh, over `ranks` (the world over cp and pp):
+// the missing ones 1, dp_shard -1 or missing the ranks left. An error's text, or "".
+inline std::string mesh_from_degrees(Flags& f, int64_t ranks) {
+  if (f.dp_replicate == 0 && f.dp_shard == 0 && f.tp == 0) {
+    return "";
+  }
+  if (!f.mesh.empty()) {
+    return "give --mesh or the degrees (--dp-replicate, --dp-shard, --tp), not both";
+  }
+  const int64_t r = f.dp_replicate > 0 ? f.dp_replicate : 1;
+  const int64_t t = f.tp > 0 ? f.tp : 1;
+  if (f.dp_replicate < 0 || f.tp < 0 || f.dp_shard < -1) {
+    return "the degrees must be positive (--dp-shard -1: the ranks left)";
+  }
+  if (f.dp_shard > 0) {
+    f.mesh = {r, f.dp_shard, t};
+    return "";
+  }
+  if (ranks % (r * t) != 0) {
+    return "--dp-replicate " + std::to_string(r) + " x --tp " + std::to_string(t) +
+           " does not divide the " + std::to_string(ranks) + " ranks left for them";
+  }
+  f.mesh = {r, ranks / (r * t), t};
+  return "";
 }
 
 // torchtitan's usual shape for a world size: tp 2 where possible, then dp_shard 2, the rest
