@@ -339,6 +339,33 @@ TEST_CASE("float8 under tensor parallelism equals the converted model on one pro
   }
 }
 
+// Guards the layouts of [Note: float8 under tensor parallelism] beyond the TP styles: an input
+// sharded along its rows beside a replicated weight stays sharded (its amax all-reduced: the
+// same scale as the whole input's), beside a Shard(0) or Shard(1) weight it is redistributed
+// first. Judge: float8_linear on the full tensors on one process, bit for bit (tensorwise;
+// within 1e-4 where the in features are sharded).
+TEST_CASE("float8_linear on DTensors: row-sharded input with a Replicate, Shard(0) and Shard(1) "
+          "weight equals the full tensors' float8 product",
+          "[world2]") {
+  const DeviceMesh mesh = init_device_mesh(device_type(), {world()}, {"tp"});
+  at::manual_seed(31);
+  const at::Tensor x = at::randn({4 * world(), 32});
+  const at::Tensor w = at::randn({16 * world(), 32}) * 0.1;
+  const at::Tensor want = dtensor::float8_linear(x, w, {}, Float8LinearOptions());
+  for (const Placement& wp : {Placement::replicate(), Placement::shard(0), Placement::shard(1)}) {
+    INFO(wp.to_string());
+    const at::Tensor xd = dtensor::distribute_tensor(x, mesh, {Placement::shard(0)});
+    const at::Tensor wd = dtensor::distribute_tensor(w, mesh, {wp});
+    const at::Tensor y = dtensor::float8_linear(xd, wd, {}, Float8LinearOptions());
+    CHECK(DTensor(y).placements() ==
+          Placements{wp.is_replicate()
+                         ? Placement::shard(0)
+                         : (wp.is_shard(0) ? Placement::shard(1) : Placement::partial())});
+    // Sharded in features: the ranks' fp32 partial products summed in another order.
+    CHECK((wp.is_shard(1) ? near(full_value(y), want) : same(full_value(y), want)));
+  }
+}
+
 // Guards float8 with fully_shard over tensor parallelism: the weight is the unit's unsharded
 // TP shard (a local region), its gradient reaches the reduce-scatter. Judge: the converted FFN
 // on one process, on each dp rank's rows, gradients averaged.

@@ -49,7 +49,9 @@ Layout layout_of(const DTensor& x, const DTensor& w) {
                   to_string(w.placements()), i);
     const Group g = mesh.get_group(i);
     const bool k_sharded = wp.is_shard(1);
-    const bool m_sharded = xp.is_shard() && xp.dim() != last;
+    // x's leading dimensions stay sharded only beside a replicated weight (a Shard(0) weight
+    // shards the output's last dimension on this mesh dimension: x is gathered instead).
+    const bool m_sharded = wp.is_replicate() && xp.is_shard() && xp.dim() != last;
     l.x.push_back(k_sharded ? Placement::shard(last) : (m_sharded ? xp : Placement::replicate()));
     l.w.push_back(wp);
     l.x_grad.push_back(wp.is_shard(0) ? Placement::partial() : l.x.back());
