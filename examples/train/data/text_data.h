@@ -46,6 +46,7 @@ int64_t num_sequences(const PackedTokens& p, int64_t seq);
 // from it on another mesh (another D) hands out the same global batches.
 class Loader {
  public:
+  // `data` is read, not copied: it must outlive the loader.
   Loader(const PackedTokens& data, int64_t seq, int64_t global_batch, int64_t dp_rank,
          int64_t dp_size, uint64_t seed);
 
