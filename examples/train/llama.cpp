@@ -36,13 +36,15 @@
 #include <dtensor/optim_state_dict.h>
 
 #include <models/llama3.h>
+#include <models/moe/load_balance.h>
 
 #include "checkpoints.h"
 #include "common.h"
 #include "flags.h"
 #include "llama_flags.h"
 #include "pipeline.h"
-#include "tokenizer.h"
+#include "recipe_data.h"
+#include "recipe_model.h"
 
 namespace dtensor::train {
 
@@ -51,52 +53,13 @@ namespace {
 using models::Llama3;
 using models::Llama3Args;
 
-std::optional<ActivationCheckpointOptions> ac_options(const std::string& ac) {
-  if (ac == "none") {
-    return std::nullopt;
-  }
-  ActivationCheckpointOptions o;
-  if (ac == "selective") { // torchtitan's "op" mode: matmuls and attention kept
-    o.policy(save_ops({"aten::mm", "aten::addmm", "aten::bmm",
-                       "aten::_scaled_dot_product_flash_attention_for_cpu",
-                       "aten::_scaled_dot_product_flash_attention",
-                       "aten::_scaled_dot_product_efficient_attention"}));
-  }
-  return o;
-}
-
-Llama3Args model_args(const Flags& f, int64_t vocab) {
-  if (!f.init_from_hf.empty()) {
-    Llama3Args a = models::args_from_hf(f.init_from_hf);
-    if (a.vocab_size() < vocab) {
-      usage(f.init_from_hf + " has a vocabulary of " + std::to_string(a.vocab_size()) +
-            ", the text needs " + std::to_string(vocab));
-    }
-    return a.max_seq_len(std::max(a.max_seq_len(), f.seq));
-  }
-  if (!f.preset.empty()) {
-    Llama3Args a = *models::llama3_preset(f.preset);
-    return a.max_seq_len(std::max(a.max_seq_len(), f.seq));
-  }
-  return Llama3Args()
-      .dim(f.dim)
-      .n_layers(f.layers)
-      .n_heads(f.heads)
-      .n_kv_heads(f.kv_heads)
-      .vocab_size((vocab + 7) / 8 * 8) // padded, as torchtitan pads its vocabularies
-      .multiple_of(32)
-      .rope_theta(10000.0)
-      .rope_scaling(std::nullopt)
-      .max_seq_len(f.seq);
-}
-
 // The whole logits of a forward (a vocab-sharded DTensor with the loss-parallel plan).
 at::Tensor full_logits(const at::Tensor& logits) {
   return is_dtensor(logits) ? DTensor(logits).full_tensor() : logits;
 }
 
 // Greedy continuation of `prompt` (every rank runs the same forward passes).
-std::string sample(Llama3& model, const Tokenizer& vocab, const std::string& prompt, int64_t n,
+std::string sample(Llama3& model, const RecipeData& vocab, const std::string& prompt, int64_t n,
                    int64_t seq, const at::Device& device) {
   c10::NoGradGuard no_grad;
   std::vector<int64_t> ids = vocab.encode(prompt);
@@ -104,7 +67,8 @@ std::string sample(Llama3& model, const Tokenizer& vocab, const std::string& pro
     const auto len = std::min<int64_t>(static_cast<int64_t>(ids.size()), seq);
     std::vector<int64_t> window(ids.end() - len, ids.end());
     at::Tensor x = at::tensor(window, at::kLong).view({1, len}).to(device);
-    at::Tensor last = full_logits(dtensor::call(model, x))[0][len - 1].narrow(0, 0, vocab.size());
+    at::Tensor last =
+        full_logits(dtensor::call(model, x))[0][len - 1].narrow(0, 0, vocab.vocab_size());
     ids.push_back(last.argmax().item<int64_t>());
   }
   return vocab.decode(ids);
@@ -113,8 +77,13 @@ std::string sample(Llama3& model, const Tokenizer& vocab, const std::string& pro
 // Under --pp (`pipeline`) this rank's stages only, under the whole model's names: the
 // checkpoint holds every name some rank saves ([Note: names held by some ranks]), so it is
 // the unpipelined recipe's checkpoint and any layout resumes it.
+//
+// [Note: the loader in the checkpoint] With --data the loader's one number, the sequences
+// handed out, is saved under "dataloader.position" (torchtitan's "dataloader" entry): the
+// same on every rank, so any mesh resumes at the exact next batch (recipe_data.h).
 StateDict train_state(Llama3& model, PipelineRecipe* pipeline, torch::optim::Optimizer& opt,
-                      int64_t step, StateDict* model_part, StateDict* optim_part) {
+                      int64_t step, const RecipeData& data, StateDict* model_part,
+                      StateDict* optim_part) {
   *model_part = pipeline ? pipeline->model_state() : get_model_state_dict(*model);
   model_part->erase("freqs_cis"); // recomputed, not trained
   *optim_part = get_optimizer_state_dict(*model, opt);
@@ -123,13 +92,16 @@ StateDict train_state(Llama3& model, PipelineRecipe* pipeline, torch::optim::Opt
     all.insert(item.key(), item.value());
   }
   all.insert("step", at::scalar_tensor(step, at::kLong));
+  if (data.from_files()) {
+    all.insert("dataloader.position", at::scalar_tensor(data.position(), at::kLong));
+  }
   return all;
 }
 
 int64_t resume(const std::string& dir, Llama3& model, PipelineRecipe* pipeline,
-               torch::optim::Optimizer& opt) {
+               torch::optim::Optimizer& opt, RecipeData& data) {
   StateDict m, o;
-  StateDict all = train_state(model, pipeline, opt, 0, &m, &o);
+  StateDict all = train_state(model, pipeline, opt, 0, data, &m, &o);
   checkpoint::load(all, dir);
   m.insert("freqs_cis", model->freqs_cis);
   if (pipeline) {
@@ -138,11 +110,15 @@ int64_t resume(const std::string& dir, Llama3& model, PipelineRecipe* pipeline,
     set_model_state_dict(*model, m);
   }
   set_optimizer_state_dict(*model, opt, o);
+  if (data.from_files()) {
+    data.resume(all["dataloader.position"].item<int64_t>());
+  }
   return all["step"].item<int64_t>();
 }
 
-// The training loop: one batch per data-parallel rank per step (drawn from a per-step seed,
-// so a resumed run sees the same data), the loss on vocab-sharded logits (LossParallel).
+// The training loop: one batch per data-parallel rank per step (the loader's next, or drawn
+// from a per-step seed: a resumed run sees the same data), the loss on vocab-sharded logits
+// (LossParallel); every --val-every steps the loss on the held-out batches.
 struct Loop {
   const Flags& f;
   const DeviceMesh& mesh;
@@ -153,10 +129,12 @@ struct Loop {
   PipelineRecipe* pipeline;              // --pp > 1: this rank's stages and their schedule
   const std::vector<at::Tensor>& params; // this rank's (its stages' under --pp)
   torch::optim::AdamW& opt;
-  const at::Tensor& data;
-  int64_t text_vocab;
-  const CheckpointFolder& folder; // --save
+  RecipeData& data;
+  models::ExpertBiasUpdate* bias_update; // MoE models: the load-balancing bias, per step
+  std::optional<Group> bias_group;       // the ranks whose expert counts are summed
+  const CheckpointFolder& folder;        // --save
   double first = 0, last = 0;
+  int64_t digest = 0; // this rank's share of the step's global batch digest
   std::map<std::string, std::map<CollectiveKind, int64_t>> by_group; // the last step's
   std::optional<checkpoint::AsyncSave> pending;                      // --async-save
 
@@ -165,36 +143,59 @@ struct Loop {
 
   // This rank's rows of the step's global batch (the same global batch on every mesh); with
   // --cp, its positions of them (every rank of a cp group loads the same rows).
-  std::pair<at::Tensor, at::Tensor> batch(int64_t step) const {
-    // Without --cp a one-rank layout that cuts nothing (any --seq): the whole sequence.
-    const CpLayout layout =
-        cp ? CpLayout(f.seq, f.cp, CpBalance::HeadTail) : CpLayout(f.seq, 1, CpBalance::None);
-    if (cp) {
-      cp->set_layout(layout);
-    }
-    if (is_simulated()) { // only the shape matters (and the text may be shorter than --seq)
-      const auto tokens =
-          at::empty({f.batch / dp.size(), layout.local_len()}, at::dtype(at::kLong).device(device));
+  std::pair<at::Tensor, at::Tensor> batch(int64_t step) {
+    if (is_simulated()) { // only the shape matters
+      const auto tokens = at::empty({f.batch / dp.size(), layout().local_len()},
+                                    at::dtype(at::kLong).device(device));
       return {tokens, tokens};
     }
-    auto [x, y] = data_rows(step);
+    const at::Tensor rows = data.train_rows(step);
+    digest = data.digest(rows);
+    return inputs_and_targets(rows);
+  }
+
+  // Without --cp a one-rank layout that cuts nothing (any --seq): the whole sequence.
+  CpLayout layout() const {
+    const CpLayout l =
+        cp ? CpLayout(f.seq, f.cp, CpBalance::HeadTail) : CpLayout(f.seq, 1, CpBalance::None);
+    if (cp) {
+      cp->set_layout(l);
+    }
+    return l;
+  }
+
+  std::pair<at::Tensor, at::Tensor> inputs_and_targets(const at::Tensor& rows) const {
+    const CpLayout l = layout();
+    at::Tensor x = rows.narrow(1, 0, f.seq).to(device);
+    at::Tensor y = rows.narrow(1, 1, f.seq).to(device);
     if (!cp) {
       return {x, y};
     }
-    return {cp_shard(x, 1, layout, mesh["cp"]), cp_shard(y, 1, layout, mesh["cp"])};
+    return {cp_shard(x, 1, l, mesh["cp"]), cp_shard(y, 1, l, mesh["cp"])};
   }
 
-  std::pair<at::Tensor, at::Tensor> data_rows(int64_t step) const {
-    at::manual_seed(1000 + 31 * step);
-    const at::Tensor starts = at::randint(data.size(0) - f.seq - 1, {f.batch}, at::kLong);
-    const int64_t rows = f.batch / dp.size();
-    std::vector<at::Tensor> xs, ys;
-    for (int64_t b = dp_index() * rows; b < (dp_index() + 1) * rows; ++b) {
-      const int64_t s = starts[b].item<int64_t>();
-      xs.push_back(data.narrow(0, s, f.seq));
-      ys.push_back(data.narrow(0, s + 1, f.seq));
+  // The held-out loss, averaged over the validation batches and the data-parallel ranks
+  // (evaluation mode, no gradients; under --pp the schedule's step, its gradients dropped:
+  // the schedules have no forward-only pass).
+  double validate() {
+    double sum = 0;
+    model->eval();
+    for (int64_t k = 0; k < data.validation_batches(); ++k) {
+      auto [x, y] = inputs_and_targets(data.validation_rows(k));
+      at::Tensor loss;
+      if (pipeline != nullptr) {
+        loss = pipeline->step(x, y);
+        opt.zero_grad();
+      } else {
+        c10::NoGradGuard no_grad;
+        LossParallel vocab_parallel;
+        loss = torch::nn::functional::cross_entropy(
+            dtensor::call(model, x).to(at::kFloat).flatten(0, 1), y.flatten());
+      }
+      sum += values(loss.detach(), at::zeros({}, at::kFloat)).first;
     }
-    return {at::stack(xs).to(device), at::stack(ys).to(device)};
+    model->train();
+    return sum / static_cast<double>(data.validation_batches());
   }
 
   // One step; returns this rank's loss and the total gradient norm (both as computed).
@@ -212,7 +213,7 @@ struct Loop {
       at::Tensor loss = pipeline->step(x, y);
       phase("optimizer");
       at::Tensor norm = clip_grad_norm_(params, f.max_norm, 2.0, false, mesh["pp"]);
-      opt.step();
+      optimizer_step();
       if (f.float8_all_gather) {
         pipeline->precompute_float8_scales();
       }
@@ -229,11 +230,23 @@ struct Loop {
     }
     phase("optimizer");
     at::Tensor norm = clip_grad_norm_(params, f.max_norm);
-    opt.step();
+    optimizer_step();
     if (f.float8_all_gather) { // the next step's scales: one all-reduce (docs/float8.md)
       precompute_float8_dynamic_scale_for_fsdp(*model);
     }
     return {loss.detach(), norm};
+  }
+
+  // MoE models: the expert counts' all-reduce in flight during the optimizer step, the biases
+  // moved after it (torchtitan's pre-step hook, [Note: the bias update off the critical path]).
+  void optimizer_step() {
+    if (bias_update != nullptr) {
+      bias_update->start(bias_group);
+    }
+    opt.step();
+    if (bias_update != nullptr) {
+      bias_update->finish();
+    }
   }
 
   // The loss averaged over the data-parallel ranks and the norm, for the log only (after
@@ -248,6 +261,30 @@ struct Loop {
     l = all_reduce(l, ReduceOp::Avg, world_group());
     const at::Tensor n = is_dtensor(norm) ? DTensor(norm).to_local() : norm;
     return {l.item<double>(), n.item<double>()};
+  }
+
+  // The step's global batch digest: every rank's share summed over the world, divided by the
+  // ranks that load the same rows (cp, tp and pp's): the same on every mesh for the same batch.
+  int64_t global_digest() const {
+    if (is_simulated()) {
+      return 0;
+    }
+    at::Tensor d = at::full({1}, digest, at::kLong).to(device);
+    d = all_reduce(d, ReduceOp::Sum, world_group());
+    return d.item<int64_t>() / (get_world_size() / dp.size());
+  }
+
+  // The step's metrics beyond the loop's own: the data's digest and position, the held-out
+  // loss on the steps it is computed (--val-every, and the last).
+  nlohmann::json data_metrics(int64_t s) {
+    nlohmann::json j{{"batch_digest", global_digest()}};
+    if (data.from_files()) {
+      j["data_position"] = data.position();
+    }
+    if (data.validation_batches() > 0 && ((s + 1) % f.val_every == 0 || s + 1 == f.steps)) {
+      j["val_loss"] = validate();
+    }
+    return j;
   }
 
   bool run(int64_t start) {
@@ -278,7 +315,7 @@ struct Loop {
       mode.reset();
       const auto [loss, norm] = values(loss_t, norm_t);
       losses.push_back(loss);
-      log(s, loss, norm, secs, counts, metrics);
+      log(s, loss, norm, secs, counts, data_metrics(s), metrics);
       if (!f.save.empty() && f.save_every > 0 && (s + 1) % f.save_every == 0 && s + 1 < f.steps) {
         save(s + 1);
       }
@@ -294,7 +331,7 @@ struct Loop {
     }
     first = std::accumulate(losses.begin(), losses.begin() + k, 0.0) / static_cast<double>(k);
     last = std::accumulate(losses.end() - k, losses.end(), 0.0) / static_cast<double>(k);
-    return start > 0 ? last < std::log(static_cast<double>(text_vocab)) : last < first;
+    return start > 0 ? last < std::log(static_cast<double>(data.vocab_size())) : last < first;
   }
 
   void write_report(const RankReport& report) const {
@@ -305,7 +342,8 @@ struct Loop {
   }
 
   void log(int64_t s, double loss, double norm, double secs,
-           const std::map<CollectiveKind, int64_t>& comm_counts, std::ofstream& metrics) const {
+           const std::map<CollectiveKind, int64_t>& comm_counts, nlohmann::json extra,
+           std::ofstream& metrics) const {
     const double tokens = static_cast<double>(f.batch * f.seq) / secs;
     at::Tensor peak = at::full({1}, peak_resident_mib(), at::kDouble);
     if (!is_simulated()) {
@@ -326,16 +364,16 @@ struct Loop {
         groups[group][to_string(kind)] = n;
       }
     }
-    metrics << nlohmann::json{{"step", s},
+    nlohmann::json line{{"step", s},
                               {"loss", loss},
                               {"tokens_per_s", tokens},
                               {"grad_norm", norm},
                               {"step_s", secs},
                               {"peak_resident_mib", peak.item<double>()},
                               {"collectives", counts},
-                              {"collectives_by_group", groups}}
-                   .dump()
-            << "\n";
+                        {"collectives_by_group", groups}};
+    line.update(extra);
+    metrics << line.dump() << "\n";
     metrics.flush();
     if (!metrics.good() && metrics.is_open()) { // a full disk, say: training goes on
       std::fprintf(stderr, "warning: cannot write the metrics file %s; no more metrics\n",
@@ -345,8 +383,13 @@ struct Loop {
     if (s % f.log_every == 0 || s + 1 == f.steps) {
       std::printf("%5lld %8.4f %10.0f %10.4f %9.0f  %s\n", static_cast<long long>(s), loss, tokens,
                   norm, peak.item<double>(), text.c_str());
-      std::fflush(stdout);
     }
+    if (extra.contains("val_loss")) {
+      std::printf("%5lld %8.4f   validation loss (%lld held-out batches)\n",
+                  static_cast<long long>(s), extra["val_loss"].get<double>(),
+                  static_cast<long long>(data.validation_batches()));
+    }
+    std::fflush(stdout);
   }
 
   void save(int64_t s) {
@@ -355,9 +398,9 @@ struct Loop {
     const std::string dir = folder.step_dir(s);
     if (f.async_save) { // waits for the previous save, stages this one, returns
       finish_saves();
-      pending = checkpoint::async_save(train_state(model, pipeline, opt, s, &m, &o), dir);
+      pending = checkpoint::async_save(train_state(model, pipeline, opt, s, data, &m, &o), dir);
     } else {
-      checkpoint::save(train_state(model, pipeline, opt, s, &m, &o), dir);
+      checkpoint::save(train_state(model, pipeline, opt, s, data, &m, &o), dir);
       folder.prune();
     }
     if (get_rank() == 0) {
@@ -387,39 +430,7 @@ int run_llama(int argc, char** argv) {
   init_process_group();
   const int64_t world = get_world_size();
   const int rank = get_rank();
-  if (f.cp < 1 || world % f.cp != 0) {
-    usage("--cp " + std::to_string(f.cp) + " does not divide the " + std::to_string(world) +
-          " ranks");
-  }
-  if (const std::string why = pipeline_flag_error(f, world); !why.empty()) {
-    usage(why);
-  }
-  if (const std::string why = mesh_from_degrees(f, world / (f.cp * f.pp)); !why.empty()) {
-    usage(why);
-  }
-  if (f.mesh.empty()) {
-    f.mesh = default_mesh(world / (f.cp * f.pp));
-  }
-  if (f.pp * f.mesh[0] * f.mesh[1] * f.cp * f.mesh[2] != world) {
-    usage("--mesh " + std::to_string(f.mesh[0]) + "x" + std::to_string(f.mesh[1]) + "x" +
-          std::to_string(f.mesh[2]) + " with --cp " + std::to_string(f.cp) + " and --pp " +
-          std::to_string(f.pp) + " does not cover the " + std::to_string(world) + " ranks");
-  }
-  if (f.cp > 1 && f.seq % (2 * f.cp * f.mesh[2]) != 0) {
-    usage("--seq " + std::to_string(f.seq) +
-          " is not a multiple of 2 x cp x tp = " + std::to_string(2 * f.cp * f.mesh[2]) +
-          " (head-tail balancing, then sequence parallelism over tp)");
-  }
-  if (f.batch % (f.mesh[0] * f.mesh[1] * pipeline_microbatches(f)) != 0) {
-    usage("--batch " + std::to_string(f.batch) + " is not a multiple of the " +
-          std::to_string(f.mesh[0] * f.mesh[1]) + " data-parallel ranks" +
-          (f.pp > 1 ? " x " + std::to_string(pipeline_microbatches(f)) + " microbatches" : ""));
-  }
-  if (f.float8_all_gather && (f.float8 != "tensorwise" || f.mesh[2] != 1)) {
-    usage("--float8-all-gather needs --float8 tensorwise (one scale per weight) and tp 1 (the "
-          "float8 all-gather does not compose with tensor parallelism); got --float8 " +
-          f.float8 + " and tp " + std::to_string(f.mesh[2]));
-  }
+  resolve_layout(f, world); // the degrees, checked (layout.cpp)
   const bool cuda = get_backend() == BackendType::Nccl;
   const at::Device device = default_device(); // the simulated device in a simulated world
   const c10::DeviceType kind = cuda ? c10::kCUDA : c10::kCPU;
@@ -445,9 +456,10 @@ int run_llama(int argc, char** argv) {
   barrier(world_group());
   muted.reset();
 
-  const Tokenizer vocab(kCorpus, static_cast<int>(f.vocab)); // [Note: the recipe's tokenizer]
-  at::Tensor data = at::tensor(vocab.encode(kCorpus), at::kLong);
-  const Llama3Args args = model_args(f, vocab.size());
+  // [Note: the recipe's vocabulary]; this rank's rows: its index among the data-parallel
+  // ranks (row-major over dp_replicate, dp_shard).
+  RecipeData data(f, dp.get_local_rank(0) * dp.size(1) + dp.get_local_rank(1), dp.size());
+  const Llama3Args args = recipe_model_args(f, data.vocab_size());
   Llama3 model{nullptr};
   {
     MetaDeviceGuard meta; // nothing is allocated until to_empty, and then only shards
@@ -474,7 +486,8 @@ int run_llama(int argc, char** argv) {
     }
     pipeline.emplace(f, mesh, model, fsdp, ac_options(f.ac), device);
   } else {
-    models::parallelize_llama3(model, mesh, /*loss_parallel=*/true, fsdp, ac_options(f.ac), cp);
+    models::parallelize_llama3(model, mesh, /*loss_parallel=*/true, fsdp, ac_options(f.ac), cp,
+                               f.ep);
     to_empty(*model, device);
     if (f.init_from_hf.empty()) {
       set_rng_state({true, 0, 0}); // the same values on every layout (docs/random.md)
@@ -502,7 +515,7 @@ int run_llama(int argc, char** argv) {
   if (!f.resume.empty()) {
     const std::string latest = latest_checkpoint(f.resume);
     f.resume = latest.empty() ? f.resume : latest; // else what load() makes of it (PyTorch's)
-    start = resume(f.resume, model, pipeline ? &*pipeline : nullptr, opt);
+    start = resume(f.resume, model, pipeline ? &*pipeline : nullptr, opt, data);
     if (rank == 0) {
       std::printf("resumed from %s at step %lld\n", f.resume.c_str(),
                   static_cast<long long>(start));
@@ -533,9 +546,23 @@ int run_llama(int argc, char** argv) {
                   .c_str(),
         f.ac.c_str(), f.lr, f.max_norm);
   }
-  Loop loop{f,      mesh,        dp,   cp,           device, model, pipeline ? &*pipeline : nullptr,
-            params, opt,         data, vocab.size(), folder, 0,     0,
-            {},     std::nullopt};
+  // MoE: the load-balancing bias from every rank's counts (sign(mean - count) does not change
+  // when ranks that route the same tokens count them twice); under --pp each stage's ranks.
+  std::optional<models::ExpertBiasUpdate> bias_update;
+  std::optional<Group> bias_group;
+  if (args.moe() && args.moe()->load_balance_coeff()) {
+    bias_update.emplace(pipeline ? pipeline->stage_module() : *model);
+    Muted quiet(STDOUT_FILENO); // Gloo's connection lines, under --pp
+    bias_group = pipeline ? pipeline->stage_group() : world_group();
+  }
+  Loop loop{f,      mesh,    dp,   cp,
+            device, model,   pipeline ? &*pipeline : nullptr,
+            params, opt,     data,
+            bias_update ? &*bias_update : nullptr,
+            bias_group, folder, 0, 0, 0, {}, std::nullopt};
+  if (rank == 0) {
+    std::printf("data: %s\n", data.describe().c_str());
+  }
   const bool ok = loop.run(start);
   if (is_simulated()) {
     return 0; // nothing to sample or export from tensors without values
@@ -544,7 +571,7 @@ int run_llama(int argc, char** argv) {
     cp->set_enabled(false); // generation: every cp rank runs the whole growing sequence
   }
   // Under --pp no rank holds the whole model: no sample (a pipelined forward is not wired up).
-  const std::string text = pipeline ? "" : sample(model, vocab, "It was the ", 24, f.seq, device);
+  const std::string text = pipeline ? "" : sample(model, data, data.from_files() ? "The " : "It was the ", 24, f.seq, device);
   if (!f.export_hf.empty()) {
     models::export_hf(model, f.export_hf);
   }

@@ -36,7 +36,21 @@ struct Flags {
   bool auto_resume = false;    // continue from --save DIR when it holds a checkpoint
   std::string float8 = "none"; // the Linears' float8 recipe (docs/float8.md)
   bool float8_all_gather = false;
+  int64_t ep = 1, experts = 8; // expert parallelism's degree; the small MoE shapes' experts
+  // --data: files of documents (empty: the built-in paragraph), their format, a tokenizer.json
+  // (empty: a SentencePiece BPE trained on them); the validation loss every val_every steps
+  // over val_steps global batches of the held-out documents (recipe_data.h).
+  std::string data, data_format = "text", tokenizer;
+  int64_t val_every = 0, val_steps = 2;
 };
+
+// --model / --preset: torchtitan's flavors, and two small MoE shapes (recipe_model.h).
+inline const std::vector<std::string>& recipe_flavors() {
+  static const std::vector<std::string> names{"llama3-8b",       "llama3-70b", "llama3-405b",
+                                              "qwen3-30b-a3b",   "deepseek-v3-16b",
+                                              "qwen3-moe",       "deepseek-v3"};
+  return names;
+}
 
 inline std::vector<int64_t> parse_mesh(const std::string& s) {
   std::vector<int64_t> out;
@@ -86,13 +100,26 @@ inline FlagTable flag_table(Flags& f) {
               "ZBVZeroBubble", "DualPipeV"})
       .value("--microbatches", "microbatches per step of each data-parallel rank (2 x pp)",
              f.microbatches)
-      .value("--preset", "torchtitan's flavor: llama3-8b|llama3-70b|llama3-405b",
-             [&f](const std::string& v) {
-               if (!models::llama3_preset(v)) {
-                 throw std::invalid_argument("not a flavor");
-               }
-               f.preset = v;
-             })
+      .value("--preset",
+             "the model (also --model): llama3-8b|llama3-70b|llama3-405b|qwen3-30b-a3b|"
+             "deepseek-v3-16b, or the small MoE shapes qwen3-moe|deepseek-v3 (--dim, --layers)",
+             f.preset, recipe_flavors())
+      .value("--ep", "expert parallelism's degree over dp_shard x cp x tp (MoE models; 1)", f.ep)
+      .value("--experts", "routed experts of the small MoE shapes (8)", f.experts)
+      .value("--data",
+             "documents to train on: files, comma-separated (default: the built-in paragraph)",
+             f.data)
+      .value("--data-format",
+             "--data's files: text (documents between lines of %, as fortune's) or jsonl "
+             "(a \"text\" field per line)",
+             f.data_format, {"text", "jsonl"})
+      .value("--tokenizer",
+             "a Hugging Face tokenizer.json (byte-level BPE; default: a SentencePiece BPE of "
+             "--vocab pieces trained on --data)",
+             f.tokenizer)
+      .value("--val-every", "the validation loss every N steps, on every 20th document (0: none)",
+             f.val_every)
+      .value("--val-steps", "validation batches (--batch each) per evaluation (2)", f.val_steps)
       .value("--steps", "training steps (200)", f.steps)
       .value("--dim", "model width (64)", f.dim)
       .value("--layers", "transformer blocks (2)", f.layers)
@@ -194,6 +221,11 @@ inline std::string mesh_from_degrees(Flags& f, int64_t ranks) {
   f.mesh = {r, ranks / (r * t), t};
   return "";
 }
+
+// The mesh from --mesh, the named degrees or the world size, checked with --cp, --pp, --ep,
+// --seq, --batch and float8 against `world` ranks; a usage error naming the flags otherwise
+// (layout.cpp).
+void resolve_layout(Flags& f, int64_t world);
 
 // torchtitan's usual shape for a world size: tp 2 where possible, then dp_shard 2, the rest
 // replicated (8 -> 2x2x2, 4 -> 1x2x2, 2 -> 1x1x2, 6 -> 1x3x2).

@@ -1,5 +1,5 @@
-// The main job (scripts/demo.sh): `train [--model llama|llama3-8b|llama3-70b|llama3-405b]
-// [flags]`, torchtitan's Llama 3 recipe (examples/train/llama.cpp; `train --help` lists its
+// The main job (scripts/demo.sh): `train [--model llama|<flavor>] [flags]` (flavors:
+// recipe_flavors() in llama_flags.h), torchtitan's Llama 3 recipe (examples/train/llama.cpp; `train --help` lists its
 // flags). `--simulate WORLD` plans the recipe on a simulated world
 // (examples/train/simulate.cpp).
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include <dtensor/process_group.h>
 
 #include "common.h"
+#include "llama_flags.h"
 
 int main(int argc, char** argv) {
   std::string model = "llama";
@@ -24,14 +25,18 @@ int main(int argc, char** argv) {
       rest.push_back(argv[i]);
     }
   }
-  if (model.rfind("llama3-", 0) == 0) { // a torchtitan flavor of the Llama recipe
-    rest.push_back(const_cast<char*>("--preset"));
+  const auto& flavors = dtensor::train::recipe_flavors();
+  if (std::find(flavors.begin(), flavors.end(), model) != flavors.end()) {
+    rest.push_back(const_cast<char*>("--preset")); // a flavor of the recipe's model
     rest.push_back(model_arg);
     model = "llama";
   }
   if (model != "llama") {
-    std::fprintf(stderr, "train: --model takes llama or llama3-8b|70b|405b, got %s\n",
-                 model.c_str());
+    std::string names = "llama";
+    for (const std::string& f : flavors) {
+      names += "|" + f;
+    }
+    std::fprintf(stderr, "train: --model takes %s, got %s\n", names.c_str(), model.c_str());
     return 2;
   }
   try {

@@ -79,6 +79,8 @@ PipelineRecipe::PipelineRecipe(const Flags& f, const DeviceMesh& mesh, models::L
   const std::vector<int> placement = validate_schedule(order, num_stages, micro);
   const Group group = mesh.get_group("pp");
   const DeviceMesh inner = mesh[{"dp_replicate", "dp_shard", "tp"}];
+  inner_ = inner;
+  holder_ = std::make_shared<torch::nn::Module>("Stages");
   std::vector<PipelineStage> stages;
   for (int s = 0; s < num_stages; ++s) {
     if (placement[static_cast<size_t>(s)] != group.rank()) {
@@ -89,6 +91,7 @@ PipelineRecipe::PipelineRecipe(const Flags& f, const DeviceMesh& mesh, models::L
     to_empty(*stage, device);
     last_ = last_ || s == num_stages - 1;
     stages_.push_back(stage);
+    holder_->register_module("stage" + std::to_string(s), stage.ptr());
     // Sequence-parallel hidden states travel as their local tensors and are rebuilt over tp.
     stages.emplace_back(
         s, stage.ptr(), [stage](const at::Tensor& x) mutable { return stage->forward(x); },

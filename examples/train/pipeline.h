@@ -55,9 +55,16 @@ class PipelineRecipe {
   StateDict model_state();
   void load_model_state(const StateDict& state);
   const std::string& describe() const { return describe_; }
+  // This rank's stages as one module (their MoE layers: the load-balancing bias), and the
+  // group of the ranks holding the same stages (dp_replicate x dp_shard x tp, flattened).
+  torch::nn::Module& stage_module() { return *holder_; }
+  // Collective on first use (a new group).
+  Group stage_group() const { return inner_.flatten("pp_stage_ranks").get_group(); }
 
  private:
   std::vector<models::Llama3Stage> stages_;
+  std::shared_ptr<torch::nn::Module> holder_;
+  DeviceMesh inner_;
   std::unique_ptr<PipelineSchedule> schedule_;
   bool last_ = false;
   std::string describe_;

@@ -81,4 +81,12 @@ int64_t Tokenizer::size() const {
   return processor_->GetPieceSize();
 }
 
+int64_t Tokenizer::bos() const {
+  return processor_->bos_id();
+}
+
+int64_t Tokenizer::eos() const {
+  return processor_->eos_id();
+}
+
 } // namespace dtensor::train

@@ -23,6 +23,8 @@ class Tokenizer {
   std::vector<int64_t> encode(const std::string& text) const;
   std::string decode(const std::vector<int64_t>& ids) const;
   int64_t size() const;
+  int64_t bos() const; // SentencePiece's begin / end-of-sentence ids (1 and 2)
+  int64_t eos() const;
 
  private:
   std::unique_ptr<sentencepiece::SentencePieceProcessor> processor_;

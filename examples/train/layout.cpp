@@ -1,0 +1,84 @@
+// The recipe's layout (llama_flags.h, resolve_layout): the mesh from the flags, every degree
+// checked against the world, the model and the batch before any group is made, with the same
+// error on every rank.
+#include <string>
+
+#include "llama_flags.h"
+#include "pipeline.h"
+
+namespace dtensor::train {
+
+namespace {
+
+bool is_moe_flavor(const std::string& preset) {
+  return preset == "qwen3-moe" || preset == "deepseek-v3" || preset == "qwen3-30b-a3b" ||
+         preset == "deepseek-v3-16b";
+}
+
+// Expert parallelism borrows its ranks from dp_shard x cp x tp (models/llama3/parallelize.h).
+void check_ep(const Flags& f) {
+  if (f.ep == 1) {
+    return;
+  }
+  if (f.ep < 1 || !is_moe_flavor(f.preset)) {
+    usage("--ep " + std::to_string(f.ep) + " needs a mixture-of-experts model (--model " +
+          "qwen3-moe|deepseek-v3|qwen3-30b-a3b|deepseek-v3-16b)" +
+          (f.preset.empty() ? "" : ", not " + f.preset));
+  }
+  if (f.pp > 1) {
+    usage("--ep with --pp is not supported yet (expert parallelism inside pipeline stages)");
+  }
+  const int64_t borrowable = f.mesh[1] * f.cp * f.mesh[2];
+  if (borrowable % f.ep != 0) {
+    usage("--ep " + std::to_string(f.ep) + " does not divide dp_shard x cp x tp = " +
+          std::to_string(f.mesh[1]) + " x " + std::to_string(f.cp) + " x " +
+          std::to_string(f.mesh[2]) + ", the ranks expert parallelism borrows");
+  }
+  if (f.preset == "qwen3-moe" || f.preset == "deepseek-v3") {
+    if (f.experts % f.ep != 0) {
+      usage("--experts " + std::to_string(f.experts) + " do not divide over --ep " +
+            std::to_string(f.ep));
+    }
+  }
+}
+
+} // namespace
+
+void resolve_layout(Flags& f, int64_t world) {
+  if (f.cp < 1 || world % f.cp != 0) {
+    usage("--cp " + std::to_string(f.cp) + " does not divide the " + std::to_string(world) +
+          " ranks");
+  }
+  if (const std::string why = pipeline_flag_error(f, world); !why.empty()) {
+    usage(why);
+  }
+  if (const std::string why = mesh_from_degrees(f, world / (f.cp * f.pp)); !why.empty()) {
+    usage(why);
+  }
+  if (f.mesh.empty()) {
+    f.mesh = default_mesh(world / (f.cp * f.pp));
+  }
+  if (f.pp * f.mesh[0] * f.mesh[1] * f.cp * f.mesh[2] != world) {
+    usage("--mesh " + std::to_string(f.mesh[0]) + "x" + std::to_string(f.mesh[1]) + "x" +
+          std::to_string(f.mesh[2]) + " with --cp " + std::to_string(f.cp) + " and --pp " +
+          std::to_string(f.pp) + " does not cover the " + std::to_string(world) + " ranks");
+  }
+  if (f.cp > 1 && f.seq % (2 * f.cp * f.mesh[2]) != 0) {
+    usage("--seq " + std::to_string(f.seq) +
+          " is not a multiple of 2 x cp x tp = " + std::to_string(2 * f.cp * f.mesh[2]) +
+          " (head-tail balancing, then sequence parallelism over tp)");
+  }
+  if (f.batch % (f.mesh[0] * f.mesh[1] * pipeline_microbatches(f)) != 0) {
+    usage("--batch " + std::to_string(f.batch) + " is not a multiple of the " +
+          std::to_string(f.mesh[0] * f.mesh[1]) + " data-parallel ranks" +
+          (f.pp > 1 ? " x " + std::to_string(pipeline_microbatches(f)) + " microbatches" : ""));
+  }
+  if (f.float8_all_gather && (f.float8 != "tensorwise" || f.mesh[2] != 1)) {
+    usage("--float8-all-gather needs --float8 tensorwise (one scale per weight) and tp 1 (the "
+          "float8 all-gather does not compose with tensor parallelism); got --float8 " +
+          f.float8 + " and tp " + std::to_string(f.mesh[2]));
+  }
+  check_ep(f);
+}
+
+} // namespace dtensor::train
