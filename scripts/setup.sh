@@ -25,7 +25,7 @@ log() { printf '[setup] %s\n' "$*"; }
 # --- Debian packages ---------------------------------------------------------------------
 apt_pkgs=(build-essential pkg-config cmake python3-venv ccache catch2 libfmt-dev libgloo-dev
           nlohmann-json3-dev libxxhash-dev libsentencepiece-dev libtomlplusplus-dev
-          libpcre2-dev)
+          libpcre2-dev fortunes)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -59,18 +59,28 @@ at::Tensor full_logits(const at::Tensor& logits) {
 }
 
 // Greedy continuation of `prompt` (every rank runs the same forward passes).
+// `align` > 1: windows of a multiple of it (the prompt's first token repeated before it when
+// shorter): MoE blocks under tp take their sequence pieces back without agreeing on uneven
+// sizes.
 std::string sample(Llama3& model, const RecipeData& vocab, const std::string& prompt, int64_t n,
-                   int64_t seq, const at::Device& device) {
+                   int64_t seq, int64_t align, const at::Device& device) {
   c10::NoGradGuard no_grad;
   std::vector<int64_t> ids = vocab.encode(prompt);
+  const auto prompt_len = static_cast<int64_t>(ids.size());
+  while (static_cast<int64_t>(ids.size()) < align) {
+    ids.insert(ids.begin(), ids.front());
+  }
+  const auto padded = static_cast<int64_t>(ids.size()) - prompt_len;
   for (int64_t k = 0; k < n; ++k) {
-    const auto len = std::min<int64_t>(static_cast<int64_t>(ids.size()), seq);
+    auto len = std::min<int64_t>(static_cast<int64_t>(ids.size()), seq);
+    len -= len % align;
     std::vector<int64_t> window(ids.end() - len, ids.end());
     at::Tensor x = at::tensor(window, at::kLong).view({1, len}).to(device);
     at::Tensor last =
         full_logits(dtensor::call(model, x))[0][len - 1].narrow(0, 0, vocab.vocab_size());
     ids.push_back(last.argmax().item<int64_t>());
   }
+  ids.erase(ids.begin(), ids.begin() + padded);
   return vocab.decode(ids);
 }
 
@@ -229,7 +239,7 @@ struct Loop {
       loss.backward();
     }
     phase("optimizer");
-    at::Tensor norm = clip_grad_norm_(params, f.max_norm);
+    at::Tensor norm = clip_grad_norm_by_root(params, f.max_norm, {}); // [Note] recipe_model.h
     optimizer_step();
     if (f.float8_all_gather) { // the next step's scales: one all-reduce (docs/float8.md)
       precompute_float8_dynamic_scale_for_fsdp(*model);
@@ -571,7 +581,10 @@ int run_llama(int argc, char** argv) {
     cp->set_enabled(false); // generation: every cp rank runs the whole growing sequence
   }
   // Under --pp no rank holds the whole model: no sample (a pipelined forward is not wired up).
-  const std::string text = pipeline ? "" : sample(model, data, data.from_files() ? "The " : "It was the ", 24, f.seq, device);
+  const std::string text =
+      pipeline ? ""
+               : sample(model, data, data.from_files() ? "The " : "It was the ", 24, f.seq,
+                        args.moe() ? f.mesh[2] : 1, device);
   if (!f.export_hf.empty()) {
     models::export_hf(model, f.export_hf);
   }

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include <dtensor/activation_checkpoint.h>
+#include <dtensor/clip_grad.h>
+#include <dtensor/dtensor.h>
 
 #include <models/llama3.h>
 
@@ -109,6 +111,59 @@ inline std::optional<ActivationCheckpointOptions> ac_options(const std::string& 
                        "aten::_scaled_dot_product_efficient_attention"}));
   }
   return o;
+}
+
+// Which norm a parameter's gradient joins: its mesh's root, or a mesh with a flattened
+// dimension (MoE units under tp: (dp_replicate, dp_shard_tp)) on its own.
+inline DeviceMesh norm_group(const at::Tensor& p) {
+  if (!is_dtensor(p)) {
+    return DeviceMesh();
+  }
+  const DeviceMesh& mesh = DTensor(p).device_mesh();
+  const DeviceMesh root = mesh.root_mesh();
+  for (const std::string& name : mesh.dim_names()) {
+    const auto& names = root.dim_names();
+    if (std::find(names.begin(), names.end(), name) == names.end()) {
+      return mesh;
+    }
+  }
+  return root;
+}
+
+// [Note: clipping across mesh roots] Experts under expert parallelism live on the sparse mesh
+// (dp_replicate, efsdp, ep), another root than the dense parameters' mesh, and the MoE
+// layers' token-parallel units under tp on a flattened one; clip_grad_norm_ takes one root
+// and its dimensions. As torchtitan's _clip_grad_norm_with_ep: each root's gradient norm (one
+// all-reduce per dimension each, Replicate), combined as sqrt(sum n^2) on every rank, and every
+// gradient clipped by that total. One root: clip_grad_norm_ itself (`pipeline`: mesh["pp"]).
+inline at::Tensor clip_grad_norm_by_root(const std::vector<at::Tensor>& params, double max_norm,
+                                         const DeviceMesh& pipeline) {
+  std::vector<DeviceMesh> roots;
+  std::vector<std::vector<at::Tensor>> grads;
+  for (const at::Tensor& p : params) {
+    const DeviceMesh root = norm_group(p);
+    auto it = std::find(roots.begin(), roots.end(), root);
+    if (it == roots.end()) {
+      roots.push_back(root);
+      grads.emplace_back();
+      it = roots.end() - 1;
+    }
+    if (p.grad().defined()) {
+      grads[static_cast<size_t>(it - roots.begin())].push_back(p.grad());
+    }
+  }
+  if (roots.size() <= 1) {
+    return clip_grad_norm_(params, max_norm, 2.0, false, pipeline);
+  }
+  at::Tensor squares = at::zeros({}, at::kFloat);
+  for (const auto& g : grads) {
+    at::Tensor n = get_total_norm(g, 2.0, false, pipeline);
+    n = is_dtensor(n) ? DTensor(n).to_local() : n;
+    squares = squares.to(n.device()) + n.to(at::kFloat).square();
+  }
+  at::Tensor total = squares.sqrt();
+  clip_grads_with_norm_(params, max_norm, total);
+  return total;
 }
 
 } // namespace dtensor::train
