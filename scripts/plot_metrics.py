@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The main job's loss curve: reads the metrics file examples/train writes (JSON lines, one
-object per step) and draws loss and tokens/s against the step into a PNG.
+object per step) and draws the training loss, the validation loss (the steps that have one,
+--val-every) and tokens/s against the step into a PNG.
 
 usage: plot_metrics.py METRICS.jsonl OUT.png
 """
@@ -20,7 +21,12 @@ def main():
         raise SystemExit(f"plot_metrics: {metrics} holds no steps")
     steps = [r["step"] for r in rows]
     fig, loss_ax = plt.subplots(figsize=(7, 4))
-    loss_ax.plot(steps, [r["loss"] for r in rows], color="tab:blue", label="loss")
+    loss_ax.plot(steps, [r["loss"] for r in rows], color="tab:blue", label="training loss")
+    val = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
+    if val:
+        loss_ax.plot([s for s, _ in val], [v for _, v in val], color="tab:orange", marker="o",
+                     label="validation loss (held-out documents)")
+        loss_ax.legend(loc="upper right")
     loss_ax.set_xlabel("step")
     loss_ax.set_ylabel("loss (cross-entropy)", color="tab:blue")
     speed_ax = loss_ax.twinx()
