@@ -366,7 +366,10 @@ namespace {
 // The checks every mesh's layout passes: its device type, shape and names.
 void check_layout(const std::string& what, c10::DeviceType device_type,
                   const std::vector<int64_t>& shape, const std::vector<std::string>& dim_names) {
-  DTENSOR_CHECK(device_type == c10::DeviceType::CPU || device_type == c10::DeviceType::CUDA,
+  // A simulated world's meshes are on its device; a mesh made from one (another mesh's
+  // device_type(), as expert parallelism's sparse mesh) names it.
+  DTENSOR_CHECK(device_type == c10::DeviceType::CPU || device_type == c10::DeviceType::CUDA ||
+                    (device_type == detail::kSimulatedDevice && is_simulated()),
                 "{}: device type must be cpu or cuda", what);
   DTENSOR_CHECK(!shape.empty(), "{}: the mesh needs at least one dimension", what);
   for (int64_t s : shape) {

@@ -87,7 +87,11 @@ struct TokenChoiceTopKRouterImpl : torch::nn::Module {
   }
   std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& x,
                                                          const at::Tensor& expert_bias) {
-    at::Tensor logits = at::linear(x.to(at::kFloat), gate->weight.to(at::kFloat));
+    // The gate in float32, from the weight as the forward sees it: a copy even when the
+    // weight is float32 already, so that under fully_shard's mixed precision it is the
+    // unsharded parameter's (bf16) values upcast, as FSDP2 computes it (a no-op .to would
+    // hand the op the bf16 weight beside a float32 input).
+    at::Tensor logits = at::linear(x.to(at::kFloat), gate->weight.to(at::kFloat, false, true));
     at::Tensor scores =
         args.score_func() == MoEScore::Softmax ? at::softmax(logits, -1) : at::sigmoid(logits);
     at::Tensor choice = expert_bias.defined() ? scores.detach() + expert_bias : scores.detach();

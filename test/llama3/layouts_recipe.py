@@ -16,7 +16,8 @@ hash of each row at its global index). Over 40 steps the loss must fall (the las
 mean below 0.85 of the first 5's) and the validation loss too (step 39's below step 19's).
 Then the pp run's step-20 checkpoint is resumed on 4 ranks as dp_shard 4 (another mesh, other
 data-parallel splits): steps 20-22 must load the same global batches, token for token (equal
-digests), and their losses equal the pp run's within 1e-4.
+digests), and their losses equal the pp run's within 1e-4. Last, the MoE model in bf16 mixed
+precision for 3 steps on dp_shard 4 x tp 2 with ep 4 against one rank, within 1e-3.
 """
 import json
 import math
@@ -91,6 +92,16 @@ def main():
         runs[label] = got
         ok = check_first_steps(label, got, judge) and ok
         ok = check_falls(label, got) and ok
+    # The MoE model under fully_shard's mixed precision (bf16 parameters, fp32 reductions; the
+    # router's gate upcast to fp32 from the unsharded bf16 weight): 8 ranks against 1.
+    bf16 = [f for f in moe_flags] + ["--precision", "bf16"]
+    moe_bf16_1 = run(1, bf16, 3)
+    moe_bf16_8 = run(8, bf16 + ["--mesh", "1x4x2", "--ep", "4"], 3)
+    for a, b in zip(moe_bf16_8, moe_bf16_1):
+        close = abs(a["loss"] - b["loss"]) <= 1e-3 * abs(b["loss"])
+        print(f"deepseek-v3 bf16, dp_shard4 x tp2 ep4, step {a['step']}: loss {a['loss']:.5f} "
+              f"against one rank's {b['loss']:.5f}{'' if close else '  FAIL'}")
+        ok = ok and close and len(moe_bf16_8) == 3
     # Resumed on another mesh: the same next batches, token for token.
     pp = runs[layouts[0][0]]
     resumed = run(4, ["--mesh", "1x4x1", "--resume", os.path.join(ckpt, "step-20")], 23)

@@ -150,22 +150,36 @@ void substitute_unsharded(const OpArgs& args, const Touches& t, const std::strin
 // [Note: no input casting] (fully_shard.h): with mp_policy.param_dtype, floating inputs must
 // already be in it. Forward only: backward's arguments come from autograd, and some are
 // rightly in another dtype (CUDA's layer norm saves its mean and rstd in float32 for a
-// bfloat16 input; CPU's in the input's dtype: seen on a GPU, docs/testing.md).
-void check_input_dtypes(const OpArgs& args, const FSDPParamGroup& group, const std::string& name) {
+// bfloat16 input; CPU's in the input's dtype: seen on a GPU, docs/testing.md). The dtype is
+// the one the op sees the unit's parameter in: param_dtype, unless the module cast it itself
+// (an MoE router's gate in float32, as Hugging Face's and torchtitan's routers compute their
+// scores): then its inputs must be in that dtype.
+void check_input_dtypes(const OpArgs& args, const Touches& t, const std::string& name) {
+  const FSDPParamGroup& group = *t.touches.front().group;
   if (group.param_dtype == group.orig_dtype || in_backward()) {
     return;
+  }
+  c10::ScalarType want = group.param_dtype;
+  const Touch& first = t.touches.front();
+  if (first.element < 0 && args[first.arg].isTensor() && args[first.arg].toTensor().defined() &&
+      args[first.arg].toTensor().is_floating_point()) {
+    want = args[first.arg].toTensor().scalar_type();
   }
   for (size_t i = 0; i < args.count; ++i) {
     const c10::IValue& v = args[i];
     if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_floating_point() &&
         v.toTensor().dim() > 0) {
       DTENSOR_CHECK(
-          v.toTensor().scalar_type() == group.param_dtype,
-          "{}: argument {} '{}' is {} but unit '{}' runs in mp_policy.param_dtype {}; "
+          v.toTensor().scalar_type() == want,
+          "{}: argument {} '{}' is {} but unit '{}' runs in mp_policy.param_dtype {}{}; "
           "call the module through dtensor::call, whose fully_shard hooks cast its inputs "
           "(FSDP2's cast_forward_inputs), or cast them to {} (module->forward runs no hooks)",
           name, i, args.name_of(i), c10::toString(v.toTensor().scalar_type()), group.name,
-          c10::toString(group.param_dtype), c10::toString(group.param_dtype));
+          c10::toString(group.param_dtype),
+          want == group.param_dtype
+              ? std::string()
+              : fmt::format(" (its parameter cast to {} here)", c10::toString(want)),
+          c10::toString(want));
     }
   }
 }
@@ -225,7 +239,7 @@ bool fsdp_intercept(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     return false;
   }
   substitute_unsharded(args, t, name);
-  check_input_dtypes(args, *t.touches.front().group, name);
+  check_input_dtypes(args, t, name);
   op.callBoxed(*stack);
   tag_view_outputs(op, stack, t);
   return true;

@@ -96,11 +96,12 @@ at::Tensor encode_shape(const StageShape& s) {
     v[kPlacementsAt + 2 * static_cast<int64_t>(i)] = kind;
     v[kPlacementsAt + 2 * static_cast<int64_t>(i) + 1] = arg;
   }
-  return t;
+  return t.to(default_device()); // [Note: pipeline buffers on the rank's device]
 }
 
-StageShape decode_shape(const at::Tensor& t) {
+StageShape decode_shape(const at::Tensor& wire) {
   StageShape s;
+  const at::Tensor t = wire.cpu();
   auto v = t.accessor<int64_t, 1>();
   s.dtype = static_cast<at::ScalarType>(v[1]);
   s.dtensor = v[2] != 0;

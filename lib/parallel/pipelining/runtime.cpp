@@ -48,10 +48,14 @@ void PipelineSchedule::Impl::find_shapes() {
     } else if (is_local(s - 1)) {
       x = out.at(s - 1);
     } else {
-      at::Tensor meta = at::empty({detail::kShapeMetaLen}, at::kLong);
+      // [Note: pipeline buffers on the rank's device] What a pipeline rank receives lands
+      // on default_device(): cuda:LOCAL_RANK under NCCL (which moves device memory only), the
+      // CPU under Gloo, the simulated device in a simulated world.
+      at::Tensor meta =
+          at::empty({detail::kShapeMetaLen}, at::dtype(at::kLong).device(default_device()));
       dtensor::recv(meta, placement[s - 1], group, kMetaTag + s);
       const Shape in = detail::decode_shape(meta);
-      x = detail::from_wire(at::zeros(in.sizes, at::TensorOptions().dtype(in.dtype)), in,
+      x = detail::from_wire(at::zeros(in.sizes, at::dtype(in.dtype).device(default_device())), in,
                             stage.mesh, fmt::format("stage {}", s));
     }
     in_shape[s] = detail::shape_of(x);

@@ -65,7 +65,8 @@ at::Tensor PipelineSchedule::Impl::recv_buffer(const Shape& shape) {
       return t; // its storage's other owners are gone: reused ([Note: receive buffers])
     }
   }
-  recv_pool.push_back(at::empty(shape.sizes, at::TensorOptions().dtype(shape.dtype)));
+  // [Note: pipeline buffers on the rank's device] (runtime.cpp).
+  recv_pool.push_back(at::empty(shape.sizes, at::dtype(shape.dtype).device(default_device())));
   return recv_pool.back();
 }
 
