@@ -55,7 +55,19 @@ struct SimFlags {
   int64_t jobs = std::max<int64_t>(1, std::thread::hardware_concurrency());
   TimeModelOptions time;
   std::vector<std::string> passed; // to the simulated ranks
+  // Read from the passed flags: the recipe's pipeline and context-parallel degrees.
+  int64_t pp = 1, cp = 1;
 };
+
+// The value after `name` in the passed flags ("" when absent).
+std::string passed_value(const std::vector<std::string>& passed, const std::string& name) {
+  for (size_t i = 0; i + 1 < passed.size(); ++i) {
+    if (passed[i] == name) {
+      return passed[i + 1];
+    }
+  }
+  return "";
+}
 
 [[noreturn]] void sim_usage(const std::string& why) {
   std::fprintf(stderr, "train --simulate: %s (train --simulate 1 --help lists the flags)\n",
@@ -102,23 +114,42 @@ SimFlags parse_sim(int argc, char** argv) {
   if (f.world < 1) {
     sim_usage("--simulate takes the world size, at least 1");
   }
-  if (std::find(f.passed.begin(), f.passed.end(), "--cp") != f.passed.end()) {
-    // The recipe itself simulates --cp (DTENSOR_SIMULATE=WORLD:RANK train ... --cp N); the
-    // driver's meshes, samples and time model have no cp dimension yet.
-    sim_usage("--cp is simulated rank by rank (DTENSOR_SIMULATE=WORLD:RANK train ... --cp N), "
-              "not by the driver yet");
+  if (!passed_value(f.passed, "--ep").empty() && passed_value(f.passed, "--ep") != "1") {
+    // Expert parallelism sizes its all-to-alls from the token counts each rank routes, values
+    // a simulated rank does not have (its tensors hold shapes only).
+    sim_usage("--ep is not simulated yet: the all-to-alls' sizes are the routed token counts, "
+              "which a simulated rank (shapes, no values) does not have");
   }
+  for (const char* name : {"--pp", "--cp"}) {
+    const std::string v = passed_value(f.passed, name);
+    (std::string(name) == "--pp" ? f.pp : f.cp) = v.empty() ? 1 : FlagTable::parse_int(v);
+  }
+  if (f.pp > 1) {
+    // [Note: pipeline stages are not simulated yet] A later stage's rank learns its input's
+    // shape from the previous stage's rank at the first step (the schedule's shape exchange),
+    // and a simulated world runs one rank alone: nothing arrives. The recipe's --cp and --ep
+    // are simulated.
+    sim_usage("--pp is not simulated yet: a later pipeline stage learns its input's shape from "
+              "the previous stage's rank, which a simulated rank does not have");
+  }
+  if (f.pp < 1 || f.cp < 1 || f.world % (f.pp * f.cp) != 0) {
+    sim_usage("--pp " + std::to_string(f.pp) + " x --cp " + std::to_string(f.cp) +
+              " does not divide the " + std::to_string(f.world) + " ranks");
+  }
+  const int64_t rest = f.world / (f.pp * f.cp); // dp_replicate x dp_shard x tp
   if (meshes.empty()) { // torchtitan's usual layout: tp within a node of 8, dp_shard across
-    const int64_t tp = std::gcd(f.world, int64_t{8});
-    meshes = "1x" + std::to_string(f.world / tp) + "x" + std::to_string(tp);
+    const int64_t tp = std::gcd(rest, int64_t{8});
+    meshes = "1x" + std::to_string(rest / tp) + "x" + std::to_string(tp);
   }
   std::stringstream in(meshes);
   std::string one;
   while (std::getline(in, one, ',')) {
     f.meshes.push_back(mesh_of(one));
     const auto& m = f.meshes.back();
-    if (m[0] * m[1] * m[2] != f.world) {
-      sim_usage("--mesh " + one + " does not cover the " + std::to_string(f.world) + " ranks");
+    if (m[0] * m[1] * m[2] * f.pp * f.cp != f.world) {
+      sim_usage("--mesh " + one + " with --pp " + std::to_string(f.pp) + " and --cp " +
+                std::to_string(f.cp) + " does not cover the " + std::to_string(f.world) +
+                " ranks");
     }
   }
   return f;
@@ -309,6 +340,17 @@ void draw_chart(const std::string& out) {
               out.c_str(), out.c_str());
 }
 
+// The recipe's whole mesh: (pp, dp_replicate, dp_shard, tp) or (dp_replicate, dp_shard, cp, tp).
+std::vector<int64_t> world_shape(const SimFlags& f, const std::vector<int64_t>& mesh) {
+  if (f.pp > 1) {
+    return {f.pp, mesh[0], mesh[1], mesh[2]};
+  }
+  if (f.cp > 1) {
+    return {mesh[0], mesh[1], f.cp, mesh[2]};
+  }
+  return mesh;
+}
+
 } // namespace
 
 int run_simulate(int argc, char** argv) {
@@ -325,7 +367,8 @@ int run_simulate(int argc, char** argv) {
                         {"meshes", nlohmann::json::array()}};
   bool consistent = true;
   for (const auto& mesh : f.meshes) {
-    const auto ranks = ranks_to_simulate(mesh, f.sample, /*seed=*/static_cast<uint64_t>(f.world));
+    const auto ranks =
+        ranks_to_simulate(world_shape(f, mesh), f.sample, /*seed=*/static_cast<uint64_t>(f.world));
     const std::string dir = f.out + "/" + mesh_name(mesh);
     const auto reports = simulate_ranks(self, f, mesh, ranks, dir);
     const auto mismatches = check_plan(reports);
