@@ -7,8 +7,8 @@ with their ratios (the goal: tok/s within 25%, memory within 10%).
 usage: simulate_published.py TRAIN [OUTDIR]
 Rows (the notes' parallelism anchors): Llama 3.1 8B on 8 H100s with FSDP x CP = 8x1, 4x2, 2x4,
 1x8 at 32k-256k tokens (batch 1, full AC; published with torch.compile and float8), and the
-405B rows on 512 H100s (FSDP 8 x TP 8 x PP 8, 1F1B and Interleaved 1F1B), which need the
-pipeline in the planner (not yet: the row says so).
+405B rows on 512 H100s (FSDP 8 x TP 8 x PP 8, 1F1B and Interleaved 1F1B, 32 sequences of
+8192 per data-parallel rank in microbatches of one, full AC).
 """
 import json
 import os
@@ -22,9 +22,11 @@ ROWS = [
     ("8B FSDP4 CP2 64k", 8, "1x4x1", ["--cp", "2", "--seq", "65536"], 2540, 84.2),
     ("8B FSDP2 CP4 128k", 8, "1x2x1", ["--cp", "4", "--seq", "131072"], 1071, 84.0),
     ("8B FSDP1 CP8 256k", 8, "1x1x1", ["--cp", "8", "--seq", "262144"], 548, 84.5),
-    ("405B FSDP8 TP8 PP8 1F1B", 512, "1x8x8", ["--pp", "8", "--pp-schedule", "1F1B"], 100, 82.5),
+    # batch 32 per data-parallel rank (256 in all), microbatches of one sequence
+    ("405B FSDP8 TP8 PP8 1F1B", 512, "1x8x8",
+     ["--pp", "8", "--pp-schedule", "1F1B", "--microbatches", "32"], 100, 82.5),
     ("405B FSDP8 TP8 PP8 Interleaved 1F1B", 512, "1x8x8",
-     ["--pp", "8", "--pp-schedule", "Interleaved1F1B"], 128, 72.7),
+     ["--pp", "8", "--pp-schedule", "Interleaved1F1B", "--microbatches", "32"], 128, 72.7),
 ]
 
 
@@ -33,7 +35,7 @@ def plan(train, out, label, world, mesh, extra):
     d = os.path.join(out, label.replace(" ", "_"))
     dims = [int(x) for x in mesh.split("x")]
     # torchtitan's batch is per data-parallel rank (local_batch_size); ours is global.
-    batch = (1 if model == "llama3-8b" else 8) * dims[0] * dims[1]
+    batch = (1 if model == "llama3-8b" else 32) * dims[0] * dims[1]
     args = [train, "--simulate", str(world), "--mesh", mesh, "--model", model, "--batch",
             str(batch), "--ac", "full", "--out", d, *extra]
     p = subprocess.run(args, capture_output=True, text=True)

@@ -35,6 +35,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <dtensor/pipeline_schedule.h>
 #include <dtensor/simulate.h>
 
 #include "common.h"
@@ -55,8 +56,10 @@ struct SimFlags {
   int64_t jobs = std::max<int64_t>(1, std::thread::hardware_concurrency());
   TimeModelOptions time;
   std::vector<std::string> passed; // to the simulated ranks
-  // Read from the passed flags: the recipe's pipeline and context-parallel degrees.
-  int64_t pp = 1, cp = 1;
+  // Read from the passed flags: the recipe's pipeline and context-parallel degrees, the
+  // schedule and its microbatches (pipeline_microbatches' default: 2 x pp).
+  int64_t pp = 1, cp = 1, microbatches = 0;
+  std::string pp_schedule = "1F1B";
 };
 
 // The value after `name` in the passed flags ("" when absent).
@@ -124,13 +127,10 @@ SimFlags parse_sim(int argc, char** argv) {
     const std::string v = passed_value(f.passed, name);
     (std::string(name) == "--pp" ? f.pp : f.cp) = v.empty() ? 1 : FlagTable::parse_int(v);
   }
-  if (f.pp > 1) {
-    // [Note: pipeline stages are not simulated yet] A later stage's rank learns its input's
-    // shape from the previous stage's rank at the first step (the schedule's shape exchange),
-    // and a simulated world runs one rank alone: nothing arrives. The recipe's --cp and --ep
-    // are simulated.
-    sim_usage("--pp is not simulated yet: a later pipeline stage learns its input's shape from "
-              "the previous stage's rank, which a simulated rank does not have");
+  const std::string micro = passed_value(f.passed, "--microbatches");
+  f.microbatches = micro.empty() ? 0 : FlagTable::parse_int(micro);
+  if (!passed_value(f.passed, "--pp-schedule").empty()) {
+    f.pp_schedule = passed_value(f.passed, "--pp-schedule");
   }
   if (f.pp < 1 || f.cp < 1 || f.world % (f.pp * f.cp) != 0) {
     sim_usage("--pp " + std::to_string(f.pp) + " x --cp " + std::to_string(f.cp) +
@@ -169,6 +169,9 @@ pid_t spawn_rank(const std::string& self, const SimFlags& f, const std::vector<i
   std::vector<std::string> env{
       "DTENSOR_SIMULATE=" + std::to_string(f.world) + ":" + std::to_string(rank),
       "DTENSOR_SIMULATE_NODE=" + std::to_string(f.time.ranks_per_node()), "OMP_NUM_THREADS=1"};
+  if (f.pp > 1) { // [Note: shapes across simulated stages] (lib/mesh/backend_fake.cpp)
+    env.push_back("DTENSOR_SIMULATE_P2P=" + dir + "/p2p");
+  }
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string var(*e);
     if (var.rfind("DTENSOR_SIMULATE", 0) != 0 && var.rfind("OMP_NUM_THREADS=", 0) != 0) {
@@ -207,7 +210,9 @@ std::vector<RankReport> simulate_ranks(const std::string& self, const SimFlags& 
   std::map<pid_t, int> running;
   size_t next = 0;
   while (next < ranks.size() || !running.empty()) {
-    while (next < ranks.size() && static_cast<int64_t>(running.size()) < f.jobs) {
+    // Under --pp every rank at once: a later stage's rank waits for an earlier one's shapes.
+    while (next < ranks.size() &&
+           (f.pp > 1 || static_cast<int64_t>(running.size()) < f.jobs)) {
       running[spawn_rank(self, f, mesh, ranks[next], dir)] = ranks[next];
       ++next;
     }
@@ -324,6 +329,14 @@ void print_summary(const nlohmann::json& s, int64_t world) {
                 p["async_comm_s"].get<double>());
   }
   std::printf(" ), %.0f tokens/s per GPU\n", t["tokens_per_s_per_gpu"].get<double>());
+  if (s.contains("pipeline")) {
+    const auto& p = s["pipeline"];
+    std::printf("  pipeline: %s, %d microbatches, %d stages: bubble %.1f%% (the step above is the "
+                "rank's compute and communication, %.3f s, over 1 - bubble)\n",
+                p["schedule"].get<std::string>().c_str(), p["microbatches"].get<int>(),
+                p["stages"].get<int>(), 100.0 * p["bubble_fraction"].get<double>(),
+                t["compute_only_step_s"].get<double>());
+  }
 }
 
 // OUT/simulation.png, by scripts/plot_simulation.py with the Python the build was configured
@@ -351,6 +364,43 @@ std::vector<int64_t> world_shape(const SimFlags& f, const std::vector<int64_t>& 
   return mesh;
 }
 
+// The ranks to simulate: ranks_to_simulate's of the whole mesh and, under --pp, the first rank
+// of every stage (each later stage learns its input's shape from one of them).
+std::vector<int> plan_ranks(const SimFlags& f, const std::vector<int64_t>& mesh) {
+  std::vector<int> ranks =
+      ranks_to_simulate(world_shape(f, mesh), f.sample, /*seed=*/static_cast<uint64_t>(f.world));
+  const int64_t per_stage = f.world / f.pp;
+  for (int64_t s = 0; s < f.pp; ++s) {
+    ranks.push_back(static_cast<int>(s * per_stage));
+  }
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  return ranks;
+}
+
+// [Note: the pipeline's bubble in the plan] A simulated pipeline rank reports the compute of
+// its own stages' forwards and backwards, every microbatch, not the time it waits for the
+// other stages. The schedule simulator times the recipe's schedule (the same
+// generate_schedule) with each forward one unit and each backward two: the step is the
+// rank's predicted time scaled by makespan / its busy time, i.e. divided by (1 - bubble).
+void add_pipeline_bubble(const SimFlags& f, nlohmann::json& s) {
+  const ScheduleKind kind = schedule_kind(f.pp_schedule);
+  const int per_rank = is_single_stage(kind) ? 1 : 2;
+  const int micro = static_cast<int>(f.microbatches > 0 ? f.microbatches : 2 * f.pp);
+  const PipelineOrder order = generate_schedule(kind, static_cast<int>(f.pp), micro, per_rank);
+  const ScheduleTimeline t =
+      simulate_schedule(order, static_cast<int>(f.pp) * per_rank, ScheduleCosts());
+  const double busy = *std::max_element(t.busy.begin(), t.busy.end());
+  const double scale = t.makespan / busy;
+  auto& time = s["time"];
+  time["compute_only_step_s"] = time["step_s"];
+  time["step_s"] = time["step_s"].get<double>() * scale;
+  time["tokens_per_s_per_gpu"] = time["tokens_per_s_per_gpu"].get<double>() / scale;
+  s["pipeline"] = {{"schedule", f.pp_schedule},   {"microbatches", micro},
+                   {"stages", f.pp * per_rank},    {"bubble_fraction", t.bubble_fraction},
+                   {"makespan_units", t.makespan}, {"step_scale", scale}};
+}
+
 } // namespace
 
 int run_simulate(int argc, char** argv) {
@@ -367,13 +417,17 @@ int run_simulate(int argc, char** argv) {
                         {"meshes", nlohmann::json::array()}};
   bool consistent = true;
   for (const auto& mesh : f.meshes) {
-    const auto ranks =
-        ranks_to_simulate(world_shape(f, mesh), f.sample, /*seed=*/static_cast<uint64_t>(f.world));
+    const auto ranks = plan_ranks(f, mesh);
     const std::string dir = f.out + "/" + mesh_name(mesh);
+    std::filesystem::remove_all(dir + "/p2p"); // shapes of an earlier plan
+    std::filesystem::create_directories(dir + "/p2p");
     const auto reports = simulate_ranks(self, f, mesh, ranks, dir);
     const auto mismatches = check_plan(reports);
     consistent = consistent && mismatches.empty();
     all["meshes"].push_back(summarize(mesh, reports, mismatches, f.time));
+    if (f.pp > 1) {
+      add_pipeline_bubble(f, all["meshes"].back());
+    }
     print_summary(all["meshes"].back(), f.world);
   }
   write_output(f.out + "/simulation.json", all.dump(2) + "\n");

@@ -1,8 +1,18 @@
 // The simulated world's c10d backend ([Note: the fake backend]).
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include "internal/check.h"
 #include "mesh/process_group_state.h"
 
 namespace dtensor::detail {
@@ -44,6 +54,51 @@ void reduce_uniform(at::Tensor& t, const c10d::ReduceOp& op, int size) {
   } else if (op == c10d::ReduceOp::PRODUCT) {
     t.pow_(size);
   } // AVG, MIN, MAX, bitwise ops of equal values: the value itself
+}
+
+// [Note: shapes across simulated stages] A pipeline stage on another rank tells its
+// successor the shape of what it sends, in a small host tensor, at the first step. A simulated
+// world runs each rank as a process of its own, so under DTENSOR_SIMULATE_P2P=DIR (set by
+// `train --simulate` for pipelined plans) a host tensor sent with tag T is written to DIR/tagT
+// (the first sender's; every rank of a stage boundary sends the same shape), and a receive
+// with tag T waits for that file. The driver makes sure a rank of every stage is simulated and
+// runs them all at once. Device tensors (the activations themselves) move nothing, as before.
+std::string fake_p2p_dir() {
+  const char* dir = std::getenv("DTENSOR_SIMULATE_P2P");
+  return dir == nullptr ? "" : dir;
+}
+
+void fake_publish(const std::string& dir, int tag, const at::Tensor& t) {
+  const std::filesystem::path path = std::filesystem::path(dir) / ("tag" + std::to_string(tag));
+  if (std::filesystem::exists(path)) {
+    return;
+  }
+  const at::Tensor c = t.contiguous();
+  const std::string tmp = path.string() + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
+  }
+  std::filesystem::rename(tmp, path); // whole or absent for a reader
+}
+
+void fake_take(const std::string& dir, int tag, at::Tensor& t) {
+  const std::filesystem::path path = std::filesystem::path(dir) / ("tag" + std::to_string(tag));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(10);
+  while (!std::filesystem::exists(path)) {
+    DTENSOR_CHECK(std::chrono::steady_clock::now() < deadline,
+                  "simulated receive with tag {}: nothing in {} after 10 minutes (no simulated "
+                  "rank sent it)",
+                  tag, dir);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  at::Tensor c = at::empty_like(t).contiguous();
+  std::ifstream in(path, std::ios::binary);
+  in.read(static_cast<char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
+  DTENSOR_CHECK(in.gcount() == static_cast<std::streamsize>(c.nbytes()),
+                "simulated receive with tag {}: {} holds {} bytes, {} expected", tag,
+                path.string(), in.gcount(), c.nbytes());
+  t.copy_(c);
 }
 
 class FakeBackend : public c10d::Backend {
@@ -115,14 +170,29 @@ class FakeBackend : public c10d::Backend {
     return done();
   }
 
-  // Point-to-point between identical simulated ranks: the receiving buffer keeps its values.
-  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& /*tensors*/, int /*dst*/,
-                                      int /*tag*/) override {
+  // Point-to-point between identical simulated ranks: the receiving buffer keeps its values,
+  // but for host tensors under DTENSOR_SIMULATE_P2P ([Note: shapes across simulated stages]).
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int /*dst*/,
+                                      int tag) override {
+    if (const std::string dir = fake_p2p_dir(); !dir.empty()) {
+      for (const at::Tensor& t : tensors) {
+        if (has_values(t)) {
+          fake_publish(dir, tag, t);
+        }
+      }
+    }
     return done();
   }
 
-  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& /*tensors*/, int /*src*/,
-                                      int /*tag*/) override {
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int /*src*/,
+                                      int tag) override {
+    if (const std::string dir = fake_p2p_dir(); !dir.empty()) {
+      for (at::Tensor& t : tensors) {
+        if (has_values(t)) {
+          fake_take(dir, tag, t);
+        }
+      }
+    }
     return done();
   }
 

@@ -96,7 +96,11 @@ at::Tensor encode_shape(const StageShape& s) {
     v[kPlacementsAt + 2 * static_cast<int64_t>(i)] = kind;
     v[kPlacementsAt + 2 * static_cast<int64_t>(i) + 1] = arg;
   }
-  return t.to(default_device()); // [Note: pipeline buffers on the rank's device]
+  return t.to(shape_message_device());
+}
+
+c10::Device shape_message_device() {
+  return is_simulated() ? c10::Device(c10::kCPU) : default_device();
 }
 
 StageShape decode_shape(const at::Tensor& wire) {

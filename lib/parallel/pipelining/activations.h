@@ -28,6 +28,10 @@ StageShape shape_of(const at::Tensor& t);
 // A fixed-length int64 tensor holding a StageShape, and back (the first step's exchange).
 constexpr int64_t kShapeMetaLen = 40;
 at::Tensor encode_shape(const StageShape& s);
+// Where a shape message lives ([Note: pipeline buffers on the rank's device]): the rank's
+// device, but the host in a simulated world, whose fake backend carries host values only
+// ([Note: shapes across simulated stages] in lib/mesh/backend_fake.cpp).
+c10::Device shape_message_device();
 StageShape decode_shape(const at::Tensor& t);
 
 // What a transfer of `t` carries: a DTensor's local tensor, else `t` (contiguous, detached).

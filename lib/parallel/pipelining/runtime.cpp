@@ -50,9 +50,10 @@ void PipelineSchedule::Impl::find_shapes() {
     } else {
       // [Note: pipeline buffers on the rank's device] What a pipeline rank receives lands
       // on default_device(): cuda:LOCAL_RANK under NCCL (which moves device memory only), the
-      // CPU under Gloo, the simulated device in a simulated world.
-      at::Tensor meta =
-          at::empty({detail::kShapeMetaLen}, at::dtype(at::kLong).device(default_device()));
+      // CPU under Gloo, the simulated device in a simulated world (shape messages excepted:
+      // detail::shape_message_device()).
+      at::Tensor meta = at::empty({detail::kShapeMetaLen},
+                                  at::dtype(at::kLong).device(detail::shape_message_device()));
       dtensor::recv(meta, placement[s - 1], group, kMetaTag + s);
       const Shape in = detail::decode_shape(meta);
       x = detail::from_wire(at::zeros(in.sizes, at::dtype(in.dtype).device(default_device())), in,
