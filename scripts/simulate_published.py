@@ -4,7 +4,7 @@
 and prints a Markdown table: predicted and published tokens/s per GPU and memory per GPU,
 with their ratios (the goal: tok/s within 25%, memory within 10%).
 
-usage: simulate_published.py TRAIN [OUTDIR]
+usage: simulate_published.py TRAIN [OUTDIR [ROW_PREFIX]]
 Rows (the notes' parallelism anchors): Llama 3.1 8B on 8 H100s with FSDP x CP = 8x1, 4x2, 2x4,
 1x8 at 32k-256k tokens (batch 1, full AC; published with torch.compile and float8), and the
 405B rows on 512 H100s (FSDP 8 x TP 8 x PP 8, 1F1B and Interleaved 1F1B, 32 sequences of
@@ -24,9 +24,10 @@ ROWS = [
     ("8B FSDP1 CP8 256k", 8, "1x1x1", ["--cp", "8", "--seq", "262144"], 548, 84.5),
     # batch 32 per data-parallel rank (256 in all), microbatches of one sequence
     ("405B FSDP8 TP8 PP8 1F1B", 512, "1x8x8",
-     ["--pp", "8", "--pp-schedule", "1F1B", "--microbatches", "32"], 100, 82.5),
+     ["--pp", "8", "--pp-schedule", "1F1B", "--microbatches", "32", "--seq", "8192"], 100, 82.5),
     ("405B FSDP8 TP8 PP8 Interleaved 1F1B", 512, "1x8x8",
-     ["--pp", "8", "--pp-schedule", "Interleaved1F1B", "--microbatches", "32"], 128, 72.7),
+     ["--pp", "8", "--pp-schedule", "Interleaved1F1B", "--microbatches", "32", "--seq", "8192"],
+     128, 72.7),
 ]
 
 
@@ -48,9 +49,12 @@ def plan(train, out, label, world, mesh, extra):
 def main():
     train = sys.argv[1]
     out = sys.argv[2] if len(sys.argv) > 2 else "train-out/published"
+    only = sys.argv[3] if len(sys.argv) > 3 else ""  # a label prefix: those rows alone
     print("| row | tok/s/GPU planned | published | ratio | GiB planned | published | ratio |")
     print("|---|---|---|---|---|---|---|")
     for label, world, mesh, extra, tps, gib in ROWS:
+        if not label.startswith(only):
+            continue
         got, why = plan(train, out, label, world, mesh, extra)
         if got is None:
             print(f"| {label} | not planned: {why} | {tps} | | | {gib} | |")

@@ -320,6 +320,30 @@ TEST_CASE("activation checkpointing: CheckpointWrapper in a Sequential",
   }
 }
 
+// Guards [Note: the call's state holds no output] (dtensor/module_hooks.h): a module
+// checkpointed through checkpoint_module and called through dtensor::call keeps nothing of a
+// step once its graph is gone: the input it saved is released after backward and when the
+// graph is dropped without one (the cycle through the recompute function leaked both, every
+// call: the recipe's resident memory grew by the blocks' inputs every step).
+TEST_CASE("activation checkpointing: a checkpointed call keeps nothing once its graph is gone",
+          "[activation_checkpoint][world1]") {
+  SmallBlock block;
+  dtensor::checkpoint_module(*block);
+  auto x = torch::randn({4, 8}, torch::requires_grad());
+  const auto baseline = x.use_count();
+  {
+    at::Tensor y = dtensor::call(block, x);
+    CHECK(x.use_count() > baseline); // saved for the recompute
+    y.pow(2).sum().backward();
+  }
+  CHECK(x.use_count() == baseline);
+  {
+    at::Tensor y = dtensor::call(block, x); // dropped without a backward
+  }
+  CHECK(x.use_count() == baseline);
+  CHECK(x.grad().defined());
+}
+
 TEST_CASE("activation checkpointing: errors name what is wrong",
           "[activation_checkpoint][world1]") {
   auto w = torch::randn({4, 4}, torch::requires_grad());

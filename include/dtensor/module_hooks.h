@@ -199,12 +199,18 @@ auto call(M& module, Args&&... args) {
   }
   using Out = std::decay_t<decltype(impl.forward(std::forward<Args>(args)...))>;
   using Impl = std::remove_reference_t<decltype(impl)>;
+  // [Note: the call's state holds no output] `forward` may outlive the call: activation
+  // checkpointing keeps it in its autograd node to recompute in backward. The output it
+  // records is moved out before the call returns and no later run records one: an output
+  // held there would hold the node (its grad_fn), the node `forward`, a cycle that leaked
+  // every checkpointed call's saved inputs.
   struct State {
     std::tuple<std::decay_t<Args>...> args;
     std::optional<Out> out;
     std::array<size_t, sizeof...(Args)> offsets;
+    bool returned = false;
   };
-  auto state = std::make_shared<State>(State{{args...}, std::nullopt, {}});
+  auto state = std::make_shared<State>(State{{args...}, std::nullopt, {}, false});
   TensorList inputs;
   size_t arg = 0;
   std::apply(
@@ -223,12 +229,13 @@ auto call(M& module, Args&&... args) {
     }(std::index_sequence_for<Args...>{});
     TensorList flat;
     detail::flatten_into(flat, out);
-    if (!state->out) {
+    if (!state->out && !state->returned) {
       state->out.emplace(std::move(out));
     }
     return flat;
   };
   TensorList outputs = detail::run_module_call(hooks, owner, std::move(inputs), std::move(forward));
+  state->returned = true;
   if (!state->out) {
     // An around-forward hook computed the result without running forward (context
     // parallelism's attention): forward's return type must then be one a tensor list fills.
@@ -242,7 +249,9 @@ auto call(M& module, Args&&... args) {
     }
   }
   size_t at = 0;
-  return detail::rebuild(*state->out, outputs, at);
+  Out out = std::move(*state->out);
+  state->out.reset();
+  return detail::rebuild(out, outputs, at);
 }
 
 } // namespace dtensor
