@@ -375,12 +375,12 @@ struct Loop {
       }
     }
     nlohmann::json line{{"step", s},
-                              {"loss", loss},
-                              {"tokens_per_s", tokens},
-                              {"grad_norm", norm},
-                              {"step_s", secs},
-                              {"peak_resident_mib", peak.item<double>()},
-                              {"collectives", counts},
+                        {"loss", loss},
+                        {"tokens_per_s", tokens},
+                        {"grad_norm", norm},
+                        {"step_s", secs},
+                        {"peak_resident_mib", peak.item<double>()},
+                        {"collectives", counts},
                         {"collectives_by_group", groups}};
     line.update(extra);
     metrics << line.dump() << "\n";
@@ -565,11 +565,24 @@ int run_llama(int argc, char** argv) {
     Muted quiet(STDOUT_FILENO); // Gloo's connection lines, under --pp
     bias_group = pipeline ? pipeline->stage_group() : world_group();
   }
-  Loop loop{f,      mesh,    dp,   cp,
-            device, model,   pipeline ? &*pipeline : nullptr,
-            params, opt,     data,
+  Loop loop{f,
+            mesh,
+            dp,
+            cp,
+            device,
+            model,
+            pipeline ? &*pipeline : nullptr,
+            params,
+            opt,
+            data,
             bias_update ? &*bias_update : nullptr,
-            bias_group, folder, 0, 0, 0, {}, std::nullopt};
+            bias_group,
+            folder,
+            0,
+            0,
+            0,
+            {},
+            std::nullopt};
   if (rank == 0) {
     std::printf("data: %s\n", data.describe().c_str());
   }
@@ -581,10 +594,10 @@ int run_llama(int argc, char** argv) {
     cp->set_enabled(false); // generation: every cp rank runs the whole growing sequence
   }
   // Under --pp no rank holds the whole model: no sample (a pipelined forward is not wired up).
-  const std::string text =
-      pipeline ? ""
-               : sample(model, data, data.from_files() ? "The " : "It was the ", 24, f.seq,
-                        args.moe() ? f.mesh[2] : 1, device);
+  const std::string text = pipeline
+                               ? ""
+                               : sample(model, data, data.from_files() ? "The " : "It was the ", 24,
+                                        f.seq, args.moe() ? f.mesh[2] : 1, device);
   if (!f.export_hf.empty()) {
     models::export_hf(model, f.export_hf);
   }

@@ -1,6 +1,6 @@
 // The main job (scripts/demo.sh): `train [--model llama|<flavor>] [flags]` (flavors:
-// recipe_flavors() in llama_flags.h), torchtitan's Llama 3 recipe (examples/train/llama.cpp; `train --help` lists its
-// flags). `--simulate WORLD` plans the recipe on a simulated world
+// recipe_flavors() in llama_flags.h), torchtitan's Llama 3 recipe (examples/train/llama.cpp; `train
+// --help` lists its flags). `--simulate WORLD` plans the recipe on a simulated world
 // (examples/train/simulate.cpp).
 #include <algorithm>
 #include <cstdio>

@@ -117,12 +117,6 @@ SimFlags parse_sim(int argc, char** argv) {
   if (f.world < 1) {
     sim_usage("--simulate takes the world size, at least 1");
   }
-  if (!passed_value(f.passed, "--ep").empty() && passed_value(f.passed, "--ep") != "1") {
-    // Expert parallelism sizes its all-to-alls from the token counts each rank routes, values
-    // a simulated rank does not have (its tensors hold shapes only).
-    sim_usage("--ep is not simulated yet: the all-to-alls' sizes are the routed token counts, "
-              "which a simulated rank (shapes, no values) does not have");
-  }
   for (const char* name : {"--pp", "--cp"}) {
     const std::string v = passed_value(f.passed, name);
     (std::string(name) == "--pp" ? f.pp : f.cp) = v.empty() ? 1 : FlagTable::parse_int(v);
@@ -148,8 +142,7 @@ SimFlags parse_sim(int argc, char** argv) {
     const auto& m = f.meshes.back();
     if (m[0] * m[1] * m[2] * f.pp * f.cp != f.world) {
       sim_usage("--mesh " + one + " with --pp " + std::to_string(f.pp) + " and --cp " +
-                std::to_string(f.cp) + " does not cover the " + std::to_string(f.world) +
-                " ranks");
+                std::to_string(f.cp) + " does not cover the " + std::to_string(f.world) + " ranks");
     }
   }
   return f;
@@ -211,8 +204,7 @@ std::vector<RankReport> simulate_ranks(const std::string& self, const SimFlags& 
   size_t next = 0;
   while (next < ranks.size() || !running.empty()) {
     // Under --pp every rank at once: a later stage's rank waits for an earlier one's shapes.
-    while (next < ranks.size() &&
-           (f.pp > 1 || static_cast<int64_t>(running.size()) < f.jobs)) {
+    while (next < ranks.size() && (f.pp > 1 || static_cast<int64_t>(running.size()) < f.jobs)) {
       running[spawn_rank(self, f, mesh, ranks[next], dir)] = ranks[next];
       ++next;
     }
@@ -396,7 +388,7 @@ void add_pipeline_bubble(const SimFlags& f, nlohmann::json& s) {
   time["compute_only_step_s"] = time["step_s"];
   time["step_s"] = time["step_s"].get<double>() * scale;
   time["tokens_per_s_per_gpu"] = time["tokens_per_s_per_gpu"].get<double>() / scale;
-  s["pipeline"] = {{"schedule", f.pp_schedule},   {"microbatches", micro},
+  s["pipeline"] = {{"schedule", f.pp_schedule},    {"microbatches", micro},
                    {"stages", f.pp * per_rank},    {"bubble_fraction", t.bubble_fraction},
                    {"makespan_units", t.makespan}, {"step_scale", scale}};
 }

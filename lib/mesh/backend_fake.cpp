@@ -96,8 +96,8 @@ void fake_take(const std::string& dir, int tag, at::Tensor& t) {
   std::ifstream in(path, std::ios::binary);
   in.read(static_cast<char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
   DTENSOR_CHECK(in.gcount() == static_cast<std::streamsize>(c.nbytes()),
-                "simulated receive with tag {}: {} holds {} bytes, {} expected", tag,
-                path.string(), in.gcount(), c.nbytes());
+                "simulated receive with tag {}: {} holds {} bytes, {} expected", tag, path.string(),
+                in.gcount(), c.nbytes());
   t.copy_(c);
 }
 

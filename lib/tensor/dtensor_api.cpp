@@ -12,6 +12,7 @@
 
 #include "internal/check.h"
 #include "mesh/agree.h"
+#include "mesh/dispatch_keys.h"
 #include "mesh/rank_device.h"
 #include "tensor/dispatch/interceptors.h"
 #include "tensor/dtensor_impl.h"
@@ -88,6 +89,10 @@ struct FromLocalFn : torch::autograd::Function<FromLocalFn> {
 // counter, which the refill bumps ("modified by an inplace operation"). The alias follows the
 // storage (freed, then allocated again before backward uses it) without that check.
 at::Tensor fresh_alias(const at::Tensor& t) {
+  if (t.device().type() == detail::kSimulatedDevice) {
+    // A simulated tensor has no values to follow: a tensor of its geometry, its own counter.
+    return at::empty_strided(t.sizes(), t.strides(), t.options());
+  }
   at::Tensor a = at::empty({0}, t.options());
   a.set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
   return a;

@@ -102,7 +102,11 @@ struct TokenChoiceTopKRouterImpl : torch::nn::Module {
       top = top / (top.sum(-1, /*keepdim=*/true) + 1e-20);
     }
     top = top * args.route_scale();
-    at::Tensor counts = at::bincount(experts.flatten(), {}, args.num_experts());
+    // Rows per expert: a scatter into [E] (bincount's shape depends on the values, which a
+    // simulated rank does not have; this one's is [E] on any device).
+    const at::Tensor flat = experts.flatten();
+    at::Tensor counts =
+        at::zeros({args.num_experts()}, flat.options()).scatter_add_(0, flat, at::ones_like(flat));
     return {top, experts, counts};
   }
   // Experts outside a token's best num_limited_groups groups get -inf (never chosen).

@@ -23,6 +23,9 @@ usage: recipe_sim.py TORCHRUN TRAIN TORCH_ESTIMATE
    meshes, finds both plans consistent and draws the chart; `--simulate 128 --mesh 2x8x8 --sample 4` simulates
    the extremes of every mesh coordinate (computed here) and at most 4 more; the predicted
    time is consistent with its parts and tokens/s with the step's tokens.
+5. The driver with --pp 2 (a later stage's input shape through DTENSOR_SIMULATE_P2P, the bubble
+   of 1F1B with 4 microbatches on 2 stages: 1/5, the step 5/4 of the rank's own), --cp 2 and a
+   DeepSeek-V3-style MoE with --ep 8 (even routing): every plan consistent, bytes over pp, cp, ep.
 """
 import json
 import math
@@ -250,4 +253,27 @@ with tempfile.TemporaryDirectory() as tmp:
     assert ranks == sorted(set(ranks)) and extremes <= set(ranks), (ranks, extremes)
     assert 1 <= len(set(ranks) - extremes) <= 4 and all(0 <= r < 128 for r in ranks), ranks
     assert m["plan_mismatches"] == [], m
-print("recipe: simulated == real on 1, 2, 4, 8 ranks; 8B / 70B as the formulas; driver checked")
+
+    # 5. the driver with pp, cp and ep (docs/simulation.md, "Pipeline and context parallelism")
+    out = os.path.join(tmp, "drv-pp")
+    text = run([train, "--simulate", "16", "--pp", "2", "--mesh", "1x4x2", "--layers", "4",
+                "--out", out])
+    m = json.load(open(os.path.join(out, "simulation.json")))["meshes"][0]
+    assert m["plan_mismatches"] == [] and m["ranks"] == list(range(16)), m
+    p = m["pipeline"]  # 1F1B, 4 microbatches on 2 stages: bubble (p-1)/(m+p-1), step x 5/4
+    assert p["schedule"] == "1F1B" and p["microbatches"] == 4 and p["stages"] == 2, p
+    assert abs(p["bubble_fraction"] - 1 / 5) < 1e-9 and abs(p["step_scale"] - 5 / 4) < 1e-9, p
+    t = m["time"]
+    assert abs(t["step_s"] - 1.25 * t["compute_only_step_s"]) < 1e-9 * t["step_s"], t
+    assert m["bytes_by_dim"].get("pp", 0) > 0, m["bytes_by_dim"]  # the activations sent
+    out = os.path.join(tmp, "drv-cp")
+    text = run([train, "--simulate", "16", "--cp", "2", "--mesh", "1x4x2", "--out", out])
+    m = json.load(open(os.path.join(out, "simulation.json")))["meshes"][0]
+    assert m["plan_mismatches"] == [] and m["bytes_by_dim"].get("cp", 0) > 0, m
+    out = os.path.join(tmp, "drv-ep")
+    text = run([train, "--simulate", "16", "--model", "deepseek-v3", "--mesh", "1x8x2", "--ep", "8",
+                "--out", out])
+    m = json.load(open(os.path.join(out, "simulation.json")))["meshes"][0]
+    assert m["plan_mismatches"] == [] and m["bytes_by_dim"].get("ep", 0) > 0, m
+    print("driver: pp 2 (bubble 1/5 of 1F1B with 4 microbatches), cp 2 and ep 8 planned, consistent")
+print("recipe: simulated == real on 1, 2, 4, 8 ranks; 8B / 70B as the formulas; driver checked with pp, cp, ep")

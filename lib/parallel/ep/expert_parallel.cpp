@@ -12,6 +12,7 @@
 
 #include <dtensor/dtensor.h>
 #include <dtensor/module_hooks.h>
+#include <dtensor/process_group.h>
 
 #include "internal/check.h"
 #include "mesh/collectives_internal.h"
@@ -46,6 +47,18 @@ void add_ep_stats(const EpStats& d) {
   ep_totals.wait_seconds += d.wait_seconds;
 }
 
+// [Note: expert parallelism in a simulated world] A simulated rank's router computes counts
+// without values, and the all-to-alls' sizes are those values. The rank routes its rows evenly
+// instead (the balance the load-balancing bias aims at): `rows` over `experts`, the remainder
+// to the first experts, as host values the fake backend exchanges (identical ranks: every rank
+// receives what it sends). The early exchange waits for the experts' hook, so the counts
+// still move in one all-to-all per layer.
+at::Tensor ep_even_counts(int64_t rows, int64_t experts) {
+  at::Tensor c = at::full({experts}, rows / experts, at::kLong);
+  c.narrow(0, 0, rows % experts).add_(1);
+  return c;
+}
+
 void check_ep_mesh(const DeviceMesh& mesh, const torch::nn::Module& module) {
   DTENSOR_CHECK(mesh.defined() && mesh.ndim() == 1,
                 "ExpertParallel on {}: the expert-parallel mesh must be 1-D, got {}", module.name(),
@@ -60,6 +73,9 @@ struct ExpertParallel::State {
   at::Tensor pending_counts;                         // held: no later tensor can take its address
 
   void start(const at::Tensor& counts, const Group& group) {
+    if (is_simulated() && !counts.is_cpu()) {
+      return; // [Note: expert parallelism in a simulated world]: exchanged in the experts' hook
+    }
     detail::ep::CountsExchange x = detail::ep::start_counts_exchange(counts, group, /*async=*/true);
     std::lock_guard<std::mutex> lock(mutex);
     pending = std::move(x); // a stale one completes as it is dropped
@@ -132,6 +148,10 @@ void ExpertParallel::apply(torch::nn::Module& experts, const DeviceMesh& ep_mesh
                   "{} tensors",
                   m.name(), in.size());
     const auto start = std::chrono::steady_clock::now();
+    const bool simulated = is_simulated() && !in[1].is_cpu();
+    if (simulated) {
+      in[1] = ep_even_counts(in[0].size(0), in[1].size(0));
+    }
     detail::ep::CountsExchange x = state->take(in[1], group);
     x.work.wait();
     const double waited =
@@ -141,6 +161,11 @@ void ExpertParallel::apply(torch::nn::Module& experts, const DeviceMesh& ep_mesh
     DTENSOR_CHECK(in[0].size(0) == rows,
                   "ExpertParallel on {}: {} rows but the counts {} add up to {}", m.name(),
                   in[0].size(0), detail::describe(in[1]), rows);
+    if (simulated) { // the plan's indices and counts on the rows' device
+      plan.order = plan.order.to(in[0].device());
+      plan.inverse = plan.inverse.to(in[0].device());
+      plan.local_counts = plan.local_counts.to(in[0].device());
+    }
     in[0] = detail::ep::dispatch(in[0], plan, group);
     in[1] = plan.local_counts;
     add_ep_stats(EpStats{
