@@ -14,10 +14,12 @@
 #include <dtensor/activation_checkpoint.h>
 #include <dtensor/clip_grad.h>
 #include <dtensor/dtensor.h>
+#include <dtensor/module_hooks.h>
 
 #include <models/llama3.h>
 
 #include "llama_flags.h"
+#include "recipe_data.h"
 
 namespace dtensor::train {
 
@@ -164,6 +166,37 @@ inline at::Tensor clip_grad_norm_by_root(const std::vector<at::Tensor>& params, 
   at::Tensor total = squares.sqrt();
   clip_grads_with_norm_(params, max_norm, total);
   return total;
+}
+
+// The whole logits of a forward (a vocab-sharded DTensor with the loss-parallel plan).
+inline at::Tensor full_logits(const at::Tensor& logits) {
+  return is_dtensor(logits) ? DTensor(logits).full_tensor() : logits;
+}
+
+// Greedy continuation of `prompt` (every rank runs the same forward passes).
+// `align` > 1: windows of a multiple of it (the prompt's first token repeated before it when
+// shorter): MoE blocks under tp take their sequence pieces back without agreeing on uneven
+// sizes.
+inline std::string sample(models::Llama3& model, const RecipeData& vocab, const std::string& prompt,
+                          int64_t n, int64_t seq, int64_t align, const at::Device& device) {
+  c10::NoGradGuard no_grad;
+  std::vector<int64_t> ids = vocab.encode(prompt);
+  const auto prompt_len = static_cast<int64_t>(ids.size());
+  while (static_cast<int64_t>(ids.size()) < align) {
+    ids.insert(ids.begin(), ids.front());
+  }
+  const auto padded = static_cast<int64_t>(ids.size()) - prompt_len;
+  for (int64_t k = 0; k < n; ++k) {
+    auto len = std::min<int64_t>(static_cast<int64_t>(ids.size()), seq);
+    len -= len % align;
+    std::vector<int64_t> window(ids.end() - len, ids.end());
+    at::Tensor x = at::tensor(window, at::kLong).view({1, len}).to(device);
+    at::Tensor last =
+        full_logits(dtensor::call(model, x))[0][len - 1].narrow(0, 0, vocab.vocab_size());
+    ids.push_back(last.argmax().item<int64_t>());
+  }
+  ids.erase(ids.begin(), ids.begin() + padded);
+  return vocab.decode(ids);
 }
 
 } // namespace dtensor::train
