@@ -4,7 +4,7 @@
 usage: train_quiet.py TORCHRUN TRAIN NPROC [TRAIN FLAGS...]
 Runs the trainer as scripts/demo.sh does; passes when it exits 0 (it does only when the loss
 falls), its output is only its own lines (the header, the step table, the sample and the
-summary: no warnings, no Gloo connection lines, nothing on stderr), and the metrics file has
+summary, and the line saying what data it reads: no warnings, no Gloo connection lines, nothing on stderr), and the metrics file has
 one JSON object per step with the documented keys.
 """
 import json
@@ -13,10 +13,11 @@ import re
 import subprocess
 import sys
 
-OWN = [r"dtensor train \(Llama 3 recipe\): ", r" step +loss +tokens/s", r" +\d+ +\d+\.\d{4} ",
+OWN = [r"dtensor train \(Llama 3 recipe\): ", r"data: ", r" step +loss +tokens/s",
+       r" +\d+ +\d+\.\d{4} ",
        r"sample: \"", r"loss \d+\.\d+ -> \d+\.\d+ \(falling\)"]
 KEYS = {"step", "loss", "tokens_per_s", "grad_norm", "step_s", "peak_resident_mib", "collectives",
-        "collectives_by_group"}
+        "collectives_by_group", "batch_digest"}
 
 
 def main():
