@@ -152,6 +152,12 @@ std::string mesh_name(const std::vector<int64_t>& m) {
   return std::to_string(m[0]) + "x" + std::to_string(m[1]) + "x" + std::to_string(m[2]);
 }
 
+// Where this run's simulated pipeline ranks leave their shapes ([Note: shapes across simulated
+// stages] in lib/mesh/backend_fake.cpp): a directory named for this process, under the mesh's.
+std::string p2p_dir(const std::string& dir) {
+  return dir + "/.p2p-" + std::to_string(::getpid());
+}
+
 // Runs this program as simulated rank `rank`; returns its pid.
 pid_t spawn_rank(const std::string& self, const SimFlags& f, const std::vector<int64_t>& mesh,
                  int rank, const std::string& dir) {
@@ -163,7 +169,7 @@ pid_t spawn_rank(const std::string& self, const SimFlags& f, const std::vector<i
       "DTENSOR_SIMULATE=" + std::to_string(f.world) + ":" + std::to_string(rank),
       "DTENSOR_SIMULATE_NODE=" + std::to_string(f.time.ranks_per_node()), "OMP_NUM_THREADS=1"};
   if (f.pp > 1) { // [Note: shapes across simulated stages] (lib/mesh/backend_fake.cpp)
-    env.push_back("DTENSOR_SIMULATE_P2P=" + dir + "/p2p");
+    env.push_back("DTENSOR_SIMULATE_P2P=" + p2p_dir(dir));
   }
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string var(*e);
@@ -411,9 +417,16 @@ int run_simulate(int argc, char** argv) {
   for (const auto& mesh : f.meshes) {
     const auto ranks = plan_ranks(f, mesh);
     const std::string dir = f.out + "/" + mesh_name(mesh);
-    std::filesystem::remove_all(dir + "/p2p"); // shapes of an earlier plan
-    std::filesystem::create_directories(dir + "/p2p");
+    if (f.pp > 1) { // a directory of this run's own, removed after it
+      std::filesystem::create_directories(dir);
+      if (!std::filesystem::create_directory(p2p_dir(dir))) {
+        sim_usage(p2p_dir(dir) + " exists already; remove it (it is not this run's)");
+      }
+    }
     const auto reports = simulate_ranks(self, f, mesh, ranks, dir);
+    if (f.pp > 1) {
+      std::filesystem::remove_all(p2p_dir(dir)); // created above, written by this run's ranks
+    }
     const auto mismatches = check_plan(reports);
     consistent = consistent && mismatches.empty();
     all["meshes"].push_back(summarize(mesh, reports, mismatches, f.time));
