@@ -75,6 +75,9 @@ RecipeData::RecipeData(const Flags& f, int64_t dp_rank, int64_t dp_size)
     if (!f.tokenizer.empty()) {
       usage("--tokenizer needs --data (the built-in paragraph has its own tokenizer)");
     }
+    if (f.val_every > 0) {
+      usage("--val-every needs --data (the built-in paragraph holds no held-out documents)");
+    }
     vocab_->sp = std::make_unique<Tokenizer>(kCorpus, static_cast<int>(f.vocab));
     paragraph_ = at::tensor(vocab_->sp->encode(kCorpus), at::kLong);
     return;
