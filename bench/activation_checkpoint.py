@@ -17,7 +17,7 @@ the profiler's memory events (torch.profiler, profile_memory=True: "Total Alloca
 CPU allocator's reports); dtensor side: a counting allocator wrapping LibTorch's.
 Floor: the dtensor binary with --floor (no fully_shard, forward and backward alone: the work
 every FSDP step does on these kernels, [Note: the compute floor] in the .cpp); floor /
-PyTorch is the lowest ratio any FSDP implementation could reach on this machine.
+PyTorch is the lowest ratio any FSDP implementation could reach on the same machine.
 """
 import argparse
 import json

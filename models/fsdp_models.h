@@ -3,7 +3,7 @@
 // C++ ports of the test models of PyTorch's
 //  - torch/testing/_internal/distributed/_tensor/common_dtensor.py: ModelArgs, Attention,
 //    FeedForward, TransformerBlock, Transformer (the toy nanoGPT-like model);
-//  - torch/testing/_internal/common_fsdp.py (seed 004): TransformerWithSharedParams,
+//  - torch/testing/_internal/common_fsdp.py: TransformerWithSharedParams,
 //    NestedWrappedModule, NonUniformReqGradNWM, MixtureOfExperts.
 // Plain modules with ordinary forward(): the FSDP wrapping, the CUDA init modes and the
 // process-group arguments of the Python are left out (a group only gave `rank`, here an

@@ -1,6 +1,6 @@
 #pragma once
 
-// C++ ports of the models of PyTorch's torch/testing/_internal/common_fsdp.py (seed 004)
+// C++ ports of the models of PyTorch's torch/testing/_internal/common_fsdp.py
 // used by the tests. Only what the tests need so far: MLP, MLPStack, DoubleLinear.
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/module.h>

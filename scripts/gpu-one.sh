@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU paths on a machine with ONE CUDA GPU and a PyTorch of its own, but no build tools
-# for dtensor (the lent device machine: docs/testing.md, "One GPU"). Two halves:
+# for dtensor (docs/testing.md, "On a GPU"). Two halves:
 #   scripts/gpu-one.sh pack BUILD_DIR TARBALL   here: the library, the world1 test programs,
 #        the training example of a -Dcuda=enabled build against that machine's LibTorch
 #        version (-Dlibtorch=<its wheel's torch/>), stripped, into one tarball

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The whole test suite: set up (idempotent), build, run the world1/world2/world4 suites on
-# the default LibTorch (2.15), then the AddressSanitizer + UndefinedBehaviorSanitizer subset
-# (scripts/sanitize.sh), then the library and a smoke subset of the tests against the older
-# LibTorch (2.9.1: scripts/old-torch-test.sh), then build the CUDA/NCCL variant of the
-# library and the main job's program (compile and link only: no GPU is needed, nothing of it
-# runs here).
+# The whole test suite: set up (idempotent), build, run every suite (world1, world2, world4,
+# world8, conformance) on the default LibTorch (2.15), then the AddressSanitizer +
+# UndefinedBehaviorSanitizer subset (scripts/sanitize.sh), then the library and a smoke
+# subset of the tests against the older LibTorch (2.9.1: scripts/old-torch-test.sh), then
+# build the CUDA/NCCL variant of the library and the main job's program (compile and link
+# only: no GPU is needed, nothing of it runs here).
 # Extra arguments go to `meson test`.
 #   scripts/test.sh --sanitize   only the sanitizer build, on the whole world1 + world2 suites
 #   scripts/test.sh --quick      the inner loop: the default build and its world1 + world2

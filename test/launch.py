@@ -8,7 +8,7 @@ store). Like torchrun, the first rank to fail stops the others (SIGTERM, then SI
 its exit status is the launcher's; a signal that stops the launcher stops the ranks.
 
 [Note: the test launcher] torchrun imports torch before it starts a rank: about 3.3 CPU
-seconds on the build machines, most of a small test's cost and about 9 CPU-minutes of the
+seconds on a 2-core machine, most of a small test's cost and about 9 CPU-minutes of the
 suites' time. The Catch2 programs and dtensor's side of the conformance suite run under this
 launcher (Python without torch: milliseconds); torchrun stays the launcher where launching is
 what is used or tested (the demo, the recipe and its fault and resume drivers, fail_fast, the

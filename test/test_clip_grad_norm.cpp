@@ -1,5 +1,6 @@
-// clip_grad_norm_ over DTensor gradients (seeds 001 and 000): the total norm equals the
-// unsharded model's, costs exactly one all-reduce per mesh dimension, and clips the same.
+// clip_grad_norm_ over DTensor gradients (PyTorch's test_fully_shard_clip_grad_norm_.py and
+// test_fsdp_clip_grad_norm.py): the total norm equals the unsharded model's, costs exactly one
+// all-reduce per mesh dimension, and clips the same.
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/sgd.h>
@@ -22,7 +23,8 @@ double vector_norm(const at::Tensor& t, double p) {
   return at::linalg_vector_norm(t.to(at::kDouble), p).item<double>();
 }
 
-// One training step of `model` and `ref` with clipping, checking everything seed 001 checks.
+// One training step of `model` and `ref` with clipping, checking everything
+// test_fully_shard_clip_grad_norm_.py checks.
 template <typename M, typename R>
 void clip_step(M& model, R& ref, torch::optim::Optimizer& opt, torch::optim::Optimizer& ref_opt,
                const std::function<at::Tensor(M&)>& loss_of,
@@ -247,11 +249,11 @@ TEST_CASE("clip_grad_norm_: low-precision gradients, no gradients (seed 000)",
   }
 }
 
-// The full grid runs on 1 and 2 ranks (on 4 ranks sharing this machine's 2 cores it would
-// take minutes; the 4-rank paths are covered by the cases above). SGD instead of the seed's
-// Adam for the steps after the first: Adam's first updates are ~lr * sign(grad), which turns
-// the last-bit differences of a reduce-scatter versus an all-reduce on near-zero gradient
-// elements into differences of 2 * lr.
+// The full grid runs on 1 and 2 ranks (on 4 ranks sharing 2 cores it would take minutes; the
+// 4-rank paths are covered by the cases above). SGD instead of the PyTorch test's Adam for the
+// steps after the first: Adam's first updates are ~lr * sign(grad), which turns the last-bit
+// differences of a reduce-scatter versus an all-reduce on near-zero gradient elements into
+// differences of 2 * lr.
 TEST_CASE("clip_grad_norm_: DDP parity grid of seed 000 on TransformerWithSharedParams",
           "[clip_grad_norm][world1][world2]") {
   auto dp = init_device_mesh(device_type(), {world()}, {"dp"});

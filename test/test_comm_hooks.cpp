@@ -1,4 +1,4 @@
-// Seed 003's communication hooks in per-parameter terms: register_comm_hook on the root of
+// PyTorch's test_fsdp_comm_hooks.py in per-parameter terms: register_comm_hook on the root of
 // fully_shard units and on replicate's handle (registration, its errors, the hook's values),
 // the fp16 / bf16 compression hooks against mp_policy.reduce_dtype, and FSDP2's controls:
 // force-sum reductions, the divide factor, custom all-gather / reduce-scatter. Every value is
@@ -17,7 +17,8 @@ using dtensor::FSDPModule;
 
 namespace {
 
-// Seed 003's Net: out(relu(net(x))), net = Sequential(Linear(8, 16), ReLU, Linear(16, 8)).
+// test_fsdp_comm_hooks.py's Net: out(relu(net(x))),
+// net = Sequential(Linear(8, 16), ReLU, Linear(16, 8)).
 struct NetImpl : torch::nn::Module {
   NetImpl() {
     torch::manual_seed(0);
@@ -105,8 +106,9 @@ void require_close(const std::vector<at::Tensor>& a, const std::vector<at::Tenso
   }
 }
 
-// The default hook plus `noise` added to the gradient first, counting its calls (seed 003's
-// DummyHook, with a real reduction so that the result can be checked).
+// The default hook plus `noise` added to the gradient first, counting its calls
+// (test_fsdp_comm_hooks.py's DummyHook, with a real reduction so that the result can be
+// checked).
 CommHook noisy_hook(double noise, int& calls) {
   CommHook base = dtensor::default_comm_hook();
   CommHook hook;
@@ -219,8 +221,8 @@ TEST_CASE("register_comm_hook: a unit below the root already has one; hooks of t
       has(error_of([&] { ddp.register_comm_hook({}, only_reduce_scatter); }), "has no all_reduce"));
 }
 
-// Seed 003 (FSDP1) refuses hooks on hybrid strategies; dtensor runs the hook's
-// reduce_scatter over the shard dim and its all_reduce over the replicate dim (issue 27).
+// FSDP1 (test_fsdp_comm_hooks.py) refuses hooks on hybrid strategies; dtensor runs the hook's
+// reduce_scatter over the shard dim and its all_reduce over the replicate dim.
 TEST_CASE("register_comm_hook on HSDP units: reduce_scatter over shard, all_reduce over "
           "replicate, the mean over every rank",
           "[comm_hooks][world2][world4]") {

@@ -1,4 +1,4 @@
-// The spike, kept as a regression test: a torch::nn::Linear whose parameters are converted
+// A torch::nn::Linear whose parameters are converted
 // in place into DTensors (set_data: same handles for the module, parameters() and an
 // optimizer built before) trains with AdamW exactly like the plain module.
 #include <torch/nn/modules/linear.h>

@@ -1,4 +1,4 @@
-// FSDP2's controls (issue 27): unshard(async_op) with its handle, set_requires_all_reduce
+// FSDP2's controls: unshard(async_op) with its handle, set_requires_all_reduce
 // (HSDP accumulation), set_is_last_backward (microbatching), set_unshard_in_backward
 // (embeddings), the mixed-precision casts of units called through dtensor::call
 // (cast_forward_inputs, output_dtype), independent roots' own queues,

@@ -1,6 +1,6 @@
-// Communication controls of fully_shard (seed 003, per-parameter): the default reduction
-// (gradient == mean over ranks), and FSDP2's all-reduce hook (custom HSDP on a 1-D unit,
-// equal to native HSDP), with exact collective counts.
+// Communication controls of fully_shard (PyTorch's test_fsdp_comm_hooks.py, per-parameter):
+// the default reduction (gradient == mean over ranks), and FSDP2's all-reduce hook (custom
+// HSDP on a 1-D unit, equal to native HSDP), with exact collective counts.
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>

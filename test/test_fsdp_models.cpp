@@ -1,4 +1,4 @@
-// fully_shard on the seed-004 toolkit (common_fsdp.py) and common_dtensor's Transformer:
+// fully_shard on PyTorch's common_fsdp.py toolkit and common_dtensor's Transformer:
 // several SGD-momentum steps in parity with a data-parallel reference (same model, gradients
 // averaged over the ranks), with the collective counts of every forward and backward.
 #include <torch/nn/functional/loss.h>

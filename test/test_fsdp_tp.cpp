@@ -1,4 +1,4 @@
-// FSDP x TP on a (dp, tp) mesh: seed 004's MLPStack.parallelize (tensor parallelism on
+// FSDP x TP on a (dp, tp) mesh: common_fsdp.py's MLPStack.parallelize (tensor parallelism on
 // each MLP, sequence parallelism on the final LayerNorm, fully_shard over dp) and a small
 // Transformer, trained in parity with a data-parallel reference over dp.
 #include <torch/nn/functional/loss.h>
@@ -165,7 +165,7 @@ TEST_CASE("FSDP x TP: Transformer with tensor-parallel attention and MLP, each b
 
 TEST_CASE("FSDP x TP: parameters distributed by hand on the tp mesh",
           "[fsdp_tp][world1][world2][world4]") {
-  // Issue 14, item 2: DTensor parameters made with distribute_tensor (not parallelize_module)
+  // DTensor parameters made with distribute_tensor (not parallelize_module)
   // are sharded over dp beside their tp placement. PyTorch shows (Shard(0), Replicate()) and
   // (_StridedShard(0, sf=2), Shard(0)) on (dp, tp); dtensor orders the mesh (tp, dp) so
   // that nested Shard gives the same pieces ([Note: FSDP x TP]).

@@ -1,4 +1,4 @@
-// fully_shard: parity with replicate (DDP) on the seed-004 models, PyTorch's collective
+// fully_shard: parity with replicate (DDP) on common_fsdp.py's models, PyTorch's collective
 // counts, memory after forward, HSDP, gradient accumulation, mixed precision, state dicts
 // and errors.
 #include <torch/nn/modules/container/sequential.h>

@@ -1,6 +1,7 @@
-// GradScaler (seed 002, per-parameter): nested scaling, sparse unscaling, skipped steps,
-// scale growth / backoff against torch.amp.GradScaler's rules, and found-inf agreed across
-// ranks with one all-reduce per sharded mesh dimension, over gradients on several meshes.
+// GradScaler (PyTorch's test_fsdp_sharded_grad_scaler.py, per-parameter): nested scaling,
+// sparse unscaling, skipped steps, scale growth / backoff against torch.amp.GradScaler's
+// rules, and found-inf agreed across ranks with one all-reduce per sharded mesh dimension,
+// over gradients on several meshes.
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
@@ -195,7 +196,7 @@ TEST_CASE("GradScaler: found-inf on one rank's shard makes every rank skip (full
 
 TEST_CASE("GradScaler: found-inf over gradients on two meshes, one all-reduce per dimension",
           "[grad_scaler][world4]") {
-  // The issue's scenario: `a` fully sharded over dp (first in parameters()), `b` colwise
+  // Mixed meshes: `a` fully sharded over dp (first in parameters()), `b` colwise
   // over tp then fully sharded over dp; an inf in rank 3's local shard of b.weight.grad.
   // PyTorch 2.9 reduces found-inf over the first gradient's mesh only (dp): ranks 0 and 2
   // step, 1 and 3 skip. Here every rank skips, with one all-reduce over dp and one over tp.

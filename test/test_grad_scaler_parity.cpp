@@ -1,8 +1,9 @@
-// Seed 002's parity test in per-parameter terms: fully_shard + GradScaler trains exactly as
-// replicate + GradScaler (the DDP reference) on seed 004's NestedWrappedModule, over
-// CPU offload x {reshard after forward, keep unsharded} x {fp16 mixed precision, none}, for
-// several steps including one whose gradients overflow (injected on one rank's shard only);
-// also with frozen parameters (NonUniformReqGradNWM) and on TransformerWithSharedParams.
+// The parity test of PyTorch's test_fsdp_sharded_grad_scaler.py in per-parameter terms:
+// fully_shard + GradScaler trains exactly as replicate + GradScaler (the DDP reference) on
+// common_fsdp.py's NestedWrappedModule, over CPU offload x {reshard after forward, keep
+// unsharded} x {fp16 mixed precision, none}, for several steps including one whose gradients
+// overflow (injected on one rank's shard only); also with frozen parameters
+// (NonUniformReqGradNWM) and on TransformerWithSharedParams.
 #include <ATen/autocast_mode.h>
 #include <torch/optim/sgd.h>
 
@@ -132,7 +133,7 @@ FullyShardOptions fsdp_options(const dtensor::DeviceMesh& mesh, bool offload, bo
   return opts;
 }
 
-// Seed 004's recursive wrapping of the NestedWrappedModule family: module.1.0 inside
+// common_fsdp.py's recursive wrapping of the NestedWrappedModule family: module.1.0 inside
 // module.1, module.2, then the root.
 template <class M>
 void wrap_nested(M& model, const FullyShardOptions& opts) {
@@ -142,7 +143,8 @@ void wrap_nested(M& model, const FullyShardOptions& opts) {
   dtensor::fully_shard(*model, opts);
 }
 
-// The transformer: every encoder / decoder layer, then the root (the seed's auto-wrap policy).
+// The transformer: every encoder / decoder layer, then the root (the PyTorch test's auto-wrap
+// policy).
 void wrap_layers(TransformerWithSharedParams& model, const FullyShardOptions& opts) {
   for (const auto& item : model->named_modules()) {
     const std::string kind = item.value()->name();

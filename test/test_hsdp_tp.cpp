@@ -1,4 +1,4 @@
-// HSDP x TP (issue 26): fully_shard over a (dp_replicate, dp_shard) mesh around parameters
+// HSDP x TP: fully_shard over a (dp_replicate, dp_shard) mesh around parameters
 // tensor-parallel on the third dim, tp, of the same 3-D mesh -- (2, 2, 2) on 8 ranks, (1, 2, 2),
 // (2, 1, 2) and (2, 2, 1) on 4. Judged against the plain model on one process (losses,
 // clipped gradients and norms, parameters, full state dict) with exact collective counts per

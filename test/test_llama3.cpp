@@ -1,4 +1,4 @@
-// The Llama-3 recipe's model (models/llama3.h, issue 29): built on the meta device,
+// The Llama-3 recipe's model (models/llama3.h): built on the meta device,
 // tensor-parallel as torchtitan's apply_tp (sequence-parallel norms, column / row-wise
 // projections, row-wise embedding) and fully sharded over (dp_replicate, dp_shard), its
 // init_weights run after sharding. Judged against the plain model on one process: every
@@ -131,7 +131,7 @@ TEST_CASE("llama3: meta init, TP x HSDP, equals the plain model (parameters, log
 TEST_CASE("llama3: context parallel (both methods) x TP x fully_shard over dp_shard x cp equals "
           "the plain model (logits, gradients)",
           "[llama3][world4][world8]") {
-  // (dp_replicate, dp_shard, cp, tp): 1x2x2x2 on 8 ranks (issue 48's layout), 1x1x2x2 on 4.
+  // (dp_replicate, dp_shard, cp, tp): 1x2x2x2 on 8 ranks (the recipe's cp layout), 1x1x2x2 on 4.
   const std::vector<int64_t> shape =
       world() == 8 ? std::vector<int64_t>{1, 2, 2, 2} : std::vector<int64_t>{1, 1, 2, 2};
   const dtensor::RngState seed{true, 7, 0};

@@ -1,4 +1,4 @@
-// Loss parallelism (issue 28): cross_entropy on class-sharded logits under LossParallel,
+// Loss parallelism: cross_entropy on class-sharded logits under LossParallel,
 // judged against the plain op on the whole logits (value and gradient), with exact
 // collective counts and sizes: nothing of size N x C is ever communicated.
 #include <torch/nn/functional/activation.h>

@@ -1,4 +1,4 @@
-// Models larger than one device (issue 26): a Transformer built on the meta device,
+// Models larger than one device: a Transformer built on the meta device,
 // parallelized in every layout (replicate, FSDP, TP, FSDP x TP, HSDP x TP), given memory by
 // to_empty and values by a layout-independent init. Judged against the plain model on one
 // process: the initial full values are equal bit for bit, and training with dropout 0.1,

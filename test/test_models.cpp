@@ -1,4 +1,4 @@
-// Seed-004 models with DTensor parameters laid out by hand the way tensor parallelism lays
+// common_fsdp.py's models with DTensor parameters laid out by hand the way tensor parallelism lays
 // them out (in_proj column-wise, out_proj row-wise): outputs, gradients and AdamW steps equal
 // the plain model's, with one all-reduce per MLP in forward.
 #include <torch/optim/adamw.h>

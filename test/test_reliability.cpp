@@ -356,9 +356,9 @@ TEST_CASE("reliability 3 (TORCH_DISTRIBUTED_DEBUG=DETAIL): mismatched collective
   REQUIRE(same(ok.full_tensor(), at::arange(8., options())));
 }
 
-// [Note: agreeing on sizes] (lib/mesh/size_check.cpp), issue 44: sizes that come from the
-// user and differ between ranks, without TORCH_DISTRIBUTED_DEBUG. Before, Gloo's transport
-// thread aborted rank 0 and, on two ranks, rank 1 returned a tensor of the wrong size. Now:
+// [Note: agreeing on sizes] (lib/mesh/size_check.cpp): sizes that come from the user and
+// differ between ranks, without TORCH_DISTRIBUTED_DEBUG. Unchecked, Gloo's transport thread
+// aborts rank 0 and, on two ranks, rank 1 returns a tensor of the wrong size. Checked:
 // the same dtensor::Error on every rank (compared by gathering the messages), nothing sent,
 // the groups usable afterwards, and the check costs no collective CommDebugMode counts.
 namespace {
@@ -392,7 +392,7 @@ TEST_CASE("reliability 8: local sizes that differ between ranks are one error on
   const auto g = mesh.get_group();
   const int64_t n = world();
   const auto cpu = at::TensorOptions();
-  // from_local without a shape, then full_tensor (the issue's probe): refused at from_local.
+  // from_local without a shape, then full_tensor: refused at from_local.
   same_error_everywhere(
       [&] { DTensor::from_local(at::ones({rank() == 0 ? 1 : 2, 3}, cpu), mesh, {S(0)}); },
       {"DTensor::from_local((Shard(0)) on DeviceMesh", "disagree, so nothing was sent",

@@ -227,7 +227,7 @@ TEST_CASE("parallelize_module: column/row-wise MLP trains like the plain MLP",
 
 TEST_CASE("parallelize_module: TP on part of a model hands the plain rest plain tensors",
           "[tensor_parallel][world1][world2][world4]") {
-  // Issue 14, item 3: RowwiseParallel's default use_local_output gives the plain Linear
+  // RowwiseParallel's default use_local_output gives the plain Linear
   // after it a plain tensor ([Note: local outputs]), as in PyTorch.
   auto tp = init_device_mesh(device_type(), {world()}, {"tp"});
   auto make = [] {

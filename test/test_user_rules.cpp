@@ -1,4 +1,4 @@
-// User code next to DTensors (issue 28): local_map and ImplicitReplication, with PyTorch's
+// User code next to DTensors: local_map and ImplicitReplication, with PyTorch's
 // semantics and errors, judged against the plain computation (values and gradients) with
 // exact collective counts.
 #include "support/prelude.h"

@@ -174,7 +174,7 @@ at::Tensor RecipeData::train_rows(int64_t step) {
     Loader::Batch b = loader_->next();
     return at::tensor(b.tokens, at::kLong).view({rows, f_.seq + 1});
   }
-  // The first waves' data: random windows of the paragraph from the step's seed.
+  // Without --data: random windows of the paragraph from the step's seed.
   at::manual_seed(1000 + 31 * step);
   const at::Tensor starts = at::randint(paragraph_.size(0) - f_.seq - 1, {f_.batch}, at::kLong);
   std::vector<at::Tensor> out;

@@ -6,7 +6,7 @@
 // training documents at start-up, packed with bos / eos and document boundaries, handed out
 // by the loader of data/text_data.h (its one-number state goes into the checkpoint, so a
 // resumed run, on any mesh, continues with the exact next batch). Without --data: the
-// built-in paragraph, random windows drawn from a per-step seed (the first waves' data).
+// built-in paragraph, random windows drawn from a per-step seed.
 #include <cstdint>
 #include <memory>
 #include <optional>

@@ -25,7 +25,7 @@ namespace dtensor {
 // detail:: collectives directly and pays nothing. Only Gloo groups of two or more ranks check:
 // on NCCL the check would synchronise the host with the stream (TORCH_DISTRIBUTED_DEBUG=DETAIL
 // checks there), and the simulated world has no peers to disagree. DTENSOR_AGREE_SIZES=0 in
-// the environment turns it off (PyTorch's behaviour): on this 2-core machine one agreement
+// the environment turns it off (PyTorch's behaviour): on a 2-core machine one agreement
 // costs about 0.1 ms on 2 ranks and 3 ms on 4 oversubscribed ones (docs/benchmarks.md).
 
 namespace {

@@ -1,4 +1,4 @@
-"""Debugging views (issue 31): visualize_sharding's table, and CommDebugMode per module on a
+"""Debugging views: visualize_sharding's table, and CommDebugMode per module on a
 tensor-parallel model (the module-level tracing table, the JSON dump, sharding and parameter
 info), each compared as text or values with what PyTorch prints for the same model. The
 model's forward and backward values are checked against the plain model on one process.

@@ -1,4 +1,4 @@
-"""Pipeline parallelism against PyTorch's torch.distributed.pipelining (issue 47): the same
+"""Pipeline parallelism against PyTorch's torch.distributed.pipelining: the same
 model cut into the same stages, the same schedule and microbatches on the same Gloo ranks;
 each microbatch's loss on the last stage's rank and every gradient on the rank holding its
 layer, against the plain model on one process (the reference) and PyTorch's run. The loss

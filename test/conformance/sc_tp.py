@@ -1,4 +1,4 @@
-"""Tensor parallelism: parallelize_module plans on part of a model (issue 14 item 3), the
+"""Tensor parallelism: parallelize_module plans on part of a model, the
 styles' use_local_output / output_layouts, distribute_module, and FSDP x TP with parameters
 distributed by hand (item 2). Two SGD steps each: outputs, per-step collective counts,
 gradients and parameters, against the plain model on one process."""

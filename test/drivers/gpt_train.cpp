@@ -4,7 +4,7 @@
 // clip_grad_norm_, on a (dp, tp) mesh; exits non-zero unless the loss falls. Prints every few
 // steps: loss, tokens/s, total gradient norm, and the step's collectives (CommDebugMode); at
 // the end a greedy sample of generated text. The main job is examples/train (the Llama 3
-// recipe); this is the first waves' recipe, kept for the tests that drive it.
+// recipe); this smaller recipe serves the tests that drive it.
 //
 //   torchrun --standalone --nproc-per-node 4 --no-python build/test/gpt_train --dp 2 --tp 2
 //

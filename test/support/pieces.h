@@ -76,7 +76,7 @@ inline at::Tensor local_piece(const at::Tensor& full, const dtensor::DeviceMesh&
 }
 
 // The C++ port of MLPStack.parallelize(tp_mesh, dp_mesh, use_activation_checkpointing=False,
-// reshard_after_forward) from common_fsdp.py (seed 004): in_proj colwise, out_proj rowwise
+// reshard_after_forward) from common_fsdp.py: in_proj colwise, out_proj rowwise
 // (the last one to Shard(1)), the LayerNorm sequence-parallel; fully_shard on each MLP over
 // dp, then the root. `s` is mlp_stack(dim, /*with_seq_parallel=*/true).
 inline std::vector<dtensor::FSDPModule> parallelize_mlp_stack(torch::nn::Sequential& s,
