@@ -85,6 +85,14 @@ print(f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped e
 PY
 )
 
+# [Note: the stress job] in test/stress.py: the threaded multi-rank programs over and over
+# under glibc's heap checks, for DTENSOR_STRESS_S seconds (0 skips it).
+if [[ ${DTENSOR_QUICK:-0} != 1 && ${DTENSOR_STRESS_S:-90} != 0 ]]; then
+  start=$SECONDS
+  "$venv/bin/python" "$root/test/stress.py" "$root/build" "${DTENSOR_STRESS_S:-90}" || fail "stress"
+  echo "[test] stress: $((SECONDS - start)) s"
+fi
+
 if [[ ${DTENSOR_SKIP_SANITIZE:-0} != 1 ]]; then
   start=$SECONDS
   "$root/scripts/sanitize.sh" || fail "sanitizer subset$(failed_tests "$root/build-asan")"

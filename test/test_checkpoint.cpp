@@ -297,7 +297,7 @@ TEST_CASE("checkpoint: a rank failing mid-save leaves the previous checkpoint",
   ::setenv("DTENSOR_CHECKPOINT_FAULT", (std::to_string(failing) + ":throw").c_str(), 1);
   REQUIRE_THROWS_WITH(dtensor::checkpoint::save(next, dir),
                       contains("rank " + std::to_string(failing) + ": injected fault") &&
-                          contains("writing"));
+                          contains("checkpoint::save(") && contains("writing"));
   ::unsetenv("DTENSOR_CHECKPOINT_FAULT");
   dtensor::StateDict target;
   target.insert("w", dtensor::distribute_tensor(at::zeros({8, 4}, options()), m, {Shard(0)}));
@@ -361,7 +361,7 @@ TEST_CASE("checkpoint: async_save writes the state as it was at the call",
   auto failed = dtensor::checkpoint::async_save(state, async_dir);
   REQUIRE_THROWS_WITH(failed.wait(),
                       contains("rank " + std::to_string(failing) + ": injected fault") &&
-                          contains("writing"));
+                          contains("checkpoint::async_save(") && contains("writing"));
   ::unsetenv("DTENSOR_CHECKPOINT_FAULT");
   dtensor::checkpoint::load(target, async_dir);
   REQUIRE(same(full_value(target["w"]), value));

@@ -1,8 +1,8 @@
 // What a save may replace ([Note: what a save may replace], docs/checkpoint.md): save,
 // async_save, consolidate and the Llama 3 export into a regular file, a foreign directory,
 // an empty directory, a previous checkpoint, a symbolic link, ".", a target locked by
-// another save. Guards the data-loss defect of issue 44 (a save that deleted whatever was at
-// its path): every refusal is asserted on every rank, with the path and what is there named,
+// another save. Guards against data loss (a save that deletes whatever is at its
+// path): every refusal is asserted on every rank, with the path and what is there named,
 // and the foreign file or directory is byte-identical afterwards. The full disk and the
 // read-only file system are in test/checkpoint_driver.py (disk), which needs a mount.
 #include <unistd.h>
@@ -100,8 +100,9 @@ TEST_CASE("checkpoint targets: a file or a foreign directory is refused on every
   REQUIRE_THROWS_WITH(ckpt::save(state_of(value(0)), foreign.string()),
                       contains(foreign.string() + " is a directory holding 2 entries") &&
                           contains("configs/, notes.txt") && contains(refused));
-  // async_save checks before it returns: nothing is in flight afterwards.
-  REQUIRE_THROWS_WITH(ckpt::async_save(state_of(value(0)), foreign.string()), contains(refused));
+  // async_save checks before it returns (nothing is in flight afterwards), naming itself.
+  REQUIRE_THROWS_WITH(ckpt::async_save(state_of(value(0)), foreign.string()),
+                      contains(refused) && contains("checkpoint::async_save(" + foreign.string()));
   // A checkpoint with an entry added since it was written is no longer only dtensor's.
   ckpt::save(state_of(value(1)), half.string());
   if (rank() == 0) {

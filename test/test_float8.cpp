@@ -23,6 +23,8 @@
 #include <dtensor/expert_parallel.h>
 #include <dtensor/float8.h>
 
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
@@ -93,6 +95,33 @@ TEST_CASE("float8: refusals name the recipe, the Linear, the DTensor input and t
       dtensor::DTensor::from_local(at::randn({64, 32}), mesh, {Placement::partial()}, {{64, 32}});
   CHECK_THROWS_WITH(dtensor::float8_linear(x, w, {}, {}),
                     Catch::Contains("the weight is (Partial(sum)) on mesh dimension 0"));
+}
+
+// Guards against a silent no-op: a torch::nn::Sequential calls its Linears' forward itself, so
+// float8 hooks on them would never run (the model would train in high precision while the
+// conversion reported success). The conversion refuses them, converting nothing; a Linear
+// passed as the root is named as such when converted twice.
+TEST_CASE("float8: Linears a Sequential calls are refused at conversion, nothing converted",
+          "[world1]") {
+  torch::nn::Sequential seq(torch::nn::Linear(32, 64), torch::nn::ReLU(),
+                            torch::nn::Linear(64, 32));
+  CHECK_THROWS_WITH(dtensor::convert_to_float8_training(*seq, Float8LinearOptions()),
+                    Catch::Contains("Linears [0, 2] are called by a torch::nn::Sequential") &&
+                        Catch::Contains("bypassing dtensor::call"));
+  for (const auto& m : seq->modules()) {
+    for (const std::string& hook : dtensor::module_hook_names(*m)) {
+      CHECK(hook.rfind("Float8", 0) != 0);
+    }
+  }
+  // A Sequential of modules that call their Linears through the seam is fine.
+  torch::nn::Sequential blocks{TwoLinears(), TwoLinears()};
+  CHECK(dtensor::convert_to_float8_training(*blocks, Float8LinearOptions()) ==
+        std::vector<std::string>{"0.proj", "0.output", "1.proj", "1.output"});
+  torch::nn::Linear lone(32, 64);
+  CHECK(dtensor::convert_to_float8_training(*lone, Float8LinearOptions()) ==
+        std::vector<std::string>{""});
+  CHECK_THROWS_WITH(dtensor::convert_to_float8_training(*lone, Float8LinearOptions()),
+                    Catch::Contains("Linear (the module passed) is converted already"));
 }
 
 // Guards float8 under fully_shard: the hook computes on the unit's unsharded weight (inside a

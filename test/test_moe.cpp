@@ -22,6 +22,8 @@
 //  - world1 also: export_hf's refusals of what Qwen3MoeForCausalLM cannot hold.
 #include <filesystem>
 
+#include <torch/nn/modules/container/sequential.h>
+
 #include <dtensor/context_parallel.h>
 #include <dtensor/expert_parallel.h>
 
@@ -278,8 +280,13 @@ EpRun check_ep(const MoEArgs& a, const std::vector<int64_t>& rows_of, bool early
   }
   ExpertParallel style;
   style.apply(*ep->experts, mesh);
+  std::optional<dtensor::ReplicateHandle> ddp;
   if (early) {
     style.apply_router(*ep->router, mesh);
+    // The router's gradients must be a data-parallel wrapper's ([Note: the router's gradients
+    // over ep]); this test sums them itself below, so the wrapper's all-reduce is off.
+    ddp = dtensor::replicate(*ep->router, mesh);
+    ddp->set_requires_gradient_sync(false);
   }
   const Split s = split_of(rows_of);
   at::manual_seed(4);
@@ -388,6 +395,37 @@ TEST_CASE("expert parallelism, skewed routing: every row to rank 0's experts, a 
     CHECK(run.received == world() * 8 * (8 / world()));
     CHECK(run.fwd_bytes == 8 * 8 + 8 * 8 * d * 4 + run.received * d * 4);
   }
+}
+
+// Guards against routers drifting apart silently: with ExpertParallel and no data-parallel
+// wrapper over the ep ranks, each rank's router gradient covers its own tokens only. The
+// router's first call refuses the layout on every rank, before any exchange starts.
+TEST_CASE("ExpertParallel refuses a router whose gradients no data-parallel wrapper reduces "
+          "over the ep ranks",
+          "[world2]") {
+  DeviceMesh mesh = ep_mesh_of_world();
+  MoE m = make_moe(small(), 9);
+  ExpertParallel style;
+  style.apply(*m->experts, mesh);
+  style.apply_router(*m->router, mesh);
+  at::manual_seed(4 + rank());
+  const at::Tensor x = at::randn({8, small().dim()});
+  CommDebugMode mode;
+  REQUIRE_THROWS_WITH(dtensor::call(m, x),
+                      Catch::Matchers::Contains("ExpertParallel on router") &&
+                          Catch::Matchers::Contains("parameters [gate.weight] are not reduced "
+                                                    "over the ep ranks [0, 1]"));
+  CHECK(mode.total_count() == 0);
+  // Under replicate over the same ranks the layer runs.
+  dtensor::ReplicateHandle ddp = dtensor::replicate(*m->router, mesh);
+  CHECK(dtensor::call(m, x).size(0) == 8);
+  // Experts a Sequential would call (bypassing the seam where the style acts): the plan is
+  // refused before any entry applies ([Note: children of a Sequential]).
+  torch::nn::Sequential seq(make_moe(small(), 9)->experts);
+  CHECK_THROWS_WITH(dtensor::parallelize_module(*seq, mesh, {{"0", ExpertParallel()}}),
+                    Catch::Matchers::Contains("'0' (ExpertParallel for plan entry '0') is called "
+                                              "by a torch::nn::Sequential"));
+  CHECK(!dtensor::is_dtensor(seq[0]->parameters()[0]));
 }
 
 TEST_CASE("ExpertParallel refuses experts that do not divide over ep, and a mesh that is not 1-D, "
@@ -617,7 +655,7 @@ TEST_CASE("MoE models with context parallelism equal the plain model: cp 2 x tp 
   }
 }
 
-// The issue's 8-rank layouts: dense dp_shard 4 x tp 2 with the experts over ep 4 x efsdp 2,
+// The 8-rank layouts: dense dp_shard 4 x tp 2 with the experts over ep 4 x efsdp 2,
 // and over ep 8 (one expert a rank, no efsdp).
 TEST_CASE("MoE models on 8 ranks: dp_shard 4 x tp 2 with ep 4 x efsdp 2 and with ep 8 equal the "
           "plain model",

@@ -131,6 +131,7 @@ class ContextParallel : public ParallelStyle {
  public:
   explicit ContextParallel(ContextParallelOptions options = {});
   std::string name() const override { return "ContextParallel"; }
+  bool needs_module_calls() const override { return true; }
   void apply(torch::nn::Module& module, const DeviceMesh& cp_mesh) const override;
   // The layout of the sequences of the next calls (per step: documents change with the batch).
   void set_layout(const CpLayout& layout) const;

@@ -56,6 +56,7 @@ class ExpertParallel : public ParallelStyle {
  public:
   ExpertParallel();
   std::string name() const override { return "ExpertParallel"; }
+  bool needs_module_calls() const override { return true; }
   // `experts`: every direct parameter [E, ...] becomes a Shard(0) DTensor on the 1-D ep_mesh
   // (E a multiple of its size; refused naming the parameter otherwise); its calls through
   // dtensor::call dispatch and combine as above.

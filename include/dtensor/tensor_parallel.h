@@ -31,6 +31,11 @@ class ParallelStyle {
   virtual ~ParallelStyle() = default;
   virtual std::string name() const = 0;
   virtual void apply(torch::nn::Module& module, const DeviceMesh& tp_mesh) const = 0;
+  // Whether the style acts only where the module is called through dtensor::call (context
+  // and expert parallelism): parallelize_module then refuses a module that a
+  // torch::nn::Sequential calls, which would bypass it. Tensor parallelism's styles also
+  // work when the module's forward is called directly.
+  virtual bool needs_module_calls() const { return false; }
 };
 
 // Linear: weight and bias Shard(0) (output features); Embedding: weight Shard(1).

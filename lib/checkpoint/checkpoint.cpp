@@ -134,6 +134,7 @@ SaveResult write_staged(const Staged& staged, const fs::path& tmp, const fs::pat
 // Everything before the write: the target checked and locked, the plan, Partial pieces
 // reduced, the temporary directory made. Collective over the world.
 struct Prepared {
+  std::string api; // "checkpoint::save" or "checkpoint::async_save", for messages
   std::vector<detail::SavedTensor> tensors;
   detail::WritePlan plan;
   detail::Target target;
@@ -146,7 +147,7 @@ struct Prepared {
 SaveResult write_and_publish(const Staged& staged, const Prepared& p, const SaveOptions& options,
                              const Group& group) {
   const int rank = get_rank();
-  const std::string what = "checkpoint::save(" + p.target.name + ")";
+  const std::string what = p.api + "(" + p.target.name + ")";
   SaveResult result;
   std::string error = attempt([&] {
     result = write_staged(staged, p.tmp, p.target.dir, options);
@@ -179,13 +180,14 @@ SaveResult write_and_publish(const Staged& staged, const Prepared& p, const Save
 // prepare_save's product, collective over the world: the target checked and locked, the
 // plan, Partial pieces reduced, the temporary directory made.
 Prepared prepare_save(const StateDict& state, const std::string& dir_name,
-                      const SaveOptions& options) {
+                      const SaveOptions& options, const char* api) {
   const Group world = world_group();
   Prepared p;
-  std::string what = "checkpoint::save(" + dir_name + ")";
+  p.api = api;
+  std::string what = p.api + "(" + dir_name + ")";
   std::string error = attempt([&] {
     p.target = detail::resolve_target(dir_name);
-    what = "checkpoint::save(" + p.target.name + ")";
+    what = p.api + "(" + p.target.name + ")";
     p.tmp = detail::temp_dir_of(p.target.dir);
     if (get_rank() == 0) { // nothing is written before the target is known replaceable
       detail::check_replaceable(p.target, options.overwrite(), ""); // agreement names the call
@@ -253,7 +255,7 @@ const Group& background_group() {
 SaveResult save(const StateDict& state, const std::string& dir_name, const SaveOptions& options) {
   at::NoGradGuard no_grad;
   wait_for_in_flight();
-  const Prepared p = prepare_save(state, dir_name, options);
+  const Prepared p = prepare_save(state, dir_name, options, "checkpoint::save");
   return write_and_publish(stage_own_chunks(p.tensors, p.plan, options, /*copy=*/false), p, options,
                            world_group());
 }
@@ -284,7 +286,7 @@ AsyncSave async_save(const StateDict& state, const std::string& dir_name,
   at::NoGradGuard no_grad;
   wait_for_in_flight();
   const Group& group = background_group();
-  auto p = std::make_shared<Prepared>(prepare_save(state, dir_name, options));
+  auto p = std::make_shared<Prepared>(prepare_save(state, dir_name, options, "checkpoint::async_save"));
   auto staged =
       std::make_shared<Staged>(stage_own_chunks(p->tensors, p->plan, options, /*copy=*/true));
   p->tensors.clear(); // the staged copies are what is written

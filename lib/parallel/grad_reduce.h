@@ -3,6 +3,7 @@
 // How data-parallel gradient reductions divide, shared by fully_shard, replicate and the
 // built-in communication hooks. See docs/comm_hooks.md "Division".
 #include <cstdint>
+#include <vector>
 
 #include <c10/core/ScalarType.h>
 
@@ -33,5 +34,10 @@ double predivide_factor(double size);
 
 // The state a hook is called with: `state` with its undefined parts filled in for `group`.
 CommHookState resolved_hook_state(CommHookState state, const Group& group);
+
+// Whether `param`'s gradient is reduced over every one of the global `ranks` by a data-parallel
+// wrapper: a DTensor parameter (fully_shard, tensor parallelism) whose mesh holds them all,
+// or a plain one replicate() manages over a mesh that does.
+bool gradient_reduced_over(const at::Tensor& param, const std::vector<int>& ranks);
 
 } // namespace dtensor::detail

@@ -2,6 +2,8 @@
 
 // The shared_ptr that owns a torch::nn::Module, for APIs that keep or walk the module.
 #include <memory>
+#include <string>
+#include <vector>
 
 #include <torch/nn/module.h>
 
@@ -20,5 +22,15 @@ inline std::shared_ptr<torch::nn::Module> owned_module(torch::nn::Module& module
                  api, module.name());
   }
 }
+
+// [Note: children of a Sequential] torch::nn::Sequential's forward calls each child's
+// forward itself, so a hook registered on a child never runs: the Sequential is the caller,
+// and it does not call through dtensor::call. fully_shard and tensor parallelism have op-level
+// fallbacks for such calls ([Note: the fallback trigger] in docs/architecture.md); a subsystem
+// that acts only on module calls (float8 linears, context and expert parallelism) would
+// silently do nothing, so it refuses those children when it is applied. The qualified names
+// (relative to `root`) of the modules under `root` whose caller is a Sequential, in module
+// order; `root` itself is never one (its caller is unknown).
+std::vector<std::string> sequential_children(const torch::nn::Module& root);
 
 } // namespace dtensor::detail

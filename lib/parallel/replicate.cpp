@@ -2,6 +2,7 @@
 // hooks (DDP semantics).
 #include <dtensor/replicate.h>
 
+#include <algorithm>
 #include <mutex>
 #include <unordered_map>
 
@@ -11,6 +12,7 @@
 #include <torch/nn/module.h>
 
 #include <dtensor/collectives.h>
+#include <dtensor/dtensor.h>
 
 #include "internal/check.h"
 #include "mesh/collectives_internal.h"
@@ -153,7 +155,28 @@ std::unordered_map<const torch::nn::Module*, std::weak_ptr<ReplicateState>>& reg
   return r;
 }
 
+bool holds_all(const std::vector<int>& have, const std::vector<int>& want) {
+  return std::all_of(want.begin(), want.end(), [&](int r) {
+    return std::find(have.begin(), have.end(), r) != have.end();
+  });
+}
+
 } // namespace
+
+bool gradient_reduced_over(const at::Tensor& param, const std::vector<int>& ranks) {
+  if (is_dtensor(param)) {
+    return holds_all(DTensor(param).device_mesh().ranks(), ranks);
+  }
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  for (const auto& [module, weak] : registry()) {
+    const auto state = weak.lock();
+    if (state && state->bucket_of.count(param.unsafeGetTensorImpl()) != 0 &&
+        holds_all(state->mesh.ranks(), ranks)) {
+      return true;
+    }
+  }
+  return false;
+}
 
 } // namespace detail
 

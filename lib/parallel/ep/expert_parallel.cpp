@@ -3,6 +3,7 @@
 // on the module seam.
 #include <dtensor/expert_parallel.h>
 
+#include <atomic>
 #include <chrono>
 #include <mutex>
 #include <optional>
@@ -17,6 +18,7 @@
 #include "internal/check.h"
 #include "mesh/collectives_internal.h"
 #include "parallel/ep/token_dispatch.h"
+#include "parallel/grad_reduce.h"
 #include "tensor/dtensor_impl.h"
 
 namespace dtensor {
@@ -188,19 +190,49 @@ void ExpertParallel::apply(torch::nn::Module& experts, const DeviceMesh& ep_mesh
   register_module_hooks(experts, std::move(hooks));
 }
 
+namespace {
+
+// [Note: the router's gradients over ep] Each ep rank routes tokens of its own (ep borrows
+// data-parallel ranks), so a parameter outside the experts has, on each rank, a gradient of
+// that rank's tokens only: without a data-parallel wrapper reducing it over the ep ranks
+// (fully_shard or replicate over a mesh that holds them, as torchtitan's FSDP over dp_shard x
+// cp), the routers drift apart with no error. The router's parameters are checked at its first
+// call, once the whole layout is applied and before any exchange starts, on every ep rank alike.
+void check_router_reduced(torch::nn::Module& router, const Group& group) {
+  std::vector<std::string> local;
+  for (const auto& p : router.named_parameters()) {
+    if (p.value().requires_grad() && !detail::gradient_reduced_over(p.value(), group.ranks())) {
+      local.push_back(p.key());
+    }
+  }
+  DTENSOR_CHECK(local.empty(),
+                "ExpertParallel on router {}: parameters [{}] are not reduced over the ep ranks "
+                "{}: each rank's gradient would cover its own tokens only and the routers would "
+                "drift apart. Apply fully_shard or replicate over a mesh holding those ranks to "
+                "the layer (its parameters outside the experts) after ExpertParallel",
+                router.name(), fmt::join(local, ", "), group.ranks());
+}
+
+} // namespace
+
 void ExpertParallel::apply_router(torch::nn::Module& router, const DeviceMesh& ep_mesh) const {
   check_ep_mesh(ep_mesh, router);
   const Group group = ep_mesh.get_group();
   auto state = state_;
+  auto checked = std::make_shared<std::atomic<bool>>(false);
   register_module_hooks(
       router, ModuleHooks()
                   .name("ExpertParallel counts")
                   .order(hook_order::kExpertParallel)
-                  .post_forward([state, group](torch::nn::Module& m, TensorList& out) {
+                  .post_forward([state, group, checked](torch::nn::Module& m, TensorList& out) {
                     DTENSOR_CHECK(!out.empty(),
                                   "ExpertParallel on router {}: its forward returned no tensor; "
                                   "the last must be the counts [E]",
                                   m.name());
+                    if (!checked->load()) {
+                      check_router_reduced(m, group);
+                      checked->store(true);
+                    }
                     state->start(out.back(), group);
                   }));
 }

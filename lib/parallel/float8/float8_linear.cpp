@@ -99,27 +99,70 @@ bool float8_skip_output_and_unaligned(const std::string& name,
          linear.options.out_features() % 16 == 0;
 }
 
+namespace {
+
+// A Linear named in messages: its qualified name, or the module passed itself.
+std::string linear_label(const std::string& key) {
+  return key.empty() ? std::string("(the module passed)") : fmt::format("'{}'", key);
+}
+
+// The Linears under `owner` that `filter` accepts, each checked before any is converted:
+// nothing is half-converted by a refusal.
+std::vector<std::pair<std::string, torch::nn::LinearImpl*>>
+float8_targets(torch::nn::Module& owner, const Float8LinearOptions& options,
+               const Float8Filter& filter) {
+  std::vector<std::pair<std::string, torch::nn::LinearImpl*>> targets;
+  for (const auto& item : owner.named_modules()) {
+    auto* linear = dynamic_cast<torch::nn::LinearImpl*>(item.value().get());
+    if (linear == nullptr || (filter && !filter(item.key(), *linear))) {
+      continue;
+    }
+    DTENSOR_CHECK(!options.enable_fsdp_float8_all_gather() ||
+                      options.recipe() == Float8Recipe::Tensorwise,
+                  "convert_to_float8_training: Linear {}: fully_shard's float8 all-gather "
+                  "needs the tensorwise recipe (one scale per weight), got {}",
+                  linear_label(item.key()), name_of(options.recipe()));
+    DTENSOR_CHECK(!options.enable_fsdp_float8_all_gather() || !is_dtensor(linear->weight),
+                  "convert_to_float8_training: Linear {}: its weight is a DTensor already; with "
+                  "enable_fsdp_float8_all_gather convert before fully_shard (and without tensor "
+                  "parallelism)",
+                  linear_label(item.key()));
+    for (const std::string& hook : module_hook_names(*linear)) {
+      DTENSOR_CHECK(hook.rfind("Float8Linear", 0) != 0,
+                    "convert_to_float8_training: Linear {} is converted already ({})",
+                    linear_label(item.key()), hook);
+    }
+    targets.emplace_back(item.key(), linear);
+  }
+  // [Note: children of a Sequential] (lib/parallel/module_ptr.h): a Sequential would call
+  // these Linears' forward itself, in high precision.
+  std::vector<std::string> bypassed;
+  for (const std::string& name : detail::sequential_children(owner)) {
+    for (const auto& t : targets) {
+      if (t.first == name) {
+        bypassed.push_back(name);
+      }
+    }
+  }
+  DTENSOR_CHECK(bypassed.empty(),
+                "convert_to_float8_training: Linears [{}] are called by a torch::nn::Sequential, "
+                "whose forward calls them directly, bypassing dtensor::call: they would compute "
+                "in high precision. Call them through dtensor::call from a module's forward, or "
+                "leave them out with the filter",
+                fmt::join(bypassed, ", "));
+  return targets;
+}
+
+} // namespace
+
 std::vector<std::string> convert_to_float8_training(torch::nn::Module& module,
                                                     const Float8LinearOptions& options,
                                                     const Float8Filter& filter) {
   const auto owner = detail::owned_module(module, "convert_to_float8_training");
   std::vector<std::string> converted;
-  for (const auto& item : owner->named_modules()) {
-    auto* linear = dynamic_cast<torch::nn::LinearImpl*>(item.value().get());
-    if (linear == nullptr || (filter && !filter(item.key(), *linear))) {
-      continue;
-    }
+  for (const auto& [name, linear] : float8_targets(*owner, options, filter)) {
     if (options.enable_fsdp_float8_all_gather()) {
-      DTENSOR_CHECK(options.recipe() == Float8Recipe::Tensorwise,
-                    "convert_to_float8_training: Linear '{}': fully_shard's float8 all-gather "
-                    "needs the tensorwise recipe (one scale per weight), got {}",
-                    item.key(), name_of(options.recipe()));
-      detail::mark_float8_all_gather(linear->weight, item.key());
-    }
-    for (const std::string& hook : module_hook_names(*linear)) {
-      DTENSOR_CHECK(hook.rfind("Float8Linear", 0) != 0,
-                    "convert_to_float8_training: Linear '{}' is converted already ({})", item.key(),
-                    hook);
+      detail::mark_float8_all_gather(linear->weight, name);
     }
     register_module_hooks(
         *linear, ModuleHooks()
@@ -130,7 +173,7 @@ std::vector<std::string> convert_to_float8_training(torch::nn::Module& module,
                        auto& l = static_cast<torch::nn::LinearImpl&>(m);
                        return {float8_linear(inputs.at(0), l.weight, l.bias, options)};
                      }));
-    converted.push_back(item.key());
+    converted.push_back(name);
   }
   return converted;
 }

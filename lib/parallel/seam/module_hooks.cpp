@@ -6,6 +6,9 @@
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
+
+#include <torch/nn/modules/container/sequential.h>
 
 #include "internal/check.h"
 #include "parallel/module_ptr.h"
@@ -220,6 +223,24 @@ TensorList run_module_call(const std::shared_ptr<const ModuleCall>& call,
 
 std::shared_ptr<torch::nn::Module> module_owner(torch::nn::Module& module) {
   return owned_module(module, "dtensor::call");
+}
+
+std::vector<std::string> sequential_children(const torch::nn::Module& root) {
+  std::unordered_set<const torch::nn::Module*> called_by_sequential;
+  for (const auto& m : root.modules(/*include_self=*/true)) {
+    if (dynamic_cast<const torch::nn::SequentialImpl*>(m.get()) != nullptr) {
+      for (const auto& child : m->children()) {
+        called_by_sequential.insert(child.get());
+      }
+    }
+  }
+  std::vector<std::string> names;
+  for (const auto& item : root.named_modules("", /*include_self=*/false)) {
+    if (called_by_sequential.count(item.value().get()) != 0) {
+      names.push_back(item.key());
+    }
+  }
+  return names;
 }
 
 void check_hook_outputs(const torch::nn::Module& module, size_t got, int want) {

@@ -424,9 +424,20 @@ bool path_matches(const std::string& pattern, const std::string& path) {
 void parallelize_module(torch::nn::Module& module, const DeviceMesh& tp_mesh,
                         const ParallelizePlan& plan) {
   auto named = detail::owned_module(module, "parallelize_module")->named_modules();
-  for (const auto& [pattern, style] : plan) {
+  const std::vector<std::string> bypassed = detail::sequential_children(module);
+  for (const auto& [pattern, style] : plan) { // checked before any style applies
     DTENSOR_CHECK(style != nullptr, "parallelize_module({}): null style for '{}'", module.name(),
                   pattern);
+    for (const std::string& name : bypassed) {
+      // [Note: children of a Sequential] (lib/parallel/module_ptr.h)
+      DTENSOR_CHECK(!style->needs_module_calls() || !path_matches(pattern, name),
+                    "parallelize_module({}): '{}' ({} for plan entry '{}') is called by a "
+                    "torch::nn::Sequential, whose forward calls it directly, bypassing "
+                    "dtensor::call, where {} acts: it would do nothing",
+                    module.name(), name, style->name(), pattern, style->name());
+    }
+  }
+  for (const auto& [pattern, style] : plan) {
     int matched = 0;
     for (const auto& item : named) {
       if (!item.key().empty() && path_matches(pattern, item.key())) {

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Runs the threaded multi-rank programs over and over within a time budget, under glibc's
+heap checks: stress.py BUILD_DIR BUDGET_S [NAME:WORLD[:FILTER] ...]
+
+[Note: the stress job] A heap corruption that shows once in 80 runs passes any single run of
+the suites. This job repeats the programs whose collectives run on Gloo's threads while the
+main thread computes (prefetches, background reduce-scatters, asynchronous unshards and saves,
+pipelined sends, expert dispatch) with glibc's malloc checks on (libc_malloc_debug's
+MALLOC_CHECK_=3: a corrupted chunk aborts at the next malloc or free that meets it) and
+MALLOC_PERTURB_ (freed memory filled, so a read after free computes garbage that the tests'
+value checks catch). Each run is launched as the suites launch it (launch.py). A failure
+prints the run's output and, where a core dump was written, the failing thread's backtrace
+(gdb), then the job fails; otherwise it prints the number of runs of each program.
+Programs run round-robin until the budget is spent (the last run may end past it).
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT = [
+    "fsdp_controls:4",
+    "fsdp_overlap:2",
+    "fsdp_overlap:4",
+    "comm_hooks:4",
+    "checkpoint:2",
+    "pipelining:2",
+    "moe:2",
+]
+
+
+def heap_check_env():
+    env = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_PERTURB_="165", MALLOC_CHECK_="3")
+    debug = "/usr/lib/x86_64-linux-gnu/libc_malloc_debug.so.0"
+    if os.path.exists(debug):  # glibc >= 2.34 reads MALLOC_CHECK_ only with it preloaded
+        env["LD_PRELOAD"] = debug
+    return env
+
+
+def backtraces(program, cwd):
+    out = []
+    for name in sorted(os.listdir(cwd)):
+        if name.startswith("core"):
+            bt = subprocess.run(["gdb", "-batch", "-ex", "thread apply all bt 30", program,
+                                 os.path.join(cwd, name)],
+                                capture_output=True, text=True, timeout=300)
+            out.append(f"--- {name}\n{bt.stdout[-20000:]}")
+    return "\n".join(out)
+
+
+def run_once(build, entry, env):
+    name, world, *rest = entry.split(":")
+    program = os.path.join(build, "test", "test_" + name)
+    cmd = [sys.executable, os.path.join(HERE, "launch.py"), world, program] + rest
+    with tempfile.TemporaryDirectory(prefix="stress-") as cwd:
+        start = time.monotonic()
+        p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
+                           preexec_fn=lambda: __import__("resource").setrlimit(
+                               __import__("resource").RLIMIT_CORE, (-1, -1)))
+        seconds = time.monotonic() - start
+        if p.returncode != 0:
+            print(f"[stress] {entry} FAILED (exit {p.returncode}) after {seconds:.1f} s")
+            print(p.stdout[-20000:])
+            print(p.stderr[-20000:])
+            print(backtraces(program, cwd))
+            return False, seconds
+    return True, seconds
+
+
+def main():
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    build, budget = sys.argv[1], float(sys.argv[2])
+    entries = sys.argv[3:] or DEFAULT
+    env = heap_check_env()
+    runs = {e: 0 for e in entries}
+    spent = {e: 0.0 for e in entries}
+    start = time.monotonic()
+    i = 0
+    while time.monotonic() - start < budget:
+        e = entries[i % len(entries)]
+        ok, seconds = run_once(build, e, env)
+        runs[e] += 1
+        spent[e] += seconds
+        if not ok:
+            sys.exit(1)
+        i += 1
+    summary = ", ".join(f"{e} x{runs[e]} ({spent[e]:.0f} s)" for e in entries)
+    print(f"[stress] {sum(runs.values())} runs in {time.monotonic() - start:.0f} s, no failure: "
+          f"{summary}")
+
+
+if __name__ == "__main__":
+    main()
