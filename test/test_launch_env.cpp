@@ -125,7 +125,7 @@ TEST_CASE("launch: ranks sharing devices are warned about", "[launch_env][world1
   REQUIRE_THAT(l.warning, contains("local world size 16 (the world size: none of "
                                    "LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE is set)"));
   REQUIRE_THAT(l.warning, contains("local ranks 0 and 8 both bind cuda:0"));
-  REQUIRE_THAT(l.warning, contains("launcher variables: RANK=9 WORLD_SIZE=16 LOCAL_RANK=9"));
+  REQUIRE_THAT(l.warning, contains("variables seen: RANK=9 WORLD_SIZE=16 LOCAL_RANK=9"));
   // Explicit NCCL on the same layout: the same warning.
   REQUIRE_THAT(resolve(env, 8, true, ProcessGroupOptions().backend(BackendType::Nccl)).warning,
                contains("share devices"));

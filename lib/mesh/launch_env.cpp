@@ -16,7 +16,8 @@ namespace {
 
 constexpr const char* kWhat = "init_process_group";
 
-// Every variable read below, in order, for the warning's list of what the launcher set.
+// Every variable read below, in order, and the devices' own, for the warning's list of what
+// was set.
 const std::vector<std::string> kLauncherVariables = {
     "RANK",
     "WORLD_SIZE",
@@ -35,6 +36,7 @@ const std::vector<std::string> kLauncherVariables = {
     "OMPI_COMM_WORLD_SIZE",
     "OMPI_COMM_WORLD_LOCAL_RANK",
     "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "CUDA_VISIBLE_DEVICES",
 };
 
 std::optional<int> parse_int(const std::string& s) {
@@ -129,8 +131,8 @@ std::string variables_seen(const EnvLookup& env) {
       seen.push_back(fmt::format("{}={}", name, *value));
     }
   }
-  return seen.empty() ? "none of the launcher variables is set"
-                      : fmt::format("launcher variables: {}", fmt::join(seen, " "));
+  return seen.empty() ? "no launcher variable is set"
+                      : fmt::format("variables seen: {}", fmt::join(seen, " "));
 }
 
 void check_ranges(const Launch& l) {
@@ -161,7 +163,8 @@ std::string warning_of(const Launch& l, BackendType requested, int cuda_devices,
                       "of one host share devices (local ranks 0 and {} both bind cuda:0, "
                       "LOCAL_RANK % device count) and NCCL refuses two ranks of one communicator "
                       "on one device; start one rank per device, or set LOCAL_WORLD_SIZE to the "
-                      "ranks on each host",
+                      "ranks on each host (nothing is shared where each rank sees devices of its "
+                      "own, CUDA_VISIBLE_DEVICES set per rank)",
                       describe(l.local_world), cuda_devices, cuda_devices);
   } else {
     return "";
