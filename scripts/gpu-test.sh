@@ -3,7 +3,8 @@
 # and links the CUDA variant). Builds build-cuda with -Dcuda=enabled and the tests, then runs
 # the world1, world2 and -- with 4 GPUs -- world4 suites. Each rank gets its own GPU
 # (LOCAL_RANK) and the ranks talk over ProcessGroupNCCL: init_process_group picks NCCL when
-# the build has it and there is a GPU per local rank, so every test's mesh is a cuda mesh.
+# the build has it and a GPU is visible, so every test's mesh is a cuda mesh (a suite needs a
+# GPU per rank: NCCL refuses two ranks on one device).
 #   scripts/gpu-test.sh [extra meson test arguments]
 # Environment: CUDA_VISIBLE_DEVICES to choose the GPUs; DTENSOR_GPU_SUITES to override the
 # suites (e.g. "world2").

@@ -20,7 +20,7 @@ namespace dtensor {
 
 // Which c10d engine carries the collectives.
 enum class BackendType {
-  Auto, // NCCL when built with CUDA and enough GPUs are visible, Gloo otherwise
+  Auto, // NCCL when built with CUDA and a GPU is visible, Gloo otherwise
   Gloo, // c10d::ProcessGroupGloo (CPU tensors)
   Nccl, // c10d::ProcessGroupNCCL (CUDA tensors)
   Fake, // a simulated world: every collective completes at once and moves nothing; one
@@ -30,10 +30,10 @@ enum class BackendType {
 
 std::string to_string(BackendType backend);
 
-// Options of init_process_group(). Everything not set here is read from the torchrun
-// environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
-// so the same program runs under torchrun, SLURM srun (with those variables exported) or
-// alone (no variables: a world of one rank).
+// Options of init_process_group(). What is not set here comes from the launcher: torchrun's RANK,
+// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, else SLURM's or Open MPI's (docs/device_mesh.md,
+// "Launching"), and MASTER_ADDR, MASTER_PORT; so the same program runs under torchrun, srun,
+// mpirun or alone (no variables: a world of one rank). A rank's GPU: LOCAL_RANK % device count.
 //
 // [Note: simulated worlds] DTENSOR_SIMULATE=WORLD[:RANK] (or backend Fake with world_size and
 // rank) makes this process rank RANK (default 0) of a simulated world of WORLD ranks: no
@@ -93,11 +93,11 @@ void destroy_process_group();
 
 int get_rank();
 int get_world_size();
-int get_local_rank(); // LOCAL_RANK, 0 when unset
+int get_local_rank(); // LOCAL_RANK (or SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK)
 BackendType get_backend();
 Group world_group();
-// Where this rank's tensors live: cuda:LOCAL_RANK on NCCL, the simulated device (maia:0) in a
-// simulated world, cpu otherwise.
+// Where this rank's tensors live: cuda:(LOCAL_RANK % device count) on NCCL, the simulated
+// device (maia:0) in a simulated world, cpu otherwise.
 c10::Device default_device();
 // A simulated world ([Note: simulated worlds]).
 bool is_simulated();

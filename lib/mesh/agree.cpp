@@ -11,15 +11,15 @@
 
 #include "internal/check.h"
 #include "mesh/collectives_internal.h"
+#include "mesh/rank_device.h"
 
 namespace dtensor::detail {
 
 namespace {
 
 at::Device device_of(const Group& group) {
-  return group.device_type() == c10::DeviceType::CUDA
-             ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(get_local_rank()))
-             : at::Device(at::kCPU);
+  return group.device_type() == c10::DeviceType::CUDA ? rank_device(c10::kCUDA)
+                                                      : at::Device(at::kCPU);
 }
 
 at::Tensor gather_lengths(const std::string& mine, const Group& group) {

@@ -8,6 +8,8 @@
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#else
+#include <torch/cuda.h>
 #endif
 
 namespace dtensor::detail {
@@ -18,8 +20,8 @@ bool nccl_available() { return true; }
 
 int cuda_device_count() { return static_cast<int>(c10::cuda::device_count()); }
 
-void bind_rank_device(int local_rank) {
-  const auto device = static_cast<c10::DeviceIndex>(local_rank);
+void bind_rank_device(int index) {
+  const auto device = static_cast<c10::DeviceIndex>(index);
   c10::cuda::set_device(device);
   // The first allocation initializes the runtime's context and LibTorch's caching allocator;
   // their teardown, registered now, then runs after dtensor's exit handler.
@@ -38,7 +40,9 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10
 
 bool nccl_available() { return false; }
 
-int cuda_device_count() { return 0; }
+// Devices LibTorch sees: none unless the program loaded libtorch_cuda (a CUDA program beside a
+// build without NCCL, which init_process_group warns about).
+int cuda_device_count() { return static_cast<int>(torch::cuda::device_count()); }
 
 void bind_rank_device(int) {}
 

@@ -12,6 +12,7 @@
 #include <torch/library.h>
 
 #include "internal/check.h"
+#include "mesh/launch_env.h"
 #include "mesh/process_group_state.h"
 #include "mesh/rank_device.h"
 
@@ -30,6 +31,7 @@ struct World {
       groups;
   int local_rank = 0;
   int local_world = 1;
+  int device = 0; // this rank's CUDA device: LOCAL_RANK % device count
   int64_t num_created = 0;
 };
 
@@ -70,23 +72,11 @@ void abort_groups_at_exit() {
 }
 
 std::optional<std::string> env(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') {
-    return std::nullopt;
-  }
-  return std::string(v);
+  return detail::process_env(name);
 }
 
 int env_int(const char* name, const std::string& value) {
-  try {
-    size_t pos = 0;
-    int v = std::stoi(value, &pos);
-    DTENSOR_CHECK(pos == value.size(), "init_process_group: {}='{}' is not an integer", name,
-                  value);
-    return v;
-  } catch (const std::logic_error&) {
-    DTENSOR_FAIL("init_process_group: {}='{}' is not an integer", name, value);
-  }
+  return detail::parse_env_int("init_process_group", name, value);
 }
 
 std::optional<int> env_int(const char* name) {
@@ -186,16 +176,13 @@ std::shared_ptr<const detail::GroupState> make_group(const c10::intrusive_ptr<c1
   return state;
 }
 
-void check_nccl_usable(const std::string& what, int local_rank) {
+void check_nccl_usable(const std::string& what) {
   DTENSOR_CHECK(detail::nccl_available(),
                 "{}: backend nccl requested but dtensor was built without CUDA/NCCL "
                 "(-Dcuda=disabled)",
                 what);
-  int gpus = detail::cuda_device_count();
-  DTENSOR_CHECK(local_rank < gpus,
-                "{}: backend nccl needs a GPU per local rank, but LOCAL_RANK={} and {} GPU(s) "
-                "are visible",
-                what, local_rank, gpus);
+  DTENSOR_CHECK(detail::cuda_device_count() > 0,
+                "{}: backend nccl requested but no CUDA device is visible", what);
 }
 
 // Global ranks of a group: distinct, inside the world.
@@ -352,33 +339,40 @@ void init_process_group(const ProcessGroupOptions& options) {
   DTENSOR_CHECK(!w.initialized, "init_process_group: already initialized (rank {} of {})",
                 w.world->rank, w.world->ranks.size());
   const std::optional<Simulated> simulated = simulated_world(options);
-  auto env_rank = env_int("RANK");
-  auto env_world = env_int("WORLD_SIZE");
-  int rank = simulated ? simulated->rank : options.rank().value_or(env_rank.value_or(0));
-  int world_size =
-      simulated ? simulated->world : options.world_size().value_or(env_world.value_or(1));
-  DTENSOR_CHECK(world_size >= 1, "init_process_group: world size {} must be >= 1", world_size);
-  DTENSOR_CHECK(rank >= 0 && rank < world_size,
-                "init_process_group: rank {} is out of range for world size {}", rank, world_size);
   DTENSOR_CHECK(options.timeout().count() > 0, "init_process_group: timeout {} ms must be > 0",
                 options.timeout().count());
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world = 1;
+  int device = 0;
+  BackendType type = BackendType::Fake;
+  if (simulated) {
+    rank = simulated->rank;
+    world_size = simulated->world;
+    local_rank = rank % simulated->node;
+    local_world = simulated->node;
+  } else {
+    // [Note: the launch environment] in lib/mesh/launch_env.h.
+    const detail::Launch launch = detail::resolve_launch(
+        options, detail::process_env, detail::cuda_device_count(), detail::nccl_available());
+    rank = launch.rank.value;
+    world_size = launch.world_size.value;
+    local_rank = launch.local_rank.value;
+    local_world = launch.local_world.value;
+    device = launch.device;
+    type = launch.backend;
+    if (!launch.warning.empty()) {
+      TORCH_WARN_ONCE(launch.warning);
+    }
+  }
   std::string addr = options.master_addr().value_or(env("MASTER_ADDR").value_or("127.0.0.1"));
   std::optional<int> port = options.master_port();
   if (!port) {
     port = env_int("MASTER_PORT");
   }
-  int local_rank = simulated ? rank % simulated->node : env_int("LOCAL_RANK").value_or(0);
-  int local_world = simulated ? simulated->node : env_int("LOCAL_WORLD_SIZE").value_or(world_size);
-
-  BackendType type = simulated ? BackendType::Fake : options.backend();
-  if (type == BackendType::Auto) {
-    type = detail::nccl_available() && detail::cuda_device_count() >= local_world
-               ? BackendType::Nccl
-               : BackendType::Gloo;
-  }
   if (type == BackendType::Nccl) {
-    check_nccl_usable("init_process_group", local_rank);
-    detail::bind_rank_device(local_rank);
+    detail::bind_rank_device(device);
   }
 
   c10::intrusive_ptr<c10d::Store> store;
@@ -401,6 +395,7 @@ void init_process_group(const ProcessGroupOptions& options) {
   w.groups[{all, type, options.timeout().count(), ""}] = world;
   w.local_rank = local_rank;
   w.local_world = local_world;
+  w.device = device;
   w.num_created = 1;
   w.initialized = true;
   // [Note: communicators shut down before exit]
@@ -451,7 +446,7 @@ bool is_simulated() {
 c10::Device detail::rank_device(c10::DeviceType type) {
   if (type == c10::kCUDA) {
     World& w = world_state();
-    return {c10::kCUDA, static_cast<c10::DeviceIndex>(w.initialized ? w.local_rank : 0)};
+    return {c10::kCUDA, static_cast<c10::DeviceIndex>(w.initialized ? w.device : 0)};
   }
   return type == c10::kCPU ? c10::Device(type) : c10::Device(type, 0); // the simulated device
 }
@@ -470,7 +465,7 @@ at::Tensor detail::to_rank_device(const at::Tensor& t, c10::DeviceType mesh_type
 c10::Device default_device() {
   switch (get_backend()) {
   case BackendType::Nccl:
-    return {c10::kCUDA, static_cast<c10::DeviceIndex>(get_local_rank())};
+    return detail::rank_device(c10::kCUDA);
   case BackendType::Fake:
     return {detail::kSimulatedDevice, 0};
   default:
@@ -530,7 +525,7 @@ Group new_group(const std::vector<int>& ranks, std::string label, const GroupOpt
     return Group(cached->second, std::move(label));
   }
   if (type == BackendType::Nccl) {
-    check_nccl_usable(fmt::format("new_group({}, '{}')", ranks, label), w.local_rank);
+    check_nccl_usable(fmt::format("new_group({}, '{}')", ranks, label));
   }
   // Members rendezvous under a prefix named after the rank list (and the backend and
   // timeout where they are not the world's): the same list always names the same

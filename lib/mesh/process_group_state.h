@@ -59,6 +59,6 @@ bool debug_detail();
 // order relative to other group creations.
 Group new_background_group(const std::string& label);
 bool nccl_available();   // built with NCCL
-int cuda_device_count(); // 0 without CUDA
+int cuda_device_count(); // visible CUDA devices (lib/mesh/backend_nccl.cpp)
 
 } // namespace dtensor::detail

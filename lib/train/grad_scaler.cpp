@@ -12,6 +12,7 @@
 
 #include "internal/check.h"
 #include "mesh/collectives_internal.h"
+#include "mesh/rank_device.h"
 #include "tensor/dtensor_impl.h"
 #include "train/mesh_union.h"
 
@@ -61,7 +62,7 @@ void agree_found_inf(at::Tensor& found, const Agreement& a) {
   }
   const at::Device home = found.device();
   at::Tensor wire = found.to(u.mesh.device_type() == c10::DeviceType::CUDA
-                                 ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(get_local_rank()))
+                                 ? detail::rank_device(c10::kCUDA)
                                  : at::Device(at::kCPU))
                         .contiguous();
   for (int64_t d = 0; d < u.mesh.ndim(); ++d) {

@@ -191,9 +191,7 @@ int run(int argc, char** argv) {
   }
   const bool cuda = dtensor::get_backend() == dtensor::BackendType::Nccl;
   const auto device_type = cuda ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
-  const at::Device device =
-      cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(dtensor::get_local_rank()))
-           : at::Device(at::kCPU);
+  const at::Device device = cuda ? dtensor::default_device() : at::Device(at::kCPU);
   auto mesh = dtensor::init_device_mesh(device_type, {f.dp, f.tp}, {"dp", "tp"});
   auto dp = mesh["dp"];
   auto tp = mesh["tp"];

@@ -18,16 +18,15 @@ inline int world() { return dtensor::get_world_size(); }
 // one rank ([Note: one-rank mesh dimensions communicate nothing], transitions.cpp).
 inline int64_t over(int64_t group_size, int64_t n) { return group_size > 1 ? n : 0; }
 
-// cuda when the run uses NCCL (>= N GPUs visible and a CUDA build), cpu otherwise.
+// cuda when the run uses NCCL (a GPU visible and a CUDA build), cpu otherwise.
 inline c10::DeviceType device_type() {
   return dtensor::get_backend() == dtensor::BackendType::Nccl ? c10::DeviceType::CUDA
                                                               : c10::DeviceType::CPU;
 }
 
 inline at::TensorOptions options(at::ScalarType dtype = at::kFloat) {
-  auto device = device_type() == c10::DeviceType::CUDA
-                    ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(dtensor::get_local_rank()))
-                    : at::Device(at::kCPU);
+  auto device = device_type() == c10::DeviceType::CUDA ? dtensor::default_device()
+                                                       : at::Device(at::kCPU);
   return at::TensorOptions().dtype(dtype).device(device);
 }
 
