@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Runs the threaded multi-rank programs over and over within a time budget, under glibc's
-heap checks: stress.py BUILD_DIR BUDGET_S [NAME:WORLD[:FILTER] ...]
+heap checks: stress.py BUILD_DIR BUDGET_S [--tsan] [NAME:WORLD[:FILTER] ...]
+--tsan: the build is ThreadSanitizer's (scripts/tsan.sh): its report fails the run, and
+glibc's checks stay off (ThreadSanitizer has its own allocator).
 
 [Note: the stress job] A heap corruption that shows once in 80 runs passes any single run of
 the suites. This job repeats the programs whose collectives run on Gloo's threads while the
@@ -29,6 +31,13 @@ DEFAULT = [
     "pipelining:2",
     "moe:2",
 ]
+
+
+def tsan_env():
+    supp = os.path.join(HERE, "sanitizer", "tsan.supp")
+    return dict(os.environ, OMP_NUM_THREADS="1",
+                TSAN_OPTIONS=f"halt_on_error=1:abort_on_error=1:second_deadlock_stack=1:"
+                             f"report_signal_unsafe=0:suppressions={supp}")
 
 
 def heap_check_env():
@@ -72,9 +81,11 @@ def run_once(build, entry, env):
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
-    build, budget = sys.argv[1], float(sys.argv[2])
-    entries = sys.argv[3:] or DEFAULT
-    env = heap_check_env()
+    build, budget = os.path.abspath(sys.argv[1]), float(sys.argv[2])
+    rest = sys.argv[3:]
+    tsan = "--tsan" in rest
+    entries = [e for e in rest if e != "--tsan"] or DEFAULT
+    env = tsan_env() if tsan else heap_check_env()
     runs = {e: 0 for e in entries}
     spent = {e: 0.0 for e in entries}
     start = time.monotonic()
