@@ -1,9 +1,9 @@
 // Pipeline parallelism (include/dtensor/pipelining.h): every schedule trains a small model
 // cut into stages on 2 and 4 pipeline ranks; losses and every parameter's gradient equal the
 // plain model's on one process (fp32, atol 1e-6), for a sum loss over the global count and a
-// mean loss; each rank's point-to-point transfers are counted exactly (one send of each
-// activation and one of each input gradient across every stage boundary between ranks, per
-// microbatch); bad input is refused naming what was wrong.
+// mean loss (PyTorch's default scale_grads); each rank's point-to-point transfers are counted
+// exactly (one send of each activation and one of each input gradient across every stage boundary
+// between ranks, per microbatch); bad input is refused naming what was wrong.
 #include <cmath>
 
 #include <torch/nn/functional/loss.h>
