@@ -55,6 +55,19 @@ struct PipelineStage {
 using PipelineLoss = std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>;
 
 struct PipelineOptions {
+  // [Note: mean_over_microbatches is gone] The former option divided each microbatch's loss
+  // before its backward, off by default, where PyTorch's scale_grads divides the gradients
+  // after, on by default: code written for either would silently get M times the other's
+  // gradients. A call does not compile, naming scale_grads.
+  template <typename Removed = void>
+  PipelineOptions& mean_over_microbatches(bool /*unused*/) {
+    static_assert(!std::is_void_v<Removed>,
+                  "PipelineOptions::mean_over_microbatches is removed: use PyTorch's scale_grads "
+                  "(default true: gradients divided by the number of microbatches after the "
+                  "last backward; false for a sum loss)");
+    return *this;
+  }
+
   // PyTorch's scale_grads, with its default: after a stage's last backward of the step (B or
   // W) and its gradient reduction (WAIT_REDUCE_GRAD), every gradient of the stage's module is
   // divided in place by the number of microbatches (all of .grad, as PyTorch's
@@ -72,19 +85,6 @@ struct PipelineOptions {
   // share one stream (a receive posted ahead would hold up an unrelated send queued behind
   // it); the pipeline group on Gloo, whose pairs are independent already.
   TORCH_ARG(std::optional<bool>, group_per_edge) = std::nullopt;
-
-  // [Note: mean_over_microbatches is gone] The former option divided each microbatch's loss
-  // before its backward, off by default, where PyTorch's scale_grads divides the gradients
-  // after, on by default: code written for either would silently get M times the other's
-  // gradients. A call does not compile, naming scale_grads.
-  template <typename Removed = void>
-  PipelineOptions& mean_over_microbatches(bool /*unused*/) {
-    static_assert(!std::is_void_v<Removed>,
-                  "PipelineOptions::mean_over_microbatches is removed: use PyTorch's scale_grads "
-                  "(default true: gradients divided by the number of microbatches after the "
-                  "last backward; false for a sum loss)");
-    return *this;
-  }
 };
 
 class PipelineSchedule {
