@@ -1,9 +1,9 @@
 // Pipeline parallelism (include/dtensor/pipelining.h): every schedule trains a small model
 // cut into stages on 2 and 4 pipeline ranks; losses and every parameter's gradient equal the
 // plain model's on one process (fp32, atol 1e-6), for a sum loss over the global count and a
-// mean loss; each rank's point-to-point transfers are counted exactly (one send of each
-// activation and one of each input gradient across every stage boundary between ranks, per
-// microbatch); bad input is refused naming what was wrong.
+// mean loss (PyTorch's default scale_grads); each rank's point-to-point transfers are counted
+// exactly (one send of each activation and one of each input gradient across every stage boundary
+// between ranks, per microbatch); bad input is refused naming what was wrong.
 #include <cmath>
 
 #include <torch/nn/functional/loss.h>
@@ -15,46 +15,14 @@
 #include <dtensor/replicate.h>
 #include <models/llama3.h>
 
+#include "pipelining/small_model.h"
 #include "support/prelude.h"
 
 using dtensor::PipelineOrder;
 using dtensor::ScheduleKind;
+using namespace pipeline_test;
 
 namespace {
-
-constexpr int kWidth = 8;
-constexpr int kBatch = 16;
-
-// The model: 8 layers of Linear + tanh, the last without tanh; each stage holds
-// 8 / num_stages consecutive layers.
-struct Model {
-  std::vector<torch::nn::Linear> layers;
-
-  explicit Model(int seed) {
-    torch::manual_seed(seed);
-    for (int i = 0; i < 8; ++i) {
-      layers.emplace_back(kWidth, kWidth);
-    }
-  }
-
-  at::Tensor run(at::Tensor x, int from, int to) {
-    for (int i = from; i < to; ++i) {
-      x = layers[i]->forward(x);
-      if (i != 7) {
-        x = at::tanh(x);
-      }
-    }
-    return x;
-  }
-};
-
-at::Tensor sum_loss(const at::Tensor& out, const at::Tensor& target) {
-  return (out - target).pow(2).sum() / static_cast<double>(kBatch); // over the global count
-}
-
-at::Tensor mean_loss(const at::Tensor& out, const at::Tensor& target) {
-  return (out - target).pow(2).mean();
-}
 
 struct Case {
   ScheduleKind kind;
@@ -70,28 +38,6 @@ const std::vector<Case> kCases = {
     {ScheduleKind::ZBVZeroBubble, 2},
     {ScheduleKind::DualPipeV, 2},
 };
-
-// This rank's stages of `model`, as the schedule places them.
-std::vector<dtensor::PipelineStage> stages_of(Model& model, const PipelineOrder& order,
-                                              int num_stages, int microbatches = 8,
-                                              int pp_rank = rank()) {
-  auto placement = dtensor::validate_schedule(order, num_stages, microbatches);
-  int per = 8 / num_stages;
-  std::vector<dtensor::PipelineStage> out;
-  for (int s = 0; s < num_stages; ++s) {
-    if (placement[s] != pp_rank) {
-      continue;
-    }
-    auto holder = std::make_shared<torch::nn::Module>();
-    for (int i = s * per; i < (s + 1) * per; ++i) {
-      holder->register_module("layer" + std::to_string(i), model.layers[i]);
-    }
-    out.push_back({s, holder, [&model, s, per](const at::Tensor& x) {
-                     return model.run(x, s * per, (s + 1) * per);
-                   }});
-  }
-  return out;
-}
 
 } // namespace
 
@@ -111,9 +57,11 @@ TEST_CASE("every schedule's gradients equal the plain model's", "[pipelining][wo
       int num_stages = world() * c.stages_per_rank;
       auto order = dtensor::generate_schedule(c.kind, world(), 8, c.stages_per_rank);
       Model model(1);
-      dtensor::PipelineSchedule schedule(stages_of(model, order, num_stages), pp, order, 8,
-                                         mean ? mean_loss : sum_loss,
-                                         dtensor::PipelineOptions().mean_over_microbatches(mean));
+      // The mean loss with PyTorch's default (scale_grads: the gradients divided by the
+      // number of microbatches after the last backward), the sum loss without it.
+      dtensor::PipelineSchedule schedule(
+          stages_of(model, order, num_stages), pp, order, 8, mean ? mean_loss : sum_loss,
+          mean ? dtensor::PipelineOptions() : dtensor::PipelineOptions().scale_grads(false));
       dtensor::CommDebugMode mode;
       auto losses = schedule.step(input, target);
       // The losses, on the last stage's rank, add up to the plain model's.
@@ -192,7 +140,7 @@ TEST_CASE("a communicator per pipeline edge", "[pipelining][world2][world4]") {
   const at::Tensor target = at::randn({kBatch, kWidth});
   Model plain(1);
   sum_loss(plain.run(input, 0, 8), target).backward();
-  const auto options = dtensor::PipelineOptions().group_per_edge(true);
+  const auto options = dtensor::PipelineOptions().group_per_edge(true).scale_grads(false);
   for (const Case& c : {Case{ScheduleKind::OneFOneB, 1}, Case{ScheduleKind::ZBVZeroBubble, 2}}) {
     INFO(dtensor::schedule_name(c.kind));
     const int num_stages = world() * c.stages_per_rank;
@@ -211,15 +159,12 @@ TEST_CASE("a communicator per pipeline edge", "[pipelining][world2][world4]") {
     const int64_t before = dtensor::num_groups_created();
     dtensor::PipelineSchedule schedule(stages_of(model, order, num_stages), pp, order, 8, sum_loss,
                                        options);
+    CHECK(dtensor::num_groups_created() == before); // made at the first step, once agreed
+    CommDebugMode mode;
+    schedule.step(input, target);
     if (c.kind == ScheduleKind::OneFOneB) { // the first: every edge group is new
       CHECK(dtensor::num_groups_created() - before == static_cast<int64_t>(mine.size()));
     }
-    const int64_t made = dtensor::num_groups_created();
-    dtensor::PipelineSchedule again(stages_of(model, order, num_stages), pp, order, 8, sum_loss,
-                                    options);
-    CHECK(dtensor::num_groups_created() == made);
-    CommDebugMode mode;
-    schedule.step(input, target);
     for (const std::string& label : mine) {
       INFO(label);
       CHECK(count_of(mode, label, CollectiveKind::Send) +
@@ -235,6 +180,11 @@ TEST_CASE("a communicator per pipeline edge", "[pipelining][world2][world4]") {
         CHECK(close(model.layers[i]->bias.grad(), plain.layers[i]->bias.grad()));
       }
     }
+    const int64_t made = dtensor::num_groups_created();
+    dtensor::PipelineSchedule again(stages_of(model, order, num_stages), pp, order, 8, sum_loss,
+                                    options);
+    again.step(input, target);
+    CHECK(dtensor::num_groups_created() == made);
   }
 }
 
@@ -307,7 +257,7 @@ TEST_CASE("fully_shard inside pipeline stages: every schedule equals the plain m
       }
       dtensor::fully_shard(*st.module, fsdp).set_gradient_divide_factor(1.0);
     }
-    dtensor::PipelineSchedule schedule(std::move(stages), pp, order, kMicro, sum_loss);
+    dtensor::PipelineSchedule schedule(std::move(stages), pp, order, kMicro, sum_loss, kSumLoss);
     int64_t buffers = 0;
     for (int step = 0; step < 2; ++step) { // the second step accumulates onto the first's
       CommDebugMode mode;
@@ -344,6 +294,42 @@ TEST_CASE("fully_shard inside pipeline stages: every schedule equals the plain m
   }
 }
 
+// PyTorch's defaults, ported as they are: fully_shard averaging over dp (its default divide
+// factor), a mean loss per microbatch and scale_grads on (the default) give the plain model's
+// mean-loss gradients on the whole batch; the division runs on the sharded DTensor gradients
+// after the reduce-scatter (PyTorch's wait_for_gradient_reduction), after the last B (1F1B) or
+// the last W (ZBV's split backward).
+TEST_CASE("scale_grads on fully_shard stages: PyTorch's defaults give the mean-loss gradients",
+          "[pipelining][world4]") {
+  PpDp d;
+  Model plain(1);
+  mean_loss(plain.run(d.input, 0, 8), d.target).backward();
+  for (const Case& c : {Case{ScheduleKind::OneFOneB, 1}, Case{ScheduleKind::ZBVZeroBubble, 2}}) {
+    INFO(dtensor::schedule_name(c.kind));
+    const int num_stages = 2 * c.stages_per_rank;
+    const auto order = dtensor::generate_schedule(c.kind, 2, kMicro, c.stages_per_rank);
+    const auto placement = dtensor::validate_schedule(order, num_stages, kMicro);
+    Model model(1);
+    auto stages = stages_of(model, order, num_stages, kMicro, d.pp.rank());
+    const auto fsdp = FullyShardOptions().mesh(d.mesh["dp"]).reshard_after_forward(false);
+    for (auto& st : stages) {
+      for (auto& child : st.module->children()) {
+        dtensor::fully_shard(*child, fsdp);
+      }
+      dtensor::fully_shard(*st.module, fsdp);
+    }
+    dtensor::PipelineSchedule schedule(std::move(stages), d.pp, order, kMicro, mean_loss);
+    schedule.step(d.my_input, d.my_target);
+    for (int i = 0; i < 8; ++i) {
+      if (placement[i / (8 / num_stages)] == d.pp.rank()) {
+        INFO("layer " << i);
+        CHECK(close(full_value(model.layers[i]->weight.grad()), plain.layers[i]->weight.grad()));
+        CHECK(close(full_value(model.layers[i]->bias.grad()), plain.layers[i]->bias.grad()));
+      }
+    }
+  }
+}
+
 // replicate() (DDP) inside stages on pp 2 x dp 2: each dp rank its half of the batch, a sum
 // loss over that half's count (replicate averages over dp); the stage's weight gradients are
 // all-reduced once per step, by the backward that completes them (its last B, or its last W
@@ -369,7 +355,7 @@ TEST_CASE("replicate inside pipeline stages: one all-reduce per stage per step",
       handles.push_back(dtensor::replicate(*st.module, mesh["dp"]));
       REQUIRE(handles.back().num_buckets() == 1);
     }
-    dtensor::PipelineSchedule schedule(std::move(stages), pp, order, kMicro, half_loss);
+    dtensor::PipelineSchedule schedule(std::move(stages), pp, order, kMicro, half_loss, kSumLoss);
     CommDebugMode mode;
     schedule.step(d.my_input, d.my_target);
     CHECK(count_of(mode, "dp", CollectiveKind::AllReduce) == c.stages_per_rank);
@@ -469,7 +455,7 @@ TEST_CASE("Llama3 on pp x dp x tp: stages equal the plain model, exact counts",
       }
       dtensor::set_rng_state({true, 7, 0});
       model->init_weights();
-      dtensor::PipelineSchedule schedule(stages, pp, order, kMicro, token_loss);
+      dtensor::PipelineSchedule schedule(stages, pp, order, kMicro, token_loss, kSumLoss);
       CommDebugMode mode;
       schedule.step(my_tokens, my_targets);
       const int64_t sends = p2p_per_step(placement, pp.rank(), kMicro);
@@ -522,12 +508,11 @@ TEST_CASE("pipeline errors name what was wrong", "[pipelining][world2][world4]")
   const DeviceMesh two_d = init_device_mesh(device_type(), {world(), 1}, {"pp", "x"});
   REQUIRE_THROWS_WITH(dtensor::get_total_norm({at::ones({2})}, 2.0, false, two_d),
                       contains("the pipeline mesh must be 1-D"));
-  // A batch that does not split into the microbatches (checked before any transfer).
+  // A batch that does not split into the microbatches: checked on every rank given one,
+  // agreed before any transfer, raised on every rank.
   dtensor::PipelineSchedule schedule(stages_of(model, order, world()), pp, order, 8, sum_loss);
-  if (rank() == 0 || rank() == world() - 1) {
-    REQUIRE_THROWS_WITH(schedule.step(at::randn({10, kWidth}), at::randn({10, kWidth})),
-                        contains("does not split into 8 microbatches along dim 0"));
-  }
+  REQUIRE_THROWS_WITH(schedule.step(at::randn({10, kWidth}), at::randn({10, kWidth})),
+                      contains("does not split into 8 microbatches along dim 0"));
   // Microbatch counts a schedule cannot take.
   REQUIRE_THROWS_WITH(
       dtensor::generate_schedule(ScheduleKind::DualPipeV, world(), 2 * world() - 1, 2),
@@ -596,7 +581,7 @@ TEST_CASE("1F1B's first stage lets go of sent activations a received gradient pr
     });
   }
   dtensor::PipelineSchedule schedule(std::move(stages), pp_mesh.get_group(), order, kMicros,
-                                     sum_loss);
+                                     sum_loss, kSumLoss);
   schedule.step(input, target);
   CHECK(alive_during_backward == "");
   if (rank() == 0) {

@@ -103,8 +103,11 @@ PipelineRecipe::PipelineRecipe(const Flags& f, const DeviceMesh& mesh, models::L
   model->init_weights();
   const DeviceMesh dp = mesh[{"dp_replicate", "dp_shard"}];
   const double tokens = static_cast<double>(f.batch / dp.size() * f.seq);
+  // The loss is a sum over the rank's tokens: no division by the microbatches afterwards
+  // (torchtitan's scale_grads=False).
   schedule_ = std::make_unique<PipelineSchedule>(std::move(stages), group, order, micro,
-                                                 token_sum_loss(tokens));
+                                                 token_sum_loss(tokens),
+                                                 PipelineOptions().scale_grads(false));
   describe_ = std::string(schedule_name(kind)) + ", " + std::to_string(micro) +
               " microbatches, stages " + describe_ + " of " + std::to_string(num_stages) + " here";
 }

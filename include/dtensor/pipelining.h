@@ -12,14 +12,16 @@
 //   dtensor::PipelineSchedule schedule({stage}, pp, order, 8, loss_fn);
 //   auto losses = schedule.step(tokens, targets); // gradients accumulate into the stages
 //
-// The loss contract: the loss of a microbatch is what its backward starts from; gradients
-// are never rescaled afterwards. A sum loss divided by the batch's global token count gives
-// the gradients of the model without pipelining; `mean_over_microbatches` divides each
-// microbatch's loss by the number of microbatches first (a mean loss over equal microbatches).
+// The loss contract, PyTorch's (`scale_grads`): the loss of a microbatch is what its backward
+// starts from, and after a stage's last backward of the step (and its gradient reduction) its
+// parameters' gradients are divided by the number of microbatches, so a mean loss over equal
+// microbatches gives the gradients of the model without pipelining. With a sum loss divided by
+// the batch's global token count (torchtitan's), set scale_grads(false).
 
 #include <functional>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -53,8 +55,26 @@ struct PipelineStage {
 using PipelineLoss = std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>;
 
 struct PipelineOptions {
-  // Divide each microbatch's loss by the number of microbatches before its backward.
-  TORCH_ARG(bool, mean_over_microbatches) = false;
+  // [Note: mean_over_microbatches is gone] The former option divided each microbatch's loss
+  // before its backward, off by default, where PyTorch's scale_grads divides the gradients
+  // after, on by default: code written for either would silently get M times the other's
+  // gradients. A call does not compile, naming scale_grads.
+  template <typename Removed = void>
+  PipelineOptions& mean_over_microbatches(bool /*unused*/) {
+    static_assert(!std::is_void_v<Removed>,
+                  "PipelineOptions::mean_over_microbatches is removed: use PyTorch's scale_grads "
+                  "(default true: gradients divided by the number of microbatches after the "
+                  "last backward; false for a sum loss)");
+    return *this;
+  }
+
+  // PyTorch's scale_grads, with its default: after a stage's last backward of the step (B or
+  // W) and its gradient reduction (WAIT_REDUCE_GRAD), every gradient of the stage's module is
+  // divided in place by the number of microbatches (all of .grad, as PyTorch's
+  // `_PipelineStageBase.scale_grads`: gradients accumulated over earlier steps without zeroing
+  // are divided again). Right for a loss that is a mean over its microbatch; false for a sum
+  // loss over the global count (docs/pipeline.md, "The loss contract").
+  TORCH_ARG(bool, scale_grads) = true;
   // Record when each compute action of this rank ran (PipelineSchedule::last_step_timeline):
   // the measured side of the timed simulation (simulate_schedule), for calibration.
   TORCH_ARG(bool, record_timeline) = false;
@@ -81,9 +101,14 @@ class PipelineSchedule {
   PipelineSchedule& operator=(const PipelineSchedule&) = delete;
 
   // One step: `input` (read on the rank of stage 0) and `target` (on the rank of the last
-  // stage) split along dim 0 into the microbatches. Returns the microbatches' losses (as
-  // loss_fn gave them) on the last stage's rank, none elsewhere; gradients accumulate into
-  // the stages' parameters. A failure names this rank's action, its stage and microbatch.
+  // stage) split along dim 0 into the microbatches; every rank given either checks that it
+  // splits. Returns the microbatches' losses (as loss_fn gave them) on the last stage's rank,
+  // none elsewhere; gradients accumulate into the stages' parameters (scale_grads). Called on
+  // every rank of the group: the first step agrees, before any transfer, on the number of
+  // stages, the lowered program, the options the ranks share and whether each rank's batch
+  // splits, and a disagreement or a bad batch raises the same dtensor::Error on every rank,
+  // naming each rank and what it had ([Note: agreeing before the first step] in runtime.cpp).
+  // Any other failure names the pipeline rank, the stage and the action.
   std::vector<at::Tensor> step(const at::Tensor& input, const at::Tensor& target);
 
   // The lowered program of every pipeline rank (lower_schedule).

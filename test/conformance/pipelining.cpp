@@ -15,8 +15,12 @@ int stages_per_rank(dtensor::ScheduleKind k) {
   return k == dtensor::ScheduleKind::GPipe || k == dtensor::ScheduleKind::OneFOneB ? 1 : 2;
 }
 
-at::Tensor loss_fn(const at::Tensor& out, const at::Tensor& target) {
+at::Tensor sum_loss(const at::Tensor& out, const at::Tensor& target) {
   return (out - target).pow(2).sum() / kBatch;
+}
+
+at::Tensor mean_loss(const at::Tensor& out, const at::Tensor& target) {
+  return (out - target).pow(2).mean();
 }
 
 // Layers [first, last) under their names in the whole model ("layers.3.weight").
@@ -65,7 +69,11 @@ void run_case(Ctx& ctx, const Case& c) {
     }
   }
   auto pp = ctx.mesh({ctx.world}, {"pp"}).get_group();
-  dtensor::PipelineSchedule schedule(stages, pp, order, m, loss_fn);
+  // The mean loss with the default (PyTorch's scale_grads=True), the sum loss without it.
+  const bool mean = c.str("loss") == "mean";
+  dtensor::PipelineSchedule schedule(stages, pp, order, m, mean ? mean_loss : sum_loss,
+                                     mean ? dtensor::PipelineOptions()
+                                          : dtensor::PipelineOptions().scale_grads(false));
   const auto losses = schedule.step(c["input"].toTensor(), c["target"].toTensor());
   for (size_t j = 0; j < losses.size(); ++j) {
     ctx.results.tensor(k + " loss mb" + std::to_string(j) + "#0", losses[j]);

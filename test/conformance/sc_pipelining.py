@@ -2,8 +2,10 @@
 model cut into the same stages, the same schedule and microbatches on the same Gloo ranks;
 each microbatch's loss on the last stage's rank and every gradient on the rank holding its
 layer, against the plain model on one process (the reference) and PyTorch's run. The loss
-contract on both sides: a sum over the microbatch divided by the global batch's count, no
-rescaling of gradients afterwards (PyTorch's scale_grads=False)."""
+contract, two ways on both sides: a sum over the microbatch divided by the global batch's
+count with no rescaling of gradients afterwards (PyTorch's scale_grads=False), and a mean over
+the microbatch with PyTorch's default (scale_grads=True: the gradients divided by the number of
+microbatches after the last backward), which is dtensor's default too."""
 import torch
 import torch.nn as nn
 
@@ -48,8 +50,15 @@ def model():
     return Part([nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)], 0, LAYERS)
 
 
-def loss_fn(out, target):
+def sum_loss(out, target):
     return (out - target).pow(2).sum() / BATCH
+
+
+def mean_loss(out, target):
+    return (out - target).pow(2).mean()
+
+
+LOSSES = {"sum": sum_loss, "mean": mean_loss}
 
 
 def stages_of(rank, world, per_rank, placement):
@@ -64,20 +73,22 @@ def stages_of(rank, world, per_rank, placement):
 def cases(world):
     init = {n: p.detach().clone() for n, p in model().named_parameters()}
     micro = 2 * world  # DualPipeV needs at least two per stage of a rank
-    return [{"key": f"{name} m={micro}", "schedule": name, "microbatches": micro,
-             "init": init, "input": gen([BATCH, WIDTH], 3), "target": gen([BATCH, WIDTH], 4)}
-            for name in SCHEDULES if world > 1]
+    return [{"key": f"{name} m={micro}" + ("" if loss == "sum" else " mean"), "schedule": name,
+             "microbatches": micro, "loss": loss, "init": init, "input": gen([BATCH, WIDTH], 3),
+             "target": gen([BATCH, WIDTH], 4)}
+            for name in SCHEDULES for loss in LOSSES if world > 1]
 
 
 def reference(cases):
     refs = {}
     for c in cases:
+        loss_fn = LOSSES[c["loss"]]
         m = model()
         out = m(c["input"])
         m_out = out.chunk(c["microbatches"])
         for j, (o, t) in enumerate(zip(m_out, c["target"].chunk(c["microbatches"]))):
             refs[f"{c['key']} loss mb{j}#0"] = loss_fn(o, t).detach()
-        loss_fn(out, c["target"]).backward()
+        loss_fn(out, c["target"]).backward()  # the mean over equal microbatches' means
         for n, p in m.named_parameters():
             refs[f"{c['key']} grad {n}#0"] = p.grad.detach().clone()
     return refs
@@ -99,7 +110,7 @@ def run_torch(ctx, cases):
                                 torch.device("cpu")) for s in mine]
         kind = getattr(pipelining, cls)
         sched = kind(stages[0] if per_rank == 1 else stages, c["microbatches"],
-                     loss_fn=loss_fn, scale_grads=False)
+                     loss_fn=LOSSES[c["loss"]], scale_grads=c["loss"] == "mean")
         losses = []
         args = (c["input"],) if 0 in mine else ()
         target = c["target"] if num_stages - 1 in mine else None

@@ -1,5 +1,4 @@
 // Running a lowered pipeline program (PipelineSchedule, include/dtensor/pipelining.h).
-// [Note: the pipeline runtime]
 //
 // [Note: the pipeline runtime]
 // Each rank runs its own lowered program (lower_schedule) action by action. A forward takes
@@ -13,7 +12,10 @@
 // the action that reads them. Receive buffers need the shapes of each stage's input and
 // output: the first step finds them by one forward per stage on its first microbatch, stage
 // after stage, each rank sending the next stage's input shape ahead (uncounted, as the
-// library's bookkeeping). Later forwards whose output shape differs are refused.
+// library's bookkeeping; find_shapes in transfers.cpp), once the ranks have agreed on the
+// schedule and the batch ([Note: agreeing before the first step]). Later forwards whose
+// output shape differs are refused. An error names the pipeline rank, the stage and the
+// action, and a wait for a peer names the peer's rank and stage.
 //
 // [Note: fully_shard under pipelining]
 // A stage whose module holds fully_shard units (its module the root, torchtitan's order) is
@@ -27,6 +29,7 @@
 
 #include <dtensor/pipelining.h>
 
+#include "mesh/agree.h"
 #include "parallel/pipelining/runtime_impl.h"
 
 #include <torch/csrc/autograd/autograd.h>
@@ -35,48 +38,140 @@
 
 namespace dtensor {
 
-void PipelineSchedule::Impl::find_shapes() {
-  detail::Uncounted uncounted;
-  std::vector<Work> sends;
-  std::vector<at::Tensor> keep;
-  std::map<int, at::Tensor> out; // for a V's turn
+std::string PipelineSchedule::Impl::rank_name() const {
+  return fmt::format("pipeline rank {} ({})", group.rank(), group.to_string());
+}
+
+std::string PipelineSchedule::Impl::stage_list() const {
+  std::vector<int> mine;
+  for (const auto& [s, stage] : stages) {
+    mine.push_back(s);
+  }
+  return fmt::format("{}", fmt::join(mine, ", "));
+}
+
+std::string PipelineSchedule::Impl::split_batch(const at::Tensor& input, const at::Tensor& target) {
+  input_mbs.clear();
+  target_mbs.clear();
+  std::vector<std::string> bad;
+  auto split = [&](const at::Tensor& t, const char* what, int stage,
+                   std::vector<at::Tensor>& into) {
+    const bool reads = is_local(stage);
+    if (!t.defined()) {
+      if (reads) {
+        bad.push_back(
+            fmt::format("the {} is undefined, and this rank holds stage {}", what, stage));
+      }
+      return; // a rank given none contributes nothing
+    }
+    if (t.dim() == 0 || t.size(0) == 0 || t.size(0) % microbatches != 0) {
+      bad.push_back(fmt::format("the {} ({}) does not split into {} microbatches along dim 0", what,
+                                detail::describe(t), microbatches));
+    } else if (reads) {
+      into = t.split(t.size(0) / microbatches);
+    }
+  };
+  split(input, "input", 0, input_mbs);
+  split(target, "target", num_stages - 1, target_mbs);
+  return fmt::format("{}", fmt::join(bad, "; "));
+}
+
+namespace {
+
+// What one rank sent in the first step's agreement, and its fields.
+struct RankLine {
+  std::string built;     // what must agree: stages, microbatches, program, shared options
+  std::string stages;    // its stages, "1, 2"
+  std::string bad_batch; // why its batch does not split, or ""
+};
+
+RankLine parse_line(const std::string& line) {
+  const size_t a = line.find('\x1f');
+  const size_t b = line.find('\x1f', a + 1);
+  return {line.substr(0, a), line.substr(a + 1, b - a - 1), line.substr(b + 1)};
+}
+
+} // namespace
+
+// [Note: agreeing before the first step]
+// Ranks built with different schedules (another stage count, schedule kind, microbatch count,
+// lowering, or transfer options) would wait for transfers that never come, each until the
+// collective timeout; a batch checked only on the ranks that read it would fail there while
+// the others wait. So the first step, before any transfer (the shape exchange and the edge
+// communicators' rendezvous), gathers one line from every rank of the pipeline group: what it
+// was built with (the number of stages, the microbatches, a fingerprint of every rank's
+// lowered program, the options the ranks must share) and why its batch does not split ("" when
+// it splits or when the rank was given none). Every rank judges the same lines, so a
+// disagreement, or any rank's bad batch, raises the same error on every rank at once, naming
+// each rank, its stages and what it had. Two all-gathers (all_gather_strings: the lengths,
+// then the bytes), once per schedule, not counted by CommDebugMode (the library's
+// bookkeeping, as the shape exchange).
+//
+// [Note: a bad batch on a later step]
+// Later steps check the batch on each rank given one, before any transfer, without a
+// collective: a bad batch raises there at once, naming the rank, its stages and the batch,
+// and the ranks waiting for its transfers fail in their receive or send, naming their rank,
+// stage and action and the peer "which failed or is late": at once when that rank's process
+// ends, at the group's timeout when it lives on. Agreeing every step would make that error
+// immediate and the same everywhere, for one all-gather per step (as PyTorch, which checks
+// nothing across ranks, does not pay) and, on NCCL, a host synchronization at the start of
+// every step (reading the gathered result), which keeps the CPU from queuing the step's work
+// while the GPU finishes the optimizer's step. A batch that changes size between steps is
+// the only thing it would catch, so it is not agreed.
+void PipelineSchedule::Impl::agree_first_step(const std::string& bad_batch) {
+  const std::string built =
+      fmt::format("{} stages, {} microbatches, program #{:016x}, transfers {}, scale_grads {}",
+                  num_stages, microbatches, std::hash<std::string>{}(schedule_to_text(program)),
+                  per_edge ? "per edge" : "on the pipeline group", options.scale_grads());
+  std::vector<std::string> lines;
+  try {
+    const detail::Uncounted uncounted;
+    lines = detail::all_gather_strings(
+        fmt::format("{}\x1f{}\x1f{}", built, stage_list(), bad_batch), group);
+  } catch (const std::exception& e) {
+    DTENSOR_FAIL("{}, stages [{}], agreeing with the other ranks on the schedule and the batch "
+                 "before the first step's transfers (a rank failed or is late): {}",
+                 rank_name(), stage_list(), e.what());
+  }
+  std::vector<RankLine> ranks;
+  bool same = true, splits = true;
+  for (const auto& line : lines) {
+    ranks.push_back(parse_line(line));
+    same = same && ranks.back().built == ranks.front().built;
+    splits = splits && ranks.back().bad_batch.empty();
+  }
+  std::vector<std::string> what;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    if (!same) {
+      what.push_back(
+          fmt::format("pipeline rank {} (stages [{}]): {}", r, ranks[r].stages, ranks[r].built));
+    } else if (!ranks[r].bad_batch.empty()) {
+      what.push_back(fmt::format("pipeline rank {} (stages [{}]): {}", r, ranks[r].stages,
+                                 ranks[r].bad_batch));
+    }
+  }
+  DTENSOR_CHECK(same,
+                "PipelineSchedule::step on {}: the pipeline ranks were built with different "
+                "schedules, so nothing was sent: {}",
+                group.to_string(), fmt::join(what, "; "));
+  DTENSOR_CHECK(splits,
+                "PipelineSchedule::step on {}: the batch does not split into the {} microbatches, "
+                "so nothing was sent: {}",
+                group.to_string(), microbatches, fmt::join(what, "; "));
+}
+
+// PyTorch's scale_grads (PipelineOptions::scale_grads), after the stage's last backward and
+// its gradient reduction: every gradient of the stage's module, divided in place.
+void PipelineSchedule::Impl::scale_grads(int s) {
+  if (!options.scale_grads() || microbatches == 1) {
+    return;
+  }
   at::NoGradGuard no_grad;
-  for (auto& [s, stage] : stages) {
-    at::Tensor x;
-    if (s == 0) {
-      x = input_mbs.at(0);
-    } else if (is_local(s - 1)) {
-      x = out.at(s - 1);
-    } else {
-      // [Note: pipeline buffers on the rank's device] What a pipeline rank receives lands
-      // on default_device(): cuda:LOCAL_RANK under NCCL (which moves device memory only), the
-      // CPU under Gloo, the simulated device in a simulated world (shape messages excepted:
-      // detail::shape_message_device()).
-      at::Tensor meta = at::empty({detail::kShapeMetaLen},
-                                  at::dtype(at::kLong).device(detail::shape_message_device()));
-      dtensor::recv(meta, placement[s - 1], group, kMetaTag + s);
-      const Shape in = detail::decode_shape(meta);
-      x = detail::from_wire(at::zeros(in.sizes, at::dtype(in.dtype).device(default_device())), in,
-                            stage.mesh, fmt::format("stage {}", s));
-    }
-    in_shape[s] = detail::shape_of(x);
-    out[s] = stage.forward(x);
-    out_shape[s] = detail::shape_of(out[s]);
-    if (s + 1 < num_stages && !is_local(s + 1)) {
-      keep.push_back(detail::encode_shape(out_shape[s]));
-      sends.push_back(dtensor::send(keep.back(), placement[s + 1], group, kMetaTag + s + 1,
-                                    CollectiveOptions().async_op(true)));
+  for (auto& p : stages.at(s).module->parameters()) {
+    if (p.grad().defined()) {
+      p.mutable_grad().div_(microbatches);
     }
   }
-  for (auto& w : sends) {
-    w.wait();
-  }
-  for (auto& [s, u] : dp_units) { // so that the step's UNSHARD gathers them, counted
-    for (auto& unit : u.units) {
-      unit.reshard();
-    }
-  }
-  shapes_known = true;
 }
 
 void PipelineSchedule::Impl::find_units(int s) {
@@ -185,9 +280,8 @@ void PipelineSchedule::Impl::forward(int s, int mb) {
                 s, mb, got.str(), out_shape.at(s).str());
   inputs[{s, mb}] = x;
   if (s == num_stages - 1) {
-    at::Tensor l = loss(y, target_mbs.at(mb));
-    losses.at(mb) = l.detach();
-    y = options.mean_over_microbatches() ? l / microbatches : l;
+    y = loss(y, target_mbs.at(mb)); // the backward starts here (scale_grads divides later)
+    losses.at(mb) = y.detach();
   }
   outputs[{s, mb}] = y;
 }
@@ -295,8 +389,11 @@ void PipelineSchedule::Impl::run(const PipelineAction& a) {
   case AT::Unshard:
   case AT::Reshard:
   case AT::ReduceGrad:
+    run_data_parallel(a.type, s);
+    break;
   case AT::WaitReduceGrad:
     run_data_parallel(a.type, s);
+    scale_grads(s); // the stage's gradients are complete (and reduced) here
     break;
   case AT::OverlapFB:
     break;
@@ -373,9 +470,7 @@ PipelineSchedule::PipelineSchedule(std::vector<PipelineStage> stages, Group grou
                 "PipelineSchedule: the schedule places stages [{}] on pipeline rank {}, but this "
                 "rank was given stages [{}]",
                 fmt::join(mine, ", "), d.group.rank(), fmt::join(given, ", "));
-  if (d.options.group_per_edge().value_or(d.group.backend_type() == BackendType::Nccl)) {
-    d.make_edge_groups();
-  }
+  d.per_edge = d.options.group_per_edge().value_or(d.group.backend_type() == BackendType::Nccl);
   d.find_proven_sends();
 }
 
@@ -397,19 +492,40 @@ int64_t PipelineSchedule::receive_buffer_count() const {
   return impl_->recv_buffers;
 }
 
+namespace {
+
+// "stage 1", or an OVERLAP_F_B's "stages 0 and 3": the stages an action runs.
+std::string stages_of(const PipelineAction& a) {
+  std::vector<int> s;
+  for (const auto& part : detail::parts_of(a)) {
+    s.push_back(part.stage);
+  }
+  return s.size() == 1 ? fmt::format("stage {}", s[0])
+                       : fmt::format("stages {}", fmt::join(s, " and "));
+}
+
+} // namespace
+
 std::vector<at::Tensor> PipelineSchedule::step(const at::Tensor& input, const at::Tensor& target) {
   Impl& d = *impl_;
-  int m = d.microbatches;
-  bool first = d.is_local(0), last = d.is_local(d.num_stages - 1);
-  auto split = [&](const at::Tensor& t, const char* what) {
-    DTENSOR_CHECK(
-        t.defined() && t.dim() > 0 && t.size(0) % m == 0,
-        "PipelineSchedule::step: the {} ({}) does not split into {} microbatches along dim 0", what,
-        t.defined() ? detail::describe(t) : "undefined", m);
-    return t.split(t.size(0) / m);
-  };
-  d.input_mbs = first ? split(input, "input") : std::vector<at::Tensor>{};
-  d.target_mbs = last ? split(target, "target") : std::vector<at::Tensor>{};
+  const int m = d.microbatches;
+  const bool last = d.is_local(d.num_stages - 1);
+  const std::string bad_batch = d.split_batch(input, target);
+  if (!d.agreed) {
+    d.agree_first_step(bad_batch); // [Note: agreeing before the first step]
+    if (d.per_edge) {
+      try {
+        d.make_edge_groups();
+      } catch (const std::exception& e) {
+        DTENSOR_FAIL("{}, stages [{}], making the communicators of its pipeline edges: {}",
+                     d.rank_name(), d.stage_list(), e.what());
+      }
+    }
+    d.agreed = true;
+  }
+  DTENSOR_CHECK(bad_batch.empty(), // [Note: a bad batch on a later step]
+                "PipelineSchedule::step: {}, stages [{}], before the step's first transfer: {}",
+                d.rank_name(), d.stage_list(), bad_batch);
   d.losses.assign(last ? m : 0, at::Tensor());
   if (!d.shapes_known) {
     d.find_shapes();
@@ -425,8 +541,8 @@ std::vector<at::Tensor> PipelineSchedule::step(const at::Tensor& input, const at
     try {
       d.run(a);
     } catch (const std::exception& e) {
-      DTENSOR_FAIL("pipeline rank {} ({}), action {} (step {} of its program): {}", d.group.rank(),
-                   d.group.to_string(), a.str(), i, e.what());
+      DTENSOR_FAIL("{}, {}, action {} (step {} of its program): {}", d.rank_name(), stages_of(a),
+                   a.str(), i, e.what());
     }
   }
   d.check_done();

@@ -58,6 +58,8 @@ struct PipelineSchedule::Impl {
   PipelineOptions options;
   std::vector<int> placement; // stage -> pipeline rank
   PipelineOrder program;
+  bool per_edge = false; // [Note: a communicator per pipeline edge], resolved
+  bool agreed = false;   // [Note: agreeing before the first step]
   bool shapes_known = false;
   std::map<int, detail::StageShape> in_shape, out_shape; // per local stage
 
@@ -97,7 +99,14 @@ struct PipelineSchedule::Impl {
     return ((stage * 2 + (fwd ? 0 : 1)) * microbatches + mb) + 1;
   }
 
+  // "pipeline rank 1 (pp: ranks [0, 1] (gloo))": how errors name this rank; its stages "1, 2".
+  std::string rank_name() const;
+  std::string stage_list() const;
+  // Splits the batch into the microbatches this rank reads; "" or why it does not split.
+  std::string split_batch(const at::Tensor& input, const at::Tensor& target);
+  void agree_first_step(const std::string& bad_batch);
   void find_shapes();
+  void scale_grads(int s);
   void find_units(int s);
   void run_data_parallel(AT type, int s);
   void run(const PipelineAction& a);

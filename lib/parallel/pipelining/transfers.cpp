@@ -8,10 +8,11 @@
 // On each of them one rank only sends and the other only receives, both in the order of
 // the microbatches (every schedule runs a stage's forwards, and its backwards, in microbatch
 // order), so a receive posted ahead waits only for its own send, on no other transfer's
-// stream. They are made in the constructor, boundary after boundary on every rank: a rank
-// waits only at a lower boundary whose two ranks have made every boundary below it, so the
-// rendezvous cannot deadlock. Cached by name: another schedule over the same edges reuses
-// them.
+// stream. They are made at the first step, once the ranks have agreed on the schedule ([Note:
+// agreeing before the first step] in runtime.cpp: ranks built with other stages would wait in
+// each other's rendezvous), boundary after boundary on every rank: a rank waits only at a
+// lower boundary whose two ranks have made every boundary below it, so the rendezvous cannot
+// deadlock. Cached by name: another schedule over the same edges reuses them.
 #include "parallel/pipelining/runtime_impl.h"
 
 #include <string>
@@ -20,6 +21,71 @@
 #include <torch/csrc/distributed/c10d/Work.hpp> // dtensor::Work's c10d work, released here
 
 namespace dtensor {
+
+// [Note: the pipeline runtime] (runtime.cpp): the first step's shape exchange. A failure names
+// the rank, the stage and what it was doing: its forward of microbatch 0, or the transfer of a
+// shape and the peer that failed or is late.
+void PipelineSchedule::Impl::find_shapes() {
+  detail::Uncounted uncounted;
+  std::vector<std::pair<int, Work>> sends; // (sending stage, its send)
+  std::vector<at::Tensor> keep;
+  std::map<int, at::Tensor> out; // for a V's turn
+  at::NoGradGuard no_grad;
+  const std::string exchange = "the first step's shape exchange";
+  for (auto& [s, stage] : stages) {
+    std::string doing = "its forward of microbatch 0";
+    try {
+      at::Tensor x;
+      if (s == 0) {
+        x = input_mbs.at(0);
+      } else if (is_local(s - 1)) {
+        x = out.at(s - 1);
+      } else {
+        // [Note: pipeline buffers on the rank's device] What a pipeline rank receives lands
+        // on default_device(): cuda:LOCAL_RANK under NCCL (which moves device memory only),
+        // the CPU under Gloo, the simulated device in a simulated world (shape messages
+        // excepted: detail::shape_message_device()).
+        at::Tensor meta = at::empty({detail::kShapeMetaLen},
+                                    at::dtype(at::kLong).device(detail::shape_message_device()));
+        doing = fmt::format("receiving its input's shape from pipeline rank {} (stage {}), "
+                            "which failed or is late",
+                            placement[s - 1], s - 1);
+        dtensor::recv(meta, placement[s - 1], group, kMetaTag + s);
+        doing = "its forward of microbatch 0";
+        const Shape in = detail::decode_shape(meta);
+        x = detail::from_wire(at::zeros(in.sizes, at::dtype(in.dtype).device(default_device())), in,
+                              stage.mesh, fmt::format("stage {}", s));
+      }
+      in_shape[s] = detail::shape_of(x);
+      out[s] = stage.forward(x);
+      out_shape[s] = detail::shape_of(out[s]);
+      if (s + 1 < num_stages && !is_local(s + 1)) {
+        doing = fmt::format("sending stage {}'s input shape to pipeline rank {}", s + 1,
+                            placement[s + 1]);
+        keep.push_back(detail::encode_shape(out_shape[s]));
+        sends.emplace_back(s, dtensor::send(keep.back(), placement[s + 1], group, kMetaTag + s + 1,
+                                            CollectiveOptions().async_op(true)));
+      }
+    } catch (const std::exception& e) {
+      DTENSOR_FAIL("{}, stage {}, {} ({}): {}", rank_name(), s, exchange, doing, e.what());
+    }
+  }
+  for (auto& [s, w] : sends) {
+    try {
+      w.wait();
+    } catch (const std::exception& e) {
+      DTENSOR_FAIL("{}, stage {}, {} (sending stage {}'s input shape to pipeline rank {}, which "
+                   "failed or is late): {}",
+                   rank_name(), s, exchange, s + 1, placement[s + 1], e.what());
+    }
+  }
+  for (auto& [s, u] : dp_units) { // so that the step's UNSHARD gathers them, counted
+    for (auto& unit : u.units) {
+      unit.reshard();
+    }
+  }
+  shapes_known = true;
+}
 
 void PipelineSchedule::Impl::make_edge_groups() {
   const std::vector<int>& ranks = group.ranks();
@@ -65,7 +131,7 @@ at::Tensor PipelineSchedule::Impl::recv_buffer(const Shape& shape) {
       return t; // its storage's other owners are gone: reused ([Note: receive buffers])
     }
   }
-  // [Note: pipeline buffers on the rank's device] (runtime.cpp).
+  // [Note: pipeline buffers on the rank's device] (find_shapes, above).
   recv_pool.push_back(at::empty(shape.sizes, at::dtype(shape.dtype).device(default_device())));
   return recv_pool.back();
 }
@@ -75,7 +141,15 @@ at::Tensor PipelineSchedule::Impl::take_recv(bool fwd, int s, int mb) {
   auto it = in_flight.find(key);
   DTENSOR_CHECK(it != in_flight.end(), "nothing was received for stage {}, microbatch {} ({})", s,
                 mb, fwd ? "its input" : "its output's gradient");
-  it->second.first.wait();
+  try {
+    it->second.first.wait();
+  } catch (const std::exception& e) {
+    const int from = fwd ? s - 1 : s + 1;
+    DTENSOR_FAIL("waiting for {} of microbatch {} from pipeline rank {} (stage {}), which failed "
+                 "or is late: {}",
+                 fwd ? "the input" : "the output's gradient", mb, placement.at(from), from,
+                 e.what());
+  }
   at::Tensor t = it->second.second;
   in_flight.erase(it);
   auto proven = proven_by.find(key); // [Note: sends a receive proves received]
@@ -175,11 +249,27 @@ void PipelineSchedule::Impl::release_sent() {
   }
 }
 
+namespace {
+
+// Waits for a send of stage s (SEND_F to s + 1, SEND_B to s - 1); a failure names the peer.
+void wait_for_send(Work& work, bool fwd, int s, int mb, const std::vector<int>& placement) {
+  try {
+    work.wait();
+  } catch (const std::exception& e) {
+    const int to = fwd ? s + 1 : s - 1;
+    DTENSOR_FAIL("the send of {} of microbatch {} to pipeline rank {} (stage {}), which failed or "
+                 "is late: {}",
+                 fwd ? "the output" : "the input's gradient", mb, placement.at(to), to, e.what());
+  }
+}
+
+} // namespace
+
 void PipelineSchedule::Impl::release(const std::tuple<AT, int, int>& key,
                                      std::pair<Work, at::Tensor>& entry) {
-  entry.first.wait(); // raises a failed send's error here, naming the action
-  entry = {Work(), at::Tensor()};
   const auto [type, s, mb] = key;
+  wait_for_send(entry.first, type == AT::SendF, s, mb, placement); // raises a failed send here
+  entry = {Work(), at::Tensor()};
   auto out = outputs.find({s, mb});
   if (type == AT::SendF && out != outputs.end() && !is_dtensor(out->second) &&
       out->second.requires_grad()) {
@@ -191,7 +281,7 @@ void PipelineSchedule::Impl::release(const std::tuple<AT, int, int>& key,
 void PipelineSchedule::Impl::wait_send(bool fwd, int s, int mb) {
   auto it = in_flight.find({fwd ? AT::SendF : AT::SendB, s, mb});
   DTENSOR_CHECK(it != in_flight.end(), "no send of stage {}, microbatch {} to wait for", s, mb);
-  it->second.first.wait();
+  wait_for_send(it->second.first, fwd, s, mb, placement);
   in_flight.erase(it);
 }
 
