@@ -2,9 +2,10 @@
 # The installation as a user gets it (docs/build.md, "Installing"): `meson install --destdir`
 # of this build into a fresh staging directory, then, against that installation only:
 #  1. what is installed: the library, every public header (each included by <dtensor/all.h>),
-#     every models/ header, the pkg-config file, the CMake package, `train`; no installed
-#     file and no RUNPATH names the build tree, nor the source tree outside LibTorch's own
-#     directory, and `train` finds libdtensor through $ORIGIN;
+#     every models/ header, the pkg-config file, the CMake package, `train`, the LICENSE; the
+#     CMake package and the pkg-config file name no LibTorch path; no installed file and no
+#     RUNPATH names the build tree, nor the source tree outside LibTorch's own directory;
+#     `train` finds libdtensor through $ORIGIN;
 #  2. a CMake consumer configured with CMAKE_PREFIX_PATH="<prefix>;<torch>/share/cmake" and
 #     nothing else (dtensorConfig.cmake finds LibTorch with find_package(Torch));
 #  3. a pkg-config consumer, compiled with `pkg-config --cflags --libs dtensor` and LibTorch's
@@ -35,10 +36,10 @@ work=$build/consumer
 stage=$work/stage
 rm -rf "$stage" "$work/cmake" "$work/pkgconfig" "$work/train"
 mkdir -p "$work/pkgconfig" "$work/train"
-read -r prefix libdir bindir includedir < <("$meson" introspect "$build" --buildoptions | python3 -c '
+read -r prefix libdir bindir includedir datadir < <("$meson" introspect "$build" --buildoptions | python3 -c '
 import json, sys
 o = {x["name"]: x["value"] for x in json.load(sys.stdin)}
-print(o["prefix"], o["libdir"], o["bindir"], o["includedir"])')
+print(o["prefix"], o["libdir"], o["bindir"], o["includedir"], o["datadir"])')
 "$meson" install -C "$build" --no-rebuild --quiet --destdir "$stage" >/dev/null
 root=$stage$prefix
 lib=$root/$libdir inc=$root/$includedir
@@ -56,6 +57,7 @@ while read -r h; do
   [[ -f $inc/dtensor-models/$h ]] || fail "$h is not installed under $inc/dtensor-models"
 done < <(cd "$src" && find models -name '*.h')
 pc=$lib/pkgconfig/dtensor.pc cfg=$lib/cmake/dtensor/dtensorConfig.cmake
+cmp -s "$src/LICENSE" "$root/$datadir/licenses/dtensor/LICENSE" || fail "LICENSE is not installed"
 [[ -f $pc ]] || fail "no $pc"
 [[ -f $cfg ]] || fail "no $cfg"
 grep -q '^torch_version=[0-9]' "$pc" || fail "$pc names no torch_version"
