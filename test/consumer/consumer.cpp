@@ -51,8 +51,14 @@ int main() {
 
     // A small Llama 3 from the installed models, fully sharded over the ranks, against the
     // same model unsharded: the same logits.
-    auto args = dtensor::models::Llama3Args().dim(32).n_layers(2).n_heads(4).n_kv_heads(2)
-                    .vocab_size(64).multiple_of(16).max_seq_len(16);
+    auto args = dtensor::models::Llama3Args()
+                    .dim(32)
+                    .n_layers(2)
+                    .n_heads(4)
+                    .n_kv_heads(2)
+                    .vocab_size(64)
+                    .multiple_of(16)
+                    .max_seq_len(16);
     auto build = [&] {
       at::manual_seed(1);
       dtensor::models::Llama3 m(args);
