@@ -27,7 +27,7 @@ if [[ -z ${DTENSOR_GPU_SUITES:-} ]] && ((gpus >= 4)); then
 fi
 echo "[gpu-test] $gpus GPU(s); suites: $suites"
 
-configure "$root/build-cuda" -Dcuda=enabled -Dtests=true -Dexamples=true
+configure "$root/build-cuda" -Dcuda=enabled -Dtests=true -Dexamples=true -Dwerror=true
 ninja -C "$root/build-cuda"
 args=()
 for s in $suites; do

@@ -30,7 +30,7 @@ WORLD1=("${WORLD2[@]}" sharding_rules attention_kernels activation_checkpoint ch
 dir="$root/build-torch2.9.1"
 start=$SECONDS
 configure "$dir" -Dpython="$venv_old_torch/bin/python" -Dcuda=disabled -Dunity=off \
-  -Dlib_unity_size=6 -Dexamples=false -Dbenchmarks=false
+  -Dlib_unity_size=6 -Dexamples=false -Dbenchmarks=false -Dwerror=true
 tests=(torch_config)
 for t in "${WORLD1[@]}"; do
   tests+=("$t-w1")

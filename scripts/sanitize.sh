@@ -4,7 +4,7 @@
 # runs them on real ranks. Any sanitizer report fails the run (halt_on_error); the only
 # suppressions are LibTorch's own, each explained in test/sanitizer/*.supp. Warnings are not
 # errors there (GCC's -Wmaybe-uninitialized gives false positives in libstdc++ under the
-# sanitizers; the normal build keeps -Werror). The library compiles at -O1, AddressSanitizer's
+# sanitizers; the test command's other builds keep -Werror). The library compiles at -O1, AddressSanitizer's
 # own advice: a unit takes 40% less time than at -O2 (31 s against 52 s), and reports keep
 # their file:line.
 #   scripts/sanitize.sh          the CI subset (see SUBSET below) on 1 and 2 ranks

@@ -36,7 +36,9 @@ free_disk() { df -h --output=avail "$root" | tail -1 | tr -d ' '; }
 echo "[test] free disk: $(free_disk)"
 
 start=$SECONDS
-configure "$root/build" -Dcuda=disabled
+# Warnings are errors in the test command, not for users ([Note: warnings as errors] in
+# meson.build).
+configure "$root/build" -Dcuda=disabled -Dwerror=true
 # PyTorch's side of the conformance tests whose records the oracle cache lacks, one torchrun
 # per world size, beside the build ([Note: the oracle's batch] in test/conformance/prefill.py).
 prefill_suites=()
@@ -112,7 +114,8 @@ if [[ ${DTENSOR_SKIP_CUDA_BUILD:-0} != 1 ]]; then
     start=$SECONDS
     # The library and the main job's program: what a GPU user links (each variant builds
     # only what it checks: docs/testing.md, "Budget").
-    configure "$root/build-cuda" -Dcuda=enabled -Dtests=false -Dexamples=true -Dbenchmarks=false
+    configure "$root/build-cuda" -Dcuda=enabled -Dtests=false -Dexamples=true -Dbenchmarks=false \
+      -Dwerror=true
     ninja -C "$root/build-cuda" examples/train || fail "CUDA/NCCL variant build"
     echo "[test] CUDA/NCCL variant (compile + link): $((SECONDS - start)) s"
   else
