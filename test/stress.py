@@ -7,10 +7,12 @@ glibc's checks stay off (ThreadSanitizer has its own allocator).
 [Note: the stress job] A heap corruption that shows once in 80 runs passes any single run of
 the suites. This job repeats the programs whose collectives run on Gloo's threads while the
 main thread computes (prefetches, background reduce-scatters, asynchronous unshards and saves,
-pipelined sends, expert dispatch) with glibc's malloc checks on (libc_malloc_debug's
-MALLOC_CHECK_=3: a corrupted chunk aborts at the next malloc or free that meets it) and
-MALLOC_PERTURB_ (freed memory filled, so a read after free computes garbage that the tests'
-value checks catch). Each run is launched as the suites launch it (launch.py). A failure
+pipelined sends, expert dispatch) with MALLOC_PERTURB_ set (freed memory filled, so a read
+after free computes garbage that the tests' value checks catch) and glibc's own tcache and
+chunk checks, which abort at the next malloc or free that meets a corrupted chunk. Not
+MALLOC_CHECK_: libc_malloc_debug, which glibc 2.34 and later need for it, replaces the
+tcache, the very structure whose check ("malloc(): unaligned tcache chunk detected") fires
+on a write into a small freed chunk; DTENSOR_STRESS_MALLOC_CHECK=1 adds it anyway. Each run is launched as the suites launch it (launch.py). A failure
 prints the run's output and, where a core dump was written, the failing thread's backtrace
 (gdb), then the job fails; otherwise it prints the number of runs of each program.
 Programs run round-robin until the budget is spent (the last run may end past it).
@@ -41,9 +43,10 @@ def tsan_env():
 
 
 def heap_check_env():
-    env = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_PERTURB_="165", MALLOC_CHECK_="3")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_PERTURB_="165")
     debug = "/usr/lib/x86_64-linux-gnu/libc_malloc_debug.so.0"
-    if os.path.exists(debug):  # glibc >= 2.34 reads MALLOC_CHECK_ only with it preloaded
+    if os.environ.get("DTENSOR_STRESS_MALLOC_CHECK") == "1" and os.path.exists(debug):
+        env["MALLOC_CHECK_"] = "3"  # glibc >= 2.34 reads it only with the debug library
         env["LD_PRELOAD"] = debug
     return env
 
