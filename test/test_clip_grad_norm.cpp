@@ -80,7 +80,8 @@ void clip_step(M& model, R& ref, torch::optim::Optimizer& opt, torch::optim::Opt
 
 } // namespace
 
-TEST_CASE("clip_grad_norm_: 1-D fully_shard Transformer against replicate (seed 001)",
+TEST_CASE("clip_grad_norm_: 1-D fully_shard Transformer against replicate (PyTorch's "
+          "test_fully_shard_clip_grad_norm_.py)",
           "[clip_grad_norm][world1][world2][world4]") {
   auto dp = init_device_mesh(device_type(), {world()}, {"dp"});
   using dtensor::models::Transformer;
@@ -116,7 +117,8 @@ TEST_CASE("clip_grad_norm_: 1-D fully_shard Transformer against replicate (seed 
   }
 }
 
-TEST_CASE("clip_grad_norm_: 2-D FSDP x TP MLPStack against replicate (seed 001)",
+TEST_CASE("clip_grad_norm_: 2-D FSDP x TP MLPStack against replicate (PyTorch's "
+          "test_fully_shard_clip_grad_norm_.py)",
           "[clip_grad_norm][world1][world2][world4]") {
   const int64_t tp_size = world() >= 2 ? 2 : 1;
   auto mesh = init_device_mesh(device_type(), {world() / tp_size, tp_size}, {"dp", "tp"});
@@ -207,7 +209,8 @@ TEST_CASE("get_total_norm: gradients on meshes that share no root, or without na
                           contains("names=(x, y)") && contains("names=(dp)"));
 }
 
-TEST_CASE("clip_grad_norm_: low-precision gradients, no gradients (seed 000)",
+TEST_CASE("clip_grad_norm_: low-precision gradients, no gradients (PyTorch's "
+          "test_fsdp_clip_grad_norm.py)",
           "[clip_grad_norm][world1][world2][world4]") {
   auto dp = init_device_mesh(device_type(), {world()}, {"dp"});
   {
@@ -254,7 +257,8 @@ TEST_CASE("clip_grad_norm_: low-precision gradients, no gradients (seed 000)",
 // steps after the first: Adam's first updates are ~lr * sign(grad), which turns the last-bit
 // differences of a reduce-scatter versus an all-reduce on near-zero gradient elements into
 // differences of 2 * lr.
-TEST_CASE("clip_grad_norm_: DDP parity grid of seed 000 on TransformerWithSharedParams",
+TEST_CASE("clip_grad_norm_: DDP parity grid of PyTorch's test_fsdp_clip_grad_norm.py on "
+          "TransformerWithSharedParams",
           "[clip_grad_norm][world1][world2]") {
   auto dp = init_device_mesh(device_type(), {world()}, {"dp"});
   using dtensor::models::TransformerWithSharedParams;

@@ -142,8 +142,9 @@ std::string error_of(F&& f) {
 
 } // namespace
 
-TEST_CASE("register_comm_hook: on the root, for every unit below it (seed 003)",
-          "[comm_hooks][world1][world2][world4]") {
+TEST_CASE(
+    "register_comm_hook: on the root, for every unit below it (PyTorch's test_fsdp_comm_hooks.py)",
+    "[comm_hooks][world1][world2][world4]") {
   auto mesh = init_device_mesh(device_type(), {world()}, {"dp"});
   const auto mean = mean_grads();
   for (Mode mode : kModes) {
@@ -263,7 +264,8 @@ TEST_CASE("register_comm_hook on HSDP units: reduce_scatter over shard, all_redu
   REQUIRE_FALSE(root.has_comm_hook());
 }
 
-TEST_CASE("fp16 / bf16 compression hooks equal mp_policy.reduce_dtype (seed 003)",
+TEST_CASE("fp16 / bf16 compression hooks equal mp_policy.reduce_dtype (PyTorch's "
+          "test_fsdp_comm_hooks.py)",
           "[comm_hooks][world1][world2][world4]") {
   auto mesh = init_device_mesh(device_type(), {world()}, {"dp"});
   const auto mean = mean_grads();

@@ -10,12 +10,14 @@
 namespace {
 
 torch::nn::Sequential mlp() {
-  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 4));
+  return torch::nn::Sequential(torch::nn::Linear(8, 16), torch::nn::ReLU(),
+                               torch::nn::Linear(16, 4));
 }
 
 } // namespace
 
-TEST_CASE("fully_shard / replicate: the default reduction is the mean over ranks (seed 003)",
+TEST_CASE("fully_shard / replicate: the default reduction is the mean over ranks (PyTorch's "
+          "test_fsdp_comm_hooks.py)",
           "[fsdp_hooks][world1][world2][world4]") {
   // Linear(1, W, bias=false) with input = rank: d loss / d w = rank on every rank, so the
   // reduced gradient is the mean of the ranks, (W - 1) / 2, in every iteration.
@@ -30,7 +32,8 @@ TEST_CASE("fully_shard / replicate: the default reduction is the mean over ranks
     if (mode == "no_shard") {
       ddp = dtensor::replicate(*lin, mesh);
     } else {
-      dtensor::fully_shard(*lin, FullyShardOptions().mesh(mesh).reshard_after_forward(mode == "reshard"));
+      dtensor::fully_shard(*lin,
+                           FullyShardOptions().mesh(mesh).reshard_after_forward(mode == "reshard"));
     }
     for (int it = 0; it < 4; ++it) {
       lin->zero_grad();

@@ -48,7 +48,8 @@ at::Tensor full_output(const at::Tensor& out) {
 
 } // namespace
 
-TEST_CASE("GradScaler: nested outputs are scaled on their device (seed 002)",
+TEST_CASE("GradScaler: nested outputs are scaled on their device (PyTorch's "
+          "test_fsdp_sharded_grad_scaler.py)",
           "[grad_scaler][world1][world2][world4]") {
   GradScaler scaler(GradScalerOptions().init_scale(2.0));
   at::Tensor t0 = at::full({1}, 4.0, options());
@@ -77,7 +78,8 @@ TEST_CASE("GradScaler: nested outputs are scaled on their device (seed 002)",
   REQUIRE(off.get_scale() == 1.0);
 }
 
-TEST_CASE("GradScaler: sparse gradients unscale and report inf (seed 002)",
+TEST_CASE("GradScaler: sparse gradients unscale and report inf (PyTorch's "
+          "test_fsdp_sharded_grad_scaler.py)",
           "[grad_scaler][world1][world2][world4]") {
   GradScaler scaler(GradScalerOptions().init_scale(2.0));
   scaler.scale(at::ones({1}));
@@ -110,7 +112,8 @@ TEST_CASE("GradScaler: sparse gradients unscale and report inf (seed 002)",
   REQUIRE_THROWS_WITH(scaler.unscale_(opt2), contains("already called"));
 }
 
-TEST_CASE("GradScaler: an inf gradient skips the step and backs the scale off (seed 002)",
+TEST_CASE("GradScaler: an inf gradient skips the step and backs the scale off (PyTorch's "
+          "test_fsdp_sharded_grad_scaler.py)",
           "[grad_scaler][world1][world2][world4]") {
   GradScaler scaler(GradScalerOptions().init_scale(2.0).growth_interval(1));
   at::Tensor t0 = at::tensor({INFINITY}, options());

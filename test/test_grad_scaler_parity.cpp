@@ -124,11 +124,13 @@ Run train(M& model, bool fp16_input, bool autocast) {
   return run;
 }
 
-FullyShardOptions fsdp_options(const dtensor::DeviceMesh& mesh, bool offload, bool reshard, bool fp16) {
+FullyShardOptions fsdp_options(const dtensor::DeviceMesh& mesh, bool offload, bool reshard,
+                               bool fp16) {
   auto opts = FullyShardOptions().mesh(mesh).reshard_after_forward(reshard);
   opts.offload_policy(dtensor::OffloadPolicy().offload_to_cpu(offload));
   if (fp16) {
-    opts.mp_policy(dtensor::MixedPrecisionPolicy().param_dtype(c10::kHalf).reduce_dtype(c10::kHalf));
+    opts.mp_policy(
+        dtensor::MixedPrecisionPolicy().param_dtype(c10::kHalf).reduce_dtype(c10::kHalf));
   }
   return opts;
 }
@@ -137,7 +139,8 @@ FullyShardOptions fsdp_options(const dtensor::DeviceMesh& mesh, bool offload, bo
 // module.1, module.2, then the root.
 template <class M>
 void wrap_nested(M& model, const FullyShardOptions& opts) {
-  dtensor::fully_shard(*model->module->ptr(1)->template as<torch::nn::SequentialImpl>()->ptr(0), opts);
+  dtensor::fully_shard(*model->module->ptr(1)->template as<torch::nn::SequentialImpl>()->ptr(0),
+                       opts);
   dtensor::fully_shard(*model->module->ptr(1), opts);
   dtensor::fully_shard(*model->module->ptr(2), opts);
   dtensor::fully_shard(*model, opts);
@@ -192,20 +195,22 @@ void check_parity(M ref, M model, Wrap wrap, bool offload, bool reshard, bool fp
 
 } // namespace
 
-TEST_CASE("GradScaler: fully_shard trains as replicate, offload x reshard x fp16 (seed 002)",
+TEST_CASE("GradScaler: fully_shard trains as replicate, offload x reshard x fp16 (PyTorch's "
+          "test_fsdp_sharded_grad_scaler.py)",
           "[grad_scaler_parity][world1][world2][world4]") {
   for (bool offload : {false, true}) {
     for (bool reshard : {true, false}) {
       for (bool fp16 : {false, true}) {
         check_parity(NestedWrappedModule(rank(), /*deterministic=*/true),
-                     NestedWrappedModule(rank(), true), wrap_nested<NestedWrappedModule>,
-                     offload, reshard, fp16);
+                     NestedWrappedModule(rank(), true), wrap_nested<NestedWrappedModule>, offload,
+                     reshard, fp16);
       }
     }
   }
 }
 
-TEST_CASE("GradScaler: parity with frozen parameters (NonUniformReqGradNWM, seed 002)",
+TEST_CASE("GradScaler: parity with frozen parameters (NonUniformReqGradNWM, PyTorch's "
+          "test_fsdp_sharded_grad_scaler.py)",
           "[grad_scaler_parity][world1][world2][world4]") {
   using dtensor::models::nonuniform_req_grad_nwm;
   for (bool offload : {false, true}) {
@@ -216,7 +221,8 @@ TEST_CASE("GradScaler: parity with frozen parameters (NonUniformReqGradNWM, seed
   }
 }
 
-TEST_CASE("GradScaler: parity on TransformerWithSharedParams (seed 002's model, fp32)",
+TEST_CASE("GradScaler: parity on TransformerWithSharedParams (PyTorch's "
+          "test_fsdp_sharded_grad_scaler.py model, fp32)",
           "[grad_scaler_parity][world1][world2][world4]") {
   // fp32 only: with fp16 the reference's autocast and fully_shard's fp16 parameters draw the
   // dropout masks from differently typed tensors, so the two runs would not see the same masks.
