@@ -18,6 +18,7 @@ prints the run's output and, where a core dump was written, the failing thread's
 Programs run round-robin until the budget is spent (the last run may end past it).
 """
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -62,15 +63,27 @@ def backtraces(program, cwd):
     return "\n".join(out)
 
 
+def core_dumps_on():
+    hard = resource.getrlimit(resource.RLIMIT_CORE)[1]
+    resource.setrlimit(resource.RLIMIT_CORE, (hard, hard))
+
+
 def run_once(build, entry, env):
     name, world, *rest = entry.split(":")
     program = os.path.join(build, "test", "test_" + name)
     cmd = [sys.executable, os.path.join(HERE, "launch.py"), world, program] + rest
     with tempfile.TemporaryDirectory(prefix="stress-") as cwd:
         start = time.monotonic()
-        p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
-                           preexec_fn=lambda: __import__("resource").setrlimit(
-                               __import__("resource").RLIMIT_CORE, (-1, -1)))
+        # Core dumps on: a crash leaves its threads' backtraces for backtraces() to print.
+        try:
+            p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
+                               timeout=600, preexec_fn=core_dumps_on)
+        except subprocess.TimeoutExpired as e:  # a hang is a failure too
+            print(f"[stress] {entry} FAILED: still running after 600 s")
+            for out in (e.stdout, e.stderr):  # str or bytes, by Python version
+                out = out or ""
+                print((out.decode(errors="replace") if isinstance(out, bytes) else out)[-20000:])
+            return False, time.monotonic() - start
         seconds = time.monotonic() - start
         if p.returncode != 0:
             print(f"[stress] {entry} FAILED (exit {p.returncode}) after {seconds:.1f} s")
