@@ -19,6 +19,9 @@ transformers_version=5.24.0  # the judge of the Llama-3 model's Hugging Face exc
 matplotlib_version=3.11.2    # the main job's loss curve (scripts/plot_metrics.py)
 tabulate_version=0.9.0       # what PyTorch's visualize_sharding prints with (its judge in tests)
 torchao_version=0.18.0       # the judge of the float8 linears' numerics (tests only)
+torchtitan_version=0.3.0     # the judge of the learning-rate schedule (tests only), without its
+spmd_types_version=0.2.3     # dependencies but what its schedule's module imports: these two
+tyro_version=1.0.17
 
 log() { printf '[setup] %s\n' "$*"; }
 
@@ -59,7 +62,7 @@ install_venv() {
   local stamp="$dir/.dtensor-setup-$tag"
   [[ -f $stamp ]] && return 0
   if [[ ! -f $wheelhouse/.complete-$tag ]]; then
-    log "downloading $* (with dependencies) into $wheelhouse"
+    log "downloading $* into $wheelhouse"
     mkdir -p "$wheelhouse"
     "$python" -m pip download -q -d "$wheelhouse" "$@"
     touch "$wheelhouse/.complete-$tag"
@@ -75,7 +78,10 @@ install_venv() {
 install_venv "$venv" "torch==$torch_version" "meson==$meson_version" "ninja==$ninja_version" \
   "numpy==$numpy_version" "expecttest==$expecttest_version" "safetensors==$safetensors_version" \
   "transformers==$transformers_version" "matplotlib==$matplotlib_version" \
-  "tabulate==$tabulate_version" "torchao==$torchao_version"
+  "tabulate==$tabulate_version" "torchao==$torchao_version" "tyro==$tyro_version"
+# torchtitan's own dependencies (datasets, wandb, ...) are not needed by the part the tests
+# import: it and spmd_types come without them.
+install_venv "$venv" --no-deps "torchtitan==$torchtitan_version" "spmd_types==$spmd_types_version"
 if [[ ${DTENSOR_SKIP_OLD_TORCH:-0} != 1 ]]; then
   install_venv "$venv_old_torch" "torch==$old_torch_version"
 fi

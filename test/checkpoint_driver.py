@@ -46,16 +46,16 @@ def train_mode(torchrun, work, train):
     a folder holding anything else is refused before training, untouched."""
     ckpt = os.path.join(work, "train")
     flags = ["--no-python"] + train + ["--metrics", os.path.join(work, "metrics.jsonl")]
-    good, out = job(torchrun, 4, flags + ["--steps", "10", "--save", ckpt, "--save-every", "5",
-                                          "--keep-latest", "1"])
+    good, out = job(torchrun, 4, flags + ["--steps", "15", "--save", ckpt, "--save-every", "5",
+                                          "--keep-latest", "2"])
     step = lambda n: os.path.join(ckpt, f"step-{n}")
-    ok = good and f"saved step 5 to {step(5)} " in out and f"saved step 10 to {step(10)} " in out
+    ok = good and f"saved step 5 to {step(5)} " in out and f"saved step 15 to {step(15)} " in out
     left = sorted(os.listdir(ckpt)) if os.path.isdir(ckpt) else None
-    if left != ["step-10"]:
-        print(f"FAIL: --keep-latest 1 left {left}, not ['step-10']")
+    if left != ["step-10", "step-15"]:
+        print(f"FAIL: --keep-latest 2 left {left}, not ['step-10', 'step-15']")
         ok = False
-    good, out = job(torchrun, 2, flags + ["--steps", "14", "--resume", ckpt])
-    ok = ok and good and f"resumed from {step(10)} at step 10" in out and "   13 " in out
+    good, out = job(torchrun, 2, flags + ["--steps", "17", "--resume", ckpt])
+    ok = ok and good and f"resumed from {step(15)} at step 15" in out and "   16 " in out
     # --save into a directory holding the user's files: refused on every rank, untouched.
     mine = os.path.join(work, "mine")
     os.makedirs(os.path.join(mine, "configs"))

@@ -1,7 +1,11 @@
-// TOML job files (config.h) through toml++ (Debian's libtomlplusplus-dev).
+// TOML job files and torchtitan's key overrides (config.h), the files read with toml++
+// (Debian's libtomlplusplus-dev).
 #include "config.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <map>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -26,6 +30,8 @@ struct Key {
 // concept is the same (training.steps, parallelism.tensor_parallel_degree, ...); the model's
 // shape is the flavor's ModelArgs names under [model]; what torchtitan has no key for keeps
 // the flag's name (pipeline_parallel_microbatches counts microbatches, torchtitan sizes them).
+// training.seed / training.deterministic are torchtitan's names before they moved to [debug];
+// both are read.
 const std::vector<Key>& keys() {
   static const std::vector<Key> k{
       {"model.flavor", "--preset", Kind::String},
@@ -36,13 +42,28 @@ const std::vector<Key>& keys() {
       {"model.vocab_size", "--vocab", Kind::Int},
       {"model.tokenizer_path", "--tokenizer", Kind::String},
       {"model.num_experts", "--experts", Kind::Int},
+      {"optimizer.name", "--optimizer", Kind::String},
       {"optimizer.lr", "--lr", Kind::Number},
+      {"optimizer.beta1", "--beta1", Kind::Number},
+      {"optimizer.beta2", "--beta2", Kind::Number},
+      {"optimizer.eps", "--eps", Kind::Number},
+      {"optimizer.weight_decay", "--weight-decay", Kind::Number},
+      {"lr_scheduler.warmup_steps", "--warmup-steps", Kind::Int},
+      {"lr_scheduler.total_steps", "--lr-total-steps", Kind::Int},
+      {"lr_scheduler.decay_ratio", "--decay-ratio", Kind::Number},
+      {"lr_scheduler.decay_type", "--decay-type", Kind::String},
+      {"lr_scheduler.min_lr_factor", "--min-lr-factor", Kind::Number},
       {"training.steps", "--steps", Kind::Int},
       {"training.seq_len", "--seq", Kind::Int},
       {"training.global_batch_size", "--batch", Kind::Int},
+      {"training.local_batch_size", "--local-batch", Kind::Int},
       {"training.max_norm", "--max-norm", Kind::Number},
       {"training.dataset_path", "--data", Kind::String},
       {"training.data_format", "--data-format", Kind::String},
+      {"training.seed", "--seed", Kind::Int},
+      {"training.deterministic", "--deterministic", Kind::Bool},
+      {"debug.seed", "--seed", Kind::Int},
+      {"debug.deterministic", "--deterministic", Kind::Bool},
       {"validation.freq", "--val-every", Kind::Int},
       {"validation.steps", "--val-steps", Kind::Int},
       {"training.mixed_precision_param",
@@ -67,12 +88,60 @@ const std::vector<Key>& keys() {
       {"checkpoint.async_mode",
        "--async-save",
        Kind::String,
-       {{"async", ""}, {"disabled", nullptr}}},
+       {{"async", ""}, {"disabled", "false"}}},
       {"checkpoint.initial_load_path", "--resume", Kind::String},
       {"metrics.log_freq", "--log-every", Kind::Int},
       {"metrics.jsonl", "--metrics", Kind::String},
   };
   return k;
+}
+
+// [Note: keys that act together] Keys without a flag of their own that change what other keys
+// mean, as in torchtitan: checkpoint.enable (false, the default: the [checkpoint] keys take no
+// effect; true: checkpoints in job.dump_folder / checkpoint.folder, resumed from the newest
+// there, every checkpoint.interval steps, 500 by default), validation.enable (false: no
+// validation; true: every validation.freq steps, 10 by default, over validation.steps
+// batches, -1 by default: all held-out ones), activation_checkpoint.selective_ac_option
+// (with mode "selective", "op": the recipe's selective mode; a layer frequency, torchtitan's
+// default "2", is not implemented and refused),
+// training.mixed_precision_reduce (float32, the only value torchtitan takes).
+const std::vector<std::pair<const char*, Kind>>& compound_keys() {
+  static const std::vector<std::pair<const char*, Kind>> k{
+      {"checkpoint.enable", Kind::Bool},
+      {"job.dump_folder", Kind::String},
+      {"validation.enable", Kind::Bool},
+      {"activation_checkpoint.selective_ac_option", Kind::String},
+      {"training.mixed_precision_reduce", Kind::String},
+  };
+  return k;
+}
+
+std::string normalize(std::string name) {
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
+}
+
+const Key* find_key(const std::string& dotted) {
+  for (const Key& k : keys()) {
+    if (dotted == k.key) {
+      return &k;
+    }
+  }
+  return nullptr;
+}
+
+std::optional<Kind> compound_kind(const std::string& dotted) {
+  for (const auto& [name, kind] : compound_keys()) {
+    if (dotted == name) {
+      return kind;
+    }
+  }
+  return std::nullopt;
+}
+
+bool torchtitan_only(const std::string& dotted) {
+  const auto& t = torchtitan_only_keys();
+  return std::find(t.begin(), t.end(), dotted) != t.end();
 }
 
 const char* kind_name(Kind k) {
@@ -91,22 +160,30 @@ const char* kind_name(Kind k) {
 
 std::string section_keys(const std::string& dotted) {
   const std::string section = dotted.substr(0, dotted.rfind('.') + 1);
-  std::string out;
+  std::set<std::string> names;
   for (const Key& k : keys()) {
-    if (std::string(k.key).rfind(section, 0) == 0) {
-      out += (out.empty() ? "" : ", ") + std::string(k.key);
+    names.insert(k.key);
+  }
+  for (const auto& [name, kind] : compound_keys()) {
+    names.insert(name);
+  }
+  std::string out;
+  for (const std::string& name : names) {
+    if (name.rfind(section, 0) == 0) {
+      out += (out.empty() ? "" : ", ") + name;
     }
   }
   return out.empty() ? "none in this section" : out;
 }
 
-[[noreturn]] void bad(const std::string& path, const std::string& key, const std::string& why) {
-  throw std::invalid_argument(path + ": " + key + ": " + why);
+[[noreturn]] void bad(const std::string& source, const std::string& key, const std::string& why) {
+  throw std::invalid_argument((source.empty() ? "" : source + ": ") + key + ": " + why);
 }
 
-// The flag value of `node` for `k`; nullopt: the key sets nothing (a toggle given false).
-std::optional<std::string> value_of(const std::string& path, const Key& k, const toml::node& node) {
-  switch (k.kind) {
+// The text of a TOML value of kind `kind`, or an error naming the key.
+std::string text_of(const std::string& path, const std::string& key, Kind kind,
+                    const toml::node& node) {
+  switch (kind) {
   case Kind::Int:
     if (auto v = node.value_exact<int64_t>()) {
       return std::to_string(*v);
@@ -122,56 +199,71 @@ std::optional<std::string> value_of(const std::string& path, const Key& k, const
     break;
   case Kind::Bool:
     if (auto v = node.value_exact<bool>()) {
-      return *v ? std::optional<std::string>("") : std::nullopt;
+      return *v ? "true" : "false";
     }
     break;
   case Kind::String:
     if (auto v = node.value_exact<std::string>()) {
-      if (k.values.empty()) {
-        return *v;
-      }
-      std::string all;
-      for (const auto& [from, to] : k.values) {
-        if (*v == from) {
-          return to == nullptr ? std::nullopt : std::optional<std::string>(to);
-        }
-        all += (all.empty() ? "" : ", ") + std::string("\"") + from + "\"";
-      }
-      bad(path, k.key, "\"" + *v + "\" is not one of " + all);
+      return *v;
     }
     break;
   }
   std::ostringstream got;
   got << node.type();
-  bad(path, k.key, std::string("expected ") + kind_name(k.kind) + ", got a " + got.str());
+  bad(path, key, std::string("expected ") + kind_name(kind) + ", got a " + got.str());
 }
 
 void walk(const std::string& path, const toml::table& table, const std::string& prefix,
-          std::vector<ConfigEntry>& out) {
+          JobKeys& out) {
   for (auto&& [name, node] : table) {
     const std::string dotted = prefix + std::string(name.str());
     if (const toml::table* sub = node.as_table()) {
       walk(path, *sub, dotted + ".", out);
       continue;
     }
-    const Key* found = nullptr;
-    for (const Key& k : keys()) {
-      if (dotted == k.key) {
-        found = &k;
-      }
-    }
-    if (found == nullptr) {
+    if (const Key* k = find_key(dotted)) {
+      out.values.emplace_back(dotted, text_of(path, dotted, k->kind, node));
+    } else if (const std::optional<Kind> kind = compound_kind(dotted)) {
+      out.values.emplace_back(dotted, text_of(path, dotted, *kind, node));
+    } else if (torchtitan_only(dotted)) {
+      out.ignored.push_back(dotted);
+    } else {
       bad(path, dotted, "unknown key (known: " + section_keys(dotted) + ")");
-    }
-    if (auto v = value_of(path, *found, node)) {
-      out.push_back({dotted, found->flag, *v});
     }
   }
 }
 
+// The flag value of `text` for `k` (strings translated); nullopt: the key sets nothing.
+std::string flag_value(const std::string& source, const Key& k, const std::string& text) {
+  if (k.kind == Kind::Bool) {
+    if (text != "true" && text != "false" && !text.empty()) {
+      bad(source, k.key, "\"" + text + "\" is not true or false");
+    }
+    return text == "false" ? "false" : "";
+  }
+  if (k.values.empty()) {
+    return text;
+  }
+  std::string all;
+  for (const auto& [from, to] : k.values) {
+    if (text == from) {
+      return to;
+    }
+    all += (all.empty() ? "" : ", ") + std::string("\"") + from + "\"";
+  }
+  bad(source, k.key, "\"" + text + "\" is not one of " + all);
+}
+
+std::string joined(const std::string& folder, const std::string& name) {
+  if (folder.empty() || name.rfind('/', 0) == 0) {
+    return name;
+  }
+  return folder.back() == '/' ? folder + name : folder + "/" + name;
+}
+
 } // namespace
 
-std::vector<ConfigEntry> read_config(const std::string& path) {
+JobKeys read_config(const std::string& path) {
   toml::table table;
   try {
     table = toml::parse_file(path);
@@ -180,8 +272,122 @@ std::vector<ConfigEntry> read_config(const std::string& path) {
     why << path << ":" << e.source().begin.line << ": " << e.description();
     throw std::invalid_argument(why.str());
   }
-  std::vector<ConfigEntry> out;
+  JobKeys out;
+  out.source = path;
   walk(path, table, "", out);
+  return out;
+}
+
+int add_key_override(JobKeys& keys, const std::string& arg, const char* next) {
+  const size_t eq = arg.find('=');
+  std::string name = normalize(arg.substr(0, eq));
+  std::optional<std::string> value;
+  if (eq != std::string::npos) {
+    value = arg.substr(eq + 1);
+  }
+  const size_t dot = name.rfind('.');
+  std::optional<Kind> kind;
+  if (const Key* k = find_key(name)) {
+    kind = k->kind;
+  } else {
+    kind = compound_kind(name);
+  }
+  // A boolean's "no_" form: --debug.no_deterministic.
+  if (!kind && dot != std::string::npos && name.compare(dot + 1, 3, "no_") == 0) {
+    const std::string positive = name.substr(0, dot + 1) + name.substr(dot + 4);
+    const Key* k = find_key(positive);
+    const std::optional<Kind> c = k ? std::optional<Kind>(k->kind) : compound_kind(positive);
+    if (c == Kind::Bool && !value) {
+      keys.values.emplace_back(positive, "false");
+      return 1;
+    }
+  }
+  if (!kind) {
+    if (!torchtitan_only(name)) {
+      bad("", "--" + name, "unknown key (known: " + section_keys(name) + ")");
+    }
+    keys.ignored.push_back(name);
+    // Its type is not known here: a following word that is not a flag is its value.
+    return value || next == nullptr || std::string(next).rfind("--", 0) == 0 ? 1 : 2;
+  }
+  if (*kind == Kind::Bool && !value) {
+    keys.values.emplace_back(name, "true");
+    return 1;
+  }
+  if (value) {
+    keys.values.emplace_back(name, *value);
+    return 1;
+  }
+  if (next == nullptr) {
+    bad("", "--" + name, "needs a value");
+  }
+  keys.values.emplace_back(name, next);
+  return 2;
+}
+
+std::vector<ConfigEntry> resolve_keys(const JobKeys& keys) {
+  std::map<std::string, std::string> last; // the value each key ends with
+  for (const auto& [key, value] : keys.values) {
+    last[key] = value;
+  }
+  auto get = [&](const std::string& key) -> std::optional<std::string> {
+    const auto it = last.find(key);
+    return it == last.end() ? std::nullopt : std::optional<std::string>(it->second);
+  };
+  const bool checkpoints = get("checkpoint.enable") == "true";
+  const bool validation = get("validation.enable") == "true";
+  std::vector<ConfigEntry> out;
+  for (const auto& [key, value] : keys.values) {
+    const Key* k = find_key(key);
+    if (k == nullptr) {
+      continue; // keys that act together: below
+    }
+    if (key.rfind("checkpoint.", 0) == 0 && key != "checkpoint.initial_load_path" && !checkpoints) {
+      continue;
+    }
+    if (key.rfind("validation.", 0) == 0 && !validation) {
+      continue;
+    }
+    std::string v = flag_value(keys.source, *k, value);
+    if (key == "checkpoint.folder") {
+      v = joined(get("job.dump_folder").value_or("./outputs"), v);
+    }
+    out.push_back({key, k->flag, v});
+  }
+  if (checkpoints) { // torchtitan's defaults for what the job left out, before its own keys
+    std::vector<ConfigEntry> defaults{{"checkpoint.enable", "--auto-resume", ""}};
+    if (!get("checkpoint.folder")) {
+      defaults.push_back({"checkpoint.folder", "--save",
+                          joined(get("job.dump_folder").value_or("./outputs"), "checkpoint")});
+    }
+    if (!get("checkpoint.interval")) {
+      defaults.push_back({"checkpoint.interval", "--save-every", "500"});
+    }
+    out.insert(out.begin(), defaults.begin(), defaults.end());
+  }
+  if (validation) {
+    std::vector<ConfigEntry> defaults;
+    if (!get("validation.freq")) {
+      defaults.push_back({"validation.freq", "--val-every", "10"});
+    }
+    if (!get("validation.steps")) {
+      defaults.push_back({"validation.steps", "--val-steps", "-1"});
+    }
+    out.insert(out.begin(), defaults.begin(), defaults.end());
+  }
+  if (const auto reduce = get("training.mixed_precision_reduce"); reduce && *reduce != "float32") {
+    bad(keys.source, "training.mixed_precision_reduce",
+        "\"" + *reduce + "\" is not \"float32\" (gradients are reduced in fp32)");
+  }
+  // torchtitan's selective mode checkpoints every 2nd block unless the option says "op".
+  const std::string option = get("activation_checkpoint.selective_ac_option").value_or("2");
+  if (get("activation_checkpoint.mode") == "selective" && option != "op") {
+    bad(keys.source, "activation_checkpoint.selective_ac_option",
+        "\"" + option +
+            "\" (torchtitan's default with mode \"selective\"): only \"op\" (per-op selective "
+            "checkpointing, the recipe's selective mode) is implemented; checkpointing every "
+            "N-th block is not");
+  }
   return out;
 }
 
@@ -190,6 +396,12 @@ std::vector<std::pair<std::string, std::string>> config_keys() {
   for (const Key& k : keys()) {
     out.emplace_back(k.key, k.flag);
   }
+  for (const auto& [name, kind] : compound_keys()) {
+    out.emplace_back(name, "");
+  }
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return a.first.substr(0, a.first.find('.')) < b.first.substr(0, b.first.find('.'));
+  });
   return out;
 }
 

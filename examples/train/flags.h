@@ -21,20 +21,29 @@ class FlagTable {
       : program_(std::move(program)), source_(std::move(source)) {}
 
   // A flag taking a value; `set` parses and stores it and throws std::exception on a bad one.
+  // `shown`: the default in `--help` ("" for none).
   FlagTable& value(const char* name, const char* help,
-                   std::function<void(const std::string&)> set) {
-    flags_.push_back({name, help, std::move(set), true});
+                   std::function<void(const std::string&)> set, std::string shown = "") {
+    flags_.push_back({name, help, std::move(set), true, std::move(shown)});
     return *this;
   }
   FlagTable& value(const char* name, const char* help, int64_t& target) {
-    return value(name, help, [&target](const std::string& v) { target = parse_int(v); });
+    return value(
+        name, help, [&target](const std::string& v) { target = parse_int(v); },
+        std::to_string(target));
   }
   FlagTable& value(const char* name, const char* help, double& target) {
-    return value(name, help, [&target](const std::string& v) { target = parse_double(v); });
+    char shown[32];
+    std::snprintf(shown, sizeof shown, "%g", target);
+    return value(
+        name, help, [&target](const std::string& v) { target = parse_double(v); }, shown);
   }
   FlagTable& value(const char* name, const char* help, std::string& target,
                    std::vector<std::string> choices = {}) {
-    return value(name, help, [&target, choices = std::move(choices), name](const std::string& v) {
+    const std::string shown = target.empty() ? "\"\"" : target;
+    return value(
+        name, help,
+        [&target, choices = std::move(choices), name](const std::string& v) {
       if (!choices.empty() && std::find(choices.begin(), choices.end(), v) == choices.end()) {
         std::string all;
         for (const auto& c : choices) {
@@ -43,11 +52,14 @@ class FlagTable {
         throw std::invalid_argument(std::string(name) + " takes " + all);
       }
       target = v;
-    });
+        },
+        shown);
   }
-  // A flag without a value: sets `target` to true.
+  // A flag without a value: sets `target` to true (set() with "false": to false, as a job
+  // file's key can).
   FlagTable& toggle(const char* name, const char* help, bool& target) {
-    flags_.push_back({name, help, [&target](const std::string&) { target = true; }, false});
+    flags_.push_back({name, help, [&target](const std::string& v) { target = v != "false"; },
+                      false, target ? "on" : "off"});
     return *this;
   }
 
@@ -71,7 +83,7 @@ class FlagTable {
     for (int i = 1; i < argc; ++i) {
       const std::string k = argv[i];
       if (k == "--help") {
-        std::fputs(usage().c_str(), stdout);
+        std::fputs((usage() + epilogue_).c_str(), stdout);
         std::exit(0);
       }
       const Flag* flag = find(k);
@@ -116,6 +128,13 @@ class FlagTable {
     }
     return out;
   }
+  // Text `--help` prints after the flags.
+  void set_epilogue(std::string text) { epilogue_ = std::move(text); }
+  // The default of flag `name` as `--help` shows it ("" when none or unknown).
+  std::string shown_default(const std::string& name) const {
+    const Flag* f = find(name);
+    return f == nullptr ? "" : f->shown;
+  }
 
  private:
   // `convert` must take the whole of `v` (no trailing characters, no overflow).
@@ -139,6 +158,7 @@ class FlagTable {
     std::string help;
     std::function<void(const std::string&)> set;
     bool takes_value;
+    std::string shown;
   };
 
   const Flag* find(const std::string& name) const {
@@ -152,6 +172,7 @@ class FlagTable {
 
   std::string program_;
   std::string source_;
+  std::string epilogue_;
   std::vector<Flag> flags_;
 };
 

@@ -42,6 +42,31 @@ void check_ep(const Flags& f) {
   }
 }
 
+// torchtitan's gradient accumulation: --batch (training.global_batch_size) in steps of
+// --local-batch (training.local_batch_size) rows on each data-parallel rank; without --batch
+// one step of local_batch rows on each.
+void resolve_accumulation(Flags& f) {
+  const int64_t dp = f.mesh[0] * f.mesh[1];
+  if (f.local_batch < 0) {
+    usage("--local-batch (training.local_batch_size) " + std::to_string(f.local_batch) +
+          " must be positive (0: no accumulation)");
+  }
+  if (f.local_batch == 0) {
+    f.accumulation = 1;
+    return;
+  }
+  if (!f.batch_given) {
+    f.batch = f.local_batch * dp;
+  }
+  if (f.batch <= 0 || f.batch % (f.local_batch * dp) != 0) {
+    usage("--batch (training.global_batch_size) " + std::to_string(f.batch) +
+          " is not a multiple of --local-batch (training.local_batch_size) " +
+          std::to_string(f.local_batch) + " x the " + std::to_string(dp) +
+          " data-parallel ranks");
+  }
+  f.accumulation = f.batch / (f.local_batch * dp);
+}
+
 } // namespace
 
 void resolve_layout(Flags& f, int64_t world) {
@@ -68,10 +93,14 @@ void resolve_layout(Flags& f, int64_t world) {
           " is not a multiple of 2 x cp x tp = " + std::to_string(2 * f.cp * f.mesh[2]) +
           " (head-tail balancing, then sequence parallelism over tp)");
   }
-  if (f.batch % (f.mesh[0] * f.mesh[1] * pipeline_microbatches(f)) != 0) {
+  resolve_accumulation(f);
+  if (f.batch % (f.mesh[0] * f.mesh[1] * f.accumulation * pipeline_microbatches(f)) != 0) {
     usage("--batch " + std::to_string(f.batch) + " is not a multiple of the " +
           std::to_string(f.mesh[0] * f.mesh[1]) + " data-parallel ranks" +
-          (f.pp > 1 ? " x " + std::to_string(pipeline_microbatches(f)) + " microbatches" : ""));
+          (f.accumulation > 1 ? " x " + std::to_string(f.accumulation) + " accumulation steps"
+                              : "") +
+          (f.pp > 1 ? " x " + std::to_string(pipeline_microbatches(f)) + " pipeline microbatches"
+                    : ""));
   }
   if (f.float8_all_gather && (f.float8 != "tensorwise" || f.mesh[2] != 1)) {
     usage("--float8-all-gather needs --float8 tensorwise (one scale per weight) and tp 1 (the "

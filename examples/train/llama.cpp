@@ -29,10 +29,11 @@
 #include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
 #include <torch/nn/functional/loss.h>
-#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
 
 #include <dtensor/all.h>
 #include <dtensor/checkpoint.h>
+#include <dtensor/lr_scheduler.h>
 #include <dtensor/optim_state_dict.h>
 
 #include <models/llama3.h>
@@ -45,6 +46,7 @@
 #include "pipeline.h"
 #include "recipe_data.h"
 #include "recipe_model.h"
+#include "training_settings.h"
 
 namespace dtensor::train {
 
@@ -107,7 +109,8 @@ struct Loop {
   Llama3& model;
   PipelineRecipe* pipeline;              // --pp > 1: this rank's stages and their schedule
   const std::vector<at::Tensor>& params; // this rank's (its stages' under --pp)
-  torch::optim::AdamW& opt;
+  torch::optim::Optimizer& opt;
+  WarmupStableDecayLR& schedule; // stepped after each optimizer step, as torchtitan's
   RecipeData& data;
   models::ExpertBiasUpdate* bias_update; // MoE models: the load-balancing bias, per step
   std::optional<Group> bias_group;       // the ranks whose expert counts are summed
@@ -187,9 +190,15 @@ struct Loop {
     };
     auto [x, y] = batch(index);
     opt.zero_grad();
+    const int64_t a = f.accumulation;
+    const int64_t rows = x.size(0) / a; // a microbatch's rows
     if (pipeline != nullptr) { // forwards and backwards interleaved by the schedule
       phase("pipeline");
-      at::Tensor loss = pipeline->step(x, y);
+      at::Tensor loss; // a sum over the rank's tokens of the step, divided by their count
+      for (int64_t k = 0; k < a; ++k) {
+        at::Tensor l = pipeline->step(x.narrow(0, k * rows, rows), y.narrow(0, k * rows, rows));
+        loss = k == 0 ? l : loss + l;
+      }
       phase("optimizer");
       at::Tensor norm = clip_grad_norm_(params, f.max_norm, 2.0, false, mesh["pp"]);
       optimizer_step();
@@ -198,14 +207,11 @@ struct Loop {
       }
       return {loss, norm};
     }
-    phase("forward");
-    at::Tensor logits = dtensor::call(model, x);
     at::Tensor loss;
-    {
-      LossParallel vocab_parallel; // the logits stay vocab-sharded ([Note] in loss.cpp)
-      loss = torch::nn::functional::cross_entropy(logits.to(at::kFloat).flatten(0, 1), y.flatten());
-      phase("backward");
-      loss.backward();
+    for (int64_t k = 0; k < a; ++k) {
+      defer_replica_all_reduce(k + 1 < a);
+      at::Tensor l = microbatch(x.narrow(0, k * rows, rows), y.narrow(0, k * rows, rows), phase);
+      loss = k == 0 ? l : loss + l;
     }
     phase("optimizer");
     at::Tensor norm = clip_grad_norm_by_root(params, f.max_norm, {}); // [Note] recipe_model.h
@@ -214,6 +220,35 @@ struct Loop {
       precompute_float8_dynamic_scale_for_fsdp(*model);
     }
     return {loss.detach(), norm};
+  }
+
+  // [Note: gradient accumulation] One of the step's `f.accumulation` microbatches: the mean
+  // loss over its tokens divided by their number, so the accumulated gradient is the step's
+  // mean over all of its tokens (torchtitan's global-token normalization; every token counts
+  // here). Returns the microbatch's share of the step's loss, detached.
+  template <typename Phase>
+  at::Tensor microbatch(const at::Tensor& x, const at::Tensor& y, const Phase& phase) {
+    phase("forward");
+    at::Tensor logits = dtensor::call(model, x);
+    LossParallel vocab_parallel; // the logits stay vocab-sharded ([Note] in loss.cpp)
+    at::Tensor loss =
+        torch::nn::functional::cross_entropy(logits.to(at::kFloat).flatten(0, 1), y.flatten()) /
+        static_cast<double>(f.accumulation);
+    phase("backward");
+    loss.backward();
+    return loss.detach();
+  }
+
+  // HSDP under accumulation: every microbatch's backward reduce-scatters (the shards are
+  // summed inside each unit, no unsharded gradient is kept), the all-reduce over the replicas
+  // only after the last (fully_shard's set_requires_all_reduce). No effect on 1-D units.
+  void defer_replica_all_reduce(bool defer) const {
+    if (f.accumulation == 1 || f.mesh[0] == 1) {
+      return;
+    }
+    if (const std::optional<FSDPModule> root = fsdp_module(*model)) {
+      FSDPModule(*root).set_requires_all_reduce(!defer);
+    }
   }
 
   // MoE models: the expert counts' all-reduce in flight during the optimizer step, the biases
@@ -226,6 +261,7 @@ struct Loop {
     if (bias_update != nullptr) {
       bias_update->finish();
     }
+    schedule.step();
   }
 
   // The loss averaged over the data-parallel ranks and the norm, for the log only (after
@@ -276,6 +312,7 @@ struct Loop {
     std::vector<double> losses;
     for (int64_t s = start; s < f.steps; ++s) {
       const auto t0 = std::chrono::steady_clock::now();
+      const double lr = schedule.current_lrs().front(); // this step's
       std::optional<CommDebugMode> mode(std::in_place);
       std::optional<StepRecorder> recorder;
       if (!f.report.empty() && s + 1 == f.steps) {
@@ -294,7 +331,9 @@ struct Loop {
       mode.reset();
       const auto [loss, norm] = values(loss_t, norm_t);
       losses.push_back(loss);
-      log(s, loss, norm, secs, counts, data_metrics(s), metrics);
+      nlohmann::json extra = data_metrics(s);
+      extra["lr"] = lr;
+      log(s, loss, norm, secs, counts, std::move(extra), metrics);
       if (!f.save.empty() && f.save_every > 0 && (s + 1) % f.save_every == 0 && s + 1 < f.steps) {
         save(s + 1);
       }
@@ -404,6 +443,9 @@ struct Loop {
 int run_llama(int argc, char** argv) {
   at::set_num_threads(1);
   Flags f = parse(argc, argv);
+  if (f.deterministic) {
+    use_deterministic_algorithms();
+  }
   std::optional<Muted> muted;
   muted.emplace(STDOUT_FILENO);
   init_process_group();
@@ -469,14 +511,17 @@ int run_llama(int argc, char** argv) {
                                f.ep);
     to_empty(*model, device);
     if (f.init_from_hf.empty()) {
-      set_rng_state({true, 0, 0}); // the same values on every layout (docs/random.md)
+      // The same values on every layout (docs/random.md).
+      set_rng_state({true, static_cast<uint64_t>(f.seed), 0});
       model->init_weights();
     } else {
       models::load_hf(model, f.init_from_hf);
     }
   }
   const std::vector<at::Tensor> params = pipeline ? pipeline->parameters() : model->parameters();
-  torch::optim::AdamW opt(params, torch::optim::AdamWOptions(f.lr).weight_decay(0.1));
+  const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(f, params);
+  torch::optim::Optimizer& opt = *optimizer;
+  WarmupStableDecayLR schedule(opt, schedule_options(f));
   int64_t start = 0;
   if (is_simulated() && (!f.save.empty() || !f.resume.empty() || !f.export_hf.empty())) {
     usage("a simulated world has no values to save, resume or export");
@@ -495,6 +540,7 @@ int run_llama(int argc, char** argv) {
     const std::string latest = latest_checkpoint(f.resume);
     f.resume = latest.empty() ? f.resume : latest; // else what load() makes of it (PyTorch's)
     start = resume(f.resume, model, pipeline ? &*pipeline : nullptr, opt, data);
+    schedule.set_steps_taken(start); // the learning rate is a function of the step
     if (rank == 0) {
       std::printf("resumed from %s at step %lld\n", f.resume.c_str(),
                   static_cast<long long>(start));
@@ -504,7 +550,7 @@ int run_llama(int argc, char** argv) {
     std::printf(
         "dtensor train (Llama 3 recipe): %lld ranks as (%sdp_replicate=%lld, dp_shard=%lld, "
         "%stp=%lld) on %s; vocab %lld, dim %lld, %lld layers, %lld/%lld heads, batch %lld x "
-        "%lld (global), %s%s, AC %s, AdamW lr %g, clip %g\n",
+        "%lld (global%s), %s%s, AC %s, %s, clip %g, seed %lld%s\n",
         static_cast<long long>(world),
         pipeline ? ("pp=" + std::to_string(f.pp) + " (" + pipeline->describe() + "), ").c_str()
                  : "",
@@ -518,12 +564,17 @@ int run_llama(int argc, char** argv) {
         static_cast<long long>(args.n_layers()), static_cast<long long>(args.n_heads()),
         static_cast<long long>(args.kv_heads()), static_cast<long long>(f.batch),
         static_cast<long long>(f.seq),
+        f.accumulation == 1 ? ""
+                            : (", " + std::to_string(f.accumulation) + " accumulation steps of " +
+                               std::to_string(f.batch / f.accumulation))
+                                  .c_str(),
         f.precision == "bf16" ? "bf16 parameters, fp32 reductions" : "fp32",
         f.float8 == "none"
             ? ""
             : (", float8 " + f.float8 + (f.float8_all_gather ? " with float8 all-gather" : ""))
                   .c_str(),
-        f.ac.c_str(), f.lr, f.max_norm);
+        f.ac.c_str(), describe_optimizer(f, schedule.phases()).c_str(), f.max_norm,
+        static_cast<long long>(f.seed), f.deterministic ? " (deterministic)" : "");
   }
   // MoE: the load-balancing bias from every rank's counts (sign(mean - count) does not change
   // when ranks that route the same tokens count them twice); under --pp each stage's ranks.
@@ -543,6 +594,7 @@ int run_llama(int argc, char** argv) {
             pipeline ? &*pipeline : nullptr,
             params,
             opt,
+            schedule,
             data,
             bias_update ? &*bias_update : nullptr,
             bias_group,

@@ -3,6 +3,8 @@
 // The flags of the Llama 3 recipe (examples/train/llama.cpp, its pipeline part pipeline.cpp):
 // the values, their table (`train --help`) and the default mesh.
 #include <array>
+#include <cstdio>
+#include <optional>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -26,8 +28,28 @@ struct Flags {
   std::string pp_schedule = "1F1B";
   int64_t microbatches = 0; // per step and data-parallel rank (0: 2 x pp)
   int64_t steps = 200, dim = 64, layers = 2, heads = 4, kv_heads = 2, seq = 32, batch = 32;
-  int64_t log_every = 20, save_every = 0, keep_latest = 0, vocab = 128;
+  // Gradient accumulation (torchtitan's training.local_batch_size): each data-parallel rank's
+  // rows of a step in microbatches of local_batch rows (0: one microbatch of all of them);
+  // without --batch the step's batch is local_batch x the data-parallel ranks.
+  int64_t local_batch = 0;
+  bool batch_given = false;
+  int64_t accumulation = 1; // the microbatches of a step (resolve_layout sets it)
+  int64_t log_every = 20, save_every = 0, vocab = 128;
+  int64_t keep_latest = 10; // torchtitan's keep_latest_k (0: all; 1 is refused)
   double lr = 3e-3, max_norm = 1.0;
+  // The optimizer with torchtitan's defaults, and its learning-rate schedule with those of
+  // torchtitan's debug job (warmup 2 steps, the last 80% decaying linearly to 0;
+  // dtensor/lr_scheduler.h). decay_ratio nullopt: the decay starts after the warmup.
+  std::string optimizer = "AdamW";
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  int64_t warmup_steps = 2, lr_total_steps = 0; // 0: --steps
+  std::optional<double> decay_ratio = 0.8;
+  std::string decay_type = "linear";
+  double min_lr_factor = 0.0;
+  // The seed of the model's initial values and of the data's order; deterministic
+  // algorithms only (torch.use_deterministic_algorithms).
+  int64_t seed = 0;
+  bool deterministic = false;
   std::string ac = "full", precision = "bf16";
   std::string metrics = "train-out/metrics.jsonl";
   std::string export_hf, init_from_hf, save, resume;
@@ -126,9 +148,42 @@ inline FlagTable flag_table(Flags& f) {
       .value("--heads", "attention heads (4)", f.heads)
       .value("--kv-heads", "key/value heads (2)", f.kv_heads)
       .value("--seq", "sequence length (32)", f.seq)
-      .value("--batch", "global batch, split over the data-parallel ranks (32)", f.batch)
+      .value(
+          "--batch", "global batch, split over the data-parallel ranks (32)",
+          [&f](const std::string& v) {
+            f.batch = FlagTable::parse_int(v);
+            f.batch_given = true;
+          },
+          "32")
+      .value("--local-batch",
+             "rows of one microbatch on each data-parallel rank: gradient accumulation over "
+             "--batch / (N x data-parallel ranks) microbatches (0: one microbatch)",
+             f.local_batch)
       .value("--vocab", "the tokenizer's pieces (128)", f.vocab)
-      .value("--lr", "AdamW's learning rate (3e-3)", f.lr)
+      .value("--optimizer", "the optimizer (torchtitan's names)", f.optimizer, {"AdamW", "Adam"})
+      .value("--lr", "the optimizer's peak learning rate (3e-3)", f.lr)
+      .value("--beta1", "Adam's beta1 (0.9)", f.beta1)
+      .value("--beta2", "Adam's beta2 (0.95, torchtitan's)", f.beta2)
+      .value("--eps", "Adam's epsilon (1e-8)", f.eps)
+      .value("--weight-decay", "decoupled (AdamW) or L2 (Adam) weight decay (0.1)",
+             f.weight_decay)
+      .value("--warmup-steps", "linear warmup steps of the learning rate, from lr / N (2)",
+             f.warmup_steps)
+      .value("--lr-total-steps", "the schedule's length (0: --steps)", f.lr_total_steps)
+      .value(
+          "--decay-ratio",
+          "the share of the steps at the end over which the learning rate decays (0.8; none: "
+          "all after the warmup)",
+          [&f](const std::string& v) {
+            f.decay_ratio = v == "none" || v == "None" ? std::nullopt
+                                                       : std::optional(FlagTable::parse_double(v));
+          },
+          "0.8")
+      .value("--decay-type", "the decay's shape", f.decay_type, {"linear", "sqrt", "cosine"})
+      .value("--min-lr-factor", "the decay's floor, a fraction of --lr (0)", f.min_lr_factor)
+      .value("--seed", "the seed of the model's initial values and the data's order (0)", f.seed)
+      .toggle("--deterministic", "deterministic algorithms only (bit-equal reruns)",
+              f.deterministic)
       .value("--max-norm", "clip_grad_norm_'s max norm (1.0)", f.max_norm)
       .value("--ac", "activation checkpointing per block", f.ac, {"full", "selective", "none"})
       .value("--precision", "parameters in forward and backward", f.precision, {"bf16", "fp32"})
@@ -147,7 +202,8 @@ inline FlagTable flag_table(Flags& f) {
       .value("--init-from-hf", "start from one (its config.json gives the shape)", f.init_from_hf)
       .value("--save", "a checkpoint folder: DIR/step-<N> per save, as torchtitan's", f.save)
       .value("--save-every", "steps between checkpoints (0: at the end only)", f.save_every)
-      .value("--keep-latest", "keep the K newest checkpoints (0: all)", f.keep_latest)
+      .value("--keep-latest", "keep the K newest checkpoints (10; 0: all; torchtitan's)",
+             f.keep_latest)
       .value("--resume", "a checkpoint, or the newest under a checkpoint folder", f.resume)
       .toggle("--async-save", "checkpoints written in the background while training goes on",
               f.async_save)
@@ -162,36 +218,99 @@ inline FlagTable flag_table(Flags& f) {
   flag_table(f).fail(why);
 }
 
-// [Note: config then flags] --config FILE is read first wherever it stands, then the command
-// line, so a flag overrides the file's key; an error in the file names the file and the key.
+// `train --help`'s second part: every job-file key by section, with its flag and default.
+inline std::string keys_by_section(const FlagTable& table) {
+  std::string out = "job-file keys (torchtitan's; also --section.key V on the command line):\n";
+  std::string section;
+  for (const auto& [key, flag] : config_keys()) {
+    const std::string s = key.substr(0, key.find('.'));
+    if (s != section) {
+      section = s;
+      out += "  [" + s + "]\n";
+    }
+    const std::string shown = flag.empty() ? "" : table.shown_default(flag);
+    out += "    " + key.substr(key.find('.') + 1) + (flag.empty() ? "" : "  " + flag) +
+           (shown.empty() ? "" : "  (" + shown + ")") + "\n";
+  }
+  return out;
+}
+
+// torchtitan's keys the job gave that this recipe ignores: one warning, on the first rank.
+inline void warn_ignored(const JobKeys& keys) {
+  const char* rank = std::getenv("RANK");
+  if (keys.ignored.empty() || (rank != nullptr && std::string(rank) != "0")) {
+    return;
+  }
+  std::string names;
+  for (const std::string& k : keys.ignored) {
+    names += (names.empty() ? "" : ", ") + k;
+  }
+  std::fprintf(stderr,
+               "train: warning: %s gives %zu torchtitan key%s this recipe does not implement, "
+               "ignored: %s\n",
+               keys.source.empty() ? "the command line" : keys.source.c_str(), keys.ignored.size(),
+               keys.ignored.size() == 1 ? "" : "s", names.c_str());
+}
+
+// [Note: config then flags] --config FILE (torchtitan's --job.config_file) is read first
+// wherever it stands, then torchtitan's `--section.key value` overrides, then the flags, so a
+// flag overrides a key; an error in the file names the file and the key. torchtitan's keys this
+// recipe does not implement are named in one warning (on the first rank), then ignored.
 inline Flags parse(int argc, char** argv) {
   Flags f;
-  const FlagTable table = flag_table(f);
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::string(argv[i]) == "--config") {
-      f.config = argv[i + 1];
-    }
-  }
-  if (!f.config.empty()) {
-    try {
-      for (const ConfigEntry& e : read_config(f.config)) {
-        try {
-          table.set(e.flag, e.value);
-        } catch (const std::exception& x) {
-          throw std::invalid_argument(f.config + ": " + e.key + ": " + x.what());
+  FlagTable table = flag_table(f);
+  table.set_epilogue(keys_by_section(table));
+  JobKeys keys;
+  std::vector<char*> flags{argv[0]};
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      const char* next = i + 1 < argc ? argv[i + 1] : nullptr;
+      if (a == "--config" || a == "--job.config_file" || a == "--job.config-file") {
+        if (next == nullptr) {
+          throw std::invalid_argument("flag " + a + " needs a value");
         }
+        f.config = next;
+        ++i;
+      } else if (a.rfind("--job.config_file=", 0) == 0 || a.rfind("--job.config-file=", 0) == 0) {
+        f.config = a.substr(a.find('=') + 1);
+      } else if (a.rfind("--", 0) == 0 && a.find('.') != std::string::npos &&
+                 a.find('.') < a.find('=')) {
+        i += add_key_override(keys, a.substr(2), next) - 1;
+      } else {
+        flags.push_back(argv[i]);
       }
-    } catch (const std::invalid_argument& e) {
-      table.fail(e.what());
     }
+    if (!f.config.empty()) {
+      JobKeys file = read_config(f.config);
+      file.values.insert(file.values.end(), keys.values.begin(), keys.values.end());
+      file.ignored.insert(file.ignored.end(), keys.ignored.begin(), keys.ignored.end());
+      keys = std::move(file);
+    }
+    for (const ConfigEntry& e : resolve_keys(keys)) {
+      try {
+        table.set(e.flag, e.value);
+      } catch (const std::exception& x) {
+        throw std::invalid_argument((keys.source.empty() ? "" : keys.source + ": ") + e.key +
+                                    ": " + x.what());
+      }
+    }
+  } catch (const std::invalid_argument& e) {
+    table.fail(e.what());
   }
+  warn_ignored(keys);
   // A --mesh on the command line overrides the file's degrees.
   const std::vector<int64_t> file_mesh = f.mesh;
   const std::array<int64_t, 3> file_degrees{f.dp_replicate, f.dp_shard, f.tp};
-  table.parse(argc, argv);
+  table.parse(static_cast<int>(flags.size()), flags.data());
   if (f.mesh != file_mesh &&
       std::array<int64_t, 3>{f.dp_replicate, f.dp_shard, f.tp} == file_degrees) {
     f.dp_replicate = f.dp_shard = f.tp = 0;
+  }
+  if (f.keep_latest == 1 || f.keep_latest < 0) {
+    table.fail("--keep-latest (checkpoint.keep_latest_k) " + std::to_string(f.keep_latest) +
+               ": keep 0 (all) or at least 2 (the newest may still be being written), as "
+               "torchtitan's keep_latest_k");
   }
   return f;
 }

@@ -99,7 +99,7 @@ PipelineRecipe::PipelineRecipe(const Flags& f, const DeviceMesh& mesh, models::L
     describe_ += (describe_.empty() ? "" : ", ") + std::to_string(s);
   }
   // [Note: initializing stages built on meta] (models/llama3/pipeline.h).
-  set_rng_state({true, 0, 0}); // the same values on every layout (docs/random.md)
+  set_rng_state({true, static_cast<uint64_t>(f.seed), 0}); // the same values on every layout (docs/random.md)
   model->init_weights();
   const DeviceMesh dp = mesh[{"dp_replicate", "dp_shard"}];
   const double tokens = static_cast<double>(f.batch / dp.size() * f.seq);

@@ -129,7 +129,7 @@ RecipeData::RecipeData(const Flags& f, int64_t dp_rank, int64_t dp_size)
   train_ = pack(train_docs, encode, vocab_->bos, vocab_->eos);
   val_ = pack(val_docs, encode, vocab_->bos, vocab_->eos);
   try {
-    loader_ = std::make_unique<Loader>(train_, f.seq, f.batch, dp_rank, dp_size, /*seed=*/0);
+    loader_ = std::make_unique<Loader>(train_, f.seq, f.batch, dp_rank, dp_size, f.seed);
   } catch (const std::invalid_argument& e) {
     usage(std::string("--data ") + f.data + ": " + e.what());
   }
@@ -139,7 +139,9 @@ RecipeData::RecipeData(const Flags& f, int64_t dp_rank, int64_t dp_size)
           ") hold " + std::to_string(val_sequences) + " sequences of " + std::to_string(f.seq) +
           ", fewer than one --batch of " + std::to_string(f.batch));
   }
-  val_batches_ = f.val_every > 0 ? std::min(f.val_steps, val_sequences / f.batch) : 0;
+  // --val-steps -1 (torchtitan's validation.steps default): every held-out batch.
+  const int64_t held_out = val_sequences / f.batch;
+  val_batches_ = f.val_every <= 0 ? 0 : f.val_steps < 0 ? held_out : std::min(f.val_steps, held_out);
 }
 
 RecipeData::~RecipeData() = default;
@@ -175,7 +177,7 @@ at::Tensor RecipeData::train_rows(int64_t step) {
     return at::tensor(b.tokens, at::kLong).view({rows, f_.seq + 1});
   }
   // Without --data: random windows of the paragraph from the step's seed.
-  at::manual_seed(1000 + 31 * step);
+  at::manual_seed(1000 + 31 * step + 1000003 * f_.seed);
   const at::Tensor starts = at::randint(paragraph_.size(0) - f_.seq - 1, {f_.batch}, at::kLong);
   std::vector<at::Tensor> out;
   for (int64_t b = dp_rank_ * rows; b < (dp_rank_ + 1) * rows; ++b) {
