@@ -166,7 +166,7 @@ struct Loop {
       auto [x, y] = inputs_and_targets(data.validation_rows(k));
       at::Tensor loss;
       if (pipeline != nullptr) {
-        loss = pipeline->step(x, y);
+        loss = pipeline_steps(x, y);
         opt.zero_grad();
       } else {
         c10::NoGradGuard no_grad;
@@ -194,11 +194,7 @@ struct Loop {
     const int64_t rows = x.size(0) / a; // a microbatch's rows
     if (pipeline != nullptr) { // forwards and backwards interleaved by the schedule
       phase("pipeline");
-      at::Tensor loss; // a sum over the rank's tokens of the step, divided by their count
-      for (int64_t k = 0; k < a; ++k) {
-        at::Tensor l = pipeline->step(x.narrow(0, k * rows, rows), y.narrow(0, k * rows, rows));
-        loss = k == 0 ? l : loss + l;
-      }
+      at::Tensor loss = pipeline_steps(x, y);
       phase("optimizer");
       at::Tensor norm = clip_grad_norm_(params, f.max_norm, 2.0, false, mesh["pp"]);
       optimizer_step();
@@ -220,6 +216,18 @@ struct Loop {
       precompute_float8_dynamic_scale_for_fsdp(*model);
     }
     return {loss.detach(), norm};
+  }
+
+  // Under --pp: the schedule once per accumulation step, each on its rows. The loss: a sum
+  // over the rank's tokens of the step divided by their count (pipeline.h).
+  at::Tensor pipeline_steps(const at::Tensor& x, const at::Tensor& y) {
+    const int64_t rows = x.size(0) / f.accumulation;
+    at::Tensor loss;
+    for (int64_t k = 0; k < f.accumulation; ++k) {
+      at::Tensor l = pipeline->step(x.narrow(0, k * rows, rows), y.narrow(0, k * rows, rows));
+      loss = k == 0 ? l : loss + l;
+    }
+    return loss;
   }
 
   // [Note: gradient accumulation] One of the step's `f.accumulation` microbatches: the mean
@@ -349,7 +357,9 @@ struct Loop {
     }
     first = std::accumulate(losses.begin(), losses.begin() + k, 0.0) / static_cast<double>(k);
     last = std::accumulate(losses.end() - k, losses.end(), 0.0) / static_cast<double>(k);
-    return start > 0 ? last < std::log(static_cast<double>(data.vocab_size())) : last < first;
+    // A resumed run has learned (below the uniform guess's loss) or is still falling.
+    return last < first ||
+           (start > 0 && last < std::log(static_cast<double>(data.vocab_size())));
   }
 
   void write_report(const RankReport& report) const {

@@ -6,9 +6,11 @@ usage: accumulation_recipe.py TORCHRUN TRAIN OUTDIR
 - one rank, --batch 16 in one microbatch (the judge: the plain model on one process);
 - four ranks as HSDP (dp_replicate 2 x dp_shard 2), --batch 16 --local-batch 1: each rank's
   4 rows of a step in 4 microbatches;
-- the same four ranks without accumulation (--batch 16).
-The accumulated run equals the judge: every step's loss and gradient norm within 1e-5
-relative, and every parameter after the last step (both exported to Hugging Face folders, read
+- the same four ranks without accumulation (--batch 16);
+- four ranks as pp 2 x dp_shard 2 (1F1B), --batch 16 --local-batch 2 --microbatches 2: 4
+  accumulation steps, each one run of the schedule over 2 pipeline microbatches.
+The accumulated runs equal the judge: every step's loss and gradient norm within 1e-5
+relative, and (HSDP) every parameter after the last step (both exported to Hugging Face folders, read
 with safetensors) within 1e-4 of the tensor's largest value (measured 1.3e-5: fp32 sums run in
 another order, and Adam's update divides by the gradients' own scale). Per step, against the run without
 accumulation: 4 x the reduce-scatters and all-gathers over dp_shard (one per microbatch), and
@@ -47,7 +49,10 @@ def main():
     accum = run_recipe(torchrun, train, 4, out, SMALL + HSDP + ["--export-hf", accum_dir],
                        ["--local-batch", "1"])[0]
     plain = run_recipe(torchrun, train, 4, out, SMALL + HSDP, ["--local-batch", "0"])[0]
+    pp = run_recipe(torchrun, train, 4, out, SMALL + ["--pp", "2", "--mesh", "1x2x1"],
+                    ["--local-batch", "2", "--microbatches", "2"])[0]
     ok = compare("4 accumulation steps on 4 ranks against 1 rank", accum, judge, rel=1e-5)
+    ok &= compare("pp 2 x dp_shard 2, 4 accumulation steps against 1 rank", pp, judge, rel=1e-5)
     weights = "model-00001-of-00001.safetensors"
     a, b = load_file(os.path.join(accum_dir, weights)), load_file(os.path.join(judge_dir, weights))
     worst = max(((x - b[k]).abs().max() / b[k].abs().max()).item() for k, x in a.items())

@@ -168,7 +168,7 @@ def main():
                                                        "training.steps"],
                   ["--training.stepz", "3"])
     ok &= refused(train, out, "keep_one", "[checkpoint]\nenable = true\nkeep_latest_k = 1\n",
-                  ["--keep-latest 1", "at least 2"])
+                  ["--keep-latest (checkpoint.keep_latest_k) 1", "at least 2"])
     ok &= refused(train, out, "layer_ac", "[activation_checkpoint]\nmode = \"selective\"\n",
                   ["activation_checkpoint.selective_ac_option", "\"2\""])
     ok &= refused(train, out, "reduce_dtype", "[training]\nmixed_precision_reduce = \"bfloat16\"\n",

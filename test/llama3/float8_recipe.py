@@ -5,8 +5,8 @@ usage: float8_recipe.py TORCHRUN TRAIN OUTDIR
 Runs examples/train on 8 ranks (2x2x2: HSDP x TP, bf16 parameters, full AC) for 40 steps, once
 as it is and once with --float8 rowwise (every block Linear in float8, the output layer not):
 the same data, the same initial values. Passes when the float8 run's loss falls (the last
-step's below a quarter of the first's) and every step's loss is within BOUND (relative) of the
-bf16 run's: float8 changes the products' rounding, not what is learned. Measured: 0.70% at
+step's below a third of the first's) and every step's loss is within BOUND (relative) of the
+bf16 run's: float8 changes the products' rounding, not what is learned. Measured: 0.26% at
 most (docs/float8.md).
 """
 import os
@@ -26,7 +26,7 @@ def main():
     fp8 = run_recipe(torchrun, train, 8, out, FLAGS, ["--float8", "rowwise"])[0]
     ok = len(fp8) == len(bf16) == STEPS
     worst = max(abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(fp8, bf16))
-    falls = fp8[-1]["loss"] < fp8[0]["loss"] / 4
+    falls = fp8[-1]["loss"] < fp8[0]["loss"] / 3
     print(f"float8 rowwise: loss {fp8[0]['loss']:.4f} -> {fp8[-1]['loss']:.4f}; bf16 "
           f"{bf16[0]['loss']:.4f} -> {bf16[-1]['loss']:.4f}; largest step difference "
           f"{100 * worst:.2f}% (bound {100 * BOUND:.0f}%)")

@@ -104,7 +104,9 @@ def main():
         ok = ok and close and len(moe_bf16_8) == 3
     # Resumed on another mesh: the same next batches, token for token.
     pp = runs[layouts[0][0]]
-    resumed = run(4, ["--mesh", "1x4x1", "--resume", os.path.join(ckpt, "step-20")], 23)
+    # Stopped at 23, with the learning-rate schedule of the 40-step run it continues.
+    resumed = run(4, ["--mesh", "1x4x1", "--resume", os.path.join(ckpt, "step-20"),
+                      "--lr-total-steps", str(STEPS)], 23)
     want = [r for r in pp if 20 <= r["step"] < 23]
     if [r["step"] for r in resumed] != [20, 21, 22]:
         print(f"FAIL resumed steps {[r['step'] for r in resumed]}")

@@ -57,7 +57,8 @@ def children(pid):
 
 
 def resume(torchrun, train, tmp):
-    base = ["--precision", "fp32", "--log-every", "100"]
+    # The 6-step run and the 12-step runs share one learning-rate schedule, of 12 steps.
+    base = ["--precision", "fp32", "--log-every", "100", "--lr-total-steps", "12"]
     ref, out, ckpt = (os.path.join(tmp, n) for n in ("ref.jsonl", "out.jsonl", "ckpt"))
     run(torchrun, 8, train, "--mesh", "2x2x2", "--steps", "12", "--metrics", ref, *base)
     run(torchrun, 8, train, "--mesh", "2x2x2", "--steps", "6", "--save", ckpt, "--metrics", out, *base)
