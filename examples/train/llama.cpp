@@ -190,8 +190,6 @@ struct Loop {
     };
     auto [x, y] = batch(index);
     opt.zero_grad();
-    const int64_t a = f.accumulation;
-    const int64_t rows = x.size(0) / a; // a microbatch's rows
     if (pipeline != nullptr) { // forwards and backwards interleaved by the schedule
       phase("pipeline");
       at::Tensor loss = pipeline_steps(x, y);
@@ -203,6 +201,8 @@ struct Loop {
       }
       return {loss, norm};
     }
+    const int64_t a = f.accumulation;
+    const int64_t rows = x.size(0) / a; // a microbatch's rows
     at::Tensor loss;
     for (int64_t k = 0; k < a; ++k) {
       defer_replica_all_reduce(k + 1 < a);
@@ -230,10 +230,11 @@ struct Loop {
     return loss;
   }
 
-  // [Note: gradient accumulation] One of the step's `f.accumulation` microbatches: the mean
-  // loss over its tokens divided by their number, so the accumulated gradient is the step's
-  // mean over all of its tokens (torchtitan's global-token normalization; every token counts
-  // here). Returns the microbatch's share of the step's loss, detached.
+  // [Note: gradient accumulation] One of the step's `f.accumulation` microbatches, of equal
+  // size: its mean loss over its tokens divided by the number of microbatches, so that the
+  // accumulated gradient is the step's mean over all of its tokens (torchtitan's
+  // global-token normalization, every token counting here). Returns the microbatch's share
+  // of the step's loss, detached.
   template <typename Phase>
   at::Tensor microbatch(const at::Tensor& x, const at::Tensor& y, const Phase& phase) {
     phase("forward");
