@@ -33,7 +33,6 @@
 
 #include <dtensor/all.h>
 #include <dtensor/checkpoint.h>
-#include <dtensor/lr_scheduler.h>
 #include <dtensor/optim_state_dict.h>
 
 #include <models/llama3.h>

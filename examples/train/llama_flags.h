@@ -39,7 +39,7 @@ struct Flags {
   double lr = 3e-3, max_norm = 1.0;
   // The optimizer with torchtitan's defaults, and its learning-rate schedule with those of
   // torchtitan's debug job (warmup 2 steps, the last 80% decaying linearly to 0;
-  // dtensor/lr_scheduler.h). decay_ratio nullopt: the decay starts after the warmup.
+  // lr_scheduler.h). decay_ratio nullopt: the decay starts after the warmup.
   std::string optimizer = "AdamW";
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
   int64_t warmup_steps = 2, lr_total_steps = 0; // 0: --steps

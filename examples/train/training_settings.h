@@ -10,9 +10,8 @@
 #include <ATen/core/Tensor.h>
 #include <torch/optim/optimizer.h>
 
-#include <dtensor/lr_scheduler.h>
-
 #include "llama_flags.h"
+#include "lr_scheduler.h"
 
 namespace dtensor::train {
 

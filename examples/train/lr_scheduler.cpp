@@ -1,14 +1,23 @@
-// torchtitan's warmup-stable-decay learning-rate schedule (dtensor/lr_scheduler.h).
-#include <dtensor/lr_scheduler.h>
+// torchtitan's warmup-stable-decay learning-rate schedule (lr_scheduler.h).
+#include "lr_scheduler.h"
 
 #include <cmath>
 #include <numbers>
+#include <stdexcept>
 
 #include <torch/optim/optimizer.h>
 
-#include "internal/check.h"
+namespace dtensor::train {
 
-namespace dtensor {
+namespace {
+
+void check(bool ok, const std::string& what) {
+  if (!ok) {
+    throw std::invalid_argument(what);
+  }
+}
+
+} // namespace
 
 LrDecay lr_decay_from_name(const std::string& name) {
   if (name == "linear") {
@@ -17,8 +26,8 @@ LrDecay lr_decay_from_name(const std::string& name) {
   if (name == "sqrt") {
     return LrDecay::Sqrt;
   }
-  DTENSOR_CHECK(name == "cosine", "lr_scheduler.decay_type: \"{}\" is not one of linear, sqrt, "
-                                  "cosine", name);
+  check(name == "cosine",
+        "lr_scheduler.decay_type: \"" + name + "\" is not one of linear, sqrt, cosine");
   return LrDecay::Cosine;
 }
 
@@ -30,13 +39,15 @@ LrDecay lr_decay_from_name(const std::string& name) {
 // round(total x decay_ratio) with Python's rounding (halves to even: std::nearbyint under the
 // default rounding mode).
 LrPhases lr_phases(const WarmupStableDecayOptions& o) {
-  DTENSOR_CHECK(o.total_steps() >= 0 && o.warmup_steps() >= 0,
-                "lr_scheduler: total_steps {} and warmup_steps {} must not be negative",
-                o.total_steps(), o.warmup_steps());
-  DTENSOR_CHECK(!o.decay_ratio() || (*o.decay_ratio() >= 0 && *o.decay_ratio() <= 1),
-                "lr_scheduler.decay_ratio {} is not within [0, 1]", *o.decay_ratio());
-  DTENSOR_CHECK(o.min_lr_factor() >= 0 && o.min_lr_factor() <= 1,
-                "lr_scheduler.min_lr_factor {} is not within [0, 1]", o.min_lr_factor());
+  check(o.total_steps() >= 0 && o.warmup_steps() >= 0,
+        "lr_scheduler: total_steps " + std::to_string(o.total_steps()) + " and warmup_steps " +
+            std::to_string(o.warmup_steps()) + " must not be negative");
+  check(!o.decay_ratio() || (*o.decay_ratio() >= 0 && *o.decay_ratio() <= 1),
+        "lr_scheduler.decay_ratio " + std::to_string(o.decay_ratio().value_or(0)) +
+            " is not within [0, 1]");
+  check(o.min_lr_factor() >= 0 && o.min_lr_factor() <= 1,
+        "lr_scheduler.min_lr_factor " + std::to_string(o.min_lr_factor()) +
+            " is not within [0, 1]");
   LrPhases p;
   p.warmup = std::min(o.warmup_steps(), o.total_steps());
   if (o.decay_ratio()) {
@@ -80,7 +91,7 @@ WarmupStableDecayLR::WarmupStableDecayLR(torch::optim::Optimizer& optimizer,
 }
 
 void WarmupStableDecayLR::set_steps_taken(int64_t steps) {
-  DTENSOR_CHECK(steps >= 0, "WarmupStableDecayLR: {} steps taken", steps);
+  check(steps >= 0, "WarmupStableDecayLR: " + std::to_string(steps) + " steps taken");
   step_count_ = static_cast<unsigned>(steps);
   const std::vector<double> lrs = lrs_at(steps);
   auto& groups = optimizer_.param_groups();
@@ -105,4 +116,4 @@ std::vector<double> WarmupStableDecayLR::lrs_at(int64_t steps) const {
   return out;
 }
 
-} // namespace dtensor
+} // namespace dtensor::train

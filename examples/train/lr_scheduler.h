@@ -1,9 +1,9 @@
 #pragma once
 
-// torchtitan's learning-rate schedule (docs/recipe.md, "The learning-rate schedule"): a linear
-// warmup, a stable phase, then a linear, square-root or cosine decay towards
-// `min_lr_factor` x the optimizer's learning rate (warmup-stable-decay, arXiv 2404.06395), as a
-// LibTorch scheduler.
+// torchtitan's learning-rate schedule (docs/recipe.md, "Training settings"): a linear warmup,
+// a stable phase, then a linear, square-root or cosine decay towards `min_lr_factor` x the
+// optimizer's learning rate (warmup-stable-decay, arXiv 2404.06395), as a LibTorch scheduler.
+// A part of the trainer, as in torchtitan (its components/lr_scheduler), not of the library.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -12,11 +12,11 @@
 #include <torch/arg.h>
 #include <torch/optim/schedulers/lr_scheduler.h>
 
-namespace dtensor {
+namespace dtensor::train {
 
 enum class LrDecay { Linear, Sqrt, Cosine };
 
-// "linear" / "sqrt" / "cosine"; dtensor::Error naming the value otherwise.
+// "linear" / "sqrt" / "cosine"; std::invalid_argument naming the value otherwise.
 LrDecay lr_decay_from_name(const std::string& name);
 
 struct WarmupStableDecayOptions {
@@ -32,7 +32,7 @@ struct WarmupStableDecayOptions {
 
 // The phases' lengths, clamped as torchtitan clamps them: the warmup to total_steps, the decay
 // to what the warmup leaves. `stable` counts one step past the end ([Note: the virtual last
-// step] in lib/train/lr_scheduler.cpp).
+// step] in lr_scheduler.cpp).
 struct LrPhases {
   int64_t warmup = 0, stable = 0, decay = 0;
 };
@@ -68,4 +68,4 @@ class WarmupStableDecayLR : public torch::optim::LRScheduler {
   std::vector<double> base_lrs_;
 };
 
-} // namespace dtensor
+} // namespace dtensor::train
