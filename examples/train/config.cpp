@@ -233,7 +233,7 @@ void walk(const std::string& path, const toml::table& table, const std::string& 
   }
 }
 
-// The flag value of `text` for `k` (strings translated); nullopt: the key sets nothing.
+// The flag value of `text` for `k`: strings translated, a boolean "" (on) or "false".
 std::string flag_value(const std::string& source, const Key& k, const std::string& text) {
   if (k.kind == Kind::Bool) {
     if (text != "true" && text != "false" && !text.empty()) {
