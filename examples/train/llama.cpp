@@ -42,7 +42,8 @@
 #include "common.h"
 #include "flags.h"
 #include "llama_flags.h"
-#include "pipeline.h"
+#include "model_parts.h"
+#include "parallel_dims.h"
 #include "recipe_data.h"
 #include "recipe_model.h"
 #include "training_settings.h"
@@ -54,17 +55,17 @@ namespace {
 using models::Llama3;
 using models::Llama3Args;
 
-// Under --pp (`pipeline`) this rank's stages only, under the whole model's names: the
+// This rank's model parts (under --pp its stages only), under the whole model's names: the
 // checkpoint holds every name some rank saves ([Note: names held by some ranks]), so it is
 // the unpipelined recipe's checkpoint and any layout resumes it.
 //
 // [Note: the loader in the checkpoint] With --data the loader's one number, the sequences
 // handed out, is saved under "dataloader.position" (torchtitan's "dataloader" entry): the
 // same on every rank, so any mesh resumes at the exact next batch (recipe_data.h).
-StateDict train_state(Llama3& model, PipelineRecipe* pipeline, torch::optim::Optimizer& opt,
+StateDict train_state(Llama3& model, ModelParts& parts, torch::optim::Optimizer& opt,
                       int64_t step, const RecipeData& data, StateDict* model_part,
                       StateDict* optim_part) {
-  *model_part = pipeline ? pipeline->model_state() : get_model_state_dict(*model);
+  *model_part = parts.model_state();
   model_part->erase("freqs_cis"); // recomputed, not trained
   *optim_part = get_optimizer_state_dict(*model, opt);
   StateDict all = *model_part;
@@ -78,17 +79,13 @@ StateDict train_state(Llama3& model, PipelineRecipe* pipeline, torch::optim::Opt
   return all;
 }
 
-int64_t resume(const std::string& dir, Llama3& model, PipelineRecipe* pipeline,
+int64_t resume(const std::string& dir, Llama3& model, ModelParts& parts,
                torch::optim::Optimizer& opt, RecipeData& data) {
   StateDict m, o;
-  StateDict all = train_state(model, pipeline, opt, 0, data, &m, &o);
+  StateDict all = train_state(model, parts, opt, 0, data, &m, &o);
   checkpoint::load(all, dir);
   m.insert("freqs_cis", model->freqs_cis);
-  if (pipeline) {
-    pipeline->load_model_state(m);
-  } else {
-    set_model_state_dict(*model, m);
-  }
+  parts.load_model_state(m);
   set_optimizer_state_dict(*model, opt, o);
   if (data.from_files()) {
     data.resume(all["dataloader.position"].item<int64_t>());
@@ -105,8 +102,8 @@ struct Loop {
   const DeviceMesh& dp;
   const std::optional<ContextParallel>& cp; // --cp > 1
   const at::Device& device;
-  Llama3& model;
-  PipelineRecipe* pipeline;              // --pp > 1: this rank's stages and their schedule
+  Llama3& model;                         // built on meta: its parts run (train/eval mode)
+  ModelParts& parts;                     // what this rank runs (model_parts.h)
   const std::vector<at::Tensor>& params; // this rank's (its stages' under --pp)
   torch::optim::Optimizer& opt;
   WarmupStableDecayLR& schedule; // stepped after each optimizer step, as torchtitan's
@@ -155,32 +152,29 @@ struct Loop {
     return {cp_shard(x, 1, l, mesh["cp"]), cp_shard(y, 1, l, mesh["cp"])};
   }
 
-  // The held-out loss, averaged over the validation batches and the data-parallel ranks
-  // (evaluation mode, no gradients; under --pp the schedule's step, its gradients dropped:
-  // the schedules have no forward-only pass).
+  // The held-out loss, averaged over the validation batches and the data-parallel (and cp)
+  // ranks: the whole model's forward in evaluation mode, without gradients, on every layout.
   double validate() {
     double sum = 0;
     model->eval();
     for (int64_t k = 0; k < data.validation_batches(); ++k) {
       auto [x, y] = inputs_and_targets(data.validation_rows(k));
-      at::Tensor loss;
-      if (pipeline != nullptr) {
-        loss = pipeline_steps(x, y);
-        opt.zero_grad();
-      } else {
-        c10::NoGradGuard no_grad;
-        LossParallel vocab_parallel;
-        loss = torch::nn::functional::cross_entropy(
-            dtensor::call(model, x).to(at::kFloat).flatten(0, 1), y.flatten());
-      }
-      sum += values(loss.detach(), at::zeros({}, at::kFloat)).first;
+      at::Tensor loss = parts.evaluate(x, 1, [&y](const at::Tensor& logits) {
+        LossParallel vocab_parallel; // the logits stay vocab-sharded ([Note] in loss.cpp)
+        at::Tensor l =
+            torch::nn::functional::cross_entropy(logits.to(at::kFloat).flatten(0, 1), y.flatten());
+        return is_dtensor(l) ? DTensor(l).to_local() : l;
+      });
+      sum += all_reduce(loss.to(device), ReduceOp::Avg, world_group()).item<double>();
     }
     model->train();
     return sum / static_cast<double>(data.validation_batches());
   }
 
-  // One step; returns this rank's loss and the total gradient norm (both as computed).
-  // With `recorder`, each phase is recorded (--report).
+  // One step of the Trainer, the same on every layout: the step's forwards and backwards
+  // (gradient accumulation, the pipeline's schedule: ModelParts), clipping, the optimizer
+  // and the learning rate. Returns this rank's loss and the total gradient norm (both as
+  // computed). With `recorder`, each phase is recorded (--report).
   std::pair<at::Tensor, at::Tensor> step(int64_t index, StepRecorder* recorder = nullptr) {
     auto phase = [&](const char* name) {
       if (recorder != nullptr) {
@@ -189,74 +183,12 @@ struct Loop {
     };
     auto [x, y] = batch(index);
     opt.zero_grad();
-    if (pipeline != nullptr) { // forwards and backwards interleaved by the schedule
-      phase("pipeline");
-      at::Tensor loss = pipeline_steps(x, y);
-      phase("optimizer");
-      at::Tensor norm = clip_grad_norm_(params, f.max_norm, 2.0, false, mesh["pp"]);
-      optimizer_step();
-      if (f.float8_all_gather) {
-        pipeline->precompute_float8_scales();
-      }
-      return {loss, norm};
-    }
-    const int64_t a = f.accumulation;
-    const int64_t rows = x.size(0) / a; // a microbatch's rows
-    at::Tensor loss;
-    for (int64_t k = 0; k < a; ++k) {
-      defer_replica_all_reduce(k + 1 < a);
-      at::Tensor l = microbatch(x.narrow(0, k * rows, rows), y.narrow(0, k * rows, rows), phase);
-      loss = k == 0 ? l : loss + l;
-    }
+    at::Tensor loss = parts.forward_backward(x, y, phase);
     phase("optimizer");
-    at::Tensor norm = clip_grad_norm_by_root(params, f.max_norm, {}); // [Note] recipe_model.h
+    at::Tensor norm = parts.clip_grad_norm(f.max_norm);
     optimizer_step();
-    if (f.float8_all_gather) { // the next step's scales: one all-reduce (docs/float8.md)
-      precompute_float8_dynamic_scale_for_fsdp(*model);
-    }
-    return {loss.detach(), norm};
-  }
-
-  // Under --pp: the schedule once per accumulation step, each on its rows. The loss: a sum
-  // over the rank's tokens of the step divided by their count (pipeline.h).
-  at::Tensor pipeline_steps(const at::Tensor& x, const at::Tensor& y) {
-    const int64_t rows = x.size(0) / f.accumulation;
-    at::Tensor loss;
-    for (int64_t k = 0; k < f.accumulation; ++k) {
-      at::Tensor l = pipeline->step(x.narrow(0, k * rows, rows), y.narrow(0, k * rows, rows));
-      loss = k == 0 ? l : loss + l;
-    }
-    return loss;
-  }
-
-  // [Note: gradient accumulation] One of the step's `f.accumulation` microbatches, of equal
-  // size: its mean loss over its tokens divided by the number of microbatches, so that the
-  // accumulated gradient is the step's mean over all of its tokens (torchtitan's
-  // global-token normalization, every token counting here). Returns the microbatch's share
-  // of the step's loss, detached.
-  template <typename Phase>
-  at::Tensor microbatch(const at::Tensor& x, const at::Tensor& y, const Phase& phase) {
-    phase("forward");
-    at::Tensor logits = dtensor::call(model, x);
-    LossParallel vocab_parallel; // the logits stay vocab-sharded ([Note] in loss.cpp)
-    at::Tensor loss =
-        torch::nn::functional::cross_entropy(logits.to(at::kFloat).flatten(0, 1), y.flatten()) /
-        static_cast<double>(f.accumulation);
-    phase("backward");
-    loss.backward();
-    return loss.detach();
-  }
-
-  // HSDP under accumulation: every microbatch's backward reduce-scatters (the shards are
-  // summed inside each unit, no unsharded gradient is kept), the all-reduce over the replicas
-  // only after the last (fully_shard's set_requires_all_reduce). No effect on 1-D units.
-  void defer_replica_all_reduce(bool defer) const {
-    if (f.accumulation == 1 || f.mesh[0] == 1) {
-      return;
-    }
-    if (const std::optional<FSDPModule> root = fsdp_module(*model)) {
-      FSDPModule(*root).set_requires_all_reduce(!defer);
-    }
+    parts.after_optimizer_step();
+    return {loss, norm};
   }
 
   // MoE models: the expert counts' all-reduce in flight during the optimizer step, the biases
@@ -426,9 +358,9 @@ struct Loop {
     const std::string dir = folder.step_dir(s);
     if (f.async_save) { // waits for the previous save, stages this one, returns
       finish_saves();
-      pending = checkpoint::async_save(train_state(model, pipeline, opt, s, data, &m, &o), dir);
+      pending = checkpoint::async_save(train_state(model, parts, opt, s, data, &m, &o), dir);
     } else {
-      checkpoint::save(train_state(model, pipeline, opt, s, data, &m, &o), dir);
+      checkpoint::save(train_state(model, parts, opt, s, data, &m, &o), dir);
       folder.prune();
     }
     if (get_rank() == 0) {
@@ -461,30 +393,16 @@ int run_llama(int argc, char** argv) {
   init_process_group();
   const int64_t world = get_world_size();
   const int rank = get_rank();
-  resolve_layout(f, world); // the degrees, checked (layout.cpp)
+  const ParallelDims dims = resolve_parallel_dims(f, world); // checked, before any group
   const bool cuda = get_backend() == BackendType::Nccl;
   const at::Device device = default_device(); // the simulated device in a simulated world
-  const c10::DeviceType kind = cuda ? c10::kCUDA : c10::kCPU;
-  const DeviceMesh mesh = f.cp > 1 ? init_device_mesh(kind, {f.mesh[0], f.mesh[1], f.cp, f.mesh[2]},
-                                                      {"dp_replicate", "dp_shard", "cp", "tp"})
-                          : f.pp > 1
-                              ? init_device_mesh(kind, {f.pp, f.mesh[0], f.mesh[1], f.mesh[2]},
-                                                 {"pp", "dp_replicate", "dp_shard", "tp"})
-                              : init_device_mesh(kind, f.mesh, {"dp_replicate", "dp_shard", "tp"});
+  const DeviceMesh mesh = dims.build_mesh(cuda ? c10::kCUDA : c10::kCPU); // Gloo's lines muted
   const DeviceMesh dp = mesh[{"dp_replicate", "dp_shard"}];
-  for (const char* dim : {"dp_replicate", "dp_shard", "tp"}) {
-    mesh[dim].get_group(); // every group now, while Gloo's connection lines are muted
-  }
-  if (f.pp > 1) {
-    mesh["pp"].get_group();
-  }
   std::optional<ContextParallel> cp;
-  if (f.cp > 1) {
-    mesh["cp"].get_group();
+  if (dims.cp_enabled()) {
     cp.emplace(ContextParallelOptions().method(f.cp_method == "ring" ? CpMethod::Ring
                                                                      : CpMethod::AllGather));
   }
-  barrier(world_group());
   muted.reset();
 
   // [Note: the recipe's vocabulary]; this rank's rows: its index among the data-parallel
@@ -503,32 +421,8 @@ int run_llama(int argc, char** argv) {
                                    .enable_fsdp_float8_all_gather(f.float8_all_gather),
                                float8_skip_output_and_unaligned);
   }
-  auto fsdp = FullyShardOptions();
-  if (f.precision == "bf16") {
-    fsdp.mp_policy(MixedPrecisionPolicy().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat));
-  }
-  std::optional<PipelineRecipe> pipeline; // --pp: this rank's stages, initialized
-  if (f.pp > 1) {
-    const int64_t stages = f.pp * (is_single_stage(schedule_kind(f.pp_schedule)) ? 1 : 2);
-    if (args.n_layers() < stages) {
-      usage(std::to_string(args.n_layers()) + " layers cannot fill " + std::to_string(stages) +
-            " pipeline stages (" + f.pp_schedule + " on " + std::to_string(f.pp) +
-            " ranks): one block each at least");
-    }
-    pipeline.emplace(f, mesh, model, fsdp, ac_options(f.ac), device);
-  } else {
-    models::parallelize_llama3(model, mesh, /*loss_parallel=*/true, fsdp, ac_options(f.ac), cp,
-                               f.ep);
-    to_empty(*model, device);
-    if (f.init_from_hf.empty()) {
-      // The same values on every layout (docs/random.md).
-      set_rng_state({true, static_cast<uint64_t>(f.seed), 0});
-      model->init_weights();
-    } else {
-      models::load_hf(model, f.init_from_hf);
-    }
-  }
-  const std::vector<at::Tensor> params = pipeline ? pipeline->parameters() : model->parameters();
+  ModelParts parts(f, dims, mesh, model, cp, device); // parallelized and initialized
+  const std::vector<at::Tensor> params = parts.parameters();
   const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(f, params);
   torch::optim::Optimizer& opt = *optimizer;
   WarmupStableDecayLR schedule(opt, schedule_options(f));
@@ -549,7 +443,7 @@ int run_llama(int argc, char** argv) {
   if (!f.resume.empty()) {
     const std::string latest = latest_checkpoint(f.resume);
     f.resume = latest.empty() ? f.resume : latest; // else what load() makes of it (PyTorch's)
-    start = resume(f.resume, model, pipeline ? &*pipeline : nullptr, opt, data);
+    start = resume(f.resume, model, parts, opt, data);
     schedule.set_steps_taken(start); // the learning rate is a function of the step
     if (rank == 0) {
       std::printf("resumed from %s at step %lld\n", f.resume.c_str(),
@@ -562,8 +456,8 @@ int run_llama(int argc, char** argv) {
         "%stp=%lld) on %s; vocab %lld, dim %lld, %lld layers, %lld/%lld heads, batch %lld x "
         "%lld (global%s), %s%s, AC %s, %s, clip %g, seed %lld%s\n",
         static_cast<long long>(world),
-        pipeline ? ("pp=" + std::to_string(f.pp) + " (" + pipeline->describe() + "), ").c_str()
-                 : "",
+        dims.pp_enabled() ? ("pp=" + std::to_string(f.pp) + " (" + parts.describe() + "), ").c_str()
+                          : "",
         static_cast<long long>(f.mesh[0]), static_cast<long long>(f.mesh[1]),
         f.cp > 1 ? ("cp=" + std::to_string(f.cp) + " " + f.cp_method + ", ").c_str() : "",
         static_cast<long long>(f.mesh[2]),
@@ -591,9 +485,9 @@ int run_llama(int argc, char** argv) {
   std::optional<models::ExpertBiasUpdate> bias_update;
   std::optional<Group> bias_group;
   if (args.moe() && args.moe()->load_balance_coeff()) {
-    bias_update.emplace(pipeline ? pipeline->stage_module() : *model);
+    bias_update.emplace(parts.module());
     Muted quiet(STDOUT_FILENO); // Gloo's connection lines, under --pp
-    bias_group = pipeline ? pipeline->stage_group() : world_group();
+    bias_group = parts.part_group();
   }
   Loop loop{f,
             mesh,
@@ -601,7 +495,7 @@ int run_llama(int argc, char** argv) {
             cp,
             device,
             model,
-            pipeline ? &*pipeline : nullptr,
+            parts,
             params,
             opt,
             schedule,
@@ -624,18 +518,14 @@ int run_llama(int argc, char** argv) {
   if (cp) {
     cp->set_enabled(false); // generation: every cp rank runs the whole growing sequence
   }
-  // Under --pp no rank holds the whole model: no sample (a pipelined forward is not wired up).
-  const std::string text = pipeline
-                               ? ""
-                               : sample(model, data, data.from_files() ? "The " : "It was the ", 24,
-                                        f.seq, args.moe() ? f.mesh[2] : 1, device);
+  // Through the whole model on every layout (under --pp stage after stage).
+  const std::string text = sample(parts, data, data.from_files() ? "The " : "It was the ", 24,
+                                  f.seq, args.moe() ? f.mesh[2] : 1, device);
   if (!f.export_hf.empty()) {
-    models::export_hf(model, f.export_hf);
+    parts.export_hf(f.export_hf);
   }
   if (rank == 0) {
-    if (!pipeline) {
-      std::printf("sample: \"%s\"\n", text.c_str());
-    }
+    std::printf("sample: \"%s\"\n", text.c_str());
     std::printf("loss %.4f -> %.4f (%s); metrics in %s%s%s\n", loop.first, loop.last,
                 ok ? "falling" : "NOT falling", f.metrics.c_str(),
                 f.export_hf.empty() ? "" : "; Hugging Face model in ", f.export_hf.c_str());

@@ -33,7 +33,7 @@ struct Flags {
   // without --batch the step's batch is local_batch x the data-parallel ranks.
   int64_t local_batch = 0;
   bool batch_given = false;
-  int64_t accumulation = 1; // the microbatches of a step (resolve_layout sets it)
+  int64_t accumulation = 1; // the microbatches of a step (resolve_parallel_dims sets it)
   int64_t log_every = 20, save_every = 0, vocab = 128;
   int64_t keep_latest = 10; // torchtitan's keep_latest_k (0: all; 1 is refused)
   double lr = 3e-3, max_norm = 1.0;
@@ -340,11 +340,6 @@ inline std::string mesh_from_degrees(Flags& f, int64_t ranks) {
   f.mesh = {r, ranks / (r * t), t};
   return "";
 }
-
-// The mesh from --mesh, the named degrees or the world size, checked with --cp, --pp, --ep,
-// --seq, --batch and float8 against `world` ranks; a usage error naming the flags otherwise
-// (layout.cpp).
-void resolve_layout(Flags& f, int64_t world);
 
 // torchtitan's usual shape for a world size: tp 2 where possible, then dp_shard 2, the rest
 // replicated (8 -> 2x2x2, 4 -> 1x2x2, 2 -> 1x1x2, 6 -> 1x3x2).

@@ -13,13 +13,13 @@
 
 #include <dtensor/activation_checkpoint.h>
 #include <dtensor/clip_grad.h>
+#include <dtensor/collectives.h>
 #include <dtensor/dtensor.h>
 #include <dtensor/module_hooks.h>
 
 #include <models/llama3.h>
 
 #include "llama_flags.h"
-#include "recipe_data.h"
 
 namespace dtensor::train {
 
@@ -134,10 +134,13 @@ inline DeviceMesh norm_group(const at::Tensor& p) {
 
 // [Note: clipping across mesh roots] Experts under expert parallelism live on the sparse mesh
 // (dp_replicate, efsdp, ep), another root than the dense parameters' mesh, and the MoE
-// layers' token-parallel units under tp on a flattened one; clip_grad_norm_ takes one root
-// and its dimensions. As torchtitan's _clip_grad_norm_with_ep: each root's gradient norm (one
-// all-reduce per dimension each, Replicate), combined as sqrt(sum n^2) on every rank, and every
-// gradient clipped by that total. One root: clip_grad_norm_ itself (`pipeline`: mesh["pp"]).
+// layers' token-parallel units under tp (and every unit under cp: dp_shard x cp) on a
+// flattened one; clip_grad_norm_ takes one root and its dimensions, and its pipeline mesh
+// must be a dimension of that root. As torchtitan's _clip_grad_norm_with_ep and its pp
+// all-reduce: each root's gradient norm (one all-reduce per dimension each, Replicate),
+// combined as sqrt(sum n^2) on every rank, summed over the pipeline group `pipeline` (one
+// all-reduce), and every gradient clipped by that total. One root of the mesh's own
+// dimensions: clip_grad_norm_ itself (with `pipeline`: mesh["pp"]).
 inline at::Tensor clip_grad_norm_by_root(const std::vector<at::Tensor>& params, double max_norm,
                                          const DeviceMesh& pipeline) {
   std::vector<DeviceMesh> roots;
@@ -154,49 +157,24 @@ inline at::Tensor clip_grad_norm_by_root(const std::vector<at::Tensor>& params, 
       grads[static_cast<size_t>(it - roots.begin())].push_back(p.grad());
     }
   }
-  if (roots.size() <= 1) {
+  const bool own_dims = roots.empty() || !roots[0].defined() || roots[0] == roots[0].root_mesh();
+  if (roots.size() <= 1 && (own_dims || !pipeline.defined())) {
     return clip_grad_norm_(params, max_norm, 2.0, false, pipeline);
   }
   at::Tensor squares = at::zeros({}, at::kFloat);
   for (const auto& g : grads) {
-    at::Tensor n = get_total_norm(g, 2.0, false, pipeline);
+    at::Tensor n = get_total_norm(g, 2.0, false);
     n = is_dtensor(n) ? DTensor(n).to_local() : n;
     squares = squares.to(n.device()) + n.to(at::kFloat).square();
+  }
+  if (pipeline.defined()) { // each pipeline rank holds other stages' gradients
+    squares = all_reduce(squares.reshape({1}).to(default_device()),
+                         ReduceOp::Sum, pipeline.get_group())
+                  .reshape({});
   }
   at::Tensor total = squares.sqrt();
   clip_grads_with_norm_(params, max_norm, total);
   return total;
-}
-
-// The whole logits of a forward (a vocab-sharded DTensor with the loss-parallel plan).
-inline at::Tensor full_logits(const at::Tensor& logits) {
-  return is_dtensor(logits) ? DTensor(logits).full_tensor() : logits;
-}
-
-// Greedy continuation of `prompt` (every rank runs the same forward passes).
-// `align` > 1: windows of a multiple of it (the prompt's first token repeated before it when
-// shorter): MoE blocks under tp take their sequence pieces back without agreeing on uneven
-// sizes.
-inline std::string sample(models::Llama3& model, const RecipeData& vocab, const std::string& prompt,
-                          int64_t n, int64_t seq, int64_t align, const at::Device& device) {
-  c10::NoGradGuard no_grad;
-  std::vector<int64_t> ids = vocab.encode(prompt);
-  const auto prompt_len = static_cast<int64_t>(ids.size());
-  while (static_cast<int64_t>(ids.size()) < align) {
-    ids.insert(ids.begin(), ids.front());
-  }
-  const auto padded = static_cast<int64_t>(ids.size()) - prompt_len;
-  for (int64_t k = 0; k < n; ++k) {
-    auto len = std::min<int64_t>(static_cast<int64_t>(ids.size()), seq);
-    len -= len % align;
-    std::vector<int64_t> window(ids.end() - len, ids.end());
-    at::Tensor x = at::tensor(window, at::kLong).view({1, len}).to(device);
-    at::Tensor last =
-        full_logits(dtensor::call(model, x))[0][len - 1].narrow(0, 0, vocab.vocab_size());
-    ids.push_back(last.argmax().item<int64_t>());
-  }
-  ids.erase(ids.begin(), ids.begin() + padded);
-  return vocab.decode(ids);
 }
 
 } // namespace dtensor::train

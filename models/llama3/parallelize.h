@@ -90,11 +90,25 @@ inline void apply_tp(Llama3& model, const dtensor::DeviceMesh& tp_mesh, bool los
   dtensor::parallelize_module(*model, tp_mesh, llama3_tp_plan(loss_parallel, a));
 }
 
-// torchtitan's apply_ac (per-block): every block's forward checkpointed with `options`.
-inline void apply_ac(Llama3& model, const dtensor::ActivationCheckpointOptions& options) {
+// The blocks of `model`, in order (what a model part's parallelization walks).
+inline std::vector<Llama3BlockImpl*> llama3_blocks(Llama3& model) {
+  std::vector<Llama3BlockImpl*> blocks;
   for (auto& layer : *model->layers) {
-    dtensor::checkpoint_module(*layer, options);
+    blocks.push_back(layer->as<Llama3BlockImpl>());
   }
+  return blocks;
+}
+
+// torchtitan's apply_ac (per-block): every block's forward checkpointed with `options`.
+inline void apply_ac(const std::vector<Llama3BlockImpl*>& blocks,
+                     const dtensor::ActivationCheckpointOptions& options) {
+  for (auto* block : blocks) {
+    dtensor::checkpoint_module(*block, options);
+  }
+}
+
+inline void apply_ac(Llama3& model, const dtensor::ActivationCheckpointOptions& options) {
+  apply_ac(llama3_blocks(model), options);
 }
 
 // torchtitan's context parallelism: every block's inner_attention computed by `style` over
@@ -102,10 +116,10 @@ inline void apply_ac(Llama3& model, const dtensor::ActivationCheckpointOptions& 
 // each attention's rotary table taken at this rank's sequence positions (torchtitan's sharded
 // `positions`), so that the model itself is unchanged. The step's tokens and labels are sharded
 // with dtensor::cp_shard on the same layout.
-inline void apply_cp(Llama3& model, const dtensor::DeviceMesh& cp_mesh,
-                     const dtensor::ContextParallel& style) {
-  for (auto& layer : *model->layers) {
-    auto& attention = *layer->as<Llama3BlockImpl>()->attention;
+inline void apply_cp(const std::vector<Llama3BlockImpl*>& blocks,
+                     const dtensor::DeviceMesh& cp_mesh, const dtensor::ContextParallel& style) {
+  for (auto* block : blocks) {
+    auto& attention = *block->attention;
     style.apply(*attention.inner_attention, cp_mesh);
     dtensor::register_module_hooks(
         attention, dtensor::ModuleHooks()
@@ -120,6 +134,11 @@ inline void apply_cp(Llama3& model, const dtensor::DeviceMesh& cp_mesh,
                                                    cp_mesh);
                        }));
   }
+}
+
+inline void apply_cp(Llama3& model, const dtensor::DeviceMesh& cp_mesh,
+                     const dtensor::ContextParallel& style) {
+  apply_cp(llama3_blocks(model), cp_mesh, style);
 }
 
 // [Note: token-parallel units under tensor parallelism] With tp > 1 the tp ranks of one data
@@ -159,9 +178,9 @@ inline dtensor::DeviceMesh token_parallel_mesh(const dtensor::DeviceMesh& mesh) 
 // data-parallel degree as every other gradient. With tp > 1, the router and shared experts
 // as their own unit ([Note: token-parallel units under tensor parallelism]). Call before the
 // blocks' fully_shard. Collective.
-inline void apply_moe(Llama3& model, const dtensor::DeviceMesh& mesh, int64_t ep,
+inline void apply_moe(const std::vector<Llama3BlockImpl*>& blocks, const Llama3Args& a,
+                      const dtensor::DeviceMesh& mesh, int64_t ep,
                       const dtensor::FullyShardOptions& fsdp) {
-  const Llama3Args& a = model->model_args;
   DTENSOR_MODEL_CHECK(a.moe() || ep == 1, "Llama3 apply_moe: expert parallelism (ep ", ep,
                       ") on a model without mixture-of-experts layers");
   if (!a.moe()) {
@@ -179,8 +198,8 @@ inline void apply_moe(Llama3& model, const dtensor::DeviceMesh& mesh, int64_t ep
   if (mesh["tp"].size() > 1) {
     token_mesh = token_parallel_mesh(mesh);
   }
-  for (auto& layer : *model->layers) {
-    MoE& moe = layer->as<Llama3BlockImpl>()->moe;
+  for (auto* block : blocks) {
+    MoE& moe = block->moe;
     if (!moe) {
       continue;
     }
@@ -197,26 +216,43 @@ inline void apply_moe(Llama3& model, const dtensor::DeviceMesh& mesh, int64_t ep
   }
 }
 
-// torchtitan's parallelize_llama on a mesh named (dp_replicate, dp_shard, tp), or (dp_replicate,
-// dp_shard, cp, tp) with `cp`: apply_tp over tp, apply_cp over cp, apply_ac when `ac` is set,
-// then fully_shard on each block and on the root over (dp_replicate, dp_shard), or with cp over
-// (dp_replicate, dp_shard x cp) flattened (torchtitan's fsdp = dp_shard x cp: the cp ranks
-// hold different tokens of the same sequences, so their gradients are reduced like data
-// parallelism's). HSDP when dp_replicate > 1; mixed precision from `fsdp`. Mixture-of-experts
-// layers: apply_moe, with `ep` (which borrows ranks from cp as from dp_shard and tp: MoE layers
-// are token-wise, so the cp ranks' sequence pieces route like any other tokens). Collective.
-inline void
-parallelize_llama3(Llama3& model, const dtensor::DeviceMesh& mesh, bool loss_parallel,
-                   const dtensor::FullyShardOptions& fsdp = {},
-                   const std::optional<dtensor::ActivationCheckpointOptions>& ac = std::nullopt,
-                   const std::optional<dtensor::ContextParallel>& cp = std::nullopt,
-                   int64_t ep = 1) {
-  apply_tp(model, mesh["tp"], loss_parallel);
+inline void apply_moe(Llama3& model, const dtensor::DeviceMesh& mesh, int64_t ep,
+                      const dtensor::FullyShardOptions& fsdp) {
+  apply_moe(llama3_blocks(model), model->model_args, mesh, ep, fsdp);
+}
+
+// One part of a Llama-3 model (the whole model, or a pipeline stage: models/llama3/pipeline.h):
+// its root module, its blocks in order and the model's arguments.
+struct Llama3Part {
+  torch::nn::Module& root;
+  std::vector<Llama3BlockImpl*> blocks;
+  const Llama3Args& args;
+};
+
+// torchtitan's parallelize_llama applied to one model part, given its tensor-parallel `plan`
+// (every part the same steps, as torchtitan's parallelize_fn on each of its model_parts): the
+// plan over mesh["tp"], apply_cp over mesh["cp"] with `cp`, apply_ac when `ac` is set, apply_moe,
+// then fully_shard on each block and on the part's root over (dp_replicate, dp_shard), or with
+// cp over (dp_replicate, dp_shard x cp) flattened (torchtitan's fsdp = dp_shard x cp: the cp
+// ranks hold different tokens of the same sequences, so their gradients are reduced like data
+// parallelism's). `mesh` is any mesh with those names (a "pp" dimension of its root is left
+// alone). Collective over the part's ranks.
+inline void parallelize_llama3_part(const Llama3Part& part, const dtensor::DeviceMesh& mesh,
+                                    const dtensor::ParallelizePlan& plan,
+                                    const dtensor::FullyShardOptions& fsdp,
+                                    const std::optional<dtensor::ActivationCheckpointOptions>& ac,
+                                    const std::optional<dtensor::ContextParallel>& cp, int64_t ep) {
+  const Llama3Args& a = part.args;
+  const int64_t tp = mesh["tp"].size();
+  DTENSOR_MODEL_CHECK(a.n_heads() % tp == 0 && a.kv_heads() % tp == 0, "Llama3: n_heads (",
+                      a.n_heads(), ") and n_kv_heads (", a.kv_heads(),
+                      ") must be multiples of the tensor-parallel degree ", tp);
+  dtensor::parallelize_module(part.root, mesh["tp"], plan);
   if (cp) {
-    apply_cp(model, mesh["cp"], *cp);
+    apply_cp(part.blocks, mesh["cp"], *cp);
   }
   if (ac) {
-    apply_ac(model, *ac);
+    apply_ac(part.blocks, *ac);
   }
   auto options = fsdp;
   if (cp) {
@@ -225,11 +261,27 @@ parallelize_llama3(Llama3& model, const dtensor::DeviceMesh& mesh, bool loss_par
   } else {
     options.mesh(mesh[{"dp_replicate", "dp_shard"}]);
   }
-  apply_moe(model, mesh, ep, fsdp);
-  for (auto& layer : *model->layers) {
-    dtensor::fully_shard(*layer, options);
+  apply_moe(part.blocks, a, mesh, ep, fsdp);
+  for (auto* block : part.blocks) {
+    dtensor::fully_shard(*block, options);
   }
-  dtensor::fully_shard(*model, options);
+  dtensor::fully_shard(part.root, options);
+}
+
+// torchtitan's parallelize_llama on a mesh named (dp_replicate, dp_shard, tp), or (dp_replicate,
+// dp_shard, cp, tp) with `cp`: parallelize_llama3_part on the whole model with llama3_tp_plan.
+// HSDP when dp_replicate > 1; mixed precision from `fsdp`. Mixture-of-experts layers:
+// apply_moe, with `ep` (which borrows ranks from cp as from dp_shard and tp: MoE layers are
+// token-wise, so the cp ranks' sequence pieces route like any other tokens). Collective.
+inline void
+parallelize_llama3(Llama3& model, const dtensor::DeviceMesh& mesh, bool loss_parallel,
+                   const dtensor::FullyShardOptions& fsdp = {},
+                   const std::optional<dtensor::ActivationCheckpointOptions>& ac = std::nullopt,
+                   const std::optional<dtensor::ContextParallel>& cp = std::nullopt,
+                   int64_t ep = 1) {
+  const Llama3Args& a = model->model_args;
+  parallelize_llama3_part({*model, llama3_blocks(model), a}, mesh, llama3_tp_plan(loss_parallel, a),
+                          fsdp, ac, cp, ep);
 }
 
 } // namespace dtensor::models

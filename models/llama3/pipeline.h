@@ -93,11 +93,13 @@ inline dtensor::ParallelizePlan llama3_stage_tp_plan(const Llama3StageImpl& stag
   return plan;
 }
 
-// parallelize_llama3 for one stage, on the 4-D mesh's (dp_replicate, dp_shard, tp) part:
-// tensor parallelism over tp, activation checkpointing per block when `ac` is set, fully_shard
-// on each block and then on the stage (its root unit, which the pipeline schedule drives).
-// torchtitan's choice under pipelining: reshard_after_forward off unless `fsdp` sets it (each
-// microbatch's backward would gather the blocks again).
+// parallelize_llama3 for one stage (parallelize_llama3_part with the stage's share of the
+// plan) on a mesh with dimensions (dp_replicate, dp_shard, tp), and cp with `cp`: the whole
+// world mesh (pp, dp_replicate, dp_shard, [cp,] tp) or its slice without pp. Context
+// parallelism, activation checkpointing, mixture-of-experts layers (with `ep` and under tp)
+// and fully_shard on each block and then on the stage (its root unit, which the pipeline
+// schedule drives). torchtitan's choice under pipelining: reshard_after_forward off unless
+// `fsdp` sets it (each microbatch's backward would gather the blocks again).
 //
 // [Note: initializing stages built on meta] A model built on the meta device and split into
 // stages is initialized by the whole model's init_weights() after parallelize_llama3_stage
@@ -109,31 +111,15 @@ inline dtensor::ParallelizePlan llama3_stage_tp_plan(const Llama3StageImpl& stag
 inline void
 parallelize_llama3_stage(Llama3Stage& stage, const dtensor::DeviceMesh& mesh, bool loss_parallel,
                          const dtensor::FullyShardOptions& fsdp = {},
-                         const std::optional<dtensor::ActivationCheckpointOptions>& ac = {}) {
-  const Llama3Args& a = stage->model_args;
-  DTENSOR_MODEL_CHECK(a.n_heads() % mesh["tp"].size() == 0 && a.kv_heads() % mesh["tp"].size() == 0,
-                      "Llama3 stage: n_heads (", a.n_heads(), ") and n_kv_heads (", a.kv_heads(),
-                      ") must be multiples of the tensor-parallel degree ", mesh["tp"].size());
-  DTENSOR_MODEL_CHECK(mesh["tp"].size() == 1 || !a.moe(),
-                      "Llama3 stage: mixture-of-experts layers with tensor parallelism (tp ",
-                      mesh["tp"].size(),
-                      ") in pipeline stages are not supported yet "
-                      "(parallelize_llama3 has them)");
-  dtensor::parallelize_module(*stage, mesh["tp"], llama3_stage_tp_plan(*stage, loss_parallel));
-  if (ac) {
-    for (auto* block : stage->blocks) {
-      dtensor::checkpoint_module(*block, *ac);
-    }
-  }
+                         const std::optional<dtensor::ActivationCheckpointOptions>& ac = {},
+                         const std::optional<dtensor::ContextParallel>& cp = std::nullopt,
+                         int64_t ep = 1) {
   auto options = fsdp;
-  options.mesh(mesh[{"dp_replicate", "dp_shard"}]);
   if (!options.reshard_after_forward()) {
     options.reshard_after_forward(false);
   }
-  for (auto* block : stage->blocks) {
-    dtensor::fully_shard(*block, options);
-  }
-  dtensor::fully_shard(*stage, options);
+  parallelize_llama3_part({*stage, stage->blocks, stage->model_args}, mesh,
+                          llama3_stage_tp_plan(*stage, loss_parallel), options, ac, cp, ep);
 }
 
 } // namespace dtensor::models

@@ -390,18 +390,20 @@ inline Llama3Args args_from_hf(const std::string& dir) {
   return a;
 }
 
-// Writes `model` (any layout) as a Hugging Face LlamaForCausalLM directory `dir`, its
-// tensors in their current dtype. Collective over all ranks.
-inline void export_hf(Llama3& model, const std::string& dir) {
+// Writes a model's state (get_model_state_dict of the model, or of each of this rank's
+// pipeline stages under the whole model's names: every name some rank holds is written) as a
+// Hugging Face LlamaForCausalLM directory `dir`, its tensors in their current dtype.
+// Collective over all ranks.
+inline void export_hf(const dtensor::StateDict& state, const Llama3Args& args,
+                      const std::string& dir) {
   torch::NoGradGuard no_grad;
-  const Llama3Args& args = model->model_args;
   if (args.moe()) {
     llama3_detail::check_qwen3_moe(args); // before anything is written
   }
   dtensor::StateDict hf;
   c10::ScalarType dtype = at::kFloat;
   dtensor::checkpoint::StackedNames unstack; // the experts, one tensor each
-  for (const auto& item : dtensor::get_model_state_dict(*model)) {
+  for (const auto& item : state) {
     if (llama3_detail::ends_with(item.key(), ".moe.expert_bias")) {
       DTENSOR_MODEL_CHECK(!item.value().ne(0).any().item<bool>(), "export_hf: ", item.key(),
                           " is not zero, and Qwen3MoeForCausalLM has no load-balancing bias: its "
@@ -440,12 +442,18 @@ inline void export_hf(Llama3& model, const std::string& dir) {
       dtensor::world_group());
 }
 
-// Loads a Hugging Face LlamaForCausalLM directory into `model` (any layout; its arguments
-// must match config.json's), each rank reading only its own shards. Collective.
-inline void load_hf(Llama3& model, const std::string& dir) {
+// Writes `model` (any layout) as a Hugging Face LlamaForCausalLM directory `dir`, its
+// tensors in their current dtype. Collective over all ranks.
+inline void export_hf(Llama3& model, const std::string& dir) {
+  export_hf(dtensor::get_model_state_dict(*model), model->model_args, dir);
+}
+
+// Reads a Hugging Face LlamaForCausalLM directory into a model's state (any layout; the
+// model's arguments must match config.json's; a pipeline stage's names only), each rank
+// reading only its own shards: the tensors of `state` are written or replaced, freqs_cis
+// left alone. The caller sets the state. Collective.
+inline void load_hf(dtensor::StateDict& state, const Llama3Args& args, const std::string& dir) {
   torch::NoGradGuard no_grad;
-  const Llama3Args& args = model->model_args;
-  dtensor::StateDict state = dtensor::get_model_state_dict(*model);
   dtensor::StateDict reads;                  // Hugging Face's names -> tensors laid out as ours
   std::vector<std::string> permuted;         // our names of q / k weights, read into temporaries
   dtensor::checkpoint::StackedNames stacked; // the experts, one tensor each
@@ -476,6 +484,14 @@ inline void load_hf(Llama3& model, const std::string& dir) {
   for (const std::string& key : biases) {
     state[key].zero_();
   }
+}
+
+// Loads a Hugging Face LlamaForCausalLM directory into `model` (any layout; its arguments
+// must match config.json's), each rank reading only its own shards. Collective.
+inline void load_hf(Llama3& model, const std::string& dir) {
+  torch::NoGradGuard no_grad;
+  dtensor::StateDict state = dtensor::get_model_state_dict(*model);
+  load_hf(state, model->model_args, dir);
   state["freqs_cis"].copy_(model->compute_freqs_cis(state["freqs_cis"].options()));
   dtensor::set_model_state_dict(*model, state);
 }

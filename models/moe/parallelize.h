@@ -21,15 +21,29 @@ namespace dtensor::models {
 // in the same row-major order, as (dp_replicate, efsdp, ep), efsdp = dp_shard x cp x tp / ep:
 // expert parallelism borrows its ranks from data, context and tensor parallelism, innermost
 // first. `dense` must be a mesh of init_device_mesh over the whole world whose dims, besides
-// an optional leading "dp_replicate", are the dense data-parallel ranks. Collective.
+// an optional leading "dp_replicate", are the dense data-parallel ranks; or, under pipeline
+// parallelism, a mesh whose root's leading dimension is "pp": then each pipeline stage's ranks
+// (the root without pp) are the dense region, and the sparse mesh is made over the world as
+// (pp, dp_replicate, efsdp, ep) and returned without pp. Collective.
 inline DeviceMesh moe_sparse_mesh(const DeviceMesh& dense, int64_t ep) {
-  const std::vector<std::string>& names = dense.dim_names();
-  const bool replicated = !names.empty() && names.front() == "dp_replicate";
-  const int64_t replicas = replicated ? dense.size(0) : 1;
-  const int64_t region = dense.size() / replicas;
+  const DeviceMesh root = dense.root_mesh();
+  const bool pipelined = !root.dim_names().empty() && root.dim_names().front() == "pp";
+  std::vector<std::string> names = root.dim_names();
+  if (pipelined) {
+    names.erase(names.begin());
+  }
+  const DeviceMesh region_mesh = pipelined ? root[names] : dense;
+  const std::vector<std::string>& inner = pipelined ? names : dense.dim_names();
+  const bool replicated = !inner.empty() && inner.front() == "dp_replicate";
+  const int64_t replicas = replicated ? region_mesh.size(0) : 1;
+  const int64_t region = region_mesh.size() / replicas;
   DTENSOR_MODEL_CHECK(ep >= 1 && region % ep == 0, "MoE expert parallelism: ep ", ep,
-                      " does not divide the dense region's ", region, " ranks (", dense.to_string(),
-                      " without dp_replicate): efsdp x ep must cover them");
+                      " does not divide the dense region's ", region, " ranks (",
+                      region_mesh.to_string(), " without dp_replicate): efsdp x ep must cover them");
+  if (pipelined) {
+    return init_device_mesh(dense.device_type(), {root.size(0), replicas, region / ep, ep},
+                            {"pp", "dp_replicate", "efsdp", "ep"})[{"dp_replicate", "efsdp", "ep"}];
+  }
   return init_device_mesh(dense.device_type(), {replicas, region / ep, ep},
                           {"dp_replicate", "efsdp", "ep"});
 }

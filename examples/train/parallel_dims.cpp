@@ -1,14 +1,51 @@
-// The recipe's layout (llama_flags.h, resolve_layout): the mesh from the flags, every degree
-// checked against the world, the model and the batch before any group is made, with the same
-// error on every rank.
-#include <string>
+// The recipe's ParallelDims (parallel_dims.h): the degrees from the flags, every one checked
+// against the world, the model and the batch before any group is made, with the same error on
+// every rank; the world mesh.
+#include "parallel_dims.h"
 
-#include "llama_flags.h"
-#include "pipeline.h"
+#include <string>
+#include <initializer_list>
+#include <utility>
+
+#include <dtensor/collectives.h>
+#include <dtensor/pipeline_schedule.h>
+#include <dtensor/process_group.h>
+
+#include "recipe_model.h"
 
 namespace dtensor::train {
 
 namespace {
+
+// What is wrong with --pp and the flags beside it for `world` ranks ("" when nothing).
+std::string pipeline_flag_error(const Flags& f, int64_t world) {
+  if (f.pp < 1 || world % f.pp != 0) {
+    return "--pp " + std::to_string(f.pp) + " does not divide the " + std::to_string(world) +
+           " ranks";
+  }
+  if (f.microbatches < 0) {
+    return "--microbatches must be positive";
+  }
+  if (f.pp == 1 && f.microbatches > 0) {
+    return "--microbatches needs --pp";
+  }
+  return "";
+}
+
+// Each pipeline stage holds one block at least (the model's layers are known from the flags
+// or the Hugging Face folder's config.json).
+void check_stages(const Flags& f) {
+  if (f.pp == 1) {
+    return;
+  }
+  const int64_t stages = f.pp * (is_single_stage(schedule_kind(f.pp_schedule)) ? 1 : 2);
+  const int64_t layers = recipe_model_args(f, 1).n_layers();
+  if (layers < stages) {
+    usage(std::to_string(layers) + " layers cannot fill " + std::to_string(stages) +
+          " pipeline stages (" + f.pp_schedule + " on " + std::to_string(f.pp) +
+          " ranks): one block each at least");
+  }
+}
 
 bool is_moe_flavor(const std::string& preset) {
   return preset == "qwen3-moe" || preset == "deepseek-v3" || preset == "qwen3-30b-a3b" ||
@@ -24,9 +61,6 @@ void check_ep(const Flags& f) {
     usage("--ep " + std::to_string(f.ep) + " needs a mixture-of-experts model (--model " +
           "qwen3-moe|deepseek-v3|qwen3-30b-a3b|deepseek-v3-16b)" +
           (f.preset.empty() ? "" : ", not " + f.preset));
-  }
-  if (f.pp > 1) {
-    usage("--ep with --pp is not supported yet (expert parallelism inside pipeline stages)");
   }
   const int64_t borrowable = f.mesh[1] * f.cp * f.mesh[2];
   if (borrowable % f.ep != 0) {
@@ -69,7 +103,7 @@ void resolve_accumulation(Flags& f) {
 
 } // namespace
 
-void resolve_layout(Flags& f, int64_t world) {
+ParallelDims resolve_parallel_dims(Flags& f, int64_t world) {
   if (f.cp < 1 || world % f.cp != 0) {
     usage("--cp " + std::to_string(f.cp) + " does not divide the " + std::to_string(world) +
           " ranks");
@@ -108,6 +142,55 @@ void resolve_layout(Flags& f, int64_t world) {
           f.float8 + " and tp " + std::to_string(f.mesh[2]));
   }
   check_ep(f);
+  check_stages(f);
+  ParallelDims d;
+  d.pp = f.pp;
+  d.dp_replicate = f.mesh[0];
+  d.dp_shard = f.mesh[1];
+  d.cp = f.cp;
+  d.tp = f.mesh[2];
+  d.ep = f.ep;
+  d.world = world;
+  return d;
+}
+
+int64_t pipeline_microbatches(const Flags& f) {
+  if (f.pp == 1) {
+    return 1; // no pipeline: the rank's rows in one piece
+  }
+  return f.microbatches > 0 ? f.microbatches : 2 * f.pp;
+}
+
+std::vector<std::string> ParallelDims::names() const {
+  std::vector<std::string> n;
+  for (const auto& [name, size] : std::initializer_list<std::pair<const char*, int64_t>>{
+           {"pp", pp}, {"dp_replicate", 0}, {"dp_shard", 0}, {"cp", cp}, {"tp", 0}}) {
+    if (size != 1) { // 0: always there
+      n.emplace_back(name);
+    }
+  }
+  return n;
+}
+
+std::vector<int64_t> ParallelDims::shape() const {
+  std::vector<int64_t> s;
+  for (const std::string& name : names()) {
+    s.push_back(name == "pp"             ? pp
+                : name == "dp_replicate" ? dp_replicate
+                : name == "dp_shard"     ? dp_shard
+                : name == "cp"           ? cp
+                                         : tp);
+  }
+  return s;
+}
+
+DeviceMesh ParallelDims::build_mesh(c10::DeviceType kind) const {
+  const DeviceMesh mesh = init_device_mesh(kind, shape(), names());
+  for (const std::string& name : names()) {
+    mesh[name].get_group();
+  }
+  barrier(world_group());
+  return mesh;
 }
 
 } // namespace dtensor::train

@@ -1,0 +1,351 @@
+// The recipe's model_parts (examples/train/model_parts.h).
+#include "model_parts.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/nn/functional/loss.h>
+
+#include <dtensor/collectives.h>
+#include <dtensor/dtensor.h>
+#include <dtensor/float8.h>
+#include <dtensor/fully_shard.h>
+#include <dtensor/materialize.h>
+#include <dtensor/pipeline_schedule.h>
+#include <dtensor/random.h>
+#include <dtensor/tensor_parallel.h>
+
+#include <models/check.h>
+
+#include "recipe_model.h"
+
+namespace dtensor::train {
+
+namespace {
+
+// A microbatch's loss: the cross-entropy sum over its tokens divided by `tokens`, this rank's
+// token count of the step (vocab-sharded logits under LossParallel, as the unpipelined
+// recipe's).
+PipelineLoss token_sum_loss(double tokens) {
+  return [tokens](const at::Tensor& logits, const at::Tensor& targets) {
+    namespace F = torch::nn::functional;
+    return F::cross_entropy(logits.to(at::kFloat).flatten(0, 1), targets.flatten(),
+                            F::CrossEntropyFuncOptions().reduction(torch::kSum)) /
+           tokens;
+  };
+}
+
+FullyShardOptions fsdp_options(const Flags& f) {
+  auto fsdp = FullyShardOptions();
+  if (f.precision == "bf16") {
+    fsdp.mp_policy(MixedPrecisionPolicy().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat));
+  }
+  return fsdp;
+}
+
+at::Tensor local_of(const at::Tensor& t) {
+  return is_dtensor(t) ? DTensor(t).to_local() : t;
+}
+
+} // namespace
+
+ModelParts::ModelParts(const Flags& f, const ParallelDims& dims, const DeviceMesh& mesh,
+                       models::Llama3& model, const std::optional<ContextParallel>& cp,
+                       const at::Device& device)
+    : f_(f), dims_(dims), mesh_(mesh), model_(model), args_(model->model_args), device_(device) {
+  const FullyShardOptions fsdp = fsdp_options(f);
+  const std::optional<ActivationCheckpointOptions> ac = ac_options(f.ac);
+  if (dims.pp_enabled()) {
+    build_pipeline(fsdp, ac, cp);
+  } else { // torchtitan's model_parts = [model]
+    models::parallelize_llama3(model_, mesh, /*loss_parallel=*/true, fsdp, ac, cp, f.ep);
+    to_empty(*model_, device);
+    models::Llama3 whole = model_;
+    parts_.push_back({0, model_.ptr(), [whole](const at::Tensor& x) mutable {
+                        return dtensor::call(whole, x);
+                      }});
+    placement_ = {0};
+    holder_ = model_.ptr();
+  }
+  init_values();
+}
+
+ModelParts::~ModelParts() = default;
+
+// [Note: initializing stages built on meta] (models/llama3/pipeline.h): the whole model's
+// init, this rank's parts materialized and the rest on the meta device, gives every layout
+// the same values. Then a Hugging Face folder's, if one is given.
+void ModelParts::init_values() {
+  set_rng_state({true, static_cast<uint64_t>(f_.seed), 0}); // docs/random.md
+  model_->init_weights();
+  if (!f_.init_from_hf.empty()) {
+    load_hf(f_.init_from_hf);
+  }
+}
+
+void ModelParts::build_pipeline(const FullyShardOptions& fsdp,
+                                const std::optional<ActivationCheckpointOptions>& ac,
+                                const std::optional<ContextParallel>& cp) {
+  const ScheduleKind kind = schedule_kind(f_.pp_schedule);
+  const int pp = static_cast<int>(dims_.pp);
+  const int per_rank = is_single_stage(kind) ? 1 : 2;
+  const int num_stages = pp * per_rank;
+  const int micro = static_cast<int>(pipeline_microbatches(f_));
+  const PipelineOrder order = generate_schedule(kind, pp, micro, per_rank);
+  placement_ = validate_schedule(order, num_stages, micro);
+  const Group group = mesh_.get_group("pp");
+  holder_ = std::make_shared<torch::nn::Module>("Stages");
+  std::vector<PipelineStage> stages;
+  std::string here;
+  for (int s = 0; s < num_stages; ++s) {
+    if (placement_[static_cast<size_t>(s)] != group.rank()) {
+      continue;
+    }
+    models::Llama3Stage stage(model_, s, num_stages);
+    models::parallelize_llama3_stage(stage, mesh_, /*loss_parallel=*/true, fsdp, ac, cp, f_.ep);
+    to_empty(*stage, device_);
+    // Called through the module seam, as every other part (its root unit's hooks).
+    auto forward = [stage](const at::Tensor& x) mutable { return dtensor::call(stage, x); };
+    parts_.push_back({s, stage.ptr(), forward});
+    holder_->register_module("stage" + std::to_string(s), stage.ptr());
+    // Sequence-parallel hidden states travel as their local tensors and are rebuilt over tp.
+    stages.emplace_back(s, stage.ptr(), forward, mesh_["tp"]);
+    here += (here.empty() ? "" : ", ") + std::to_string(s);
+  }
+  // This rank's tokens of the step (its cp piece of each row): the loss is a sum over them
+  // divided by their count, no division by the microbatches afterwards (torchtitan's
+  // scale_grads=False).
+  const double tokens = static_cast<double>(f_.batch / dims_.dp() * (f_.seq / dims_.cp));
+  schedule_ = std::make_unique<PipelineSchedule>(std::move(stages), group, order, micro,
+                                                 token_sum_loss(tokens),
+                                                 PipelineOptions().scale_grads(false));
+  describe_ = std::string(schedule_name(kind)) + ", " + std::to_string(micro) +
+              " microbatches, stages " + here + " of " + std::to_string(num_stages) + " here";
+}
+
+std::vector<at::Tensor> ModelParts::parameters() const {
+  std::vector<at::Tensor> out;
+  for (const ModelPart& part : parts_) {
+    for (const auto& p : part.module->parameters()) {
+      out.push_back(p);
+    }
+  }
+  return out;
+}
+
+at::Tensor ModelParts::forward_backward(const at::Tensor& x, const at::Tensor& targets,
+                                        const std::function<void(const char*)>& phase) {
+  const int64_t a = f_.accumulation;
+  const int64_t rows = x.size(0) / a; // a microbatch's rows
+  at::Tensor loss;
+  for (int64_t k = 0; k < a; ++k) {
+    // HSDP under accumulation: every microbatch's backward reduce-scatters (the shards are
+    // summed inside each unit, no unsharded gradient is kept), the all-reduce over the
+    // replicas only after the last (fully_shard's set_requires_all_reduce).
+    if (a > 1 && dims_.dp_replicate > 1) {
+      for (const ModelPart& part : parts_) {
+        if (std::optional<FSDPModule> root = fsdp_module(*part.module)) {
+          root->set_requires_all_reduce(k + 1 == a);
+        }
+      }
+    }
+    const at::Tensor xk = x.narrow(0, k * rows, rows);
+    const at::Tensor yk = targets.narrow(0, k * rows, rows);
+    at::Tensor l;
+    if (schedule_) { // forwards and backwards interleaved by the schedule
+      phase("pipeline");
+      LossParallel vocab_parallel; // the last stage's logits stay vocab-sharded
+      l = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(x.device()));
+      for (const at::Tensor& m : schedule_->step(xk, yk)) {
+        l += local_of(m).detach().to(at::kFloat);
+      }
+    } else {
+      l = microbatch(xk, yk, phase);
+    }
+    loss = k == 0 ? l : loss + l;
+  }
+  return loss;
+}
+
+// [Note: gradient accumulation] One of the step's `f.accumulation` microbatches, of equal
+// size: its mean loss over its tokens divided by the number of microbatches, so that the
+// accumulated gradient is the step's mean over all of its tokens (torchtitan's global-token
+// normalization, every token counting here); under --pp the schedule's loss is a sum over
+// the step's tokens divided by their count, the same gradient. Returns the microbatch's share
+// of the step's loss, detached.
+at::Tensor ModelParts::microbatch(const at::Tensor& x, const at::Tensor& y,
+                                  const std::function<void(const char*)>& phase) {
+  phase("forward");
+  at::Tensor logits = parts_.front().forward(x);
+  LossParallel vocab_parallel; // the logits stay vocab-sharded ([Note] in loss.cpp)
+  at::Tensor loss =
+      torch::nn::functional::cross_entropy(logits.to(at::kFloat).flatten(0, 1), y.flatten()) /
+      static_cast<double>(f_.accumulation);
+  phase("backward");
+  loss.backward();
+  return loss.detach();
+}
+
+at::Tensor ModelParts::evaluate(const at::Tensor& x, int64_t n,
+                                const std::function<at::Tensor(const at::Tensor&)>& head) {
+  c10::NoGradGuard no_grad;
+  const int last = static_cast<int>(placement_.size()) - 1;
+  at::Tensor h = x;
+  at::Tensor result = at::zeros({n}, at::TensorOptions().dtype(at::kDouble).device(device_));
+  for (int s = 0; s <= last; ++s) {
+    const ModelPart* part = nullptr;
+    for (const ModelPart& p : parts_) {
+      part = p.stage == s ? &p : part;
+    }
+    at::Tensor out = part != nullptr ? part->forward(h) : at::Tensor();
+    if (s < last) {
+      h = dims_.pp_enabled() ? hand_over(out, placement_[static_cast<size_t>(s)]) : out;
+    } else if (part != nullptr) {
+      result = head(out).to(at::kDouble).reshape({n}).to(device_);
+    }
+  }
+  if (dims_.pp_enabled()) { // the last stage's ranks' result, to every rank
+    broadcast_(result, placement_.back(), mesh_.get_group("pp"));
+  }
+  // Under --pp the stages keep their parameters gathered after forward (reshard_after_forward
+  // off, for the backward that follows in training): let them go.
+  for (const ModelPart& part : parts_) {
+    for (const auto& m : part.module->modules()) {
+      if (std::optional<FSDPModule> unit = fsdp_module(*m)) {
+        unit->reshard();
+      }
+    }
+  }
+  return result.cpu();
+}
+
+// A stage's output, on the ranks of pipeline rank `owner`, to every rank of the pp group: the
+// whole tensor (gathered over tp when it is a sequence-parallel DTensor), broadcast, and
+// rebuilt as the DTensor the next stage takes (Shard(1) over tp: a local slice).
+at::Tensor ModelParts::hand_over(const at::Tensor& out, int owner) {
+  const Group group = mesh_.get_group("pp");
+  const bool mine = group.rank() == owner;
+  at::Tensor header = at::zeros({6}, at::kLong); // DTensor, dtype, ndim, sizes
+  at::Tensor whole;
+  if (mine) {
+    const bool sharded = is_dtensor(out);
+    DTENSOR_MODEL_CHECK(!sharded || DTensor(out).placements() == Placements{Shard(1)},
+                        "train: a stage's output is laid out as ",
+                        to_string(DTensor(out).placements()), ", not (Shard(1)) over tp");
+    whole = sharded ? DTensor(out).full_tensor() : out;
+    DTENSOR_MODEL_CHECK(whole.dim() <= 3, "train: a stage's output has ", whole.dim(),
+                        " dimensions");
+    header[0] = sharded ? 1 : 0;
+    header[1] = static_cast<int64_t>(whole.scalar_type());
+    header[2] = whole.dim();
+    for (int64_t d = 0; d < whole.dim(); ++d) {
+      header[3 + d] = whole.size(d);
+    }
+  }
+  header = header.to(device_);
+  broadcast_(header, owner, group);
+  header = header.cpu();
+  std::vector<int64_t> sizes;
+  for (int64_t d = 0; d < header[2].item<int64_t>(); ++d) {
+    sizes.push_back(header[3 + d].item<int64_t>());
+  }
+  if (!mine) {
+    whole = at::empty(sizes, at::TensorOptions()
+                                 .dtype(static_cast<at::ScalarType>(header[1].item<int64_t>()))
+                                 .device(device_));
+  }
+  whole = whole.contiguous();
+  broadcast_(whole, owner, group);
+  if (header[0].item<int64_t>() == 0) {
+    return whole;
+  }
+  return DTensor::from_local(whole, mesh_["tp"], {Replicate()}).redistribute({Shard(1)});
+}
+
+at::Tensor ModelParts::clip_grad_norm(double max_norm) {
+  // [Note: clipping across mesh roots] (recipe_model.h); the pipeline's stages summed over pp.
+  return clip_grad_norm_by_root(parameters(), max_norm,
+                                dims_.pp_enabled() ? mesh_["pp"] : DeviceMesh());
+}
+
+void ModelParts::after_optimizer_step() {
+  if (!f_.float8_all_gather) {
+    return;
+  }
+  for (const ModelPart& part : parts_) { // one all-reduce each (docs/float8.md)
+    precompute_float8_dynamic_scale_for_fsdp(*part.module);
+  }
+}
+
+StateDict ModelParts::model_state() {
+  StateDict out;
+  for (const ModelPart& part : parts_) {
+    for (const auto& item : get_model_state_dict(*part.module)) {
+      if (!out.contains(item.key())) { // freqs_cis: every stage's, the same tensor
+        out.insert(item.key(), item.value());
+      }
+    }
+  }
+  return out;
+}
+
+void ModelParts::load_model_state(const StateDict& state) {
+  for (const ModelPart& part : parts_) {
+    StateDict mine;
+    for (const auto& item : get_model_state_dict(*part.module)) {
+      const at::Tensor* value = state.find(item.key());
+      DTENSOR_MODEL_CHECK(value != nullptr, "train: the state has no '", item.key(),
+                          "' for stage ", part.stage);
+      mine.insert(item.key(), *value);
+    }
+    set_model_state_dict(*part.module, mine);
+  }
+}
+
+void ModelParts::export_hf(const std::string& dir) {
+  models::export_hf(model_state(), args_, dir);
+}
+
+void ModelParts::load_hf(const std::string& dir) {
+  StateDict state = model_state();
+  models::load_hf(state, args_, dir);
+  load_model_state(state);
+}
+
+Group ModelParts::part_group() const {
+  if (!dims_.pp_enabled()) {
+    return world_group();
+  }
+  std::vector<std::string> inner = dims_.names();
+  inner.erase(inner.begin()); // pp
+  return mesh_[inner].flatten("pp_stage_ranks").get_group();
+}
+
+std::string sample(ModelParts& parts, const RecipeData& vocab, const std::string& prompt,
+                   int64_t n, int64_t seq, int64_t align, const at::Device& device) {
+  std::vector<int64_t> ids = vocab.encode(prompt);
+  const auto prompt_len = static_cast<int64_t>(ids.size());
+  while (static_cast<int64_t>(ids.size()) < align) {
+    ids.insert(ids.begin(), ids.front());
+  }
+  const auto padded = static_cast<int64_t>(ids.size()) - prompt_len;
+  for (int64_t k = 0; k < n; ++k) {
+    auto len = std::min<int64_t>(static_cast<int64_t>(ids.size()), seq);
+    len -= len % align;
+    std::vector<int64_t> window(ids.end() - len, ids.end());
+    const at::Tensor x = at::tensor(window, at::kLong).view({1, len}).to(device);
+    const at::Tensor next = parts.evaluate(x, 1, [&](const at::Tensor& logits) {
+      // The whole logits (vocab-sharded DTensor under the loss-parallel plan).
+      const at::Tensor whole = is_dtensor(logits) ? DTensor(logits).full_tensor() : logits;
+      return whole[0][len - 1].narrow(0, 0, vocab.vocab_size()).argmax();
+    });
+    ids.push_back(static_cast<int64_t>(next.item<double>()));
+  }
+  ids.erase(ids.begin(), ids.begin() + padded);
+  return vocab.decode(ids);
+}
+
+} // namespace dtensor::train

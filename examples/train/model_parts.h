@@ -1,0 +1,113 @@
+#pragma once
+
+// The recipe's model_parts (torchtitan's): the model built on the meta device, as the parts
+// this rank runs: the whole model without --pp, or, with it, this rank's pipeline stages (cut
+// by layer, models/llama3/pipeline.h) driven by a PyTorch schedule over pp. Each part is
+// parallelized the same way (parallelize_llama3_part: tensor, context and expert parallelism,
+// activation checkpointing, fully_shard), materialized and initialized to the unsplit model's
+// values (or read from a Hugging Face folder). Everything the Trainer does with the model goes
+// through here, on every layout: the step's forwards and backwards, a forward-only pass of the
+// whole model (validation, sampling), clipping, the model's state for checkpoints and
+// Hugging Face folders. docs/recipe.md, "The Trainer".
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include <dtensor/context_parallel.h>
+#include <dtensor/device_mesh.h>
+#include <dtensor/pipelining.h>
+#include <dtensor/state_dict.h>
+
+#include <models/llama3.h>
+
+#include "llama_flags.h"
+#include "parallel_dims.h"
+#include "recipe_data.h"
+
+namespace dtensor::train {
+
+// One part: its index among the model's stages (0 of 1 without --pp), its module (the
+// whole Llama3, or a Llama3Stage holding the whole model's modules under their names) and
+// its forward, through the module seam (dtensor::call).
+struct ModelPart {
+  int stage = 0;
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<at::Tensor(const at::Tensor&)> forward;
+};
+
+class ModelParts {
+ public:
+  // `model` built on the meta device (float8 already converted); `mesh` the world mesh of
+  // `dims`. Collective.
+  ModelParts(const Flags& f, const ParallelDims& dims, const DeviceMesh& mesh,
+             models::Llama3& model, const std::optional<ContextParallel>& cp,
+             const at::Device& device);
+  ~ModelParts();
+  ModelParts(const ModelParts&) = delete;
+  ModelParts& operator=(const ModelParts&) = delete;
+
+  const std::vector<ModelPart>& parts() const { return parts_; }
+  std::vector<at::Tensor> parameters() const;
+  const models::Llama3Args& args() const { return args_; }
+
+  // One step's forwards and backwards over this rank's rows `x` / `targets` (its cp piece
+  // under --cp), in f.accumulation microbatches, gradients as the global batch's mean loss
+  // (docs/recipe.md, "Gradient accumulation"). Returns this rank's loss of the step,
+  // detached (zero on ranks without the last stage). `phase` names the phases (--report).
+  at::Tensor forward_backward(const at::Tensor& x, const at::Tensor& targets,
+                              const std::function<void(const char*)>& phase);
+  // The whole model's forward of `x` without gradients, stage after stage (each stage's
+  // output handed to the next stage's ranks over pp), `head` applied to the logits on the
+  // last stage's ranks; its result, a 1-D double tensor of `n` values, on every rank.
+  at::Tensor evaluate(const at::Tensor& x, int64_t n,
+                      const std::function<at::Tensor(const at::Tensor&)>& head);
+  // clip_grad_norm_ over every part's gradients (the dense and expert meshes and pp).
+  at::Tensor clip_grad_norm(double max_norm);
+  // After the optimizer step: the next step's float8 scales (--float8-all-gather).
+  void after_optimizer_step();
+  // The model's state of this rank's parts under the whole model's names, and its inverse.
+  StateDict model_state();
+  void load_model_state(const StateDict& state);
+  // Hugging Face folders (collective): written from every part's state, read into it.
+  void export_hf(const std::string& dir);
+  void load_hf(const std::string& dir);
+  // This rank's parts as one module (MoE layers: the load-balancing bias), and the group of
+  // the ranks holding the same parts (the world without pp). Collective on first use.
+  torch::nn::Module& module() { return *holder_; }
+  Group part_group() const;
+  std::string describe() const { return describe_; }
+
+ private:
+  at::Tensor microbatch(const at::Tensor& x, const at::Tensor& y,
+                        const std::function<void(const char*)>& phase);
+  at::Tensor hand_over(const at::Tensor& out, int owner);
+  void build_pipeline(const FullyShardOptions& fsdp,
+                      const std::optional<ActivationCheckpointOptions>& ac,
+                      const std::optional<ContextParallel>& cp);
+  void init_values();
+
+  const Flags& f_;
+  ParallelDims dims_;
+  DeviceMesh mesh_;
+  models::Llama3 model_;
+  models::Llama3Args args_;
+  at::Device device_;
+  std::vector<ModelPart> parts_;
+  std::vector<int> placement_; // each stage's pipeline rank ({0} without --pp)
+  std::shared_ptr<torch::nn::Module> holder_;
+  std::unique_ptr<PipelineSchedule> schedule_; // --pp
+  std::string describe_;
+};
+
+// Greedy continuation of `prompt` by `n` tokens through the whole model (ModelParts::evaluate;
+// every rank runs the same passes). `align` > 1: windows of a multiple of it (the prompt's
+// first token repeated before it when shorter): MoE blocks under tp take their sequence pieces
+// back without agreeing on uneven sizes.
+std::string sample(ModelParts& parts, const RecipeData& vocab, const std::string& prompt,
+                   int64_t n, int64_t seq, int64_t align, const at::Device& device);
+
+} // namespace dtensor::train
