@@ -138,9 +138,9 @@ inline DeviceMesh norm_group(const at::Tensor& p) {
 // flattened one; clip_grad_norm_ takes one root and its dimensions, and its pipeline mesh
 // must be a dimension of that root. As torchtitan's _clip_grad_norm_with_ep and its pp
 // all-reduce: each root's gradient norm (one all-reduce per dimension each, Replicate),
-// combined as sqrt(sum n^2) on every rank, summed over the pipeline group `pipeline` (one
-// all-reduce), and every gradient clipped by that total. One root of the mesh's own
-// dimensions: clip_grad_norm_ itself (with `pipeline`: mesh["pp"]).
+// combined as sqrt(sum n^2) on every rank, summed over the pipeline mesh `pipeline`
+// (mesh["pp"]: one all-reduce), and every gradient clipped by that total. One root without
+// pp: clip_grad_norm_ itself.
 inline at::Tensor clip_grad_norm_by_root(const std::vector<at::Tensor>& params, double max_norm,
                                          const DeviceMesh& pipeline) {
   std::vector<DeviceMesh> roots;
@@ -157,9 +157,10 @@ inline at::Tensor clip_grad_norm_by_root(const std::vector<at::Tensor>& params, 
       grads[static_cast<size_t>(it - roots.begin())].push_back(p.grad());
     }
   }
-  const bool own_dims = roots.empty() || !roots[0].defined() || roots[0] == roots[0].root_mesh();
-  if (roots.size() <= 1 && (own_dims || !pipeline.defined())) {
-    return clip_grad_norm_(params, max_norm, 2.0, false, pipeline);
+  // Under pp every rank takes the same path (the stages' roots differ: a stage without MoE
+  // layers has one, the others two): its stages' norm, then one all-reduce over pp.
+  if (roots.size() <= 1 && !pipeline.defined()) {
+    return clip_grad_norm_(params, max_norm, 2.0, false);
   }
   at::Tensor squares = at::zeros({}, at::kFloat);
   for (const auto& g : grads) {

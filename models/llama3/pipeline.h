@@ -79,14 +79,25 @@ struct Llama3StageImpl : torch::nn::Module {
 };
 TORCH_MODULE(Llama3Stage);
 
-// llama3_tp_plan without the entries of modules the stage does not hold.
+// llama3_tp_plan without the entries of modules the stage does not hold (the embeddings, the
+// output, and in a mixture-of-experts model the dense or the MoE blocks' entries).
 inline dtensor::ParallelizePlan llama3_stage_tp_plan(const Llama3StageImpl& stage,
                                                      bool loss_parallel) {
+  bool dense = false;
+  bool moe = false;
+  for (const auto* block : stage.blocks) {
+    dense = dense || !block->moe;
+    moe = moe || block->moe;
+  }
   dtensor::ParallelizePlan plan;
   for (auto& entry : llama3_tp_plan(loss_parallel, stage.model_args)) {
-    const bool first_only = entry.pattern == "tok_embeddings";
-    const bool last_only = entry.pattern == "norm" || entry.pattern == "output";
-    if ((!first_only || stage.tok_embeddings) && (!last_only || stage.output)) {
+    const std::string& p = entry.pattern;
+    const bool held = p == "tok_embeddings"                        ? bool(stage.tok_embeddings)
+                      : p == "norm" || p == "output"               ? bool(stage.output)
+                      : p.rfind("layers.*.feed_forward", 0) == 0   ? dense
+                      : p.rfind("layers.*.moe", 0) == 0            ? moe
+                                                                   : true;
+    if (held) {
       plan.push_back(std::move(entry));
     }
   }
