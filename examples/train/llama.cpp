@@ -98,9 +98,7 @@ int64_t resume(const std::string& dir, Llama3& model, ModelParts& parts,
 // (LossParallel); every --val-every steps the loss on the held-out batches.
 struct Loop {
   const Flags& f;
-  const DeviceMesh& mesh;
   const DeviceMesh& dp;
-  const std::optional<ContextParallel>& cp; // --cp > 1
   const at::Device& device;
   Llama3& model;                         // built on meta: its parts run (train/eval mode)
   ModelParts& parts;                     // what this rank runs (model_parts.h)
@@ -120,36 +118,16 @@ struct Loop {
   int64_t dp_index() const { return dp.get_local_rank(0) * dp.size(1) + dp.get_local_rank(1); }
 
   // This rank's rows of the step's global batch (the same global batch on every mesh); with
-  // --cp, its positions of them (every rank of a cp group loads the same rows).
+  // --cp, its positions of them (ModelParts::inputs).
   std::pair<at::Tensor, at::Tensor> batch(int64_t step) {
     if (is_simulated()) { // only the shape matters
-      const auto tokens = at::empty({f.batch / dp.size(), layout().local_len()},
+      const auto tokens = at::empty({f.batch / dp.size(), parts.local_len()},
                                     at::dtype(at::kLong).device(device));
       return {tokens, tokens};
     }
     const at::Tensor rows = data.train_rows(step);
     digest = data.digest(rows);
-    return inputs_and_targets(rows);
-  }
-
-  // Without --cp a one-rank layout that cuts nothing (any --seq): the whole sequence.
-  CpLayout layout() const {
-    const CpLayout l =
-        cp ? CpLayout(f.seq, f.cp, CpBalance::HeadTail) : CpLayout(f.seq, 1, CpBalance::None);
-    if (cp) {
-      cp->set_layout(l);
-    }
-    return l;
-  }
-
-  std::pair<at::Tensor, at::Tensor> inputs_and_targets(const at::Tensor& rows) const {
-    const CpLayout l = layout();
-    at::Tensor x = rows.narrow(1, 0, f.seq).to(device);
-    at::Tensor y = rows.narrow(1, 1, f.seq).to(device);
-    if (!cp) {
-      return {x, y};
-    }
-    return {cp_shard(x, 1, l, mesh["cp"]), cp_shard(y, 1, l, mesh["cp"])};
+    return parts.inputs(rows);
   }
 
   // The held-out loss, averaged over the validation batches and the data-parallel (and cp)
@@ -158,7 +136,7 @@ struct Loop {
     double sum = 0;
     model->eval();
     for (int64_t k = 0; k < data.validation_batches(); ++k) {
-      auto [x, y] = inputs_and_targets(data.validation_rows(k));
+      auto [x, y] = parts.inputs(data.validation_rows(k));
       at::Tensor loss = parts.evaluate(x, 1, [&y](const at::Tensor& logits) {
         LossParallel vocab_parallel; // the logits stay vocab-sharded ([Note] in loss.cpp)
         at::Tensor l =
@@ -382,9 +360,31 @@ struct Loop {
 
 } // namespace
 
+namespace {
+
+// --prepare DIR: --data's documents tokenized once into DIR ([Note: prepared data] in
+// recipe_data.cpp), on one process without a process group; nothing is trained.
+int prepare_data(const Flags& f) {
+  namespace fs = std::filesystem;
+  if (f.data.empty() || fs::exists(f.data + ".idx") || fs::exists(f.data + "/train.idx")) {
+    usage("--prepare takes --data's document files (text or jsonl), not " +
+          (f.data.empty() ? std::string("nothing") : f.data));
+  }
+  const RecipeData data(f, 0, 1);
+  std::printf("prepared %s: train and val (Megatron indexed datasets) and the tokenizer, %lld "
+              "ids; train on it with --data %s\n",
+              f.prepare.c_str(), static_cast<long long>(data.vocab_size()), f.prepare.c_str());
+  return 0;
+}
+
+} // namespace
+
 int run_llama(int argc, char** argv) {
   at::set_num_threads(1);
   Flags f = parse(argc, argv);
+  if (!f.prepare.empty()) {
+    return prepare_data(f);
+  }
   if (f.deterministic) {
     use_deterministic_algorithms();
   }
@@ -398,11 +398,6 @@ int run_llama(int argc, char** argv) {
   const at::Device device = default_device(); // the simulated device in a simulated world
   const DeviceMesh mesh = dims.build_mesh(cuda ? c10::kCUDA : c10::kCPU); // Gloo's lines muted
   const DeviceMesh dp = mesh[{"dp_replicate", "dp_shard"}];
-  std::optional<ContextParallel> cp;
-  if (dims.cp_enabled()) {
-    cp.emplace(ContextParallelOptions().method(f.cp_method == "ring" ? CpMethod::Ring
-                                                                     : CpMethod::AllGather));
-  }
   muted.reset();
 
   // [Note: the recipe's vocabulary]; this rank's rows: its index among the data-parallel
@@ -421,7 +416,7 @@ int run_llama(int argc, char** argv) {
                                    .enable_fsdp_float8_all_gather(f.float8_all_gather),
                                float8_skip_output_and_unaligned);
   }
-  ModelParts parts(f, dims, mesh, model, cp, device); // parallelized and initialized
+  ModelParts parts(f, dims, mesh, model, device); // parallelized and initialized
   const std::vector<at::Tensor> params = parts.parameters();
   const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(f, params);
   torch::optim::Optimizer& opt = *optimizer;
@@ -452,15 +447,10 @@ int run_llama(int argc, char** argv) {
   }
   if (rank == 0) {
     std::printf(
-        "dtensor train (Llama 3 recipe): %lld ranks as (%sdp_replicate=%lld, dp_shard=%lld, "
-        "%stp=%lld) on %s; vocab %lld, dim %lld, %lld layers, %lld/%lld heads, batch %lld x "
+        "dtensor train (Llama 3 recipe): %lld ranks as (%s) on %s; vocab %lld, dim %lld, %lld layers, %lld/%lld heads, batch %lld x "
         "%lld (global%s), %s%s, AC %s, %s, clip %g, seed %lld%s\n",
         static_cast<long long>(world),
-        dims.pp_enabled() ? ("pp=" + std::to_string(f.pp) + " (" + parts.describe() + "), ").c_str()
-                          : "",
-        static_cast<long long>(f.mesh[0]), static_cast<long long>(f.mesh[1]),
-        f.cp > 1 ? ("cp=" + std::to_string(f.cp) + " " + f.cp_method + ", ").c_str() : "",
-        static_cast<long long>(f.mesh[2]),
+        parts.layout().c_str(),
         is_simulated() ? "the simulated device"
         : cuda         ? "cuda"
                        : "cpu",
@@ -490,9 +480,7 @@ int run_llama(int argc, char** argv) {
     bias_group = parts.part_group();
   }
   Loop loop{f,
-            mesh,
             dp,
-            cp,
             device,
             model,
             parts,
@@ -515,9 +503,7 @@ int run_llama(int argc, char** argv) {
   if (is_simulated()) {
     return 0; // nothing to sample or export from tensors without values
   }
-  if (cp) {
-    cp->set_enabled(false); // generation: every cp rank runs the whole growing sequence
-  }
+  parts.for_generation();
   // Through the whole model on every layout (under --pp stage after stage).
   const std::string text = sample(parts, data, data.from_files() ? "The " : "It was the ", 24,
                                   f.seq, args.moe() ? f.mesh[2] : 1, device);

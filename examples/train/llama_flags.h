@@ -62,7 +62,7 @@ struct Flags {
   // --data: files of documents (empty: the built-in paragraph), their format, a tokenizer.json
   // (empty: a SentencePiece BPE trained on them); the validation loss every val_every steps
   // over val_steps global batches of the held-out documents (recipe_data.h).
-  std::string data, data_format = "text", tokenizer;
+  std::string data, data_format = "text", tokenizer, prepare;
   int64_t val_every = 0, val_steps = 2;
 };
 
@@ -129,15 +129,21 @@ inline FlagTable flag_table(Flags& f) {
       .value("--ep", "expert parallelism's degree over dp_shard x cp x tp (MoE models; 1)", f.ep)
       .value("--experts", "routed experts of the small MoE shapes (8)", f.experts)
       .value("--data",
-             "documents to train on: files, comma-separated (default: the built-in paragraph)",
+             "documents to train on: files, comma-separated; or a folder --prepare wrote, or a "
+             "Megatron indexed dataset's prefix (PREFIX.bin / .idx), memory-mapped (default: "
+             "the built-in paragraph)",
              f.data)
+      .value("--prepare",
+             "tokenize --data's files once into this folder (Megatron indexed datasets "
+             "train / val and the tokenizer), then stop: train on it with --data FOLDER",
+             f.prepare)
       .value("--data-format",
              "--data's files: text (documents between lines of %, as fortune's) or jsonl "
              "(a \"text\" field per line)",
              f.data_format, {"text", "jsonl"})
       .value("--tokenizer",
-             "a Hugging Face tokenizer.json (byte-level BPE; default: a SentencePiece BPE of "
-             "--vocab pieces trained on --data)",
+             "a Hugging Face tokenizer.json (byte-level BPE) or a SentencePiece .model "
+             "(default: a SentencePiece BPE of --vocab pieces trained on --data)",
              f.tokenizer)
       .value("--val-every", "the validation loss every N steps, on every 20th document (0: none)",
              f.val_every)

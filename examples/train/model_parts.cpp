@@ -53,15 +53,18 @@ at::Tensor local_of(const at::Tensor& t) {
 } // namespace
 
 ModelParts::ModelParts(const Flags& f, const ParallelDims& dims, const DeviceMesh& mesh,
-                       models::Llama3& model, const std::optional<ContextParallel>& cp,
-                       const at::Device& device)
+                       models::Llama3& model, const at::Device& device)
     : f_(f), dims_(dims), mesh_(mesh), model_(model), args_(model->model_args), device_(device) {
+  if (dims.cp_enabled()) {
+    cp_.emplace(ContextParallelOptions().method(f.cp_method == "ring" ? CpMethod::Ring
+                                                                      : CpMethod::AllGather));
+  }
   const FullyShardOptions fsdp = fsdp_options(f);
   const std::optional<ActivationCheckpointOptions> ac = ac_options(f.ac);
   if (dims.pp_enabled()) {
-    build_pipeline(fsdp, ac, cp);
+    build_pipeline(fsdp, ac);
   } else { // torchtitan's model_parts = [model]
-    models::parallelize_llama3(model_, mesh, /*loss_parallel=*/true, fsdp, ac, cp, f.ep);
+    models::parallelize_llama3(model_, mesh, /*loss_parallel=*/true, fsdp, ac, cp_, f.ep);
     to_empty(*model_, device);
     models::Llama3 whole = model_;
     parts_.push_back({0, model_.ptr(), [whole](const at::Tensor& x) mutable {
@@ -87,8 +90,7 @@ void ModelParts::init_values() {
 }
 
 void ModelParts::build_pipeline(const FullyShardOptions& fsdp,
-                                const std::optional<ActivationCheckpointOptions>& ac,
-                                const std::optional<ContextParallel>& cp) {
+                                const std::optional<ActivationCheckpointOptions>& ac) {
   const ScheduleKind kind = schedule_kind(f_.pp_schedule);
   const int pp = static_cast<int>(dims_.pp);
   const int per_rank = is_single_stage(kind) ? 1 : 2;
@@ -105,7 +107,7 @@ void ModelParts::build_pipeline(const FullyShardOptions& fsdp,
       continue;
     }
     models::Llama3Stage stage(model_, s, num_stages);
-    models::parallelize_llama3_stage(stage, mesh_, /*loss_parallel=*/true, fsdp, ac, cp, f_.ep);
+    models::parallelize_llama3_stage(stage, mesh_, /*loss_parallel=*/true, fsdp, ac, cp_, f_.ep);
     to_empty(*stage, device_);
     // Called through the module seam, as every other part (its root unit's hooks).
     auto forward = [stage](const at::Tensor& x) mutable { return dtensor::call(stage, x); };
@@ -124,6 +126,51 @@ void ModelParts::build_pipeline(const FullyShardOptions& fsdp,
                                                  PipelineOptions().scale_grads(false));
   describe_ = std::string(schedule_name(kind)) + ", " + std::to_string(micro) +
               " microbatches, stages " + here + " of " + std::to_string(num_stages) + " here";
+}
+
+// Without --cp a one-rank layout that cuts nothing (any --seq): the whole sequence.
+CpLayout ModelParts::cp_layout() const {
+  const CpLayout l = cp_ ? CpLayout(f_.seq, dims_.cp, CpBalance::HeadTail)
+                         : CpLayout(f_.seq, 1, CpBalance::None);
+  if (cp_) {
+    cp_->set_layout(l);
+  }
+  return l;
+}
+
+int64_t ModelParts::local_len() const {
+  return cp_layout().local_len();
+}
+
+std::pair<at::Tensor, at::Tensor> ModelParts::inputs(const at::Tensor& rows) const {
+  const CpLayout l = cp_layout();
+  at::Tensor x = rows.narrow(1, 0, f_.seq).to(device_);
+  at::Tensor y = rows.narrow(1, 1, f_.seq).to(device_);
+  if (!cp_) {
+    return {x, y};
+  }
+  return {cp_shard(x, 1, l, mesh_["cp"]), cp_shard(y, 1, l, mesh_["cp"])};
+}
+
+void ModelParts::for_generation() {
+  if (cp_) {
+    cp_->set_enabled(false);
+  }
+}
+
+std::string ModelParts::layout() const {
+  std::string s = dims_.pp_enabled() ? "pp=" + std::to_string(dims_.pp) + " (" + describe_ + "), "
+                                     : "";
+  s += "dp_replicate=" + std::to_string(dims_.dp_replicate) +
+       ", dp_shard=" + std::to_string(dims_.dp_shard) + ", ";
+  if (dims_.cp_enabled()) {
+    s += "cp=" + std::to_string(dims_.cp) + " " + f_.cp_method + ", ";
+  }
+  s += "tp=" + std::to_string(dims_.tp);
+  if (dims_.ep > 1) {
+    s += ", ep=" + std::to_string(dims_.ep);
+  }
+  return s;
 }
 
 std::vector<at::Tensor> ModelParts::parameters() const {

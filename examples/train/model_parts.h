@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -42,15 +43,24 @@ struct ModelPart {
 class ModelParts {
  public:
   // `model` built on the meta device (float8 already converted); `mesh` the world mesh of
-  // `dims`. Collective.
+  // `dims`; with cp the ContextParallel style of --cp-method. Collective.
   ModelParts(const Flags& f, const ParallelDims& dims, const DeviceMesh& mesh,
-             models::Llama3& model, const std::optional<ContextParallel>& cp,
-             const at::Device& device);
+             models::Llama3& model, const at::Device& device);
   ~ModelParts();
   ModelParts(const ModelParts&) = delete;
   ModelParts& operator=(const ModelParts&) = delete;
 
   const std::vector<ModelPart>& parts() const { return parts_; }
+  // A step's inputs and targets from this rank's rows of tokens (seq + 1 each): under --cp
+  // its positions of them (head-tail balanced; every rank of a cp group loads the same rows).
+  std::pair<at::Tensor, at::Tensor> inputs(const at::Tensor& rows) const;
+  // This rank's positions of a sequence (--seq, or its cp piece).
+  int64_t local_len() const;
+  // From now on forwards of whole growing sequences (sampling): context parallelism off, every
+  // cp rank runs the whole sequence.
+  void for_generation();
+  // The layout, as the job's first line says it: "pp=2 (1F1B, ...), dp_replicate=1, ...".
+  std::string layout() const;
   std::vector<at::Tensor> parameters() const;
   const models::Llama3Args& args() const { return args_; }
 
@@ -86,12 +96,14 @@ class ModelParts {
                         const std::function<void(const char*)>& phase);
   at::Tensor hand_over(const at::Tensor& out, int owner);
   void build_pipeline(const FullyShardOptions& fsdp,
-                      const std::optional<ActivationCheckpointOptions>& ac,
-                      const std::optional<ContextParallel>& cp);
+                      const std::optional<ActivationCheckpointOptions>& ac);
   void init_values();
+
+  CpLayout cp_layout() const;
 
   const Flags& f_;
   ParallelDims dims_;
+  std::optional<ContextParallel> cp_;
   DeviceMesh mesh_;
   models::Llama3 model_;
   models::Llama3Args args_;

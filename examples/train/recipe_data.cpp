@@ -3,12 +3,15 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <stdexcept>
+#include <utility>
 
 #include <ATen/ATen.h>
 
 #include "common.h"
 #include "data/hf_tokenizer.h"
+#include "data/indexed_dataset.h"
 #include "tokenizer.h"
 
 namespace dtensor::train {
@@ -82,6 +85,9 @@ RecipeData::RecipeData(const Flags& f, int64_t dp_rank, int64_t dp_size)
     paragraph_ = at::tensor(vocab_->sp->encode(kCorpus), at::kLong);
     return;
   }
+  if (open_indexed()) {
+    return;
+  }
   DocumentFiles files;
   files.paths = split_paths(f.data);
   files.format = f.data_format;
@@ -99,15 +105,7 @@ RecipeData::RecipeData(const Flags& f, int64_t dp_rank, int64_t dp_size)
   documents_ = static_cast<int64_t>(train_docs.size());
   val_documents_ = static_cast<int64_t>(val_docs.size());
   if (!f.tokenizer.empty()) {
-    try {
-      vocab_->hf.emplace(f.tokenizer);
-    } catch (const std::exception& e) {
-      usage(std::string("--tokenizer: ") + e.what());
-    }
-    vocab_->bos = special_id(*vocab_->hf, f.tokenizer,
-                             {"<|begin_of_text|>", "<s>", "<|endoftext|>", "<bos>"}, "begin");
-    vocab_->eos = special_id(*vocab_->hf, f.tokenizer,
-                             {"<|end_of_text|>", "</s>", "<|endoftext|>", "<eos>"}, "end");
+    load_tokenizer(f.tokenizer, "--tokenizer");
   } else {
     // Trained on an even sample of the documents, about kTrainerBytes of them: the same
     // pieces for a corpus of any size in a few seconds (every rank trains its own copy).
@@ -125,23 +123,125 @@ RecipeData::RecipeData(const Flags& f, int64_t dp_rank, int64_t dp_size)
     vocab_->bos = vocab_->sp->bos();
     vocab_->eos = vocab_->sp->eos();
   }
+  if (!f.prepare.empty()) {
+    prepare(train_docs, val_docs);
+    return;
+  }
   auto encode = [this](const std::string& s) { return vocab_->encode(s); };
   train_ = pack(train_docs, encode, vocab_->bos, vocab_->eos);
   val_ = pack(val_docs, encode, vocab_->bos, vocab_->eos);
+  train_src_ = &train_;
+  val_src_ = &val_;
+  start_loader(static_cast<int64_t>(docs.size()));
+}
+
+// --tokenizer / a prepared folder's: a tokenizer.json, or a SentencePiece .model.
+void RecipeData::load_tokenizer(const std::string& path, const std::string& what) {
+  const bool sentencepiece = path.size() > 6 && path.substr(path.size() - 6) == ".model";
   try {
-    loader_ = std::make_unique<Loader>(train_, f.seq, f.batch, dp_rank, dp_size, f.seed);
-  } catch (const std::invalid_argument& e) {
-    usage(std::string("--data ") + f.data + ": " + e.what());
+    if (sentencepiece) {
+      vocab_->sp = std::make_unique<Tokenizer>(path);
+      vocab_->bos = vocab_->sp->bos();
+      vocab_->eos = vocab_->sp->eos();
+      return;
+    }
+    vocab_->hf.emplace(path);
+  } catch (const std::exception& e) {
+    usage(what + ": " + e.what());
   }
-  const int64_t val_sequences = num_sequences(val_, f.seq);
-  if (f.val_every > 0 && val_sequences < f.batch) {
-    usage("--val-every: the held-out documents (every 20th of " + std::to_string(docs.size()) +
-          ") hold " + std::to_string(val_sequences) + " sequences of " + std::to_string(f.seq) +
-          ", fewer than one --batch of " + std::to_string(f.batch));
+  vocab_->bos = special_id(*vocab_->hf, path,
+                           {"<|begin_of_text|>", "<s>", "<|endoftext|>", "<bos>"}, "begin");
+  vocab_->eos = special_id(*vocab_->hf, path,
+                           {"<|end_of_text|>", "</s>", "<|endoftext|>", "<eos>"}, "end");
+}
+
+// The loader over train_src_, and the validation batches of val_src_ (`documents`: the
+// documents read, for the error).
+void RecipeData::start_loader(int64_t documents) {
+  try {
+    loader_ = std::make_unique<Loader>(*train_src_, f_.seq, f_.batch, dp_rank_, dp_size_, f_.seed);
+  } catch (const std::invalid_argument& e) {
+    usage(std::string("--data ") + f_.data + ": " + e.what());
+  }
+  const int64_t val_sequences = val_src_ ? num_sequences(*val_src_, f_.seq) : 0;
+  if (f_.val_every > 0 && val_sequences < f_.batch) {
+    usage("--val-every: the held-out documents (every 20th of " + std::to_string(documents) +
+          ") hold " + std::to_string(val_sequences) + " sequences of " + std::to_string(f_.seq) +
+          ", fewer than one --batch of " + std::to_string(f_.batch));
   }
   // --val-steps -1 (torchtitan's validation.steps default): every held-out batch.
-  const int64_t held_out = val_sequences / f.batch;
-  val_batches_ = f.val_every <= 0 ? 0 : f.val_steps < 0 ? held_out : std::min(f.val_steps, held_out);
+  const int64_t held_out = val_sequences / f_.batch;
+  val_batches_ = f_.val_every <= 0   ? 0
+                 : f_.val_steps < 0 ? held_out
+                                    : std::min(f_.val_steps, held_out);
+}
+
+// [Note: prepared data] --prepare DIR: the documents tokenized once, each as bos, its tokens,
+// eos (the stream the in-memory loader packs, so the same global batches), written as
+// Megatron indexed datasets DIR/train and DIR/val, with the tokenizer beside them
+// (tokenizer.model, or a copy of --tokenizer's tokenizer.json). Nothing is trained.
+void RecipeData::prepare(const std::vector<std::string>& train_docs,
+                         const std::vector<std::string>& val_docs) {
+  namespace fs = std::filesystem;
+  const fs::path dir(f_.prepare);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    usage("--prepare " + f_.prepare + ": " + ec.message());
+  }
+  for (const auto& [name, docs] : {std::pair{"train", &train_docs}, {"val", &val_docs}}) {
+    std::vector<std::vector<int64_t>> ids;
+    for (const std::string& d : *docs) {
+      std::vector<int64_t> v = vocab_->encode(d);
+      v.insert(v.begin(), vocab_->bos);
+      v.push_back(vocab_->eos);
+      ids.push_back(std::move(v));
+    }
+    write_indexed_dataset((dir / name).string(), ids, vocab_size());
+  }
+  if (vocab_->sp) {
+    vocab_->sp->save((dir / "tokenizer.model").string());
+  } else {
+    fs::copy_file(f_.tokenizer, dir / "tokenizer.json", fs::copy_options::overwrite_existing);
+  }
+  documents_ = static_cast<int64_t>(train_docs.size());
+  val_documents_ = static_cast<int64_t>(val_docs.size());
+}
+
+// --data FOLDER (what --prepare wrote) or PREFIX (a Megatron indexed dataset): memory-mapped,
+// nothing read until a batch needs it; the tokenizer from --tokenizer, else the folder's.
+bool RecipeData::open_indexed() {
+  namespace fs = std::filesystem;
+  const bool folder = fs::is_directory(f_.data) && fs::exists(fs::path(f_.data) / "train.idx");
+  if (!folder && !fs::exists(f_.data + ".idx")) {
+    return false;
+  }
+  const fs::path dir(f_.data);
+  std::string tokenizer = f_.tokenizer;
+  for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
+    if (tokenizer.empty() && folder && fs::exists(dir / name)) {
+      tokenizer = (dir / name).string();
+    }
+  }
+  if (tokenizer.empty()) {
+    usage("--data " + f_.data + " is a Megatron indexed dataset: give its --tokenizer "
+          "(a tokenizer.json or a SentencePiece .model)");
+  }
+  load_tokenizer(tokenizer, "--tokenizer");
+  try {
+    train_mm_ = std::make_unique<IndexedDataset>(folder ? (dir / "train").string() : f_.data);
+    if (folder && fs::exists(dir / "val.idx")) {
+      val_mm_ = std::make_unique<IndexedDataset>((dir / "val").string());
+    }
+  } catch (const std::exception& e) {
+    usage(std::string("--data: ") + e.what());
+  }
+  train_src_ = train_mm_.get();
+  val_src_ = val_mm_.get();
+  documents_ = train_mm_->document_count();
+  val_documents_ = val_mm_ ? val_mm_->document_count() : 0;
+  start_loader(documents_ + val_documents_);
+  return true;
 }
 
 RecipeData::~RecipeData() = default;
@@ -162,12 +262,15 @@ std::string RecipeData::describe() const {
   if (!from_files()) {
     return "the built-in paragraph (" + std::to_string(paragraph_.numel()) + " tokens)";
   }
-  return std::to_string(documents_) + " documents, " + std::to_string(train_.tokens.size()) +
-         " tokens (" + std::to_string(loader_->sequences()) + " sequences) from --data, " +
-         std::to_string(val_documents_) + " held out (" + std::to_string(val_.tokens.size()) +
+  return std::to_string(documents_) + " documents, " + std::to_string(train_src_->size()) +
+         " tokens (" + std::to_string(loader_->sequences()) + " sequences) from --data" +
+         (train_mm_ ? " (memory-mapped)" : "") + ", " + std::to_string(val_documents_) +
+         " held out (" + std::to_string(val_src_ ? val_src_->size() : 0) +
          " tokens); tokenizer: " +
-         (vocab_->hf ? f_.tokenizer : "SentencePiece BPE trained on them") + ", " +
-         std::to_string(vocab_size()) + " ids";
+         (vocab_->hf                       ? f_.tokenizer
+          : train_mm_ || !f_.tokenizer.empty() ? "SentencePiece model"
+                                            : "SentencePiece BPE trained on them") +
+         ", " + std::to_string(vocab_size()) + " ids";
 }
 
 at::Tensor RecipeData::train_rows(int64_t step) {
@@ -200,8 +303,9 @@ void RecipeData::resume(int64_t position) {
 at::Tensor RecipeData::validation_rows(int64_t k) const {
   const int64_t rows = f_.batch / dp_size_;
   const int64_t first = k * f_.batch + dp_rank_ * rows;
-  std::vector<int64_t> ids(val_.tokens.begin() + first * f_.seq,
-                           val_.tokens.begin() + (first + rows) * f_.seq + 1);
+  const int64_t n = rows * f_.seq + 1;
+  std::vector<int64_t> ids(static_cast<size_t>(n)), docs(static_cast<size_t>(n));
+  val_src_->read(first * f_.seq, n, ids.data(), docs.data());
   at::Tensor flat = at::tensor(ids, at::kLong);
   return flat.as_strided({rows, f_.seq + 1}, {f_.seq, 1}).clone();
 }

@@ -15,6 +15,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "data/indexed_dataset.h"
 #include "data/text_data.h"
 #include "llama_flags.h"
 
@@ -52,11 +53,19 @@ class RecipeData {
 
  private:
   struct Vocabulary;
+  void load_tokenizer(const std::string& path, const std::string& what);
+  void start_loader(int64_t documents);
+  void prepare(const std::vector<std::string>& train_docs, const std::vector<std::string>& val_docs);
+  bool open_indexed();
+
   const Flags& f_;
   int64_t dp_rank_, dp_size_;
   std::unique_ptr<Vocabulary> vocab_;
   at::Tensor paragraph_; // without files: the paragraph's ids
-  PackedTokens train_, val_;
+  PackedTokens train_, val_;                      // --data files
+  std::unique_ptr<IndexedDataset> train_mm_, val_mm_; // --data FOLDER or PREFIX
+  const TokenSource* train_src_ = nullptr;
+  const TokenSource* val_src_ = nullptr;
   std::unique_ptr<Loader> loader_;
   int64_t val_batches_ = 0;
   int64_t documents_ = 0, val_documents_ = 0;

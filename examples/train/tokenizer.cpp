@@ -63,6 +63,15 @@ Tokenizer::Tokenizer(const std::string& text, int vocab_size)
   check(processor_->LoadFromSerializedProto(model), "loading the trained model");
 }
 
+Tokenizer::Tokenizer(const std::string& model_path)
+    : processor_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
+  check(processor_->Load(model_path), model_path.c_str());
+}
+
+void Tokenizer::save(const std::string& path) const {
+  write_output(path, processor_->serialized_model_proto());
+}
+
 Tokenizer::~Tokenizer() = default;
 
 std::vector<int64_t> Tokenizer::encode(const std::string& text) const {

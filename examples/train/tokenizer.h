@@ -16,6 +16,10 @@ class Tokenizer {
  public:
   // Trains on `text`, split into sentences at ", " and ". "; `vocab_size` pieces at most.
   Tokenizer(const std::string& text, int vocab_size);
+  // Loads a SentencePiece model file (a `.model`: one this class saved, or any other).
+  explicit Tokenizer(const std::string& model_path);
+  // Writes the model as a SentencePiece `.model` file.
+  void save(const std::string& path) const;
   ~Tokenizer();
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;

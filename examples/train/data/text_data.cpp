@@ -1,6 +1,7 @@
 // The recipe's text data (text_data.h).
 #include "text_data.h"
 
+#include <algorithm>
 #include <fstream>
 #include <random>
 #include <stdexcept>
@@ -94,12 +95,17 @@ PackedTokens pack(const std::vector<std::string>& docs,
   return p;
 }
 
-int64_t num_sequences(const PackedTokens& p, int64_t seq) {
-  const auto n = static_cast<int64_t>(p.tokens.size());
+void PackedTokens::read(int64_t start, int64_t n, int64_t* out, int64_t* docs) const {
+  std::copy_n(tokens.begin() + start, n, out);
+  std::copy_n(doc_of.begin() + start, n, docs);
+}
+
+int64_t num_sequences(const TokenSource& p, int64_t seq) {
+  const int64_t n = p.size();
   return n > seq ? (n - 1) / seq : 0;
 }
 
-Loader::Loader(const PackedTokens& data, int64_t seq, int64_t global_batch, int64_t dp_rank,
+Loader::Loader(const TokenSource& data, int64_t seq, int64_t global_batch, int64_t dp_rank,
                int64_t dp_size, uint64_t seed)
     : data_(data), seq_(seq), batch_(global_batch), rank_(dp_rank), size_(dp_size),
       count_(num_sequences(data, seq)), seed_(seed) {
@@ -109,7 +115,7 @@ Loader::Loader(const PackedTokens& data, int64_t seq, int64_t global_batch, int6
                                 " data-parallel ranks");
   }
   if (count_ < 1) {
-    throw std::invalid_argument("the data holds " + std::to_string(data.tokens.size()) +
+    throw std::invalid_argument("the data holds " + std::to_string(data.size()) +
                                 " tokens: not one sequence of " + std::to_string(seq) + " + 1");
   }
 }
@@ -138,11 +144,10 @@ Loader::Batch Loader::next() {
   const int64_t rows = batch_ / size_;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t s = sequence_at(position_ + rank_ * rows + r);
-    const auto begin = static_cast<std::ptrdiff_t>(s * seq_);
-    b.tokens.insert(b.tokens.end(), data_.tokens.begin() + begin,
-                    data_.tokens.begin() + begin + seq_ + 1);
-    b.docs.insert(b.docs.end(), data_.doc_of.begin() + begin,
-                  data_.doc_of.begin() + begin + seq_ + 1);
+    const size_t at = b.tokens.size();
+    b.tokens.resize(at + static_cast<size_t>(seq_ + 1));
+    b.docs.resize(at + static_cast<size_t>(seq_ + 1));
+    data_.read(s * seq_, seq_ + 1, b.tokens.data() + at, b.docs.data() + at);
     b.sequence_ids.push_back(s);
   }
   position_ += batch_;

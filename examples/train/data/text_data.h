@@ -25,11 +25,24 @@ struct DocumentFiles {
 // not a JSON object with a string `field`, are errors naming the file and the line.
 std::vector<std::string> read_documents(const DocumentFiles& files);
 
+// A stream of tokens with the document each belongs to: packed in memory (PackedTokens) or
+// memory-mapped from a Megatron indexed dataset (data/indexed_dataset.h).
+class TokenSource {
+ public:
+  virtual ~TokenSource() = default;
+  virtual int64_t size() const = 0;
+  // Tokens [start, start + n), and the document of each.
+  virtual void read(int64_t start, int64_t n, int64_t* tokens, int64_t* docs) const = 0;
+};
+
 // The documents' tokens one after another, each document as bos, its tokens, eos.
 // `doc_of[i]`: the index of the document token i belongs to (CP's document masks).
-struct PackedTokens {
+struct PackedTokens : TokenSource {
   std::vector<int64_t> tokens;
   std::vector<int64_t> doc_of;
+
+  int64_t size() const override { return static_cast<int64_t>(tokens.size()); }
+  void read(int64_t start, int64_t n, int64_t* out, int64_t* docs) const override;
 };
 PackedTokens pack(const std::vector<std::string>& docs,
                   const std::function<std::vector<int64_t>(const std::string&)>& encode,
@@ -37,7 +50,7 @@ PackedTokens pack(const std::vector<std::string>& docs,
 
 // Sequence i of length `seq`: tokens [i*seq, i*seq + seq + 1) of the stream (inputs, and the
 // targets one token on); as many as fit.
-int64_t num_sequences(const PackedTokens& p, int64_t seq);
+int64_t num_sequences(const TokenSource& p, int64_t seq);
 
 // [Note: the loader's state] The loader hands out sequences in a global order: epoch e is a
 // permutation of all sequences (seeded by seed and e). A step takes the next global_batch of
@@ -47,7 +60,7 @@ int64_t num_sequences(const PackedTokens& p, int64_t seq);
 class Loader {
  public:
   // `data` is read, not copied: it must outlive the loader.
-  Loader(const PackedTokens& data, int64_t seq, int64_t global_batch, int64_t dp_rank,
+  Loader(const TokenSource& data, int64_t seq, int64_t global_batch, int64_t dp_rank,
          int64_t dp_size, uint64_t seed);
 
   // This rank's rows of the next global batch: B/D sequences of seq + 1 tokens, row-major;
@@ -66,7 +79,7 @@ class Loader {
  private:
   int64_t sequence_at(int64_t position);
 
-  const PackedTokens& data_;
+  const TokenSource& data_;
   int64_t seq_, batch_, rank_, size_, count_;
   uint64_t seed_;
   int64_t position_ = 0;
