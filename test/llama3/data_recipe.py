@@ -20,7 +20,6 @@ usage: data_recipe.py TORCHRUN TRAIN FORTUNES_DIR OUTDIR
    take about 280 MiB; measured: 12 MiB more, most of it the loader's permutation of the
    sequences, 8 bytes each).
 """
-import json
 import os
 import shutil
 import struct
