@@ -189,8 +189,8 @@ TEST_CASE("clip_grad_norm_: gradients on different meshes, one all-reduce per di
   }
 }
 
-TEST_CASE("get_total_norm: gradients on meshes that share no root, or without names, are named "
-          "in the error",
+TEST_CASE("get_total_norm: a mesh without names beside another is named in the error; meshes "
+          "that share no root each give their norm, combined",
           "[clip_grad_norm][world1][world2][world4]") {
   // Three meshes made by init_device_mesh: each is its own root.
   auto named = init_device_mesh(device_type(), {world()}, {"dp"});
@@ -204,9 +204,65 @@ TEST_CASE("get_total_norm: gradients on meshes that share no root, or without na
       dtensor::get_total_norm({on(unnamed), on(named)}),
       contains("get_total_norm: gradients live on several meshes, and DeviceMesh(") &&
           contains("has no dimension names to place it on the root mesh"));
-  REQUIRE_THROWS_WITH(dtensor::get_total_norm({on(named), on(other)}),
-                      contains("get_total_norm: gradients live on meshes of different roots: ") &&
-                          contains("names=(x, y)") && contains("names=(dp)"));
+  // Different roots: each root's norm, combined ([Note: gradients on several roots]). Four
+  // replicated ones on each: sqrt(4 + 4), no communication (nothing is sharded).
+  const std::vector<at::Tensor> grads = {on(named), on(other)};
+  CommDebugMode mode;
+  const at::Tensor both = dtensor::get_total_norm(grads);
+  REQUIRE(!dtensor::is_dtensor(both));
+  REQUIRE(std::abs(both.item<double>() - std::sqrt(8.0)) <= 1e-6);
+  REQUIRE(mode.total_count() == 0);
+}
+
+TEST_CASE("get_total_norm: gradients on two roots and a flattened mesh under a pipeline "
+          "(torchtitan's _clip_grad_norm_with_ep): each one's all-reduce, then one over pp",
+          "[clip_grad_norm][world4]") {
+  // Two stages of two ranks: dense gradients on (pp, dp)'s dp, experts on another root's ep,
+  // one more on dp flattened under a name of its own (as dp_shard x cp), each Shard(0).
+  auto dense = init_device_mesh(device_type(), {2, 2}, {"pp", "dp"});
+  auto sparse = init_device_mesh(device_type(), {2, 2}, {"pp", "ep"});
+  auto flat = dense["dp"].flatten("dp_flat");
+  // Stage s's whole gradient k: the same on its ranks, other values on the other stage.
+  auto whole = [](int64_t s, int64_t k) {
+    return at::arange(8, options()).add(static_cast<double>(10 * s + 3 * k)).sin();
+  };
+  const int64_t stage = dense.get_local_rank("pp");
+  const std::vector<dtensor::DeviceMesh> meshes = {dense["dp"], sparse["ep"], flat};
+  std::vector<at::Tensor> grads;
+  for (size_t k = 0; k < meshes.size(); ++k) {
+    grads.push_back(dtensor::distribute_tensor(whole(stage, static_cast<int64_t>(k)), meshes[k],
+                                               {dtensor::Shard(0)}));
+  }
+  // The judge: the plain norm of every stage's whole gradients.
+  std::vector<at::Tensor> all;
+  for (int64_t s = 0; s < 2; ++s) {
+    for (int64_t k = 0; k < 3; ++k) {
+      all.push_back(whole(s, k));
+    }
+  }
+  const at::Tensor flat_all = at::cat(all).abs();
+  for (double p : {2.0, 1.0, std::numeric_limits<double>::infinity()}) {
+    INFO("norm_type " << p);
+    const double want = std::isinf(p) ? flat_all.max().item<double>()
+                                      : flat_all.pow(p).sum().pow(1.0 / p).item<double>();
+    CommDebugMode mode;
+    const at::Tensor total = dtensor::get_total_norm(grads, p, false, dense["pp"]);
+    REQUIRE(!dtensor::is_dtensor(total));
+    REQUIRE(std::abs(total.item<double>() - want) <= 1e-5 * want);
+    REQUIRE(mode.count(CollectiveKind::AllReduce) == 4);
+    REQUIRE(mode.total_count() == 4);
+  }
+  // Stages that hold different roots (a stage without MoE layers): stage 0 the dense gradient
+  // alone, stage 1 all three. Each stage's own all-reduces come first, pp's last, on both.
+  std::vector<at::Tensor> some = stage == 0 ? std::vector<at::Tensor>{grads[0]} : grads;
+  const at::Tensor kept =
+      at::cat({whole(0, 0), whole(1, 0), whole(1, 1), whole(1, 2)}).abs().square().sum().sqrt();
+  CommDebugMode mode;
+  const at::Tensor total = dtensor::get_total_norm(some, 2.0, false, dense["pp"]);
+  const double got = dtensor::is_dtensor(total) ? DTensor(total).to_local().item<double>()
+                                                : total.item<double>();
+  REQUIRE(std::abs(got - kept.item<double>()) <= 1e-5 * kept.item<double>());
+  REQUIRE(mode.count(CollectiveKind::AllReduce) == (stage == 0 ? 2 : 4));
 }
 
 TEST_CASE("clip_grad_norm_: low-precision gradients, no gradients (PyTorch's "

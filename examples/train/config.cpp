@@ -58,6 +58,7 @@ const std::vector<Key>& keys() {
       {"training.global_batch_size", "--batch", Kind::Int},
       {"training.local_batch_size", "--local-batch", Kind::Int},
       {"training.max_norm", "--max-norm", Kind::Number},
+      {"training.norm_type", "--norm-type", Kind::Number},
       {"training.dataset_path", "--data", Kind::String},
       {"training.data_format", "--data-format", Kind::String},
       {"training.seed", "--seed", Kind::Int},

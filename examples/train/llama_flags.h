@@ -36,7 +36,7 @@ struct Flags {
   int64_t accumulation = 1; // the microbatches of a step (resolve_parallel_dims sets it)
   int64_t log_every = 20, save_every = 0, vocab = 128;
   int64_t keep_latest = 10; // torchtitan's keep_latest_k (0: all; 1 is refused)
-  double lr = 3e-3, max_norm = 1.0;
+  double lr = 3e-3, max_norm = 1.0, norm_type = 2.0;
   // The optimizer with torchtitan's defaults, and its learning-rate schedule with those of
   // torchtitan's debug job (warmup 2 steps, the last 80% decaying linearly to 0;
   // lr_scheduler.h). decay_ratio nullopt: the decay starts after the warmup.
@@ -191,6 +191,7 @@ inline FlagTable flag_table(Flags& f) {
       .toggle("--deterministic", "deterministic algorithms only (bit-equal reruns)",
               f.deterministic)
       .value("--max-norm", "clip_grad_norm_'s max norm (1.0)", f.max_norm)
+      .value("--norm-type", "clip_grad_norm_'s norm type (2.0; any p > 0, or inf)", f.norm_type)
       .value("--ac", "activation checkpointing per block", f.ac, {"full", "selective", "none"})
       .value("--precision", "parameters in forward and backward", f.precision, {"bf16", "fp32"})
       .value("--float8", "the blocks' Linears in float8 (torchao's recipes; not the output layer)",

@@ -312,10 +312,14 @@ at::Tensor ModelParts::hand_over(const at::Tensor& out, int owner) {
   return DTensor::from_local(whole, mesh_["tp"], {Replicate()}).redistribute({Shard(1)});
 }
 
+// The library's clip_grad_norm_ over every part's parameters: experts under ep on their own
+// root, units over a flattened dimension (dp_shard x cp, the token-parallel units under tp)
+// each reduced on their own and combined, and under pp one all-reduce more over the stages
+// ([Note: gradients on several roots] in lib/train/clip_grad.cpp; torchtitan's
+// _clip_grad_norm_with_ep and its pp_mesh).
 at::Tensor ModelParts::clip_grad_norm(double max_norm) {
-  // [Note: clipping across mesh roots] (recipe_model.h); the pipeline's stages summed over pp.
-  return clip_grad_norm_by_root(parameters(), max_norm,
-                                dims_.pp_enabled() ? mesh_["pp"] : DeviceMesh());
+  return clip_grad_norm_(parameters(), max_norm, f_.norm_type, false,
+                         dims_.pp_enabled() ? mesh_["pp"] : DeviceMesh());
 }
 
 void ModelParts::after_optimizer_step() {

@@ -26,6 +26,14 @@ namespace dtensor {
 // clip_grad_norm_ with pp_mesh). Every rank of the pipeline takes part, with or without
 // gradients. Order 0 is refused with a pipeline (its total counts tensors, which differ
 // between stages).
+//
+// Tensors on meshes of different roots (experts on their own (dp_replicate, efsdp, ep) mesh
+// beside the dense parameters' mesh), or on a mesh with a flattened dimension under a
+// pipeline, are reduced by root: each root's partial with one all-reduce per dimension some
+// of its tensors are sharded over, the partials combined on every rank, then one all-reduce
+// over `pipeline` ([Note: gradients on several roots] in lib/train/clip_grad.cpp,
+// torchtitan's _clip_grad_norm_with_ep). The result is then a plain tensor, the same on
+// every rank.
 at::Tensor get_total_norm(const std::vector<at::Tensor>& tensors, double norm_type = 2.0,
                           bool error_if_nonfinite = false, const DeviceMesh& pipeline = {});
 

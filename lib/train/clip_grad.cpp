@@ -132,55 +132,34 @@ at::Tensor scaled(const Contribution& k, const MeshUnion& red, const std::vector
   return replicas == 1 ? k.part : k.part / replicas;
 }
 
-// The union mesh's index of the pipeline dimension ([Note: the norm over pipeline stages]),
-// or -1 without one.
-int64_t pipeline_dim(const MeshUnion& red, const DeviceMesh& pipeline, double p) {
-  if (!pipeline.defined()) {
-    return -1;
-  }
-  DTENSOR_CHECK(pipeline.ndim() == 1,
-                "get_total_norm: the pipeline mesh must be 1-D (mesh[\"pp\"]), got {}",
-                pipeline.to_string());
-  DTENSOR_CHECK(p != 0,
-                "get_total_norm: norm_type 0 counts gradient tensors, which differ between "
-                "pipeline stages; it is not supported with a pipeline mesh ({})",
-                pipeline.to_string());
-  return red.map_of(pipeline)[0];
-}
+// The tensors' partial norm after its all-reduces, before the p-th root: the sum of p-th
+// powers (finite p), max / min (inf / -inf), or the per-tensor vector (p = 0), on the union
+// of `extra_meshes` and the tensors' meshes.
+struct Reduced {
+  at::Tensor acc;
+  MeshUnion red;
+  bool count_tensors = false;
+};
 
-at::Tensor total_norm(const std::vector<at::Tensor>& tensors,
-                      const std::vector<DeviceMesh>& extra_meshes, const DeviceMesh& pipeline,
-                      double p, bool error_if_nonfinite, c10::ScalarType dtype) {
-  DTENSOR_CHECK(p >= 0 || std::isinf(p),
-                "get_total_norm: norm_type must be > 0, 0, inf or -inf, got {}", p);
+Reduced reduce_partial(const std::vector<at::Tensor>& tensors,
+                       const std::vector<DeviceMesh>& extra_meshes, double p) {
   std::vector<DeviceMesh> meshes = extra_meshes;
-  if (pipeline.defined()) {
-    meshes.push_back(pipeline);
-  }
   for (const auto& t : tensors) {
     if (const DTensorMeta* m = dtensor_meta(t)) {
       meshes.push_back(m->spec.mesh);
     }
   }
   const MeshUnion red = mesh_union(meshes, "get_total_norm");
-  const int64_t pp_dim = pipeline_dim(red, pipeline, p);
   const Combine c = combine_of(p);
   at::Device device = tensors.empty() ? at::Device(at::kCPU) : tensors.front().device();
   std::vector<Contribution> contribs;
   contribs.reserve(tensors.size());
   for (const auto& t : tensors) {
     contribs.push_back(contribution(t, red, p));
-    if (pp_dim >= 0) { // each pipeline rank holds other gradients
-      contribs.back().sharded[static_cast<size_t>(pp_dim)] = true;
-    }
   }
   // Only mesh dims that some gradient is sharded over need the all-reduce: over the others
-  // every gradient already holds the whole value on every rank. The pipeline dim always
-  // (a stage without gradients still takes part).
-  std::vector<bool> reduced = dims_to_reduce(contribs, red);
-  if (pp_dim >= 0) {
-    reduced[static_cast<size_t>(pp_dim)] = true;
-  }
+  // every gradient already holds the whole value on every rank.
+  const std::vector<bool> reduced = dims_to_reduce(contribs, red);
   std::vector<at::Tensor> parts;
   parts.reserve(contribs.size());
   for (auto& k : contribs) {
@@ -219,6 +198,15 @@ at::Tensor total_norm(const std::vector<at::Tensor>& tensors,
       }
     }
   }
+  return {acc, red, count_tensors};
+}
+
+at::Tensor finish_norm(const Reduced& r, double p, bool error_if_nonfinite, size_t count,
+                       c10::ScalarType dtype) {
+  const Combine c = combine_of(p);
+  const at::Tensor& acc = r.acc;
+  const MeshUnion& red = r.red;
+  const bool count_tensors = r.count_tensors;
   at::Tensor total = count_tensors         ? (acc != 0).sum().to(at::kFloat)
                      : (c == Combine::Sum) ? (p == 1 ? acc : acc.pow(1.0 / p))
                                            : acc;
@@ -226,7 +214,7 @@ at::Tensor total_norm(const std::vector<at::Tensor>& tensors,
     DTENSOR_CHECK(total.isfinite().item<bool>(),
                   "get_total_norm: the total norm of order {} of {} gradients is non-finite ({}); "
                   "set error_if_nonfinite=false to go on",
-                  p, tensors.size(), total.item<double>());
+                  p, count, total.item<double>());
   }
   total = total.to(dtype);
   if (!red.mesh.defined()) {
@@ -234,6 +222,157 @@ at::Tensor total_norm(const std::vector<at::Tensor>& tensors,
   }
   // The shape given: the norm is agreed by construction ([Note: agreeing on sizes]).
   return DTensor::from_local(total, red.mesh, replicate_all(red.mesh.ndim()), total.sizes().vec());
+}
+
+
+// [Note: gradients on several roots] Experts under expert parallelism live on a mesh of their
+// own root ((dp_replicate, efsdp, ep)), and units over a flattened dimension ((dp_replicate,
+// dp_shard_cp)) on dimensions their root does not have: no union of the meshes' dimensions
+// holds them. Their tensors are grouped by root (a mesh with a flattened dimension is a group
+// of its own), each group's partial reduced as above (one all-reduce per dimension of the
+// group's union that some tensor is sharded over), the groups' partials combined on every
+// rank (sum of p-th powers, max, min; counts for p = 0), then one all-reduce over
+// `pipeline`: torchtitan's _clip_grad_norm_with_ep with its pp all-reduce. The result is a
+// plain tensor, the same on every rank; with one group of its root's own dimensions, a
+// Replicate DTensor over the union including pp. Under a pipeline every rank takes this path
+// (one stage may hold one root and the next two): its pp all-reduce is the last, after each
+// stage's own, so that every stage contributes its whole partial.
+struct NormGroup {
+  DeviceMesh key; // undefined: plain tensors
+  std::vector<at::Tensor> tensors;
+  std::vector<DeviceMesh> meshes;
+};
+
+DeviceMesh group_key(const DeviceMesh& m) {
+  const DeviceMesh root = m.root_mesh();
+  for (const std::string& name : m.dim_names()) {
+    const auto& names = root.dim_names();
+    if (std::find(names.begin(), names.end(), name) == names.end()) {
+      return m;
+    }
+  }
+  return root;
+}
+
+NormGroup& group_of(std::vector<NormGroup>& groups, const DeviceMesh& key) {
+  for (NormGroup& g : groups) {
+    if (g.key == key) {
+      return g;
+    }
+  }
+  groups.push_back({key, {}, {}});
+  return groups.back();
+}
+
+std::vector<NormGroup> norm_groups(const std::vector<at::Tensor>& tensors,
+                                   const std::vector<DeviceMesh>& extra_meshes) {
+  std::vector<NormGroup> groups;
+  for (const DeviceMesh& m : extra_meshes) {
+    group_of(groups, group_key(m)).meshes.push_back(m);
+  }
+  for (const at::Tensor& t : tensors) {
+    const DTensorMeta* m = dtensor_meta(t);
+    group_of(groups, m != nullptr ? group_key(m->spec.mesh) : DeviceMesh()).tensors.push_back(t);
+  }
+  return groups;
+}
+
+// Whether the union cannot hold the meshes: several roots.
+bool several_roots(const std::vector<NormGroup>& groups) {
+  std::vector<DeviceMesh> keys;
+  for (const NormGroup& g : groups) {
+    if (g.key.defined()) {
+      keys.push_back(g.key);
+    }
+  }
+  if (keys.size() > 1) {
+    for (const DeviceMesh& k : keys) {
+      DTENSOR_CHECK(!k.dim_names().empty(),
+                    "get_total_norm: gradients live on several meshes, and {} has no "
+                    "dimension names to place it on the root mesh {}",
+                    k.to_string(), keys.front().to_string());
+    }
+    return true;
+  }
+  return false;
+}
+
+// One group of the root's own dimensions: the total as a Replicate DTensor over the union of
+// its meshes and the pipeline's (as one all-reduce per dimension of that union gives it).
+at::Tensor as_replicate(const at::Tensor& total, const std::vector<NormGroup>& groups,
+                        const DeviceMesh& pipeline) {
+  if (groups.size() != 1 || (groups[0].key.defined() && groups[0].key != groups[0].key.root_mesh())) {
+    return total;
+  }
+  std::vector<DeviceMesh> meshes = groups[0].meshes;
+  for (const at::Tensor& t : groups[0].tensors) {
+    if (const DTensorMeta* m = dtensor_meta(t)) {
+      meshes.push_back(m->spec.mesh);
+    }
+  }
+  if (pipeline.defined()) {
+    meshes.push_back(pipeline);
+  }
+  const MeshUnion red = mesh_union(meshes, "get_total_norm");
+  if (!red.mesh.defined()) {
+    return total;
+  }
+  return DTensor::from_local(total, red.mesh, replicate_all(red.mesh.ndim()), total.sizes().vec());
+}
+
+at::Tensor total_norm_by_group(const std::vector<NormGroup>& groups, const DeviceMesh& pipeline,
+                               double p, bool error_if_nonfinite, c10::ScalarType dtype) {
+  DTENSOR_CHECK(!pipeline.defined() || pipeline.ndim() == 1,
+                "get_total_norm: the pipeline mesh must be 1-D (mesh[\"pp\"]), got {}",
+                pipeline.defined() ? pipeline.to_string() : "");
+  DTENSOR_CHECK(p != 0 || !pipeline.defined(),
+                "get_total_norm: norm_type 0 counts gradient tensors, which differ between "
+                "pipeline stages; it is not supported with a pipeline mesh ({})",
+                pipeline.defined() ? pipeline.to_string() : "");
+  const Combine c = combine_of(p);
+  at::Tensor acc;
+  size_t count = 0;
+  for (const NormGroup& g : groups) {
+    const Reduced r = reduce_partial(g.tensors, g.meshes, p);
+    const at::Tensor part = r.count_tensors ? (r.acc != 0).sum().to(at::kFloat) : r.acc;
+    count += g.tensors.size();
+    acc = !acc.defined()       ? part
+          : c == Combine::Max ? at::maximum(acc, part.to(acc.device()))
+          : c == Combine::Min ? at::minimum(acc, part.to(acc.device()))
+                              : acc + part.to(acc.device());
+  }
+  if (pipeline.defined()) { // each pipeline rank holds other stages' gradients
+    const ReduceOp op = c == Combine::Max   ? ReduceOp::Max
+                        : c == Combine::Min ? ReduceOp::Min
+                                            : ReduceOp::Sum;
+    acc = acc.to(detail::rank_device(pipeline.device_type())).contiguous();
+    if (pipeline.size() > 1) {
+      detail::all_reduce_(acc, op, pipeline.get_group(0));
+    }
+  }
+  at::Tensor total = c == Combine::Sum && p != 0 && p != 1 ? acc.pow(1.0 / p) : acc;
+  if (error_if_nonfinite) {
+    DTENSOR_CHECK(total.isfinite().item<bool>(),
+                  "get_total_norm: the total norm of order {} of {} gradients is non-finite ({}); "
+                  "set error_if_nonfinite=false to go on",
+                  p, count, total.item<double>());
+  }
+  return as_replicate(total.to(dtype), groups, pipeline);
+}
+
+at::Tensor total_norm(const std::vector<at::Tensor>& tensors,
+                      const std::vector<DeviceMesh>& extra_meshes, const DeviceMesh& pipeline,
+                      double p, bool error_if_nonfinite, c10::ScalarType dtype) {
+  DTENSOR_CHECK(p >= 0 || std::isinf(p),
+                "get_total_norm: norm_type must be > 0, 0, inf or -inf, got {}", p);
+  // Under a pipeline every rank takes the grouped path, whatever its stages hold: the
+  // all-reduce over pp comes after each stage's own, on every stage alike.
+  const std::vector<NormGroup> groups = norm_groups(tensors, extra_meshes);
+  if (pipeline.defined() || several_roots(groups)) {
+    return total_norm_by_group(groups, pipeline, p, error_if_nonfinite, dtype);
+  }
+  return finish_norm(reduce_partial(tensors, extra_meshes, p), p, error_if_nonfinite,
+                     tensors.size(), dtype);
 }
 
 } // namespace
