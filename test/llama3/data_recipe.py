@@ -28,7 +28,7 @@ import sys
 
 import numpy as np
 
-from recipe_runs import launch, run as run_recipe
+from recipe_runs import fortune_files, launch, run as run_recipe
 
 FILES = ["fortunes", "literature", "wisdom"]
 MAGIC = b"MMIDIDX\x00\x00"
@@ -84,10 +84,7 @@ def same_runs(label, got, want, keys=("batch_digest", "loss", "grad_norm", "val_
 
 def main():
     torchrun, train, fortunes, out = sys.argv[1:5]
-    data = [os.path.join(fortunes, f) for f in FILES]
-    missing = [p for p in data if not os.path.isfile(p)]
-    if missing:
-        sys.exit(f"FAIL: {missing} missing: Debian's `fortunes` package (scripts/setup.sh)")
+    data = fortune_files(fortunes, FILES)
     os.makedirs(out, exist_ok=True)
     prepared = os.path.join(out, "prepared")
     shutil.rmtree(prepared, ignore_errors=True)  # a rerun prepares afresh

@@ -27,7 +27,7 @@ import os
 import shutil
 import sys
 
-from recipe_runs import run as run_recipe
+from recipe_runs import fortune_files, run as run_recipe
 
 FILES = ["fortunes", "literature", "wisdom"]
 STEPS = 40
@@ -65,10 +65,7 @@ def check_falls(label, got):
 
 def main():
     torchrun, train, fortunes, out = sys.argv[1:5]
-    data = [os.path.join(fortunes, f) for f in FILES]
-    missing = [p for p in data if not os.path.isfile(p)]
-    if missing:
-        sys.exit(f"FAIL: {missing} missing: Debian's `fortunes` package (scripts/setup.sh)")
+    data = fortune_files(fortunes, FILES)
     os.makedirs(out, exist_ok=True)
     base = flags(data)
 

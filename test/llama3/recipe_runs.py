@@ -40,3 +40,13 @@ def compare(label, got, want, rel=2e-4):
     print(f"{label}: losses {[round(r['loss'], 5) for r in got]} "
           f"against {[round(r['loss'], 5) for r in want]}")
     return ok
+
+
+def fortune_files(fortunes, names=("fortunes", "literature", "wisdom")):
+    """The paths of Debian's fortune files (scripts/setup.sh installs them); exits naming the
+    package when one is missing."""
+    paths = [os.path.join(fortunes, n) for n in names]
+    missing = [p for p in paths if not os.path.isfile(p)]
+    if missing:
+        sys.exit(f"FAIL: {missing} missing: Debian's `fortunes` package (scripts/setup.sh)")
+    return paths
