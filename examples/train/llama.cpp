@@ -182,18 +182,14 @@ struct Loop {
     schedule.step();
   }
 
-  // The loss averaged over the data-parallel ranks and the norm, for the log only (after
-  // the step's counted collectives). Under --pp only the last stage's ranks hold a loss
-  // (zero elsewhere): theirs, scaled by pp, averaged over the world.
+  // The step's loss (ModelParts::mean_loss) and the norm, for the log only (after the step's
+  // counted collectives).
   std::pair<double, double> values(const at::Tensor& loss, const at::Tensor& norm) const {
     if (is_simulated()) { // a simulated rank's tensors have no values
       return {std::nan(""), std::nan("")};
     }
-    at::Tensor l = is_dtensor(loss) ? DTensor(loss).to_local() : loss;
-    l = l.reshape({1}).to(at::kDouble) * static_cast<double>(f.pp);
-    l = all_reduce(l, ReduceOp::Avg, world_group());
     const at::Tensor n = is_dtensor(norm) ? DTensor(norm).to_local() : norm;
-    return {l.item<double>(), n.item<double>()};
+    return {parts.mean_loss(loss), n.item<double>()};
   }
 
   // The step's global batch digest: every rank's share summed over the world, divided by the
@@ -505,8 +501,8 @@ int run_llama(int argc, char** argv) {
   }
   parts.for_generation();
   // Through the whole model on every layout (under --pp stage after stage).
-  const std::string text = sample(parts, data, data.from_files() ? "The " : "It was the ", 24,
-                                  f.seq, args.moe() ? f.mesh[2] : 1, device);
+  const std::string text =
+      sample(parts, data, data.from_files() ? "The " : "It was the ", 24, f.seq, device);
   if (!f.export_hf.empty()) {
     parts.export_hf(f.export_hf);
   }

@@ -317,6 +317,11 @@ at::Tensor ModelParts::hand_over(const at::Tensor& out, int owner) {
 // each reduced on their own and combined, and under pp one all-reduce more over the stages
 // ([Note: gradients on several roots] in lib/train/clip_grad.cpp; torchtitan's
 // _clip_grad_norm_with_ep and its pp_mesh).
+double ModelParts::mean_loss(const at::Tensor& loss) const {
+  at::Tensor l = local_of(loss).reshape({1}).to(at::kDouble) * static_cast<double>(dims_.pp);
+  return all_reduce(l.to(device_), ReduceOp::Avg, world_group()).item<double>();
+}
+
 at::Tensor ModelParts::clip_grad_norm(double max_norm) {
   return clip_grad_norm_(parameters(), max_norm, f_.norm_type, false,
                          dims_.pp_enabled() ? mesh_["pp"] : DeviceMesh());
@@ -376,7 +381,8 @@ Group ModelParts::part_group() const {
 }
 
 std::string sample(ModelParts& parts, const RecipeData& vocab, const std::string& prompt,
-                   int64_t n, int64_t seq, int64_t align, const at::Device& device) {
+                   int64_t n, int64_t seq, const at::Device& device) {
+  const int64_t align = parts.window_multiple();
   std::vector<int64_t> ids = vocab.encode(prompt);
   const auto prompt_len = static_cast<int64_t>(ids.size());
   while (static_cast<int64_t>(ids.size()) < align) {

@@ -75,6 +75,13 @@ class ModelParts {
   // last stage's ranks; its result, a 1-D double tensor of `n` values, on every rank.
   at::Tensor evaluate(const at::Tensor& x, int64_t n,
                       const std::function<at::Tensor(const at::Tensor&)>& head);
+  // The step's loss as forward_backward returned it on this rank, averaged over the
+  // data-parallel (and cp) ranks: under --pp only the last stage's ranks hold one (zero
+  // elsewhere), theirs scaled by pp and averaged over the world. Collective.
+  double mean_loss(const at::Tensor& loss) const;
+  // Sampling's windows: a multiple of tp for a mixture-of-experts model (its MoE blocks take
+  // their sequence pieces back without agreeing on uneven sizes), else any length.
+  int64_t window_multiple() const { return args_.moe() ? dims_.tp : 1; }
   // clip_grad_norm_ over every part's gradients (the dense and expert meshes and pp).
   at::Tensor clip_grad_norm(double max_norm);
   // After the optimizer step: the next step's float8 scales (--float8-all-gather).
@@ -116,10 +123,9 @@ class ModelParts {
 };
 
 // Greedy continuation of `prompt` by `n` tokens through the whole model (ModelParts::evaluate;
-// every rank runs the same passes). `align` > 1: windows of a multiple of it (the prompt's
-// first token repeated before it when shorter): MoE blocks under tp take their sequence pieces
-// back without agreeing on uneven sizes.
+// every rank runs the same passes), in windows of at most `seq` tokens and of a multiple of
+// parts.window_multiple() (the prompt's first token repeated before it when shorter).
 std::string sample(ModelParts& parts, const RecipeData& vocab, const std::string& prompt,
-                   int64_t n, int64_t seq, int64_t align, const at::Device& device);
+                   int64_t n, int64_t seq, const at::Device& device);
 
 } // namespace dtensor::train
