@@ -179,12 +179,21 @@ void RecipeData::start_loader(int64_t documents) {
 // [Note: prepared data] --prepare DIR: the documents tokenized once, each as bos, its tokens,
 // eos (the stream the in-memory loader packs, so the same global batches), written as
 // Megatron indexed datasets DIR/train and DIR/val, with the tokenizer beside them
-// (tokenizer.model, or a copy of --tokenizer's tokenizer.json). Nothing is trained.
+// (tokenizer.model, or a copy of --tokenizer's tokenizer.json). Nothing is trained. DIR must
+// not exist yet (or be an empty folder): nothing of the user's is replaced. Everything is
+// written into DIR.partial, renamed to DIR when complete: a failed run leaves no DIR.
 void RecipeData::prepare(const std::vector<std::string>& train_docs,
                          const std::vector<std::string>& val_docs) {
   namespace fs = std::filesystem;
-  const fs::path dir(f_.prepare);
+  const fs::path target(f_.prepare);
+  const fs::path dir(f_.prepare + ".partial");
   std::error_code ec;
+  if (fs::exists(target) && !(fs::is_directory(target) && fs::is_empty(target))) {
+    usage("--prepare " + f_.prepare + " exists and is not an empty folder: prepare into a new one");
+  }
+  if (fs::exists(dir)) {
+    usage("--prepare: " + dir.string() + " exists (an interrupted run's?): remove it first");
+  }
   fs::create_directories(dir, ec);
   if (ec) {
     usage("--prepare " + f_.prepare + ": " + ec.message());
@@ -202,7 +211,11 @@ void RecipeData::prepare(const std::vector<std::string>& train_docs,
   if (vocab_->sp) {
     vocab_->sp->save((dir / "tokenizer.model").string());
   } else {
-    fs::copy_file(f_.tokenizer, dir / "tokenizer.json", fs::copy_options::overwrite_existing);
+    fs::copy_file(f_.tokenizer, dir / "tokenizer.json");
+  }
+  fs::rename(dir, target, ec); // replaces an empty folder only
+  if (ec) {
+    usage("--prepare: cannot rename " + dir.string() + " to " + f_.prepare + ": " + ec.message());
   }
   documents_ = static_cast<int64_t>(train_docs.size());
   val_documents_ = static_cast<int64_t>(val_docs.size());

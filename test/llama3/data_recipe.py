@@ -4,7 +4,7 @@
 
 usage: data_recipe.py TORCHRUN TRAIN FORTUNES_DIR OUTDIR
 1. `train --prepare DIR --data FILES` on one process writes DIR/train and DIR/val (.bin and
-   .idx) and DIR/tokenizer.model. Read back by the reader below, written from Megatron's
+   .idx) and DIR/tokenizer.model; a second --prepare into DIR is refused by name. Read back by the reader below, written from Megatron's
    description of the format (not the recipe's code): a valid index whose documents each start
    with bos and end with eos, every 20th document in val.
 2. 8 ranks train 3 steps on --data FILES (today's loader: every rank reads and tokenizes the
@@ -94,6 +94,12 @@ def main():
     if p.returncode != 0:
         sys.exit(f"FAIL --prepare: exit {p.returncode}: {p.stderr[-2000:]}")
     ok = os.path.isfile(os.path.join(prepared, "tokenizer.model"))
+    # A folder that holds anything is not written into: refused by name, left as it was.
+    p = subprocess.run([train, "--prepare", prepared, "--data", ",".join(data)],
+                       capture_output=True, text=True, timeout=120)
+    if p.returncode == 0 or "is not an empty folder" not in p.stderr:
+        print(f"FAIL --prepare into a folder that holds files: exit {p.returncode}, {p.stderr}")
+        ok = False
     train_docs, code = read_indexed(os.path.join(prepared, "train"))
     val_docs, _ = read_indexed(os.path.join(prepared, "val"))
     n = len(train_docs) + len(val_docs)
