@@ -198,15 +198,6 @@ inline void apply_moe(const std::vector<Llama3BlockImpl*>& blocks, const Llama3A
   if (mesh["tp"].size() > 1) {
     token_mesh = token_parallel_mesh(mesh);
   }
-  // Every rank makes the groups of these meshes now, whether its blocks hold MoE layers or
-  // not: a group is made on first use, collectively over the world, and under pipeline
-  // parallelism a stage without MoE layers would never use them, leaving the other stages'
-  // first use waiting.
-  for (const dtensor::DeviceMesh& m : {sparse, token_mesh.value_or(sparse)}) {
-    for (const dtensor::Group& g : m.get_all_groups()) {
-      (void)g;
-    }
-  }
   for (auto* block : blocks) {
     MoE& moe = block->moe;
     if (!moe) {
