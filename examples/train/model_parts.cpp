@@ -275,26 +275,28 @@ at::Tensor ModelParts::evaluate(const at::Tensor& x, int64_t n,
 at::Tensor ModelParts::hand_over(const at::Tensor& out, int owner) {
   const Group group = mesh_.get_group("pp");
   const bool mine = group.rank() == owner;
-  at::Tensor header = at::zeros({6}, at::kLong); // DTensor, dtype, ndim, sizes
+  // DTensor, dtype, ndim (-1: an output that cannot be handed over), sizes.
+  at::Tensor header = at::zeros({6}, at::kLong);
   at::Tensor whole;
   if (mine) {
     const bool sharded = is_dtensor(out);
-    DTENSOR_MODEL_CHECK(!sharded || DTensor(out).placements() == Placements{Shard(1)},
-                        "train: a stage's output is laid out as ",
-                        to_string(DTensor(out).placements()), ", not (Shard(1)) over tp");
-    whole = sharded ? DTensor(out).full_tensor() : out;
-    DTENSOR_MODEL_CHECK(whole.dim() <= 3, "train: a stage's output has ", whole.dim(),
-                        " dimensions");
+    const bool fits = (!sharded || DTensor(out).placements() == Placements{Shard(1)}) &&
+                      out.dim() <= 3;
+    whole = !fits ? out : sharded ? DTensor(out).full_tensor() : out;
     header[0] = sharded ? 1 : 0;
     header[1] = static_cast<int64_t>(whole.scalar_type());
-    header[2] = whole.dim();
-    for (int64_t d = 0; d < whole.dim(); ++d) {
+    header[2] = fits ? whole.dim() : -1;
+    for (int64_t d = 0; fits && d < whole.dim(); ++d) {
       header[3 + d] = whole.size(d);
     }
   }
   header = header.to(device_);
   broadcast_(header, owner, group);
   header = header.cpu();
+  // On every rank of the group alike, before the data's broadcast.
+  DTENSOR_MODEL_CHECK(header[2].item<int64_t>() >= 0, "train: the output of pipeline rank ",
+                      owner, "'s stage is not a tensor of at most 3 dimensions, plain or a ",
+                      "DTensor sharded (Shard(1)) over tp: it cannot be handed to the next stage");
   std::vector<int64_t> sizes;
   for (int64_t d = 0; d < header[2].item<int64_t>(); ++d) {
     sizes.push_back(header[3 + d].item<int64_t>());
@@ -312,16 +314,16 @@ at::Tensor ModelParts::hand_over(const at::Tensor& out, int owner) {
   return DTensor::from_local(whole, mesh_["tp"], {Replicate()}).redistribute({Shard(1)});
 }
 
-// The library's clip_grad_norm_ over every part's parameters: experts under ep on their own
-// root, units over a flattened dimension (dp_shard x cp, the token-parallel units under tp)
-// each reduced on their own and combined, and under pp one all-reduce more over the stages
-// ([Note: gradients on several roots] in lib/train/clip_grad.cpp; torchtitan's
-// _clip_grad_norm_with_ep and its pp_mesh).
 double ModelParts::mean_loss(const at::Tensor& loss) const {
   at::Tensor l = local_of(loss).reshape({1}).to(at::kDouble) * static_cast<double>(dims_.pp);
   return all_reduce(l.to(device_), ReduceOp::Avg, world_group()).item<double>();
 }
 
+// The library's clip_grad_norm_ over every part's parameters: experts under ep on their own
+// root, units over a flattened dimension (dp_shard x cp, the token-parallel units under tp)
+// each reduced on their own and combined, and under pp one all-reduce more over the stages
+// ([Note: gradients on several roots] in lib/train/clip_grad.cpp; torchtitan's
+// _clip_grad_norm_with_ep and its pp_mesh).
 at::Tensor ModelParts::clip_grad_norm(double max_norm) {
   return clip_grad_norm_(parameters(), max_norm, f_.norm_type, false,
                          dims_.pp_enabled() ? mesh_["pp"] : DeviceMesh());

@@ -290,7 +290,7 @@ at::Tensor RecipeData::train_rows(int64_t step) {
   const int64_t rows = f_.batch / dp_size_;
   if (loader_) {
     Loader::Batch b = loader_->next();
-    return at::tensor(b.tokens, at::kLong).view({rows, f_.seq + 1});
+    return checked_ids(at::tensor(b.tokens, at::kLong).view({rows, f_.seq + 1}));
   }
   // Without --data: random windows of the paragraph from the step's seed.
   at::manual_seed(1000 + 31 * step + 1000003 * f_.seed);
@@ -300,6 +300,21 @@ at::Tensor RecipeData::train_rows(int64_t step) {
     out.push_back(paragraph_.narrow(0, starts[b].item<int64_t>(), f_.seq + 1));
   }
   return at::stack(out);
+}
+
+// A memory-mapped dataset's ids are read as they are: one outside the tokenizer's vocabulary
+// (a file tokenized by another tokenizer) is an error naming the file, before the model sees
+// it. The rows this rank reads only: the file is never read whole.
+at::Tensor RecipeData::checked_ids(const at::Tensor& rows) const {
+  if (train_mm_ && rows.numel() > 0) {
+    const int64_t low = rows.min().item<int64_t>(), high = rows.max().item<int64_t>();
+    if (low < 0 || high >= vocab_size()) {
+      throw std::invalid_argument("--data " + f_.data + ": token id " +
+                                  std::to_string(low < 0 ? low : high) + " is outside the " +
+                                  "tokenizer's " + std::to_string(vocab_size()) + " ids");
+    }
+  }
+  return rows;
 }
 
 int64_t RecipeData::position() const {
@@ -320,7 +335,7 @@ at::Tensor RecipeData::validation_rows(int64_t k) const {
   std::vector<int64_t> ids(static_cast<size_t>(n)), docs(static_cast<size_t>(n));
   val_src_->read(first * f_.seq, n, ids.data(), docs.data());
   at::Tensor flat = at::tensor(ids, at::kLong);
-  return flat.as_strided({rows, f_.seq + 1}, {f_.seq, 1}).clone();
+  return checked_ids(flat.as_strided({rows, f_.seq + 1}, {f_.seq, 1}).clone());
 }
 
 int64_t RecipeData::digest(const at::Tensor& rows) const {

@@ -57,6 +57,7 @@ class RecipeData {
   void start_loader(int64_t documents);
   void prepare(const std::vector<std::string>& train_docs, const std::vector<std::string>& val_docs);
   bool open_indexed();
+  at::Tensor checked_ids(const at::Tensor& rows) const;
 
   const Flags& f_;
   int64_t dp_rank_, dp_size_;

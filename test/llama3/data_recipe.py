@@ -19,6 +19,7 @@ usage: data_recipe.py TORCHRUN TRAIN FORTUNES_DIR OUTDIR
    (held in memory as today's loader holds it, their tokens and document ids as int64 would
    take about 280 MiB; measured: 12 MiB more, most of it the loader's permutation of the
    sequences, 8 bytes each).
+5. Refusals, named: ids beyond the tokenizer's vocabulary, a prefix without a tokenizer.
 """
 import os
 import shutil
@@ -134,6 +135,13 @@ def main():
     print(f"peak resident memory: {small_peak:.0f} MiB on {tokens // 256} tokens, {big_peak:.0f} MiB "
           f"on {tokens} (in memory as int64 with their document ids: {tokens * 16 >> 20} MiB)")
     ok = ok and big_peak - small_peak < 24
+    # Ids another tokenizer wrote (beyond the 256 of this one) are named, not embedded.
+    wide = os.path.join(out, "wide")
+    write_indexed(wide, [np.arange(300) % 300] * 64, np.int32)
+    p = launch(torchrun, train, 1, [*one, "--data", wide, "--steps", "1"])
+    if p.returncode == 0 or "is outside the tokenizer's" not in p.stderr:
+        print(f"FAIL ids beyond the vocabulary: exit {p.returncode}, {p.stderr[-1000:]}")
+        ok = False
     # A Megatron prefix without a tokenizer is refused by name.
     p = launch(torchrun, train, 1, [*FLAGS, "--mesh", "1x1x1", "--data", other])
     if p.returncode == 0 or "give its --tokenizer" not in p.stderr:

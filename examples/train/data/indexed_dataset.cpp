@@ -69,6 +69,14 @@ void write_or_throw(std::ofstream& f, const void* data, size_t n, const std::str
   }
 }
 
+// The write's last bytes reach the file here (a full disk shows now, not as a short file).
+void close_or_throw(std::ofstream& f, const std::string& path) {
+  f.close();
+  if (!f) {
+    throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
+  }
+}
+
 } // namespace
 
 IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
@@ -200,6 +208,7 @@ void write_indexed_dataset(const std::string& prefix, const std::vector<std::vec
         write_or_throw(f, v.data(), v.size() * 4, bin);
       }
     }
+    close_or_throw(f, bin);
   }
   {
     std::ofstream f(idx + ".partial", std::ios::binary | std::ios::trunc);
@@ -212,8 +221,9 @@ void write_indexed_dataset(const std::string& prefix, const std::vector<std::vec
     write_or_throw(f, lengths.data(), lengths.size() * 4, idx);
     write_or_throw(f, pointers.data(), pointers.size() * 8, idx);
     write_or_throw(f, doc_index.data(), doc_index.size() * 8, idx);
+    close_or_throw(f, idx);
   }
-  for (const std::string& path : {bin, idx}) {
+  for (const std::string& path : {bin, idx}) { // both written whole: published
     if (std::rename((path + ".partial").c_str(), path.c_str()) != 0) {
       throw std::runtime_error("cannot rename " + path + ".partial: " + std::strerror(errno));
     }
