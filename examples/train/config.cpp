@@ -103,9 +103,12 @@ const std::vector<Key>& keys() {
 // there, every checkpoint.interval steps, 500 by default), validation.enable (false: no
 // validation; true: every validation.freq steps, 10 by default, over validation.steps
 // batches, -1 by default: all held-out ones), activation_checkpoint.selective_ac_option
-// (with mode "selective", "op": the recipe's selective mode; a layer frequency, torchtitan's
-// default "2", is not implemented and refused),
-// training.mixed_precision_reduce (float32, the only value torchtitan takes).
+// (with mode "selective", "op": the recipe's selective mode; a number N: full checkpointing
+// of every N-th block, torchtitan's default "2"), training.mixed_precision_reduce (float32,
+// the only value torchtitan takes), model.name (which model's flavor model.flavor names),
+// model.hf_assets_path (the tokenizer's folder, when the job reads a dataset) and
+// training.dataset (torchtitan's dataset names, read from training.dataset_path or, for
+// c4_test, from torchtitan's tests/assets/c4_test).
 const std::vector<std::pair<const char*, Kind>>& compound_keys() {
   static const std::vector<std::pair<const char*, Kind>> k{
       {"checkpoint.enable", Kind::Bool},
@@ -113,6 +116,9 @@ const std::vector<std::pair<const char*, Kind>>& compound_keys() {
       {"validation.enable", Kind::Bool},
       {"activation_checkpoint.selective_ac_option", Kind::String},
       {"training.mixed_precision_reduce", Kind::String},
+      {"model.name", Kind::String},
+      {"model.hf_assets_path", Kind::String},
+      {"training.dataset", Kind::String},
   };
   return k;
 }
@@ -326,7 +332,47 @@ int add_key_override(JobKeys& keys, const std::string& arg, const char* next) {
   return 2;
 }
 
-std::vector<ConfigEntry> resolve_keys(const JobKeys& keys) {
+namespace {
+
+// activation_checkpoint.mode and selective_ac_option as flags: "selective" with "op" the
+// recipe's selective mode, with a number N full checkpointing of every N-th block (0 as 1:
+// torchtitan checkpoints every block then).
+std::vector<ConfigEntry> ac_entries(const std::string& source, const std::string& mode,
+                                    const std::string& option) {
+  const std::string key = "activation_checkpoint.mode";
+  if (mode != "selective" || option == "op") {
+    return {{key, "--ac", mode}};
+  }
+  const bool digits = !option.empty() && option.find_first_not_of("0123456789") == std::string::npos;
+  if (!digits || option.size() > 6) {
+    bad(source, "activation_checkpoint.selective_ac_option",
+        "\"" + option + "\" is neither \"op\" nor a block frequency (a number)");
+  }
+  const int64_t every = std::max<int64_t>(1, std::stoll(option));
+  return {{key, "--ac", "full"},
+          {"activation_checkpoint.selective_ac_option", "--ac-every", std::to_string(every)}};
+}
+
+// training.dataset as --data / --data-format: torchtitan's text datasets are JSON lines of a
+// "text" field; c4_test is read from torchtitan's tests/assets/c4_test (relative to the
+// working directory, as torchtitan reads it) unless training.dataset_path says where.
+std::vector<ConfigEntry> dataset_entries(const std::string& source, const std::string& name,
+                                         const std::optional<std::string>& path) {
+  const std::string key = "training.dataset";
+  if (name != "c4_test" && name != "c4" && name != "c4_validation") {
+    bad(source, key, "\"" + name + "\" is not one of torchtitan's text datasets (c4_test, c4, "
+                     "c4_validation); give training.dataset_path with training.data_format");
+  }
+  if (!path && name != "c4_test") {
+    bad(source, key, "\"" + name + "\" is streamed from the Hugging Face Hub by torchtitan; "
+                     "give training.dataset_path (its JSON-lines files or their folder)");
+  }
+  return {{key, "--data-format", "jsonl"}, {key, "--data", path.value_or("tests/assets/c4_test")}};
+}
+
+} // namespace
+
+std::vector<ConfigEntry> resolve_keys(JobKeys& keys) {
   std::map<std::string, std::string> last; // the value each key ends with
   for (const auto& [key, value] : keys.values) {
     last[key] = value;
@@ -335,12 +381,14 @@ std::vector<ConfigEntry> resolve_keys(const JobKeys& keys) {
     const auto it = last.find(key);
     return it == last.end() ? std::nullopt : std::optional<std::string>(it->second);
   };
+  const bool file = !keys.source.empty();
   const bool checkpoints = get("checkpoint.enable") == "true";
   const bool validation = get("validation.enable") == "true";
-  std::vector<ConfigEntry> out;
+  // torchtitan's defaults for what a job file leaves out, first, so its own keys override them.
+  std::vector<ConfigEntry> out = file ? torchtitan_file_defaults(get) : std::vector<ConfigEntry>{};
   for (const auto& [key, value] : keys.values) {
     const Key* k = find_key(key);
-    if (k == nullptr) {
+    if (k == nullptr || key == "activation_checkpoint.mode") {
       continue; // keys that act together: below
     }
     if (key.rfind("checkpoint.", 0) == 0 && key != "checkpoint.initial_load_path" && !checkpoints) {
@@ -352,6 +400,8 @@ std::vector<ConfigEntry> resolve_keys(const JobKeys& keys) {
     std::string v = flag_value(keys.source, *k, value);
     if (key == "checkpoint.folder") {
       v = joined(get("job.dump_folder").value_or("./outputs"), v);
+    } else if (key == "model.flavor") {
+      v = flavor_name(keys.source, get("model.name").value_or("llama3"), v);
     }
     out.push_back({key, k->flag, v});
   }
@@ -380,14 +430,26 @@ std::vector<ConfigEntry> resolve_keys(const JobKeys& keys) {
     bad(keys.source, "training.mixed_precision_reduce",
         "\"" + *reduce + "\" is not \"float32\" (gradients are reduced in fp32)");
   }
-  // torchtitan's selective mode checkpoints every 2nd block unless the option says "op".
-  const std::string option = get("activation_checkpoint.selective_ac_option").value_or("2");
-  if (get("activation_checkpoint.mode") == "selective" && option != "op") {
-    bad(keys.source, "activation_checkpoint.selective_ac_option",
-        "\"" + option +
-            "\" (torchtitan's default with mode \"selective\"): only \"op\" (per-op selective "
-            "checkpointing, the recipe's selective mode) is implemented; checkpointing every "
-            "N-th block is not");
+  // torchtitan's mode "selective" checkpoints every 2nd block unless the option says "op";
+  // its default mode (a job file's) is "selective".
+  if (const auto mode = file ? get("activation_checkpoint.mode").value_or("selective")
+                             : get("activation_checkpoint.mode")) {
+    const auto ac = ac_entries(keys.source, *mode,
+                               get("activation_checkpoint.selective_ac_option").value_or("2"));
+    out.insert(out.end(), ac.begin(), ac.end());
+  }
+  const std::optional<std::string> dataset = get("training.dataset");
+  if (dataset) {
+    const auto data = dataset_entries(keys.source, *dataset, get("training.dataset_path"));
+    out.insert(out.begin(), data.begin(), data.end());
+  }
+  // The tokenizer of a job that reads a dataset (the built-in paragraph has its own).
+  if (const auto assets = get("model.hf_assets_path"); assets && !get("model.tokenizer_path")) {
+    if (dataset || get("training.dataset_path")) {
+      out.push_back({"model.hf_assets_path", "--tokenizer", *assets});
+    } else {
+      keys.ignored.push_back("model.hf_assets_path (no dataset: the built-in paragraph's own)");
+    }
   }
   return out;
 }

@@ -2,6 +2,7 @@
 
 // The job file of examples/train (docs/recipe.md, "Job files"): TOML as torchtitan reads it,
 // its keys standing for flags of the recipe, and torchtitan's `--section.key value` overrides.
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -37,8 +38,21 @@ int add_key_override(JobKeys& keys, const std::string& arg, const char* next);
 
 // The flags `keys` stand for, torchtitan's meaning of the keys that act together applied
 // (checkpoint.enable, job.dump_folder, validation.enable: [Note: keys that act together]).
-// Throws std::invalid_argument naming the key.
-std::vector<ConfigEntry> resolve_keys(const JobKeys& keys);
+// Throws std::invalid_argument naming the key. A key read but not acted on joins keys.ignored.
+std::vector<ConfigEntry> resolve_keys(JobKeys& keys);
+
+// A key's last value, if the job gives it.
+using KeyLookup = std::function<std::optional<std::string>(const std::string&)>;
+
+// [Note: a job file's defaults] torchtitan's defaults for the keys a job file leaves out where
+// they differ from the flags' (config_keys.cpp).
+std::vector<ConfigEntry> torchtitan_file_defaults(const KeyLookup& get);
+
+// model.flavor's value as --preset's: torchtitan's flavor names under model.name ("llama3"
+// "8B" -> "llama3-8b"); this recipe's own names as they are. Throws naming model.name when the
+// model is none of llama3, qwen3, deepseek_v3.
+std::string flavor_name(const std::string& source, const std::string& model,
+                        const std::string& flavor);
 
 // The keys of torchtitan's job files this recipe reads without acting on them
 // (config_keys.cpp, [Note: torchtitan's keys we do not implement]).

@@ -1,6 +1,8 @@
-// torchtitan's job-file keys that examples/train reads without acting on them (config.h).
+// torchtitan's side of job files (config.h): the keys examples/train reads without acting on them,
+// torchtitan's defaults for what a file leaves out, and its flavor names.
 #include "config.h"
 
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -28,13 +30,10 @@ const std::vector<std::string>& torchtitan_only_keys() {
       "metrics.save_tb_folder",
       "metrics.save_for_all_ranks",
       "metrics.enable_wandb",
-      "model.name",
-      "model.hf_assets_path",
       "model.converters",
       "model.print_after_conversion",
       "optimizer.implementation",
       "optimizer.early_step_in_backward",
-      "training.dataset",
       "training.enable_cpu_offload",
       "training.dtype",
       "training.gc_freq",
@@ -115,6 +114,68 @@ const std::vector<std::string>& torchtitan_only_keys() {
       "debug.moe_force_load_balance",
   };
   return keys;
+}
+
+// [Note: a job file's defaults] A job file is read as torchtitan reads it, defaults included:
+// what it leaves out takes torchtitan's JobConfig default where the flag's differs (the flags'
+// defaults are those of the small built-in model; docs/recipe.md gives both). Two are
+// conditional: model.flavor "debugmodel" when the file names no model shape at all, and
+// local_batch_size 8 when it gives no global_batch_size either (with a global batch and no
+// local one, the global batch runs as one microbatch per data-parallel rank: the gradient is
+// the same; torchtitan would split it into microbatches of 8 rows). activation_checkpoint.mode
+// "selective" (every 2nd block) is in resolve_keys, with the option that goes with it.
+std::vector<ConfigEntry> torchtitan_file_defaults(const KeyLookup& get) {
+  static const std::vector<ConfigEntry> table{
+      {"optimizer.lr", "--lr", "8e-4"},
+      {"lr_scheduler.warmup_steps", "--warmup-steps", "200"},
+      {"lr_scheduler.decay_ratio", "--decay-ratio", "none"},
+      {"training.seq_len", "--seq", "2048"},
+      {"training.steps", "--steps", "10000"},
+      {"metrics.log_freq", "--log-every", "10"},
+      {"parallelism.data_parallel_shard_degree", "--dp-shard", "-1"},
+  };
+  std::vector<ConfigEntry> out;
+  for (const ConfigEntry& e : table) {
+    if (!get(e.key)) {
+      out.push_back(e);
+    }
+  }
+  if (!get("training.global_batch_size") && !get("training.local_batch_size")) {
+    out.push_back({"training.local_batch_size", "--local-batch", "8"});
+  }
+  bool shape = false;
+  for (const char* k : {"model.flavor", "model.dim", "model.n_layers", "model.n_heads",
+                        "model.n_kv_heads", "model.vocab_size"}) {
+    shape = shape || get(k).has_value();
+  }
+  if (!shape) {
+    out.push_back({"model.flavor", "--preset", "debugmodel"});
+  }
+  return out;
+}
+
+std::string flavor_name(const std::string& source, const std::string& model,
+                        const std::string& flavor) {
+  struct Flavor {
+    const char* model;
+    const char* flavor;
+    const char* preset;
+  };
+  static const std::vector<Flavor> names{
+      {"llama3", "debugmodel", "debugmodel"},     {"llama3", "8B", "llama3-8b"},
+      {"llama3", "70B", "llama3-70b"},            {"llama3", "405B", "llama3-405b"},
+      {"qwen3", "30B-A3B", "qwen3-30b-a3b"},      {"deepseek_v3", "16B", "deepseek-v3-16b"},
+  };
+  if (model != "llama3" && model != "qwen3" && model != "deepseek_v3") {
+    throw std::invalid_argument((source.empty() ? "" : source + ": ") + "model.name: \"" + model +
+                                "\" is not one of llama3, qwen3, deepseek_v3");
+  }
+  for (const Flavor& f : names) {
+    if (model == f.model && flavor == f.flavor) {
+      return f.preset;
+    }
+  }
+  return flavor; // this recipe's own name, or --preset's error listing them
 }
 
 } // namespace dtensor::train

@@ -463,7 +463,11 @@ int run_llama(int argc, char** argv) {
             ? ""
             : (", float8 " + f.float8 + (f.float8_all_gather ? " with float8 all-gather" : ""))
                   .c_str(),
-        f.ac.c_str(), describe_optimizer(f, schedule.phases()).c_str(), f.max_norm,
+        (f.ac + (f.ac_every > 1 && f.ac != "none"
+                     ? " on 1 block in " + std::to_string(f.ac_every)
+                     : ""))
+            .c_str(),
+        describe_optimizer(f, schedule.phases()).c_str(), f.max_norm,
         static_cast<long long>(f.seed), f.deterministic ? " (deterministic)" : "");
   }
   // MoE: the load-balancing bias from every rank's counts (sign(mean - count) does not change

@@ -51,6 +51,7 @@ struct Flags {
   int64_t seed = 0;
   bool deterministic = false;
   std::string ac = "full", precision = "bf16";
+  int64_t ac_every = 1; // --ac on every N-th block only (torchtitan's selective_ac_option N)
   std::string metrics = "train-out/metrics.jsonl";
   std::string export_hf, init_from_hf, save, resume;
   std::string preset, report;  // torchtitan's flavor; the directory of step reports
@@ -68,9 +69,9 @@ struct Flags {
 
 // --model / --preset: torchtitan's flavors, and two small MoE shapes (recipe_model.h).
 inline const std::vector<std::string>& recipe_flavors() {
-  static const std::vector<std::string> names{"llama3-8b",     "llama3-70b",      "llama3-405b",
-                                              "qwen3-30b-a3b", "deepseek-v3-16b", "qwen3-moe",
-                                              "deepseek-v3"};
+  static const std::vector<std::string> names{
+      "debugmodel",      "llama3-8b", "llama3-70b", "llama3-405b", "qwen3-30b-a3b",
+      "deepseek-v3-16b", "qwen3-moe", "deepseek-v3"};
   return names;
 }
 
@@ -193,6 +194,7 @@ inline FlagTable flag_table(Flags& f) {
       .value("--max-norm", "clip_grad_norm_'s max norm (1.0)", f.max_norm)
       .value("--norm-type", "clip_grad_norm_'s norm type (2.0; any p > 0, or inf)", f.norm_type)
       .value("--ac", "activation checkpointing per block", f.ac, {"full", "selective", "none"})
+      .value("--ac-every", "--ac on every N-th block only (layers N-1, 2N-1, ...)", f.ac_every)
       .value("--precision", "parameters in forward and backward", f.precision, {"bf16", "fp32"})
       .value("--float8", "the blocks' Linears in float8 (torchao's recipes; not the output layer)",
              f.float8, {"none", "tensorwise", "rowwise", "rowwise_with_gw_hp"})
@@ -313,6 +315,10 @@ inline Flags parse(int argc, char** argv) {
   if (f.mesh != file_mesh &&
       std::array<int64_t, 3>{f.dp_replicate, f.dp_shard, f.tp} == file_degrees) {
     f.dp_replicate = f.dp_shard = f.tp = 0;
+  }
+  if (f.ac_every < 1) {
+    table.fail("--ac-every (activation_checkpoint.selective_ac_option) " +
+               std::to_string(f.ac_every) + ": checkpoint every N-th block, N at least 1");
   }
   if (f.keep_latest == 1 || f.keep_latest < 0) {
     table.fail("--keep-latest (checkpoint.keep_latest_k) " + std::to_string(f.keep_latest) +

@@ -60,7 +60,7 @@ ModelParts::ModelParts(const Flags& f, const ParallelDims& dims, const DeviceMes
                                                                       : CpMethod::AllGather));
   }
   const FullyShardOptions fsdp = fsdp_options(f);
-  const std::optional<ActivationCheckpointOptions> ac = ac_options(f.ac);
+  const std::optional<models::Llama3Ac> ac = ac_options(f);
   if (dims.pp_enabled()) {
     build_pipeline(fsdp, ac);
   } else { // torchtitan's model_parts = [model]
@@ -90,7 +90,7 @@ void ModelParts::init_values() {
 }
 
 void ModelParts::build_pipeline(const FullyShardOptions& fsdp,
-                                const std::optional<ActivationCheckpointOptions>& ac) {
+                                const std::optional<models::Llama3Ac>& ac) {
   const ScheduleKind kind = schedule_kind(f_.pp_schedule);
   const int pp = static_cast<int>(dims_.pp);
   const int per_rank = is_single_stage(kind) ? 1 : 2;

@@ -103,7 +103,7 @@ class ModelParts {
                         const std::function<void(const char*)>& phase);
   at::Tensor hand_over(const at::Tensor& out, int owner);
   void build_pipeline(const FullyShardOptions& fsdp,
-                      const std::optional<ActivationCheckpointOptions>& ac);
+                      const std::optional<models::Llama3Ac>& ac);
   void init_values();
 
   CpLayout cp_layout() const;

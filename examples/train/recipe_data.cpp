@@ -18,16 +18,38 @@ namespace dtensor::train {
 
 namespace {
 
-// --data's comma-separated paths.
-std::vector<std::string> split_paths(const std::string& list) {
+// --data's comma-separated paths; a folder stands for its files in name order (for jsonl those
+// ending .json / .jsonl, as a Hugging Face dataset folder holds them; hidden files skipped).
+std::vector<std::string> split_paths(const std::string& list, const std::string& format) {
+  namespace fs = std::filesystem;
   std::vector<std::string> out;
   size_t start = 0;
   while (start <= list.size()) {
     const size_t comma = std::min(list.find(',', start), list.size());
-    if (comma > start) {
-      out.push_back(list.substr(start, comma - start));
-    }
+    const std::string path = list.substr(start, comma - start);
     start = comma + 1;
+    if (path.empty()) {
+      continue;
+    }
+    if (!fs::is_directory(path)) {
+      out.push_back(path);
+      continue;
+    }
+    std::vector<std::string> files;
+    for (const auto& e : fs::directory_iterator(path)) {
+      const std::string name = e.path().filename().string();
+      const std::string ext = e.path().extension().string();
+      if (e.is_regular_file() && name[0] != '.' &&
+          (format != "jsonl" || ext == ".json" || ext == ".jsonl")) {
+        files.push_back(e.path().string());
+      }
+    }
+    if (files.empty()) {
+      usage("--data " + path + ": a folder without " +
+            (format == "jsonl" ? "a .json / .jsonl file" : "a file"));
+    }
+    std::sort(files.begin(), files.end());
+    out.insert(out.end(), files.begin(), files.end());
   }
   return out;
 }
@@ -65,6 +87,7 @@ int64_t row_hash(const int64_t* tokens, int64_t n, int64_t global_row) {
 struct RecipeData::Vocabulary {
   std::optional<HfTokenizer> hf;
   std::unique_ptr<Tokenizer> sp;
+  std::string path; // the file it was read from, if one
   int64_t bos = 0, eos = 0;
 
   std::vector<int64_t> encode(const std::string& text) const {
@@ -89,7 +112,7 @@ RecipeData::RecipeData(const Flags& f, int64_t dp_rank, int64_t dp_size)
     return;
   }
   DocumentFiles files;
-  files.paths = split_paths(f.data);
+  files.paths = split_paths(f.data, f.data_format);
   files.format = f.data_format;
   std::vector<std::string> docs;
   try {
@@ -135,8 +158,19 @@ RecipeData::RecipeData(const Flags& f, int64_t dp_rank, int64_t dp_size)
   start_loader(static_cast<int64_t>(docs.size()));
 }
 
-// --tokenizer / a prepared folder's: a tokenizer.json, or a SentencePiece .model.
-void RecipeData::load_tokenizer(const std::string& path, const std::string& what) {
+// --tokenizer / a prepared folder's: a tokenizer.json, a SentencePiece .model, or a folder
+// holding one of them (a Hugging Face folder, torchtitan's model.hf_assets_path).
+void RecipeData::load_tokenizer(std::string path, const std::string& what) {
+  namespace fs = std::filesystem;
+  if (fs::is_directory(path)) {
+    const fs::path dir(path);
+    if (!fs::exists(dir / "tokenizer.json") && !fs::exists(dir / "tokenizer.model")) {
+      usage(what + " " + path + ": a folder without tokenizer.json or tokenizer.model");
+    }
+    path = (dir / (fs::exists(dir / "tokenizer.json") ? "tokenizer.json" : "tokenizer.model"))
+               .string();
+  }
+  vocab_->path = path;
   const bool sentencepiece = path.size() > 6 && path.substr(path.size() - 6) == ".model";
   try {
     if (sentencepiece) {
@@ -211,7 +245,7 @@ void RecipeData::prepare(const std::vector<std::string>& train_docs,
   if (vocab_->sp) {
     vocab_->sp->save((dir / "tokenizer.model").string());
   } else {
-    fs::copy_file(f_.tokenizer, dir / "tokenizer.json");
+    fs::copy_file(vocab_->path, dir / "tokenizer.json");
   }
   fs::rename(dir, target, ec); // replaces an empty folder only
   if (ec) {
@@ -280,7 +314,7 @@ std::string RecipeData::describe() const {
          (train_mm_ ? " (memory-mapped)" : "") + ", " + std::to_string(val_documents_) +
          " held out (" + std::to_string(val_src_ ? val_src_->size() : 0) +
          " tokens); tokenizer: " +
-         (vocab_->hf                       ? f_.tokenizer
+         (vocab_->hf                       ? vocab_->path
           : train_mm_ || !f_.tokenizer.empty() ? "SentencePiece model"
                                             : "SentencePiece BPE trained on them") +
          ", " + std::to_string(vocab_size()) + " ids";

@@ -53,7 +53,7 @@ class RecipeData {
 
  private:
   struct Vocabulary;
-  void load_tokenizer(const std::string& path, const std::string& what);
+  void load_tokenizer(std::string path, const std::string& what);
   void start_loader(int64_t documents);
   void prepare(const std::vector<std::string>& train_docs, const std::vector<std::string>& val_docs);
   bool open_indexed();

@@ -85,6 +85,10 @@ inline models::Llama3Args recipe_model_args(const Flags& f, int64_t vocab) {
     big = deepseek_v3_16b_args();
   }
   if (big) {
+    if (big->vocab_size() < vocab) {
+      usage("--preset " + f.preset + " has a vocabulary of " + std::to_string(big->vocab_size()) +
+            " ids, the tokenizer " + std::to_string(vocab));
+    }
     return big->max_seq_len(std::max(big->max_seq_len(), f.seq));
   }
   models::Llama3Args a = models::Llama3Args()
@@ -100,19 +104,20 @@ inline models::Llama3Args recipe_model_args(const Flags& f, int64_t vocab) {
   return f.preset.empty() ? a : small_moe_args(f, a);
 }
 
-// --ac: none, full, or torchtitan's selective "op" mode (matmuls and attention kept).
-inline std::optional<ActivationCheckpointOptions> ac_options(const std::string& ac) {
-  if (ac == "none") {
+// --ac: none, full, or torchtitan's selective "op" mode (matmuls and attention kept); with
+// --ac-every N on every N-th block only (torchtitan's layer-frequency selective mode).
+inline std::optional<models::Llama3Ac> ac_options(const Flags& f) {
+  if (f.ac == "none") {
     return std::nullopt;
   }
   ActivationCheckpointOptions o;
-  if (ac == "selective") {
+  if (f.ac == "selective") {
     o.policy(save_ops({"aten::mm", "aten::addmm", "aten::bmm",
                        "aten::_scaled_dot_product_flash_attention_for_cpu",
                        "aten::_scaled_dot_product_flash_attention",
                        "aten::_scaled_dot_product_efficient_attention"}));
   }
-  return o;
+  return models::Llama3Ac(o, f.ac_every);
 }
 
 } // namespace dtensor::train

@@ -182,8 +182,12 @@ inline Llama3Args qwen3_moe_tiny_args() {
       .moe(MoEArgs().hidden_dim(32).num_experts(8).top_k(2).route_norm(true));
 }
 
-// torchtitan's flavor by name ("llama3-8b", "llama3-70b", "llama3-405b"), if it is one.
+// torchtitan's flavor by name ("debugmodel", "llama3-8b", "llama3-70b", "llama3-405b"), if it
+// is one.
 inline std::optional<Llama3Args> llama3_preset(const std::string& name) {
+  if (name == "debugmodel") {
+    return Llama3Args(); // the defaults are torchtitan's debugmodel
+  }
   if (name == "llama3-8b") {
     return llama3_8b_args();
   }

@@ -191,10 +191,10 @@ TORCH_MODULE(Llama3Attention);
 // qwen3 / deepseek_v3 blocks). Submodules in torchtitan's order (attention, feed_forward or
 // moe, attention_norm, ffn_norm).
 struct Llama3BlockImpl : torch::nn::Module {
-  Llama3BlockImpl(int64_t layer_id, const Llama3Args& args)
-      : attention(register_module("attention", Llama3Attention(args))),
-        weight_init_std(init_std(layer_id, args)) {
-    if (args.is_moe_layer(layer_id)) {
+  Llama3BlockImpl(int64_t id, const Llama3Args& args)
+      : attention(register_module("attention", Llama3Attention(args))), layer_id(id),
+        weight_init_std(init_std(id, args)) {
+    if (args.is_moe_layer(id)) {
       moe = register_module("moe", MoE(args.moe_args()));
     } else {
       feed_forward =
@@ -228,6 +228,7 @@ struct Llama3BlockImpl : torch::nn::Module {
   MoE moe{nullptr};                        // a mixture-of-experts layer's
   RMSNorm attention_norm{nullptr};
   RMSNorm ffn_norm{nullptr};
+  int64_t layer_id; // its index in the whole model (a pipeline stage holds some blocks)
   double weight_init_std;
 };
 TORCH_MODULE(Llama3Block);

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <dtensor/activation_checkpoint.h>
@@ -99,16 +100,33 @@ inline std::vector<Llama3BlockImpl*> llama3_blocks(Llama3& model) {
   return blocks;
 }
 
-// torchtitan's apply_ac (per-block): every block's forward checkpointed with `options`.
-inline void apply_ac(const std::vector<Llama3BlockImpl*>& blocks,
-                     const dtensor::ActivationCheckpointOptions& options) {
+// torchtitan's activation_checkpoint for the blocks: `options` (full, or per-op selective
+// with a policy) on every `every`-th block, the blocks whose layer_id + 1 is a multiple of
+// `every` (1: every block; torchtitan's selective_ac_option "2": layers 1, 3, 5, ...).
+// [Note: layer-frequency checkpointing] torchtitan counts the blocks a rank wraps, so with
+// pipeline stages its choice depends on the split; counting the model's layers checkpoints
+// the same blocks on every layout.
+struct Llama3Ac {
+  // Implicit: options alone checkpoint every block.
+  Llama3Ac(dtensor::ActivationCheckpointOptions o, int64_t n = 1)
+      : options(std::move(o)), every(n) {}
+  dtensor::ActivationCheckpointOptions options;
+  int64_t every = 1;
+};
+
+// torchtitan's apply_ac (per-block): the blocks `ac` selects checkpointed with its options.
+inline void apply_ac(const std::vector<Llama3BlockImpl*>& blocks, const Llama3Ac& ac) {
+  DTENSOR_MODEL_CHECK(ac.every >= 1, "Llama3 apply_ac: every ", ac.every,
+                      " (checkpoint every N-th block) must be at least 1");
   for (auto* block : blocks) {
-    dtensor::checkpoint_module(*block, options);
+    if ((block->layer_id + 1) % ac.every == 0) {
+      dtensor::checkpoint_module(*block, ac.options);
+    }
   }
 }
 
-inline void apply_ac(Llama3& model, const dtensor::ActivationCheckpointOptions& options) {
-  apply_ac(llama3_blocks(model), options);
+inline void apply_ac(Llama3& model, const Llama3Ac& ac) {
+  apply_ac(llama3_blocks(model), ac);
 }
 
 // torchtitan's context parallelism: every block's inner_attention computed by `style` over
@@ -222,17 +240,37 @@ inline void apply_moe(Llama3& model, const dtensor::DeviceMesh& mesh, int64_t ep
 }
 
 // One part of a Llama-3 model (the whole model, or a pipeline stage: models/llama3/pipeline.h):
-// its root module, its blocks in order and the model's arguments.
+// its root module, its blocks in order, the model's arguments, and the embeddings, final norm
+// and output projection where the part holds them (null where not).
 struct Llama3Part {
   torch::nn::Module& root;
   std::vector<Llama3BlockImpl*> blocks;
   const Llama3Args& args;
+  std::shared_ptr<torch::nn::Module> tok_embeddings = nullptr;
+  std::shared_ptr<torch::nn::Module> norm = nullptr;
+  std::shared_ptr<torch::nn::Module> output = nullptr;
 };
+
+// torchtitan's apply_fsdp units of a part, bottom-up: tok_embeddings, each block, [norm,
+// output] as one unit, then the part's root (which then holds no parameter of its own: it
+// starts and ends each forward and backward). `options`: the blocks' (and the root's) options.
+inline void fully_shard_part(const Llama3Part& part, const dtensor::FullyShardOptions& options) {
+  if (part.tok_embeddings) {
+    dtensor::fully_shard(*part.tok_embeddings, options);
+  }
+  for (auto* block : part.blocks) {
+    dtensor::fully_shard(*block, options);
+  }
+  if (part.norm && part.output) {
+    dtensor::fully_shard({part.norm, part.output}, options);
+  }
+  dtensor::fully_shard(part.root, options);
+}
 
 // torchtitan's parallelize_llama applied to one model part, given its tensor-parallel `plan`
 // (every part the same steps, as torchtitan's parallelize_fn on each of its model_parts): the
 // plan over mesh["tp"], apply_cp over mesh["cp"] with `cp`, apply_ac when `ac` is set, apply_moe,
-// then fully_shard on each block and on the part's root over (dp_replicate, dp_shard), or with
+// then fully_shard_part's units over (dp_replicate, dp_shard), or with
 // cp over (dp_replicate, dp_shard x cp) flattened (torchtitan's fsdp = dp_shard x cp: the cp
 // ranks hold different tokens of the same sequences, so their gradients are reduced like data
 // parallelism's). `mesh` is any mesh with those names (a "pp" dimension of its root is left
@@ -240,7 +278,7 @@ struct Llama3Part {
 inline void parallelize_llama3_part(const Llama3Part& part, const dtensor::DeviceMesh& mesh,
                                     const dtensor::ParallelizePlan& plan,
                                     const dtensor::FullyShardOptions& fsdp,
-                                    const std::optional<dtensor::ActivationCheckpointOptions>& ac,
+                                    const std::optional<Llama3Ac>& ac,
                                     const std::optional<dtensor::ContextParallel>& cp, int64_t ep) {
   const Llama3Args& a = part.args;
   const int64_t tp = mesh["tp"].size();
@@ -262,10 +300,7 @@ inline void parallelize_llama3_part(const Llama3Part& part, const dtensor::Devic
     options.mesh(mesh[{"dp_replicate", "dp_shard"}]);
   }
   apply_moe(part.blocks, a, mesh, ep, fsdp);
-  for (auto* block : part.blocks) {
-    dtensor::fully_shard(*block, options);
-  }
-  dtensor::fully_shard(part.root, options);
+  fully_shard_part(part, options);
 }
 
 // torchtitan's parallelize_llama on a mesh named (dp_replicate, dp_shard, tp), or (dp_replicate,
@@ -276,12 +311,13 @@ inline void parallelize_llama3_part(const Llama3Part& part, const dtensor::Devic
 inline void
 parallelize_llama3(Llama3& model, const dtensor::DeviceMesh& mesh, bool loss_parallel,
                    const dtensor::FullyShardOptions& fsdp = {},
-                   const std::optional<dtensor::ActivationCheckpointOptions>& ac = std::nullopt,
+                   const std::optional<Llama3Ac>& ac = std::nullopt,
                    const std::optional<dtensor::ContextParallel>& cp = std::nullopt,
                    int64_t ep = 1) {
   const Llama3Args& a = model->model_args;
-  parallelize_llama3_part({*model, llama3_blocks(model), a}, mesh, llama3_tp_plan(loss_parallel, a),
-                          fsdp, ac, cp, ep);
+  parallelize_llama3_part({*model, llama3_blocks(model), a, model->tok_embeddings.ptr(),
+                           model->norm.ptr(), model->output.ptr()},
+                          mesh, llama3_tp_plan(loss_parallel, a), fsdp, ac, cp, ep);
 }
 
 } // namespace dtensor::models

@@ -122,14 +122,19 @@ inline dtensor::ParallelizePlan llama3_stage_tp_plan(const Llama3StageImpl& stag
 inline void
 parallelize_llama3_stage(Llama3Stage& stage, const dtensor::DeviceMesh& mesh, bool loss_parallel,
                          const dtensor::FullyShardOptions& fsdp = {},
-                         const std::optional<dtensor::ActivationCheckpointOptions>& ac = {},
+                         const std::optional<Llama3Ac>& ac = std::nullopt,
                          const std::optional<dtensor::ContextParallel>& cp = std::nullopt,
                          int64_t ep = 1) {
   auto options = fsdp;
   if (!options.reshard_after_forward()) {
     options.reshard_after_forward(false);
   }
-  parallelize_llama3_part({*stage, stage->blocks, stage->model_args}, mesh,
+  auto held = [](const auto& m) -> std::shared_ptr<torch::nn::Module> {
+    return m ? m.ptr() : nullptr;
+  };
+  parallelize_llama3_part({*stage, stage->blocks, stage->model_args, held(stage->tok_embeddings),
+                           held(stage->norm), held(stage->output)},
+                          mesh,
                           llama3_stage_tp_plan(*stage, loss_parallel), options, ac, cp, ep);
 }
 
