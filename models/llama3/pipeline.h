@@ -108,9 +108,9 @@ inline dtensor::ParallelizePlan llama3_stage_tp_plan(const Llama3StageImpl& stag
 // plan) on a mesh with dimensions (dp_replicate, dp_shard, tp), and cp with `cp`: the whole
 // world mesh (pp, dp_replicate, dp_shard, [cp,] tp) or its slice without pp. Context
 // parallelism, activation checkpointing, mixture-of-experts layers (with `ep` and under tp)
-// and fully_shard on each block and then on the stage (its root unit, which the pipeline
-// schedule drives). torchtitan's choice under pipelining: reshard_after_forward off unless
-// `fsdp` sets it (each microbatch's backward would gather the blocks again).
+// and fully_shard_part's units of the stage, then the stage itself (its root unit, which the
+// pipeline schedule drives). torchtitan's choice under pipelining: reshard_after_forward off
+// unless `fsdp` sets it (each microbatch's backward would gather the blocks again).
 //
 // [Note: initializing stages built on meta] A model built on the meta device and split into
 // stages is initialized by the whole model's init_weights() after parallelize_llama3_stage
