@@ -2,13 +2,17 @@
 """The Llama 3 recipe, dtensor against PyTorch (docs/benchmarks.md "Llama 3 recipe").
 
 usage: llama3_recipe.py TORCHRUN TRAIN [--rounds R] [--steps N] [--configs small large]
-                        [--meshes 2x2x2 1x2x2]
+                        [--meshes 2x2x2 1x2x2 2x1x2x1 2x2x2x1]
 Runs the same recipe alternately in dtensor (examples/train, the Llama 3 recipe) and in
 PyTorch (this file run as a torchrun worker: the Llama 3 model of tools/torch_llama3.py,
 parallelized with the pinned PyTorch's public API as torchtitan does it: tensor and sequence
 parallelism with PrepareModuleInput and loss_parallel, checkpoint_wrapper per block,
 fully_shard with bf16 parameters and fp32 reductions over (dp_replicate, dp_shard), AdamW,
-clip_grad_norm_), built on the meta device. Per run: the median step time of the steps after
+clip_grad_norm_), built on the meta device. A mesh of four sizes is pp x dp_replicate x
+dp_shard x tp: pipeline parallelism, 1F1B over 2 x pp microbatches (dtensor's default), each
+stage torchtitan's split, tp 1 (PyTorch's PipelineStage with a Schedule1F1B; context
+parallelism has no PyTorch counterpart on CPU ranks: its sharding strategies cover the CUDA
+attention kernels only). Per run: the median step time of the steps after
 the first few, tokens/s of the global batch, and the largest rank's peak resident memory
 (VmHWM / ru_maxrss). Prints a markdown table: medians over rounds and their spread.
 """
@@ -46,16 +50,28 @@ def torch_worker(cfg_name, mesh_shape, steps, out):
 
     dim, layers, heads, kv_heads, seq, batch = CONFIGS[cfg_name]
     torch.set_num_threads(1)
-    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+    pp = mesh_shape[0] if len(mesh_shape) == 4 else 1
+    names = ("dp_replicate", "dp_shard", "tp")
+    world = init_device_mesh("cpu", mesh_shape, mesh_dim_names=(("pp",) if pp > 1 else ()) + names)
+    mesh = world[names] if pp > 1 else world
     dp = mesh["dp_replicate", "dp_shard"]
+    stage_index = world.get_local_rank("pp") if pp > 1 else 0
     model = torch_llama3.build(mesh, dim, layers, heads, kv_heads, VOCAB,
-                               torch_llama3.hidden_dim(dim, 32))
+                               torch_llama3.hidden_dim(dim, 32),
+                               stage=(stage_index, pp) if pp > 1 else None)
     model.to_empty(device="cpu")
     torch.manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.02) if p.dim() > 1 else p.fill_(1.0)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+    schedule = None
+    if pp > 1:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B  # noqa: PLC0415
+        stage = PipelineStage(model, stage_index, pp, torch.device("cpu"),
+                              group=world.get_group("pp"))
+        schedule = Schedule1F1B(stage, n_microbatches=2 * pp, loss_fn=lambda logits, y:
+                                F.cross_entropy(logits.flatten(0, 1).float(), y.flatten()))
     ranks = dp.size()
     index = dp.get_local_rank("dp_replicate") * dp.size(1) + dp.get_local_rank("dp_shard")
     times = []
@@ -66,11 +82,22 @@ def torch_worker(cfg_name, mesh_shape, steps, out):
         x, y = rows[:, :-1], rows[:, 1:]
         t0 = time.perf_counter()
         opt.zero_grad()
-        logits = model(x)
-        with loss_parallel():
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if schedule is not None:
+            if stage_index == 0:
+                schedule.step(x)
+            else:
+                schedule.step(target=y, losses=[])
+            # Every stage's parameters (torchtitan clips them together over the pp group).
+            norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+            norm = norm.full_tensor() ** 2
+            torch.distributed.all_reduce(norm, group=world.get_group("pp"))
+            torch.nn.utils.clip_grads_with_norm_(model.parameters(), 1.0, norm.sqrt())
+        else:
+            logits = model(x)
+            with loss_parallel():
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+                loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         times.append(time.perf_counter() - t0)
     peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])
@@ -101,8 +128,11 @@ def run(side, args, cfg, mesh, tmp):
     nproc = math.prod(int(x) for x in mesh.split("x"))
     out = os.path.join(tmp, f"{side}.jsonl")
     if side == "dtensor":
+        sizes = mesh.split("x")
+        layout = (["--pp", sizes[0], "--pp-schedule", "1F1B", "--mesh", "x".join(sizes[1:])]
+                  if len(sizes) == 4 else ["--mesh", mesh])
         cmd = [args.torchrun, "--standalone", f"--nproc-per-node={nproc}", "--no-python", args.train,
-               "--mesh", mesh, "--steps", str(args.steps), "--dim", str(dim), "--layers", str(layers),
+               *layout, "--steps", str(args.steps), "--dim", str(dim), "--layers", str(layers),
                "--heads", str(heads), "--kv-heads", str(kv), "--seq", str(seq), "--batch", str(batch),
                "--vocab", str(VOCAB), "--log-every", "1000", "--metrics", out]
     else:
@@ -125,7 +155,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--configs", nargs="+", default=["small", "large"])
-    ap.add_argument("--meshes", nargs="+", default=["2x2x2", "1x2x2"])
+    ap.add_argument("--meshes", nargs="+", default=["2x2x2", "1x2x2", "2x1x2x1", "2x2x2x1"])
     args = ap.parse_args()
     print("| config (dim, layers, heads/kv, seq, batch) | mesh | dtensor step ms | PyTorch step ms "
           "| ratio | dtensor tokens/s | PyTorch tokens/s | dtensor peak MiB | PyTorch peak MiB |")

@@ -2,8 +2,10 @@
 side of bench/llama3_recipe.py (step time) and of tools/torch_estimate.py (memory under a fake
 process group). Tensor and sequence parallelism with PrepareModuleInput and a vocab-parallel
 output, checkpoint_wrapper per block (full activation checkpointing), fully_shard with bf16
-parameters and fp32 reductions over (dp_replicate, dp_shard): the layout of examples/train
-(models/llama3.h).
+parameters and fp32 reductions over (dp_replicate, dp_shard) on torchtitan's units
+(tok_embeddings, each block, [norm, output], the root): the layout of examples/train
+(models/llama3.h). A pipeline stage (build's `stage`) is torchtitan's split: consecutive
+blocks, the embeddings on the first stage, norm and output on the last.
 """
 import math
 
@@ -96,18 +98,38 @@ class Llama(nn.Module):
         self.output = nn.Linear(dim, vocab, bias=False)
 
     def forward(self, tokens):
+        # A stage without the embeddings takes hidden states (whole sequences: tp 1 under pp).
         hd = self.head_dim
         freqs = 1.0 / (10000.0 ** (torch.arange(0, hd, 2, device=tokens.device).float() / hd))
         angles = torch.outer(torch.arange(tokens.shape[1], device=tokens.device).float(), freqs)
         cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
-        h = self.tok_embeddings(tokens)
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         for layer in self.layers:
             h = layer(h, cos, sin)
-        return self.output(self.norm(h))
+        return self.output(self.norm(h)) if self.output is not None else h
 
 
-def build(mesh, dim, layers, heads, kv_heads, vocab, hidden):
-    """The model on the meta device, parallelized on `mesh` (dp_replicate, dp_shard, tp)."""
+def split_stage(model, stage, stages):
+    """torchtitan's pipeline split of `model` in place: stage `stage` of `stages` keeps its
+    consecutive blocks (the first ones one more when they do not divide), the embeddings on
+    the first stage and norm / output on the last."""
+    n = len(model.layers)
+    base, extra = divmod(n, stages)
+    first = stage * base + min(stage, extra)
+    last = first + base + (1 if stage < extra else 0)
+    model.layers = nn.ModuleList(list(model.layers)[first:last])
+    if stage > 0:
+        model.tok_embeddings = None
+    if stage < stages - 1:
+        model.norm = None
+        model.output = None
+    return model
+
+
+def build(mesh, dim, layers, heads, kv_heads, vocab, hidden, stage=None):
+    """The model on the meta device, parallelized on `mesh` (dp_replicate, dp_shard, tp); with
+    `stage` = (index, count) only that pipeline stage of it, without tensor parallelism (tp 1),
+    its units not resharded after forward (torchtitan's choice under pp)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor import Replicate, Shard
@@ -117,29 +139,39 @@ def build(mesh, dim, layers, heads, kv_heads, vocab, hidden):
     tp, dp = mesh["tp"], mesh["dp_replicate", "dp_shard"]
     with torch.device("meta"):
         model = Llama(dim, layers, heads, kv_heads, vocab, hidden)
-    parallelize_module(model, tp, {
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-        "norm": SequenceParallel(),
-        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1),
-                                  use_local_output=False),
-    })
-    for i, block in enumerate(model.layers):
-        parallelize_module(block, tp, {
-            "attention_norm": SequenceParallel(),
-            "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
-                                            desired_input_layouts=(Replicate(), None, None)),
-            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-            "ffn_norm": SequenceParallel(),
-            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),),
-                                               desired_input_layouts=(Replicate(),)),
-            "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+    if stage is not None:
+        assert tp.size() == 1, "a pipeline stage here is built without tensor parallelism"
+        split_stage(model, *stage)
+    else:
+        parallelize_module(model, tp, {
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "norm": SequenceParallel(),
+            "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1),
+                                      use_local_output=False),
         })
+    for i, block in enumerate(model.layers):
+        if stage is None:
+            parallelize_module(block, tp, {
+                "attention_norm": SequenceParallel(),
+                "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                                desired_input_layouts=(Replicate(), None, None)),
+                "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
+                "attention.wv": ColwiseParallel(),
+                "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+                "ffn_norm": SequenceParallel(),
+                "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),),
+                                                   desired_input_layouts=(Replicate(),)),
+                "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+                "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+            })
         model.layers[i] = checkpoint_wrapper(block)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    options = dict(mesh=dp, mp_policy=mp, reshard_after_forward=stage is None)
+    if model.tok_embeddings is not None:
+        fully_shard(model.tok_embeddings, **options)
     for block in model.layers:
-        fully_shard(block, mesh=dp, mp_policy=mp)
-    fully_shard(model, mesh=dp, mp_policy=mp)
+        fully_shard(block, **options)
+    if model.output is not None:  # used last in forward: kept for backward, as torchtitan
+        fully_shard([model.norm, model.output], **dict(options, reshard_after_forward=False))
+    fully_shard(model, **options)
     return model

@@ -343,7 +343,8 @@ std::vector<ConfigEntry> ac_entries(const std::string& source, const std::string
   if (mode != "selective" || option == "op") {
     return {{key, "--ac", mode}};
   }
-  const bool digits = !option.empty() && option.find_first_not_of("0123456789") == std::string::npos;
+  const bool digits =
+      !option.empty() && option.find_first_not_of("0123456789") == std::string::npos;
   if (!digits || option.size() > 6) {
     bad(source, "activation_checkpoint.selective_ac_option",
         "\"" + option + "\" is neither \"op\" nor a block frequency (a number)");
@@ -360,12 +361,16 @@ std::vector<ConfigEntry> dataset_entries(const std::string& source, const std::s
                                          const std::optional<std::string>& path) {
   const std::string key = "training.dataset";
   if (name != "c4_test" && name != "c4" && name != "c4_validation") {
-    bad(source, key, "\"" + name + "\" is not one of torchtitan's text datasets (c4_test, c4, "
-                     "c4_validation); give training.dataset_path with training.data_format");
+    bad(source, key,
+        "\"" + name +
+            "\" is not one of torchtitan's text datasets (c4_test, c4, "
+            "c4_validation); give training.dataset_path with training.data_format");
   }
   if (!path && name != "c4_test") {
-    bad(source, key, "\"" + name + "\" is streamed from the Hugging Face Hub by torchtitan; "
-                     "give training.dataset_path (its JSON-lines files or their folder)");
+    bad(source, key,
+        "\"" + name +
+            "\" is streamed from the Hugging Face Hub by torchtitan; "
+            "give training.dataset_path (its JSON-lines files or their folder)");
   }
   return {{key, "--data-format", "jsonl"}, {key, "--data", path.value_or("tests/assets/c4_test")}};
 }

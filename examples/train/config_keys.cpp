@@ -162,9 +162,9 @@ std::string flavor_name(const std::string& source, const std::string& model,
     const char* preset;
   };
   static const std::vector<Flavor> names{
-      {"llama3", "debugmodel", "debugmodel"},     {"llama3", "8B", "llama3-8b"},
-      {"llama3", "70B", "llama3-70b"},            {"llama3", "405B", "llama3-405b"},
-      {"qwen3", "30B-A3B", "qwen3-30b-a3b"},      {"deepseek_v3", "16B", "deepseek-v3-16b"},
+      {"llama3", "debugmodel", "debugmodel"}, {"llama3", "8B", "llama3-8b"},
+      {"llama3", "70B", "llama3-70b"},        {"llama3", "405B", "llama3-405b"},
+      {"qwen3", "30B-A3B", "qwen3-30b-a3b"},  {"deepseek_v3", "16B", "deepseek-v3-16b"},
   };
   if (model != "llama3" && model != "qwen3" && model != "deepseek_v3") {
     throw std::invalid_argument((source.empty() ? "" : source + ": ") + "model.name: \"" + model +

@@ -443,10 +443,10 @@ int run_llama(int argc, char** argv) {
   }
   if (rank == 0) {
     std::printf(
-        "dtensor train (Llama 3 recipe): %lld ranks as (%s) on %s; vocab %lld, dim %lld, %lld layers, %lld/%lld heads, batch %lld x "
+        "dtensor train (Llama 3 recipe): %lld ranks as (%s) on %s; vocab %lld, dim %lld, %lld "
+        "layers, %lld/%lld heads, batch %lld x "
         "%lld (global%s), %s%s, AC %s, %s, clip %g, seed %lld%s\n",
-        static_cast<long long>(world),
-        parts.layout().c_str(),
+        static_cast<long long>(world), parts.layout().c_str(),
         is_simulated() ? "the simulated device"
         : cuda         ? "cuda"
                        : "cpu",
@@ -463,9 +463,8 @@ int run_llama(int argc, char** argv) {
             ? ""
             : (", float8 " + f.float8 + (f.float8_all_gather ? " with float8 all-gather" : ""))
                   .c_str(),
-        (f.ac + (f.ac_every > 1 && f.ac != "none"
-                     ? " on 1 block in " + std::to_string(f.ac_every)
-                     : ""))
+        (f.ac +
+         (f.ac_every > 1 && f.ac != "none" ? " on 1 block in " + std::to_string(f.ac_every) : ""))
             .c_str(),
         describe_optimizer(f, schedule.phases()).c_str(), f.max_norm,
         static_cast<long long>(f.seed), f.deterministic ? " (deterministic)" : "");

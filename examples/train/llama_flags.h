@@ -69,9 +69,9 @@ struct Flags {
 
 // --model / --preset: torchtitan's flavors, and two small MoE shapes (recipe_model.h).
 inline const std::vector<std::string>& recipe_flavors() {
-  static const std::vector<std::string> names{
-      "debugmodel",      "llama3-8b", "llama3-70b", "llama3-405b", "qwen3-30b-a3b",
-      "deepseek-v3-16b", "qwen3-moe", "deepseek-v3"};
+  static const std::vector<std::string> names{"debugmodel",  "llama3-8b",     "llama3-70b",
+                                              "llama3-405b", "qwen3-30b-a3b", "deepseek-v3-16b",
+                                              "qwen3-moe",   "deepseek-v3"};
   return names;
 }
 

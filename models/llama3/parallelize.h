@@ -308,12 +308,11 @@ inline void parallelize_llama3_part(const Llama3Part& part, const dtensor::Devic
 // HSDP when dp_replicate > 1; mixed precision from `fsdp`. Mixture-of-experts layers:
 // apply_moe, with `ep` (which borrows ranks from cp as from dp_shard and tp: MoE layers are
 // token-wise, so the cp ranks' sequence pieces route like any other tokens). Collective.
-inline void
-parallelize_llama3(Llama3& model, const dtensor::DeviceMesh& mesh, bool loss_parallel,
-                   const dtensor::FullyShardOptions& fsdp = {},
-                   const std::optional<Llama3Ac>& ac = std::nullopt,
-                   const std::optional<dtensor::ContextParallel>& cp = std::nullopt,
-                   int64_t ep = 1) {
+inline void parallelize_llama3(Llama3& model, const dtensor::DeviceMesh& mesh, bool loss_parallel,
+                               const dtensor::FullyShardOptions& fsdp = {},
+                               const std::optional<Llama3Ac>& ac = std::nullopt,
+                               const std::optional<dtensor::ContextParallel>& cp = std::nullopt,
+                               int64_t ep = 1) {
   const Llama3Args& a = model->model_args;
   parallelize_llama3_part({*model, llama3_blocks(model), a, model->tok_embeddings.ptr(),
                            model->norm.ptr(), model->output.ptr()},

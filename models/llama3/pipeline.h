@@ -119,12 +119,10 @@ inline dtensor::ParallelizePlan llama3_stage_tp_plan(const Llama3StageImpl& stag
 // op thus draws what it draws in the unsplit model, and each stage holds exactly the values
 // of the unsplit model's init, on any layout (torchtitan initializes each stage on its own,
 // so its pipelined model starts from other values than its unpipelined one).
-inline void
-parallelize_llama3_stage(Llama3Stage& stage, const dtensor::DeviceMesh& mesh, bool loss_parallel,
-                         const dtensor::FullyShardOptions& fsdp = {},
-                         const std::optional<Llama3Ac>& ac = std::nullopt,
-                         const std::optional<dtensor::ContextParallel>& cp = std::nullopt,
-                         int64_t ep = 1) {
+inline void parallelize_llama3_stage(
+    Llama3Stage& stage, const dtensor::DeviceMesh& mesh, bool loss_parallel,
+    const dtensor::FullyShardOptions& fsdp = {}, const std::optional<Llama3Ac>& ac = std::nullopt,
+    const std::optional<dtensor::ContextParallel>& cp = std::nullopt, int64_t ep = 1) {
   auto options = fsdp;
   if (!options.reshard_after_forward()) {
     options.reshard_after_forward(false);
@@ -134,8 +132,7 @@ parallelize_llama3_stage(Llama3Stage& stage, const dtensor::DeviceMesh& mesh, bo
   };
   parallelize_llama3_part({*stage, stage->blocks, stage->model_args, held(stage->tok_embeddings),
                            held(stage->norm), held(stage->output)},
-                          mesh,
-                          llama3_stage_tp_plan(*stage, loss_parallel), options, ac, cp, ep);
+                          mesh, llama3_stage_tp_plan(*stage, loss_parallel), options, ac, cp, ep);
 }
 
 } // namespace dtensor::models
