@@ -14,7 +14,7 @@ usage: config_recipe.py TORCHRUN TRAIN CONFIGS FORTUNES_DIR OUTDIR
 - torchtitan's own debug_model.toml, as its last TOML release published it (below, verbatim),
   run as torchtitan runs it (from a folder holding tests/assets/tokenizer/tokenizer.json and
   tests/assets/c4_test/data.json, here a BPE that the `tokenizers` package trained and fortunes
-  as C4's JSON lines), with --training.steps 3 --training.seq_len 128 (the time CI allows): one
+  as C4's JSON lines), with --training.steps 3 --training.seq_len 128 (a short run): one
   warning naming its keys this recipe does not implement; the model is torchtitan's
   debugmodel flavor (vocab 2048, dim 256, 6 layers, 16 heads), trained as the file says (FSDP
   over both ranks, local batch 8, AdamW lr 8e-4 after 2 warmup steps: 4e-4 then 8e-4, AC on
