@@ -2,7 +2,7 @@
 """The Llama 3 recipe, dtensor against PyTorch (docs/benchmarks.md "Llama 3 recipe").
 
 usage: llama3_recipe.py TORCHRUN TRAIN [--rounds R] [--steps N] [--configs small large]
-                        [--meshes 2x2x2 1x2x2 2x1x2x1 2x2x2x1]
+                        [--meshes 2x2x2 1x2x2 2x1x2x1 2x2x2x1] [--microbatches M]
 Runs the same recipe alternately in dtensor (examples/train, the Llama 3 recipe) and in
 PyTorch (this file run as a torchrun worker: the Llama 3 model of tools/torch_llama3.py,
 parallelized with the pinned PyTorch's public API as torchtitan does it: tensor and sequence
@@ -39,7 +39,7 @@ WARMUP = 4
 # The PyTorch side (a torchrun worker)
 # ---------------------------------------------------------------------------------------
 
-def torch_worker(cfg_name, mesh_shape, steps, out):
+def torch_worker(cfg_name, mesh_shape, steps, out, microbatches):
     import torch
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
@@ -70,7 +70,7 @@ def torch_worker(cfg_name, mesh_shape, steps, out):
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B  # noqa: PLC0415
         stage = PipelineStage(model, stage_index, pp, torch.device("cpu"),
                               group=world.get_group("pp"))
-        schedule = Schedule1F1B(stage, n_microbatches=2 * pp, loss_fn=lambda logits, y:
+        schedule = Schedule1F1B(stage, n_microbatches=microbatches or 2 * pp, loss_fn=lambda logits, y:
                                 F.cross_entropy(logits.flatten(0, 1).float(), y.flatten()))
     ranks = dp.size()
     index = dp.get_local_rank("dp_replicate") * dp.size(1) + dp.get_local_rank("dp_shard")
@@ -129,7 +129,8 @@ def run(side, args, cfg, mesh, tmp):
     out = os.path.join(tmp, f"{side}.jsonl")
     if side == "dtensor":
         sizes = mesh.split("x")
-        layout = (["--pp", sizes[0], "--pp-schedule", "1F1B", "--mesh", "x".join(sizes[1:])]
+        layout = (["--pp", sizes[0], "--pp-schedule", "1F1B", "--mesh", "x".join(sizes[1:]),
+                   "--microbatches", str(args.microbatches)]
                   if len(sizes) == 4 else ["--mesh", mesh])
         cmd = [args.torchrun, "--standalone", f"--nproc-per-node={nproc}", "--no-python", args.train,
                *layout, "--steps", str(args.steps), "--dim", str(dim), "--layers", str(layers),
@@ -137,7 +138,7 @@ def run(side, args, cfg, mesh, tmp):
                "--vocab", str(VOCAB), "--log-every", "1000", "--metrics", out]
     else:
         cmd = [args.torchrun, "--standalone", f"--nproc-per-node={nproc}", os.path.abspath(__file__),
-               "--worker", cfg, mesh, str(args.steps), out]
+               "--worker", cfg, mesh, str(args.steps), out, str(args.microbatches)]
     p = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=900)
     if p.returncode != 0 and side == "torch":
         sys.exit(f"{side} failed:\n{(p.stdout + p.stderr)[-4000:]}")
@@ -146,8 +147,8 @@ def run(side, args, cfg, mesh, tmp):
 
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        cfg, mesh, steps, out = sys.argv[2:6]
-        torch_worker(cfg, tuple(int(x) for x in mesh.split("x")), int(steps), out)
+        cfg, mesh, steps, out, micro = sys.argv[2:7]
+        torch_worker(cfg, tuple(int(x) for x in mesh.split("x")), int(steps), out, int(micro))
         return
     ap = argparse.ArgumentParser()
     ap.add_argument("torchrun")
@@ -155,6 +156,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--configs", nargs="+", default=["small", "large"])
+    ap.add_argument("--microbatches", type=int, default=0,
+                    help="pipeline microbatches per step (0: 2 x pp, dtensor's default)")
     ap.add_argument("--meshes", nargs="+", default=["2x2x2", "1x2x2", "2x1x2x1", "2x2x2x1"])
     args = ap.parse_args()
     print("| config (dim, layers, heads/kv, seq, batch) | mesh | dtensor step ms | PyTorch step ms "
