@@ -110,6 +110,7 @@ struct Loop {
   std::optional<Group> bias_group;       // the ranks whose expert counts are summed
   const CheckpointFolder& folder;        // --save
   double first = 0, last = 0;
+  size_t steps_run = 0; // the steps this process ran (a resumed run: since its start)
   int64_t digest = 0; // this rank's share of the step's global batch digest
   std::map<std::string, std::map<CollectiveKind, int64_t>> by_group; // the last step's
   std::optional<checkpoint::AsyncSave> pending;                      // --async-save
@@ -256,13 +257,18 @@ struct Loop {
       save(f.steps);
       finish_saves();
     }
-    // Mean of the first and last few steps: falling unless training failed.
+    // Mean of the first and last few steps: falling unless training failed. One step (or
+    // none) has nothing to compare: the run stands.
     const size_t k = std::min<size_t>(5, std::max<size_t>(1, losses.size() / 4));
+    steps_run = losses.size();
     if (losses.empty() || is_simulated()) {
       return true;
     }
     first = std::accumulate(losses.begin(), losses.begin() + k, 0.0) / static_cast<double>(k);
     last = std::accumulate(losses.end() - k, losses.end(), 0.0) / static_cast<double>(k);
+    if (losses.size() < 2) {
+      return true;
+    }
     // A resumed run has learned (below the uniform guess's loss) or is still falling.
     return last < first ||
            (start > 0 && last < std::log(static_cast<double>(data.vocab_size())));
@@ -493,6 +499,7 @@ int run_llama(int argc, char** argv) {
             0,
             0,
             0,
+            0,
             {},
             std::nullopt};
   if (rank == 0) {
@@ -512,7 +519,10 @@ int run_llama(int argc, char** argv) {
   if (rank == 0) {
     std::printf("sample: \"%s\"\n", text.c_str());
     std::printf("loss %.4f -> %.4f (%s); metrics in %s%s%s\n", loop.first, loop.last,
-                ok ? "falling" : "NOT falling", f.metrics.c_str(),
+                !ok                   ? "NOT falling"
+                : loop.steps_run < 2 ? "one step: nothing to compare"
+                                     : "falling",
+                f.metrics.c_str(),
                 f.export_hf.empty() ? "" : "; Hugging Face model in ", f.export_hf.c_str());
   }
   return ok ? 0 : 1;

@@ -22,6 +22,8 @@ usage: config_recipe.py TORCHRUN TRAIN CONFIGS FORTUNES_DIR OUTDIR
 - A job file's omitted keys take torchtitan's defaults (lr 8e-4, warmup 200, no decay ratio,
   seq_len 2048, local batch 8, FSDP over every rank, every 2nd block checkpointed), shown by the
   job's start-up line.
+- A one-step job (`--training.steps 1`, a smoke run) exits 0: one step has no loss to
+  compare with.
 - Determinism: debug.deterministic with the same debug.seed twice gives bit-equal losses;
   another seed other ones.
 - Refusals, each naming the file and the key, before anything runs (exit 2): an unknown key
@@ -353,6 +355,12 @@ def main():
     ok &= torchtitan_job(torchrun, train, out, "true")
     ok &= torchtitan_debug_model(torchrun, train, out, fortunes)
     ok &= file_defaults(torchrun, train, out)
+    p = subprocess.run([train, "--training.steps", "1", "--metrics",
+                        os.path.join(out, "one-step.jsonl")], capture_output=True, text=True,
+                       errors="replace", timeout=120)
+    one = p.returncode == 0 and "(one step: nothing to compare)" in p.stdout
+    print(f"{'ok' if one else 'FAIL'} one step: exit {p.returncode}: {p.stdout.splitlines()[-1:]}")
+    ok &= one
     seeded = [run_recipe(torchrun, train, 2, out, ["--debug.deterministic", "--log-every", "1"],
                          ["--steps", "3", "--debug.seed", seed])[0] for seed in ("7", "7", "8")]
     losses = [[r["loss"] for r in runs] for runs in seeded]
