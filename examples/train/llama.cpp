@@ -114,6 +114,7 @@ struct Loop {
   int64_t digest = 0; // this rank's share of the step's global batch digest
   std::map<std::string, std::map<CollectiveKind, int64_t>> by_group; // the last step's
   std::optional<checkpoint::AsyncSave> pending;                      // --async-save
+  int64_t flops_per_token = 0; // torchtitan's, for TFLOPs and MFU (llama3_flops_per_token)
 
   // This rank's index among the data-parallel ranks (row-major over dp_replicate, dp_shard).
   int64_t dp_index() const { return dp.get_local_rank(0) * dp.size(1) + dp.get_local_rank(1); }
@@ -312,6 +313,16 @@ struct Loop {
                         {"peak_resident_mib", peak.item<double>()},
                         {"collectives", counts},
                         {"collectives_by_group", groups}};
+    // [Note: TFLOPs and MFU] As torchtitan's: the model's FLOPs per token times the tokens
+    // each device processed per second (the job's tokens/s over the ranks), and that against
+    // the device's peak (--peak-tflops) in percent.
+    const double tflops = static_cast<double>(flops_per_token) * tokens /
+                          static_cast<double>(get_world_size()) / 1e12;
+    line["flops_per_token"] = flops_per_token;
+    line["tflops_per_device"] = tflops;
+    if (f.peak_tflops > 0) {
+      line["mfu_pct"] = 100.0 * tflops / f.peak_tflops;
+    }
     line.update(extra);
     metrics << line.dump() << "\n";
     metrics.flush();
@@ -418,6 +429,7 @@ int run_llama(int argc, char** argv) {
                                    .enable_fsdp_float8_all_gather(f.float8_all_gather),
                                float8_skip_output_and_unaligned);
   }
+  const int64_t flops_per_token = models::llama3_flops_per_token(model, f.seq); // unsharded
   ModelParts parts(f, dims, mesh, model, device); // parallelized and initialized
   const std::vector<at::Tensor> params = parts.parameters();
   const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(f, params);
@@ -505,6 +517,7 @@ int run_llama(int argc, char** argv) {
   if (rank == 0) {
     std::printf("data: %s\n", data.describe().c_str());
   }
+  loop.flops_per_token = flops_per_token;
   const bool ok = loop.run(start);
   if (is_simulated()) {
     return 0; // nothing to sample or export from tensors without values

@@ -52,6 +52,7 @@ struct Flags {
   bool deterministic = false;
   std::string ac = "full", precision = "bf16";
   int64_t ac_every = 1; // --ac on every N-th block only (torchtitan's selective_ac_option N)
+  double peak_tflops = 0; // a device's peak TFLOPs, for MFU in the metrics (0: no MFU)
   std::string metrics = "train-out/metrics.jsonl";
   std::string export_hf, init_from_hf, save, resume;
   std::string preset, report;  // torchtitan's flavor; the directory of step reports
@@ -195,6 +196,7 @@ inline FlagTable flag_table(Flags& f) {
       .value("--norm-type", "clip_grad_norm_'s norm type (2.0; any p > 0, or inf)", f.norm_type)
       .value("--ac", "activation checkpointing per block", f.ac, {"full", "selective", "none"})
       .value("--ac-every", "--ac on every N-th block only (layers N-1, 2N-1, ...)", f.ac_every)
+      .value("--peak-tflops", "a device's peak TFLOPs: MFU in the metrics (0: none)", f.peak_tflops)
       .value("--precision", "parameters in forward and backward", f.precision, {"bf16", "fp32"})
       .value("--float8", "the blocks' Linears in float8 (torchao's recipes; not the output layer)",
              f.float8, {"none", "tensorwise", "rowwise", "rowwise_with_gw_hp"})

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <numbers>
 #include <optional>
+#include <string>
 #include <utility>
 
 #include <torch/nn/module.h>
@@ -290,5 +291,27 @@ struct Llama3Impl : torch::nn::Module {
   torch::nn::Linear output{nullptr};
 };
 TORCH_MODULE(Llama3);
+
+// torchtitan's FLOPs per token, the numerator of MFU (get_dense_model_nparams_and_flops, and
+// get_moe_model_nparams_and_flops's active parameters): 6 x the parameters a token's matmuls
+// use (all but the embeddings; of the routed experts, top_k / num_experts of them) plus
+// 6 x layers x heads x (q/k + v head widths) x seq_len for attention's two products (causal
+// masking not discounted, recomputation not counted). From the parameters' shapes: call it on
+// the model before it is parallelized (on the meta device is fine).
+inline int64_t llama3_flops_per_token(Llama3& model, int64_t seq_len) {
+  const Llama3Args& a = model->model_args;
+  int64_t dense = 0;
+  int64_t experts = 0;
+  for (const auto& p : model->named_parameters()) {
+    const std::string& name = p.key();
+    if (name.rfind("tok_embeddings.", 0) == 0) {
+      continue;
+    }
+    (name.find(".moe.experts.") != std::string::npos ? experts : dense) += p.value().numel();
+  }
+  const int64_t active =
+      a.moe() ? experts * a.moe()->top_k() / a.moe()->num_experts() : experts;
+  return 6 * (dense + active) + 6 * a.n_layers() * a.n_heads() * 2 * a.head_dim() * seq_len;
+}
 
 } // namespace dtensor::models

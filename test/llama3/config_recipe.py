@@ -22,6 +22,10 @@ usage: config_recipe.py TORCHRUN TRAIN CONFIGS FORTUNES_DIR OUTDIR
 - A job file's omitted keys take torchtitan's defaults (lr 8e-4, warmup 200, no decay ratio,
   seq_len 2048, local batch 8, FSDP over every rank, every 2nd block checkpointed), shown by the
   job's start-up line.
+- FLOPs per token in the metrics equal torchtitan's own formula
+  (torchtitan.models.utils.get_dense_model_nparams_and_flops, the venv's torchtitan) on
+  PyTorch's Llama 3 of tools/torch_llama3.py with the same shape, for the small default model
+  and for debugmodel; TFLOPs per device and MFU (`--peak-tflops`) follow from them.
 - A one-step job (`--training.steps 1`, a smoke run) exits 0: one step has no loss to
   compare with.
 - Determinism: debug.deterministic with the same debug.seed twice gives bit-equal losses;
@@ -207,6 +211,26 @@ DEBUG_MODEL_IGNORED = [
     "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp", "validation.dataset"]
 
 
+def torchtitan_flops(dim, layers, heads, kv_heads, vocab, multiple_of, seq):
+    """torchtitan's FLOPs per token for PyTorch's Llama 3 of this shape (the judge)."""
+    import torch
+    from torchtitan.models.utils import get_dense_model_nparams_and_flops
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                    "tools"))
+    import torch_llama3
+    with torch.device("meta"):
+        model = torch_llama3.Llama(dim, layers, heads, kv_heads, vocab,
+                                   torch_llama3.hidden_dim(dim, multiple_of))
+    return get_dense_model_nparams_and_flops(model, layers, heads, 2 * (dim // heads), seq)[1]
+
+
+def same_flops(label, rows, want):
+    got = {r["flops_per_token"] for r in rows}
+    ok = got == {want}
+    print(f"{'ok' if ok else 'FAIL'} {label}: FLOPs per token {got} against torchtitan's {want}")
+    return ok
+
+
 def torchtitan_assets(folder, fortunes):
     """torchtitan's test assets as its debug job reads them: a byte-level BPE of 1000 ids
     trained by `tokenizers` (vocab within debugmodel's 2048) and 600 fortunes as C4's JSON
@@ -272,7 +296,8 @@ def torchtitan_debug_model(torchrun, train, out, fortunes):
     trained = (len(rows) == 3 and abs(lrs[0] - 4e-4) < 1e-12 and abs(lrs[1] - 8e-4) < 1e-12
                and losses[-1] < losses[0])
     print(f"{'ok' if trained else 'FAIL'} trains: lr {lrs}, losses {losses}")
-    return ok and named and shaped and read and trained
+    flops = same_flops("debugmodel, seq 128", rows, torchtitan_flops(256, 6, 16, 16, 2048, 256, 128))
+    return ok and named and shaped and read and trained and flops
 
 
 def file_defaults(torchrun, train, out):
@@ -286,14 +311,22 @@ def file_defaults(torchrun, train, out):
     metrics = os.path.join(out, "defaults.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
-    p = launch(torchrun, train, 2, ["--config", path, "--metrics", metrics])
+    p = launch(torchrun, train, 2, ["--config", path, "--metrics", metrics,
+                                    "--peak-tflops", "0.05"])
     head = next((line for line in p.stdout.splitlines() if line.startswith("dtensor train")), "")
     wants = ["(dp_replicate=1, dp_shard=2, tp=1)", "dim 256, 6 layers, 16/16 heads",
              "batch 4 x 32", "AC full on 1 block in 2", "lr 0.0008"]
-    lrs = [json.loads(line)["lr"] for line in open(metrics)] if p.returncode == 0 else []
+    rows = [json.loads(line) for line in open(metrics)] if p.returncode == 0 else []
+    lrs = [r["lr"] for r in rows]
     want = [8e-4 / 3, 16e-4 / 3, 8e-4]
+    # TFLOPs per device: FLOPs per token x the job's tokens/s over its 2 ranks; MFU against
+    # the --peak-tflops given, in percent.
+    rates = all(abs(r["tflops_per_device"] - r["flops_per_token"] * r["tokens_per_s"] / 2e12)
+                <= 1e-9 * r["tflops_per_device"] and
+                abs(r["mfu_pct"] - 100 * r["tflops_per_device"] / 0.05) <= 1e-9 * r["mfu_pct"]
+                for r in rows)
     ok = (p.returncode == 0 and all(w in head for w in wants) and len(lrs) == 3
-          and all(abs(a - b) < 1e-12 for a, b in zip(lrs, want)))
+          and all(abs(a - b) < 1e-12 for a, b in zip(lrs, want)) and rates)
     print(f"{'ok' if ok else 'FAIL'} a job file's defaults are torchtitan's: exit {p.returncode}: "
           f"lr {lrs}: {head}")
     if p.returncode != 0:
@@ -344,6 +377,7 @@ def main():
     print(f"{'ok' if same else 'FAIL'} file and flags: losses {[r['loss'] for r in a]} "
           f"against {[r['loss'] for r in b]}")
     ok = same
+    ok &= same_flops("the small model, seq 32", a, torchtitan_flops(64, 2, 4, 2, 128, 32, 32))
     c = run_recipe(torchrun, train, 2, out, ["--config", debug, "--parallelism.tensor_parallel_degree",
                                              "2", "--parallelism.data_parallel_replicate_degree=1",
                                              "--metrics.log_freq", "1"], ["--training.steps=3"])[0]
