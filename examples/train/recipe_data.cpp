@@ -36,13 +36,17 @@ std::vector<std::string> split_paths(const std::string& list, const std::string&
       continue;
     }
     std::vector<std::string> files;
-    for (const auto& e : fs::directory_iterator(path)) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(path, ec)) {
       const std::string name = e.path().filename().string();
       const std::string ext = e.path().extension().string();
       if (e.is_regular_file() && name[0] != '.' &&
           (format != "jsonl" || ext == ".json" || ext == ".jsonl")) {
         files.push_back(e.path().string());
       }
+    }
+    if (ec) {
+      usage("--data " + path + ": cannot list the folder: " + ec.message());
     }
     if (files.empty()) {
       usage("--data " + path + ": a folder without " +
@@ -264,17 +268,17 @@ bool RecipeData::open_indexed() {
     return false;
   }
   const fs::path dir(f_.data);
-  std::string tokenizer = f_.tokenizer;
-  for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
-    if (tokenizer.empty() && folder && fs::exists(dir / name)) {
-      tokenizer = (dir / name).string();
-    }
-  }
-  if (tokenizer.empty()) {
+  if (f_.tokenizer.empty() && !folder) {
     usage("--data " + f_.data + " is a Megatron indexed dataset: give its --tokenizer "
           "(a tokenizer.json or a SentencePiece .model)");
   }
-  load_tokenizer(tokenizer, "--tokenizer");
+  // A prepared folder's own tokenizer unless --tokenizer says otherwise (load_tokenizer finds
+  // it in the folder).
+  if (f_.tokenizer.empty()) {
+    load_tokenizer(f_.data, "--data");
+  } else {
+    load_tokenizer(f_.tokenizer, "--tokenizer");
+  }
   try {
     train_mm_ = std::make_unique<IndexedDataset>(folder ? (dir / "train").string() : f_.data);
     if (folder && fs::exists(dir / "val.idx")) {
