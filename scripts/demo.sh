@@ -5,7 +5,8 @@
 # 20th held out for the validation loss), then draw its training and validation loss. Extra
 # arguments go to the trainer (--steps, --mesh, --pp, --cp, --model deepseek-v3 --ep 4,
 # --config FILE, --data FILES, ...; train --help lists them; DEMO_DATA=builtin: the built-in
-# paragraph). Output goes to train-out/ (metrics.jsonl, loss.png).
+# paragraph). Output goes to train-out/ (metrics.jsonl, loss.png, TensorBoard's event files
+# in tb/, the flight records in comm_traces/ if a collective fails).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 # The main job needs the default LibTorch only; the second one (2.9.1, a 3.9 GB wheel) comes
@@ -27,7 +28,9 @@ if [[ ${DEMO_DATA:-fortunes} != builtin ]]; then
         --steps 300 --val-every 50 --log-every 25)
 fi
 torchrun --standalone --nproc-per-node "${NPROC:-8}" --no-python "$root/build/examples/train" \
-  "${data[@]}" --metrics "$out/metrics.jsonl" "$@"
+  "${data[@]}" --metrics "$out/metrics.jsonl" --tensorboard "$out/tb" \
+  --flight-recorder "$out/comm_traces" "$@"
 if [[ -s $out/metrics.jsonl ]]; then
   "$venv/bin/python" "$root/scripts/plot_metrics.py" "$out/metrics.jsonl" "$out/loss.png"
 fi
+echo "TensorBoard: $venv/bin/tensorboard --logdir $out/tb (then open http://localhost:6006)"

@@ -22,13 +22,14 @@ torchao_version=0.18.0       # the judge of the float8 linears' numerics (tests 
 torchtitan_version=0.3.0     # the judge of the learning-rate schedule (tests only), without its
 spmd_types_version=0.2.3     # dependencies but what its schedule's module imports: these two
 tyro_version=1.0.17
+tensorboard_version=2.21.0   # the judge of the main job's TensorBoard event files (tests only)
 
 log() { printf '[setup] %s\n' "$*"; }
 
 # --- Debian packages ---------------------------------------------------------------------
 apt_pkgs=(build-essential pkg-config cmake python3-venv ccache catch2 libfmt-dev libgloo-dev
           nlohmann-json3-dev libxxhash-dev libsentencepiece-dev libtomlplusplus-dev
-          libpcre2-dev fortunes)
+          libpcre2-dev fortunes libisal-dev)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -82,6 +83,9 @@ install_venv "$venv" "torch==$torch_version" "meson==$meson_version" "ninja==$ni
 # torchtitan's own dependencies (datasets, wandb, ...) are not needed by the part the tests
 # import: it and spmd_types come without them.
 install_venv "$venv" --no-deps "torchtitan==$torchtitan_version" "spmd_types==$spmd_types_version"
+# TensorBoard (and its own dependencies: grpcio, protobuf, werkzeug, ...) reads the event files
+# the main job writes (test/tensorboard_check.py) and serves them (docs/observability.md).
+install_venv "$venv" "tensorboard==$tensorboard_version"
 if [[ ${DTENSOR_SKIP_OLD_TORCH:-0} != 1 ]]; then
   install_venv "$venv_old_torch" "torch==$old_torch_version"
 fi

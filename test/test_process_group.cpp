@@ -1,6 +1,8 @@
 // Process group: environment, world group, cached subgroups, errors.
 #include <cstdlib>
 
+#include <dtensor/device_stats.h>
+
 #include "mesh/dispatch_keys.h"
 #include "support/prelude.h"
 
@@ -106,4 +108,24 @@ TEST_CASE("another library's PrivateUse1 device is refused by name", "[dispatch_
                       contains("dtensor cannot share this process with a library that uses the "
                                "c10 dispatch keys it occupies") &&
                           contains("'npu'"));
+}
+
+// Guards the device figures behind MFU and the memory metrics ([Note: device figures]): the
+// peak table's rows as NVIDIA's datasheets give them (dense), the order that keeps a longer
+// name from matching a shorter row, and the CPU's answers (no caching allocator).
+TEST_CASE("device figures: peak TFLOPs by device name, none for the CPU", "[pg][world1]") {
+  CHECK(dtensor::peak_tflops("NVIDIA H100 80GB HBM3", false) == 989);
+  CHECK(dtensor::peak_tflops("NVIDIA H100 80GB HBM3", true) == 1979);
+  CHECK(dtensor::peak_tflops("NVIDIA H100 NVL", false) == 835);
+  CHECK(dtensor::peak_tflops("NVIDIA H100 PCIe", true) == 1513);
+  CHECK(dtensor::peak_tflops("NVIDIA H200", false) == 989);
+  CHECK(dtensor::peak_tflops("NVIDIA B200", true) == 4500);
+  CHECK(dtensor::peak_tflops("NVIDIA GB200", false) == 2500);
+  CHECK(dtensor::peak_tflops("NVIDIA A100-SXM4-80GB", false) == 312);
+  CHECK(dtensor::peak_tflops("NVIDIA A100-SXM4-80GB", true) == 0); // no fp8 on an A100
+  CHECK(dtensor::peak_tflops("cpu", false) == 0);
+  CHECK(dtensor::device_name(c10::Device(c10::kCPU)) == "cpu");
+  const dtensor::DeviceMemoryStats cpu = dtensor::device_memory_stats(c10::Device(c10::kCPU));
+  CHECK(!cpu.available);
+  CHECK(cpu.max_active_bytes == 0);
 }

@@ -16,8 +16,9 @@ import sys
 OWN = [r"dtensor train \(Llama 3 recipe\): ", r"data: ", r" step +loss +tokens/s",
        r" +\d+ +\d+\.\d{4} ",
        r"sample: \"", r"loss \d+\.\d+ -> \d+\.\d+ \(falling\)"]
-KEYS = {"step", "loss", "tokens_per_s", "grad_norm", "step_s", "peak_resident_mib", "collectives",
-        "collectives_by_group", "batch_digest", "lr", "flops_per_token", "tflops_per_device"}
+KEYS = {"step", "loss", "tokens_per_s", "tokens_per_s_per_device", "tokens_seen", "grad_norm",
+        "step_s", "peak_resident_mib", "collectives", "collective_bytes", "collectives_by_group",
+        "batch_digest", "lr", "flops_per_token", "tflops_per_device"}
 
 
 def main():

@@ -93,6 +93,9 @@ const std::vector<Key>& keys() {
       {"checkpoint.initial_load_path", "--resume", Kind::String},
       {"metrics.log_freq", "--log-every", Kind::Int},
       {"metrics.jsonl", "--metrics", Kind::String},
+      {"metrics.save_for_all_ranks", "--tensorboard-all-ranks", Kind::Bool},
+      {"comm.trace_buf_size", "--flight-recorder-size", Kind::Int},
+      {"profiling.profile_freq", "--profile-freq", Kind::Int},
   };
   return k;
 }
@@ -108,7 +111,13 @@ const std::vector<Key>& keys() {
 // the only value torchtitan takes), model.name (which model's flavor model.flavor names),
 // model.hf_assets_path (the tokenizer's folder, when the job reads a dataset) and
 // training.dataset (torchtitan's dataset names, read from training.dataset_path or, for
-// c4_test, from torchtitan's tests/assets/c4_test).
+// c4_test, from torchtitan's tests/assets/c4_test), metrics.enable_tensorboard (true: event
+// files in job.dump_folder / metrics.save_tb_folder, "tb" by default, then a folder per run),
+// comm.save_traces_folder (the flight records' folder under job.dump_folder, "comm_traces" by
+// default: a job file dumps them unless comm.trace_buf_size is 0, as torchtitan's does),
+// profiling.enable_profiling (true: traces in job.dump_folder / profiling.save_traces_folder,
+// "profile_traces" by default), profiling.enable_memory_snapshot (true: a GPU's memory
+// snapshots in job.dump_folder / profiling.save_memory_snapshot_folder, "memory_snapshot").
 const std::vector<std::pair<const char*, Kind>>& compound_keys() {
   static const std::vector<std::pair<const char*, Kind>> k{
       {"checkpoint.enable", Kind::Bool},
@@ -119,6 +128,13 @@ const std::vector<std::pair<const char*, Kind>>& compound_keys() {
       {"model.name", Kind::String},
       {"model.hf_assets_path", Kind::String},
       {"training.dataset", Kind::String},
+      {"metrics.enable_tensorboard", Kind::Bool},
+      {"metrics.save_tb_folder", Kind::String},
+      {"comm.save_traces_folder", Kind::String},
+      {"profiling.enable_profiling", Kind::Bool},
+      {"profiling.save_traces_folder", Kind::String},
+      {"profiling.enable_memory_snapshot", Kind::Bool},
+      {"profiling.save_memory_snapshot_folder", Kind::String},
   };
   return k;
 }
@@ -420,6 +436,27 @@ std::vector<ConfigEntry> resolve_keys(JobKeys& keys) {
       defaults.push_back({"checkpoint.interval", "--save-every", "500"});
     }
     out.insert(out.begin(), defaults.begin(), defaults.end());
+  }
+  if (get("metrics.enable_tensorboard") == "true") {
+    out.push_back({"metrics.enable_tensorboard", "--tensorboard",
+                   joined(get("job.dump_folder").value_or("./outputs"),
+                          get("metrics.save_tb_folder").value_or("tb"))});
+  }
+  if (get("profiling.enable_profiling") == "true") {
+    out.push_back({"profiling.enable_profiling", "--profile",
+                   joined(get("job.dump_folder").value_or("./outputs"),
+                          get("profiling.save_traces_folder").value_or("profile_traces"))});
+  }
+  if (get("profiling.enable_memory_snapshot") == "true") {
+    out.push_back({"profiling.enable_memory_snapshot", "--memory-snapshot",
+                   joined(get("job.dump_folder").value_or("./outputs"),
+                          get("profiling.save_memory_snapshot_folder").value_or("memory_snapshot"))});
+  }
+  if (get("comm.trace_buf_size").value_or("1") != "0" &&
+      (file || get("comm.save_traces_folder"))) {
+    out.push_back({"comm.save_traces_folder", "--flight-recorder",
+                   joined(get("job.dump_folder").value_or("./outputs"),
+                          get("comm.save_traces_folder").value_or("comm_traces"))});
   }
   if (validation) {
     std::vector<ConfigEntry> defaults;

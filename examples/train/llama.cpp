@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -33,6 +34,7 @@
 
 #include <dtensor/all.h>
 #include <dtensor/checkpoint.h>
+#include <dtensor/device_stats.h>
 #include <dtensor/optim_state_dict.h>
 
 #include <models/llama3.h>
@@ -46,6 +48,8 @@
 #include "parallel_dims.h"
 #include "recipe_data.h"
 #include "recipe_model.h"
+#include "metrics.h"
+#include "profiling.h"
 #include "training_settings.h"
 
 namespace dtensor::train {
@@ -112,8 +116,7 @@ struct Loop {
   double first = 0, last = 0;
   size_t steps_run = 0; // the steps this process ran (a resumed run: since its start)
   int64_t digest = 0; // this rank's share of the step's global batch digest
-  std::map<std::string, std::map<CollectiveKind, int64_t>> by_group; // the last step's
-  std::optional<checkpoint::AsyncSave> pending;                      // --async-save
+  std::optional<checkpoint::AsyncSave> pending; // --async-save
   int64_t flops_per_token = 0; // torchtitan's, for TFLOPs and MFU (llama3_flops_per_token)
 
   // This rank's index among the data-parallel ranks (row-major over dp_replicate, dp_shard).
@@ -218,13 +221,11 @@ struct Loop {
     return j;
   }
 
-  bool run(int64_t start) {
-    const int rank = get_rank();
-    std::ofstream metrics = open_metrics(f.metrics, start > 0);
-    if (rank == 0) {
-      std::printf("%5s %8s %10s %10s %9s  %s\n", "step", "loss", "tokens/s", "grad norm",
-                  "peak MiB", "collectives (count by kind)");
-    }
+  bool run(int64_t start, const std::string& tb_folder) {
+    StepLog step_log(f, start, flops_per_token, data.validation_batches(), tb_folder);
+    StepProfiler profiler(is_simulated() ? "" : f.profile, is_simulated() ? "" : f.memory_snapshot,
+                          f.profile_freq, get_rank(), device, *model);
+    step_log.print_header(device_memory_stats(device).available);
     std::vector<double> losses;
     for (int64_t s = start; s < f.steps; ++s) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -234,7 +235,9 @@ struct Loop {
       if (!f.report.empty() && s + 1 == f.steps) {
         recorder.emplace();
       }
+      profiler.begin(s);
       const auto [loss_t, norm_t] = step(s, recorder ? &*recorder : nullptr);
+      profiler.end(s);
       if (recorder) {
         RankReport report = recorder->finish(params, &opt);
         report.tokens = f.batch * f.seq;
@@ -242,14 +245,19 @@ struct Loop {
       }
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const std::map<CollectiveKind, int64_t> counts = mode->comm_counts();
-      by_group = mode->counts_by_group();
+      StepMetrics m{s,  0,  0, secs, lr, 0, mode->comm_counts(), {}, mode->counts_by_group(),
+                    {}, {}};
+      for (const auto& [kind, n] : m.counts) {
+        m.bytes[kind] = mode->bytes_in(kind);
+      }
       mode.reset();
-      const auto [loss, norm] = values(loss_t, norm_t);
-      losses.push_back(loss);
-      nlohmann::json extra = data_metrics(s);
-      extra["lr"] = lr;
-      log(s, loss, norm, secs, counts, std::move(extra), metrics);
+      std::tie(m.loss, m.grad_norm) = values(loss_t, norm_t);
+      losses.push_back(m.loss);
+      m.extra = data_metrics(s);
+      m.peak_resident_mib = peak_mib();
+      m.memory = device_memory_stats(device);
+      reset_peak_device_memory(device); // the next step's peaks are its own
+      step_log.log(m);
       if (!f.save.empty() && f.save_every > 0 && (s + 1) % f.save_every == 0 && s + 1 < f.steps) {
         save(s + 1);
       }
@@ -282,65 +290,13 @@ struct Loop {
     write_output(path.string(), report.to_json() + "\n");
   }
 
-  void log(int64_t s, double loss, double norm, double secs,
-           const std::map<CollectiveKind, int64_t>& comm_counts, nlohmann::json extra,
-           std::ofstream& metrics) const {
-    const double tokens = static_cast<double>(f.batch * f.seq) / secs;
+  // The largest rank's peak resident memory (MiB).
+  double peak_mib() const {
     at::Tensor peak = at::full({1}, peak_resident_mib(), at::kDouble);
     if (!is_simulated()) {
-      peak = all_reduce(peak.to(device), ReduceOp::Max, world_group()); // the largest rank's
+      peak = all_reduce(peak.to(device), ReduceOp::Max, world_group());
     }
-    if (get_rank() != 0) {
-      return;
-    }
-    nlohmann::json counts = nlohmann::json::object();
-    std::string text;
-    for (const auto& [kind, n] : comm_counts) {
-      counts[to_string(kind)] = n;
-      text += to_string(kind) + "=" + std::to_string(n) + " ";
-    }
-    nlohmann::json groups = nlohmann::json::object();
-    for (const auto& [group, kinds] : by_group) {
-      for (const auto& [kind, n] : kinds) {
-        groups[group][to_string(kind)] = n;
-      }
-    }
-    nlohmann::json line{{"step", s},
-                        {"loss", loss},
-                        {"tokens_per_s", tokens},
-                        {"grad_norm", norm},
-                        {"step_s", secs},
-                        {"peak_resident_mib", peak.item<double>()},
-                        {"collectives", counts},
-                        {"collectives_by_group", groups}};
-    // [Note: TFLOPs and MFU] As torchtitan's: the model's FLOPs per token times the tokens
-    // each device processed per second (the job's tokens/s over the ranks), and that against
-    // the device's peak (--peak-tflops) in percent.
-    const double tflops = static_cast<double>(flops_per_token) * tokens /
-                          static_cast<double>(get_world_size()) / 1e12;
-    line["flops_per_token"] = flops_per_token;
-    line["tflops_per_device"] = tflops;
-    if (f.peak_tflops > 0) {
-      line["mfu_pct"] = 100.0 * tflops / f.peak_tflops;
-    }
-    line.update(extra);
-    metrics << line.dump() << "\n";
-    metrics.flush();
-    if (!metrics.good() && metrics.is_open()) { // a full disk, say: training goes on
-      std::fprintf(stderr, "warning: cannot write the metrics file %s; no more metrics\n",
-                   f.metrics.c_str());
-      metrics.close();
-    }
-    if (s % f.log_every == 0 || s + 1 == f.steps) {
-      std::printf("%5lld %8.4f %10.0f %10.4f %9.0f  %s\n", static_cast<long long>(s), loss, tokens,
-                  norm, peak.item<double>(), text.c_str());
-    }
-    if (extra.contains("val_loss")) {
-      std::printf("%5lld %8.4f   validation loss (%lld held-out batches)\n",
-                  static_cast<long long>(s), extra["val_loss"].get<double>(),
-                  static_cast<long long>(data.validation_batches()));
-    }
-    std::fflush(stdout);
+    return peak.item<double>();
   }
 
   void save(int64_t s) {
@@ -377,6 +333,18 @@ namespace {
 
 // --prepare DIR: --data's documents tokenized once into DIR ([Note: prepared data] in
 // recipe_data.cpp), on one process without a process group; nothing is trained.
+// This run's TensorBoard folder (--tensorboard): DIR/<date-time>, rank 0's date and time on
+// every rank ("" without --tensorboard or on a simulated world, whose steps have no values).
+std::string run_tensorboard_folder(const Flags& f, const at::Device& device) {
+  if (f.tensorboard.empty() || is_simulated()) {
+    return "";
+  }
+  at::Tensor stamp = at::full({1}, static_cast<int64_t>(std::time(nullptr)), at::kLong).to(device);
+  broadcast_(stamp, 0, world_group());
+  return tensorboard_folder(f.tensorboard, stamp.item<int64_t>(), f.tensorboard_all_ranks,
+                            get_rank());
+}
+
 int prepare_data(const Flags& f) {
   namespace fs = std::filesystem;
   if (f.data.empty() || fs::exists(f.data + ".idx") || fs::exists(f.data + "/train.idx")) {
@@ -401,6 +369,14 @@ int run_llama(int argc, char** argv) {
   if (f.deterministic) {
     use_deterministic_algorithms();
   }
+  FlightRecorderOptions recorder = flight_recorder_options(); // the environment's, then flags'
+  if (!f.flight_recorder.empty()) {
+    recorder.dump_folder(f.flight_recorder);
+  }
+  if (f.flight_recorder_size >= 0) {
+    recorder.capacity(f.flight_recorder_size);
+  }
+  set_flight_recorder(recorder);
   std::optional<Muted> muted;
   muted.emplace(STDOUT_FILENO);
   init_process_group();
@@ -459,6 +435,11 @@ int run_llama(int argc, char** argv) {
                   static_cast<long long>(start));
     }
   }
+  // [Note: TFLOPs and MFU] On a GPU without --peak-tflops, the device's datasheet peak, fp8's
+  // when the Linears run in float8 (dtensor/device_stats.h).
+  if (f.peak_tflops == 0 && cuda) {
+    f.peak_tflops = peak_tflops(device_name(device), f.float8 != "none");
+  }
   if (rank == 0) {
     std::printf(
         "dtensor train (Llama 3 recipe): %lld ranks as (%s) on %s; vocab %lld, dim %lld, %lld "
@@ -466,7 +447,7 @@ int run_llama(int argc, char** argv) {
         "%lld (global%s), %s%s, AC %s, %s, clip %g, seed %lld%s\n",
         static_cast<long long>(world), parts.layout().c_str(),
         is_simulated() ? "the simulated device"
-        : cuda         ? "cuda"
+        : cuda         ? device_name(device).c_str()
                        : "cpu",
         static_cast<long long>(args.vocab_size()), static_cast<long long>(args.dim()),
         static_cast<long long>(args.n_layers()), static_cast<long long>(args.n_heads()),
@@ -512,13 +493,12 @@ int run_llama(int argc, char** argv) {
             0,
             0,
             0,
-            {},
             std::nullopt};
   if (rank == 0) {
     std::printf("data: %s\n", data.describe().c_str());
   }
   loop.flops_per_token = flops_per_token;
-  const bool ok = loop.run(start);
+  const bool ok = loop.run(start, run_tensorboard_folder(f, device));
   if (is_simulated()) {
     return 0; // nothing to sample or export from tensors without values
   }

@@ -54,6 +54,13 @@ struct Flags {
   int64_t ac_every = 1; // --ac on every N-th block only (torchtitan's selective_ac_option N)
   double peak_tflops = 0; // a device's peak TFLOPs, for MFU in the metrics (0: no MFU)
   std::string metrics = "train-out/metrics.jsonl";
+  std::string tensorboard;            // TensorBoard's event files in DIR/<date-time> (none)
+  bool tensorboard_all_ranks = false; // every rank's, in DIR/<date-time>/rank_R
+  std::string profile;                // Chrome traces of profiled steps (profiling.h; none)
+  int64_t profile_freq = 10;
+  std::string memory_snapshot;        // a GPU's memory snapshots at the same steps (none)
+  std::string flight_recorder;        // where each rank's flight record goes on a failure
+  int64_t flight_recorder_size = -1; // -1: the library's (DTENSOR_FLIGHT_RECORDER_SIZE, 2000)
   std::string export_hf, init_from_hf, save, resume;
   std::string preset, report;  // torchtitan's flavor; the directory of step reports
   bool async_save = false;     // checkpoints written in the background ([Note: asynchronous save])
@@ -196,7 +203,10 @@ inline FlagTable flag_table(Flags& f) {
       .value("--norm-type", "clip_grad_norm_'s norm type (2.0; any p > 0, or inf)", f.norm_type)
       .value("--ac", "activation checkpointing per block", f.ac, {"full", "selective", "none"})
       .value("--ac-every", "--ac on every N-th block only (layers N-1, 2N-1, ...)", f.ac_every)
-      .value("--peak-tflops", "a device's peak TFLOPs: MFU in the metrics (0: none)", f.peak_tflops)
+      .value("--peak-tflops",
+             "a device's peak TFLOPs, for MFU in the metrics (0: a GPU's from its datasheet; "
+             "none on the CPU)",
+             f.peak_tflops)
       .value("--precision", "parameters in forward and backward", f.precision, {"bf16", "fp32"})
       .value("--float8", "the blocks' Linears in float8 (torchao's recipes; not the output layer)",
              f.float8, {"none", "tensorwise", "rowwise", "rowwise_with_gw_hp"})
@@ -209,6 +219,26 @@ inline FlagTable flag_table(Flags& f) {
                f.log_every = std::max<int64_t>(1, FlagTable::parse_int(v));
              })
       .value("--metrics", "JSON lines of every step (train-out/metrics.jsonl)", f.metrics)
+      .value("--tensorboard",
+             "TensorBoard event files of every step's metrics in DIR/<date-time> (rank 0's)",
+             f.tensorboard)
+      .toggle("--tensorboard-all-ranks", "every rank's, in DIR/<date-time>/rank_R",
+              f.tensorboard_all_ranks)
+      .value("--profile",
+             "every --profile-freq steps, a Chrome trace of the step per rank: "
+             "DIR/iteration_<N>/rank<R>_trace.json (none)",
+             f.profile)
+      .value("--profile-freq", "the steps between traced ones (10)", f.profile_freq)
+      .value("--memory-snapshot",
+             "on a GPU, PyTorch's memory snapshot at the --profile-freq steps: "
+             "DIR/iteration_<N>/rank<R>_memory_snapshot.pickle (none)",
+             f.memory_snapshot)
+      .value("--flight-recorder",
+             "on a failed collective or a stop, each rank's last collectives as "
+             "DIR/rank_<R>.json, for fr_trace (none)",
+             f.flight_recorder)
+      .value("--flight-recorder-size", "the collectives each rank keeps (2000; 0: none)",
+             f.flight_recorder_size)
       .value("--export-hf", "a Hugging Face LlamaForCausalLM directory at the end", f.export_hf)
       .value("--init-from-hf", "start from one (its config.json gives the shape)", f.init_from_hf)
       .value("--save", "a checkpoint folder: DIR/step-<N> per save, as torchtitan's", f.save)

@@ -4,6 +4,7 @@
 #include <dtensor/collectives.h>
 #include <dtensor/comm_debug_mode.h>
 #include <dtensor/device_mesh.h>
+#include <dtensor/device_stats.h>
 #include <dtensor/dtensor.h>
 #include <dtensor/dtensor_spec.h>
 #include <dtensor/error.h>
@@ -35,4 +36,5 @@
 #include <dtensor/pipelining.h>
 #include <dtensor/context_parallel.h>
 #include <dtensor/expert_parallel.h>
+#include <dtensor/flight_recorder.h>
 #include <dtensor/float8.h>

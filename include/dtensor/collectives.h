@@ -111,5 +111,9 @@ Work recv(at::Tensor& tensor, int src, const Group& group, int tag = 0,
 // dtensor::Error, "<what>: rank r: <message>", when it threw. One all-gather of one integer
 // when it did not.
 void on_rank0(const std::string& what, const std::function<void()>& body, const Group& group);
+// The same with every rank running `body` (each rank's own files): every rank raises the
+// same dtensor::Error naming each rank whose body threw.
+void on_every_rank(const std::string& what, const std::function<void()>& body,
+                   const Group& group);
 
 } // namespace dtensor

@@ -11,6 +11,7 @@
 
 #include "internal/check.h"
 #include "mesh/collectives_internal.h"
+#include "mesh/flight_recorder.h"
 #include "mesh/rank_device.h"
 
 namespace dtensor::detail {
@@ -105,7 +106,10 @@ void judge(const std::string& what, const std::string& where, const at::Tensor& 
     message += fmt::format("{}rank {}: {}", r == 0 ? "" : "; ", ranks[static_cast<size_t>(r)],
                            description_in(rows[r], n));
   }
-  DTENSOR_FAIL("{}: the ranks of {} disagree, so nothing was sent: {}", what, where, message);
+  const std::string error =
+      fmt::format("{}: the ranks of {} disagree, so nothing was sent: {}", what, where, message);
+  flight_failure(error);
+  DTENSOR_FAIL("{}", error);
 }
 
 } // namespace
@@ -130,6 +134,7 @@ int64_t shape_fingerprint(c10::IntArrayRef sizes, c10::ScalarType dtype) {
 void agree_on_sizes(const std::string& what, const std::vector<int64_t>& fingerprint,
                     const std::string& description, const Group& group, Consistent consistent) {
   const Uncounted uncounted;
+  const FlightAgreement agreement(description);
   const at::Tensor row = row_of(fingerprint, description);
   at::Tensor rows;
   try {
@@ -145,6 +150,7 @@ void agree_on_sizes(const std::string& what, const std::vector<int64_t>& fingerp
 void agree_on_sizes(const std::string& what, const std::vector<int64_t>& fingerprint,
                     const std::string& description, const DeviceMesh& mesh) {
   const Uncounted uncounted;
+  const FlightAgreement agreement(description);
   // Gathered over the last dimension first, then stacked in front over each earlier one:
   // the rows end up row-major over the mesh, as mesh.ranks().
   at::Tensor rows = row_of(fingerprint, description).unsqueeze(0);
@@ -166,19 +172,26 @@ void agree_on_sizes(const std::string& what, const std::vector<int64_t>& fingerp
 
 namespace dtensor {
 
-void on_rank0(const std::string& what, const std::function<void()>& body, const Group& group) {
-  std::string error;
-  if (group.rank() == 0) {
-    try {
-      body();
-    } catch (const std::exception& e) {
-      error = e.what();
-      if (error.empty()) {
-        error = "an exception without a message";
-      }
-    }
+namespace {
+// The message `body` threw ("" when it returned).
+std::string error_of(const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const std::exception& e) {
+    const std::string error = e.what();
+    return error.empty() ? "an exception without a message" : error;
   }
-  detail::agree_on_errors(what, error, group);
+  return "";
+}
+} // namespace
+
+void on_rank0(const std::string& what, const std::function<void()>& body, const Group& group) {
+  detail::agree_on_errors(what, group.rank() == 0 ? error_of(body) : std::string(), group);
+}
+
+void on_every_rank(const std::string& what, const std::function<void()>& body,
+                   const Group& group) {
+  detail::agree_on_errors(what, error_of(body), group);
 }
 
 } // namespace dtensor

@@ -3,12 +3,14 @@
 #include <dtensor/comm_debug_mode.h>
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "internal/check.h"
 #include "mesh/collectives_internal.h"
 #include "mesh/comm_debug.h"
+#include "mesh/flight_recorder.h"
 #include "mesh/process_group_state.h"
 
 namespace dtensor {
@@ -102,17 +104,40 @@ void report(CollectiveKind kind, const Group& group, ReduceOp op, const at::Tens
 template <typename Issue>
 Work run(const std::string& what, const Group& group, const CollectiveOptions& options,
          Issue&& issue, std::function<void()> finish = {}) {
+  const int64_t id = detail::flight_issued(what, group);
+  // Named in profiler traces ("dtensor::all_reduce", over the wait of a blocking call); the
+  // name is built only while a profiler records. It outlives the scope that refers to it.
+  std::string scope_name;
+  at::RecordFunction scope(at::RecordScope::USER_SCOPE);
+  if (scope.isActive()) {
+    scope_name = "dtensor::" + what.substr(0, what.find('('));
+    scope.before(scope_name, c10::ArrayRef<const c10::IValue>{});
+  }
   c10::intrusive_ptr<c10d::Work> work;
   try {
     work = issue(*group.backend());
-  } catch (const Error&) {
+  } catch (const Error& e) {
+    detail::flight_failed(id, e.what());
     throw;
   } catch (const c10::Error& e) {
-    DTENSOR_FAIL("{} on group {} failed: {}", what, group.to_string(), e.what_without_backtrace());
+    const std::string message = fmt::format("{} on group {} failed: {}", what, group.to_string(),
+                                            e.what_without_backtrace());
+    detail::flight_failed(id, message);
+    DTENSOR_FAIL("{}", message);
   } catch (const std::exception& e) {
-    DTENSOR_FAIL("{} on group {} failed: {}", what, group.to_string(), e.what());
+    const std::string message =
+        fmt::format("{} on group {} failed: {}", what, group.to_string(), e.what());
+    detail::flight_failed(id, message);
+    DTENSOR_FAIL("{}", message);
   }
-  Work handle(std::move(work), std::move(finish), what + " on group " + group.to_string());
+  // Completion is recorded when the Work is waited on (a failure: in Work::wait).
+  auto done = [id, finish = std::move(finish)] {
+    detail::flight_completed(id);
+    if (finish) {
+      finish();
+    }
+  };
+  Work handle(std::move(work), std::move(done), what + " on group " + group.to_string());
   if (!options.async_op()) {
     handle.wait();
   }
@@ -238,9 +263,13 @@ void Work::wait() {
       work_->wait();
     }
   } catch (const c10::Error& e) {
-    DTENSOR_FAIL("{} failed: {}", what_, e.what_without_backtrace());
+    const std::string message = fmt::format("{} failed: {}", what_, e.what_without_backtrace());
+    detail::flight_failure(message);
+    DTENSOR_FAIL("{}", message);
   } catch (const std::exception& e) {
-    DTENSOR_FAIL("{} failed: {}", what_, e.what());
+    const std::string message = fmt::format("{} failed: {}", what_, e.what());
+    detail::flight_failure(message);
+    DTENSOR_FAIL("{}", message);
   }
   if (finish_) {
     finish_();

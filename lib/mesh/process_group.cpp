@@ -13,6 +13,7 @@
 
 #include "internal/check.h"
 #include "mesh/launch_env.h"
+#include "mesh/flight_recorder.h"
 #include "mesh/process_group_state.h"
 #include "mesh/rank_device.h"
 
@@ -60,6 +61,7 @@ void end_world(World& w, bool abort) {
   w.world.reset();
   w.store.reset();
   w.initialized = false;
+  detail::flight_world(-1, 0);
 }
 
 // [Note: communicators shut down before exit] in init_process_group.
@@ -398,6 +400,7 @@ void init_process_group(const ProcessGroupOptions& options) {
   w.device = device;
   w.num_created = 1;
   w.initialized = true;
+  detail::flight_world(rank, world_size);
   // [Note: communicators shut down before exit]
   // ProcessGroupNCCL's destructor aborts its communicators and waits on the CUDA runtime;
   // run from static destruction (a program that never calls destroy_process_group, or a

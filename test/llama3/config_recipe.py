@@ -112,9 +112,8 @@ selective_ac_option = "op"
 enable = false
 components = ["model", "loss"]
 """
-IGNORED = ["job.description", "job.print_config", "profiling.enable_profiling",
-           "profiling.save_traces_folder", "metrics.enable_tensorboard",
-           "parallelism.fsdp_reshard_after_forward", "compile.enable", "compile.components"]
+IGNORED = ["job.description", "job.print_config", "parallelism.fsdp_reshard_after_forward",
+           "compile.enable", "compile.components"]
 
 
 # torchtitan's torchtitan/models/llama3/train_configs/debug_model.toml as published before its
@@ -203,11 +202,8 @@ steps = 10
 DEBUG_MODEL_IGNORED = [
     "checkpoint.export_dtype", "checkpoint.last_save_model_only", "compile.components",
     "compile.enable", "job.description", "job.print_config", "metrics.disable_color_printing",
-    "metrics.enable_tensorboard", "metrics.enable_wandb", "metrics.save_tb_folder",
-    "parallelism.enable_async_tensor_parallel", "parallelism.fsdp_reshard_after_forward",
-    "profiling.enable_memory_snapshot", "profiling.enable_profiling", "profiling.profile_freq",
-    "profiling.save_memory_snapshot_folder", "profiling.save_traces_folder",
-    "quantize.linear.float8.filter_fqns",
+    "metrics.enable_wandb", "parallelism.enable_async_tensor_parallel",
+    "parallelism.fsdp_reshard_after_forward", "quantize.linear.float8.filter_fqns",
     "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp", "validation.dataset"]
 
 
