@@ -142,15 +142,29 @@ std::string record_json(Recorder& r, const std::string& reason) {
   return j.dump(1);
 }
 
-// Written whole under a temporary name, then renamed: a reader never sees half a record.
+// A flight record this library wrote (its JSON's first key, as dump(1) sorts them).
+bool is_record(const std::filesystem::path& path) {
+  static const std::string first = "{\n \"capacity\":";
+  std::ifstream in(path, std::ios::binary);
+  std::string head(first.size(), '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  return in.gcount() == static_cast<std::streamsize>(head.size()) && head == first;
+}
+
+// Written whole under a temporary name, then renamed: a reader never sees half a record. A
+// file of that name the recorder did not write is not replaced: the record then takes this
+// process's id in its name (rank_<R>.<pid>.json).
 std::string write_record(Recorder& r, const std::string& reason) {
   const std::string folder = r.options.dump_folder();
   if (folder.empty()) {
     return "";
   }
   std::filesystem::create_directories(folder);
-  const auto path =
-      std::filesystem::path(folder) / ("rank_" + std::to_string(this_rank()) + ".json");
+  const std::string stem = "rank_" + std::to_string(this_rank());
+  auto path = std::filesystem::path(folder) / (stem + ".json");
+  if (std::filesystem::exists(path) && !is_record(path)) { // not ours: left alone
+    path = std::filesystem::path(folder) / (stem + "." + std::to_string(getpid()) + ".json");
+  }
   const auto tmp = path.string() + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
