@@ -369,6 +369,10 @@ int run_llama(int argc, char** argv) {
   if (f.deterministic) {
     use_deterministic_algorithms();
   }
+  if (f.flight_recorder_size < -1) {
+    usage("--flight-recorder-size " + std::to_string(f.flight_recorder_size) +
+          ": a count of collectives, 0 for none");
+  }
   FlightRecorderOptions recorder = flight_recorder_options(); // the environment's, then flags'
   if (!f.flight_recorder.empty()) {
     recorder.dump_folder(f.flight_recorder);
