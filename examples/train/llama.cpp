@@ -423,6 +423,7 @@ int run_llama(int argc, char** argv) {
   const CheckpointFolder folder =
       f.save.empty() ? CheckpointFolder() : CheckpointFolder(f.save, f.keep_latest);
   if (!f.export_hf.empty()) {
+    (void)shard_size_bytes(f.export_hf_max_shard);
     on_rank0(
         "--export-hf", [&] { checkpoint::check_target(f.export_hf); }, world_group());
   }
@@ -511,7 +512,9 @@ int run_llama(int argc, char** argv) {
   const std::string text =
       sample(parts, data, data.from_files() ? "The " : "It was the ", 24, f.seq, device);
   if (!f.export_hf.empty()) {
-    parts.export_hf(f.export_hf);
+    parts.export_hf(f.export_hf, models::HfExportOptions()
+                                     .max_shard_bytes(shard_size_bytes(f.export_hf_max_shard))
+                                     .files(data.hf_files()));
   }
   if (rank == 0) {
     std::printf("sample: \"%s\"\n", text.c_str());

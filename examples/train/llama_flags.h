@@ -2,10 +2,13 @@
 
 // The flags of the Llama 3 recipe (examples/train/llama.cpp, its pipeline part pipeline.cpp):
 // the values, their table (`train --help`) and the default mesh.
+#include <algorithm>
 #include <array>
+#include <cctype>
 #include <cstdio>
 #include <optional>
 #include <cstdint>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -62,6 +65,7 @@ struct Flags {
   std::string flight_recorder;        // where each rank's flight record goes on a failure
   int64_t flight_recorder_size = -1; // -1: the library's (DTENSOR_FLIGHT_RECORDER_SIZE, 2000)
   std::string export_hf, init_from_hf, save, resume;
+  std::string export_hf_max_shard = "50GB"; // transformers' max_shard_size
   std::string preset, report;  // torchtitan's flavor; the directory of step reports
   bool async_save = false;     // checkpoints written in the background ([Note: asynchronous save])
   bool auto_resume = false;    // continue from --save DIR when it holds a checkpoint
@@ -239,8 +243,17 @@ inline FlagTable flag_table(Flags& f) {
              f.flight_recorder)
       .value("--flight-recorder-size", "the collectives each rank keeps (2000; 0: none)",
              f.flight_recorder_size)
-      .value("--export-hf", "a Hugging Face LlamaForCausalLM directory at the end", f.export_hf)
-      .value("--init-from-hf", "start from one (its config.json gives the shape)", f.init_from_hf)
+      .value("--export-hf",
+             "a Hugging Face model folder at the end (weights, config.json, tokenizer files)",
+             f.export_hf)
+      .value("--export-hf-max-shard",
+             "its largest weights file, as transformers' max_shard_size: 50GB, 500MB, 2GiB or "
+             "bytes (50GB)",
+             f.export_hf_max_shard)
+      .value("--init-from-hf",
+             "start from one (its config.json gives the shape; its tokenizer, when it has one, "
+             "tokenizes --data unless --tokenizer is given)",
+             f.init_from_hf)
       .value("--save", "a checkpoint folder: DIR/step-<N> per save, as torchtitan's", f.save)
       .value("--save-every", "steps between checkpoints (0: at the end only)", f.save_every)
       .value("--keep-latest", "keep the K newest checkpoints (10; 0: all; torchtitan's)",
@@ -257,6 +270,28 @@ inline FlagTable flag_table(Flags& f) {
 [[noreturn]] inline void usage(const std::string& why) {
   Flags f;
   flag_table(f).fail(why);
+}
+
+// --export-hf-max-shard as bytes: a count, or one with transformers' units (KB, MB, GB: powers
+// of 1000; KiB, MiB, GiB: of 1024; any case), as its convert_file_size_to_int reads them.
+inline int64_t shard_size_bytes(const std::string& text) {
+  size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) {
+    ++digits;
+  }
+  std::string unit = text.substr(digits);
+  std::transform(unit.begin(), unit.end(), unit.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  const std::map<std::string, int64_t> units = {
+      {"", 1},           {"b", 1},           {"kb", 1000},       {"mb", 1000000},
+      {"gb", 1000000000}, {"kib", int64_t{1} << 10}, {"mib", int64_t{1} << 20},
+      {"gib", int64_t{1} << 30}};
+  const auto u = units.find(unit);
+  if (digits == 0 || digits > 12 || u == units.end() || std::stoll(text.substr(0, digits)) == 0) {
+    usage("--export-hf-max-shard " + text +
+          ": not a positive size (bytes, or with KB, MB, GB, KiB, MiB, GiB)");
+  }
+  return std::stoll(text.substr(0, digits)) * u->second;
 }
 
 // `train --help`'s second part: every job-file key by section, with its flag and default.

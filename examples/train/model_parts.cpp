@@ -363,8 +363,8 @@ void ModelParts::load_model_state(const StateDict& state) {
   }
 }
 
-void ModelParts::export_hf(const std::string& dir) {
-  models::export_hf(model_state(), args_, dir);
+void ModelParts::export_hf(const std::string& dir, const models::HfExportOptions& options) {
+  models::export_hf(model_state(), args_, dir, options);
 }
 
 void ModelParts::load_hf(const std::string& dir) {

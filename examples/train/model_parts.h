@@ -90,7 +90,7 @@ class ModelParts {
   StateDict model_state();
   void load_model_state(const StateDict& state);
   // Hugging Face folders (collective): written from every part's state, read into it.
-  void export_hf(const std::string& dir);
+  void export_hf(const std::string& dir, const models::HfExportOptions& options);
   void load_hf(const std::string& dir);
   // This rank's parts as one module (MoE layers: the load-balancing bias), and the group of
   // the ranks holding the same parts (the world without pp). Collective on first use.

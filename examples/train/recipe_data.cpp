@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <stdexcept>
 #include <utility>
 
@@ -82,6 +84,22 @@ int64_t row_hash(const int64_t* tokens, int64_t n, int64_t global_row) {
   return static_cast<int64_t>(h >> 24);
 }
 
+// Whether `dir` is a folder holding a tokenizer.json or tokenizer.model.
+bool has_tokenizer(const std::string& dir) {
+  namespace fs = std::filesystem;
+  return !dir.empty() && fs::is_directory(dir) &&
+         (fs::exists(fs::path(dir) / "tokenizer.json") ||
+          fs::exists(fs::path(dir) / "tokenizer.model"));
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw std::runtime_error("cannot read " + path);
+  }
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
 } // namespace
 
 // [Note: the recipe's vocabulary] --tokenizer FILE: a tokenizer.json (data/hf_tokenizer.h),
@@ -133,6 +151,8 @@ RecipeData::RecipeData(const Flags& f, int64_t dp_rank, int64_t dp_size)
   val_documents_ = static_cast<int64_t>(val_docs.size());
   if (!f.tokenizer.empty()) {
     load_tokenizer(f.tokenizer, "--tokenizer");
+  } else if (has_tokenizer(f.init_from_hf)) { // a Hugging Face model's own
+    load_tokenizer(f.init_from_hf, "--init-from-hf");
   } else {
     // Trained on an even sample of the documents, about kTrainerBytes of them: the same
     // pieces for a corpus of any size in a few seconds (every rank trains its own copy).
@@ -293,6 +313,33 @@ bool RecipeData::open_indexed() {
   val_documents_ = val_mm_ ? val_mm_->document_count() : 0;
   start_loader(documents_ + val_documents_);
   return true;
+}
+
+std::map<std::string, std::string> RecipeData::hf_files() const {
+  namespace fs = std::filesystem;
+  std::map<std::string, std::string> files;
+  if (!vocab_->path.empty()) {
+    const fs::path path(vocab_->path);
+    files[vocab_->sp ? "tokenizer.model" : "tokenizer.json"] = file_bytes(path.string());
+    for (const char* beside : {"tokenizer_config.json", "special_tokens_map.json"}) {
+      if (fs::exists(path.parent_path() / beside)) {
+        files[beside] = file_bytes((path.parent_path() / beside).string());
+      }
+    }
+  } else {
+    files["tokenizer.model"] = vocab_->sp->serialized();
+  }
+  const fs::path generation = fs::path(f_.init_from_hf) / "generation_config.json";
+  if (!f_.init_from_hf.empty() && fs::exists(generation)) {
+    files["generation_config.json"] = file_bytes(generation.string());
+  } else {
+    const int64_t bos = vocab_->sp ? vocab_->sp->bos() : vocab_->bos;
+    const int64_t eos = vocab_->sp ? vocab_->sp->eos() : vocab_->eos;
+    files["generation_config.json"] = "{\n  \"_from_model_config\": true,\n  \"bos_token_id\": " +
+                                      std::to_string(bos) + ",\n  \"eos_token_id\": " +
+                                      std::to_string(eos) + "\n}\n";
+  }
+  return files;
 }
 
 RecipeData::~RecipeData() = default;

@@ -8,6 +8,7 @@
 // resumed run, on any mesh, continues with the exact next batch). Without --data: the
 // built-in paragraph, random windows drawn from a per-step seed.
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,6 +36,11 @@ class RecipeData {
   std::vector<int64_t> encode(const std::string& text) const;
   std::string decode(const std::vector<int64_t>& ids) const;
   std::string describe() const;
+  // The tokenizer as files of a Hugging Face model folder, by name: the tokenizer.json or
+  // tokenizer.model it was read from (a SentencePiece model trained here as tokenizer.model),
+  // the tokenizer_config.json and special_tokens_map.json beside it, and generation_config.json
+  // (the --init-from-hf folder's, else one naming bos and eos).
+  std::map<std::string, std::string> hf_files() const;
 
   // This rank's rows of step `step`'s global batch, [batch / dp_size, seq + 1] int64 on the
   // CPU (inputs: the first seq tokens, targets: the last seq). With files, the loader's next

@@ -68,6 +68,10 @@ Tokenizer::Tokenizer(const std::string& model_path)
   check(processor_->Load(model_path), model_path.c_str());
 }
 
+std::string Tokenizer::serialized() const {
+  return processor_->serialized_model_proto();
+}
+
 void Tokenizer::save(const std::string& path) const {
   write_output(path, processor_->serialized_model_proto());
 }

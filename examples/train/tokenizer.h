@@ -20,6 +20,8 @@ class Tokenizer {
   explicit Tokenizer(const std::string& model_path);
   // Writes the model as a SentencePiece `.model` file.
   void save(const std::string& path) const;
+  // The `.model` file's bytes.
+  std::string serialized() const;
   ~Tokenizer();
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;

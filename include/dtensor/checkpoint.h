@@ -110,6 +110,9 @@ struct LoadOptions {
   // pattern(0) ... pattern(n - 1) for a target of n rows, each with the target's other
   // dimensions; one missing is an error naming it.
   TORCH_ARG(StackedNames, stacked) = {};
+  // Read a stored floating dtype into a target of another (a bfloat16 Hugging Face checkpoint
+  // into a float32 model), converted as each piece is copied; other mismatches stay errors.
+  TORCH_ARG(bool, convert_dtype) = false;
 };
 void load(const StateDict& state, const std::string& dir, const LoadOptions& options = {});
 
@@ -144,6 +147,31 @@ struct ConsolidateOptions {
 // save() replaces its `dir`; it may not be `dir` itself.
 void consolidate(const std::string& dir, const std::string& out,
                  const ConsolidateOptions& options = {});
+
+struct HfSaveOptions {
+  using Files = std::map<std::string, std::string>; // name -> content
+
+  // The largest weights file, in bytes: tensors go into files in order, a new file when the
+  // next would pass this size (one larger than it gets a file of its own), as transformers'
+  // save_pretrained(max_shard_size=...), whose default (50 GB) this is.
+  TORCH_ARG(int64_t, max_shard_bytes) = 50'000'000'000;
+  // Further files written beside the weights, by name (config.json, tokenizer files).
+  TORCH_ARG(Files, extra_files) = {};
+  // Tensors written as one tensor per index of dim 0 ([Note: stacked names]).
+  TORCH_ARG(StackedNames, unstack) = {};
+  // As SaveOptions.
+  TORCH_ARG(bool, overwrite) = false;
+  TORCH_ARG(bool, fsync) = true;
+};
+
+// Writes `state` (any layouts, names as they are to be stored) as a Hugging Face model
+// folder: `dir/model.safetensors`, or `model-0000k-of-0000n.safetensors` files with
+// `model.safetensors.index.json` when they pass max_shard_bytes, plus the extra files. Every
+// rank writes the bytes of the chunks save() would give it straight into their place in the
+// files ([Note: Hugging Face export in place] in lib/checkpoint/hf_save.cpp): nothing is
+// gathered, no rank holds more than its own pieces. Published atomically under save()'s rules
+// for what may be replaced. Collective over all ranks.
+void save_hf(const StateDict& state, const std::string& dir, const HfSaveOptions& options = {});
 
 // Raises the error save(dir, SaveOptions().overwrite(overwrite)) would raise because of
 // what is at `dir`, before anything is written (save checks again). Not collective.

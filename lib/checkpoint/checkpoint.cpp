@@ -21,6 +21,7 @@
 #include <dtensor/dtensor.h>
 
 #include "checkpoint/layout.h"
+#include "checkpoint/prepared.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/target.h"
 #include "internal/check.h"
@@ -32,6 +33,7 @@ namespace dtensor::checkpoint {
 
 namespace fs = std::filesystem;
 namespace st = detail::safetensors;
+using detail::attempt;
 
 namespace {
 
@@ -42,17 +44,6 @@ namespace {
 // the old checkpoint or the new one, never a mixture; a rank failing or killed before the
 // exchange leaves only the hidden directory behind, which the next save clears. What may be
 // replaced at all: [Note: what a save may replace] (target.cpp).
-
-// Runs `body`, turning a dtensor::Error or filesystem error into the text agree_on_errors takes.
-template <class F>
-std::string attempt(F&& body) {
-  try {
-    body();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // [Note: checkpoint fault injection] DTENSOR_CHECKPOINT_FAULT="<rank>:<throw|exit>" makes
 // that rank fail right after writing its file, before the checkpoint is published: by an
@@ -131,20 +122,9 @@ SaveResult write_staged(const Staged& staged, const fs::path& tmp, const fs::pat
   return result;
 }
 
-// Everything before the write: the target checked and locked, the plan, Partial pieces
-// reduced, the temporary directory made. Collective over the world.
-struct Prepared {
-  std::string api; // "checkpoint::save" or "checkpoint::async_save", for messages
-  std::vector<detail::SavedTensor> tensors;
-  detail::WritePlan plan;
-  detail::Target target;
-  fs::path tmp;
-  std::shared_ptr<detail::TargetLock> lock; // rank 0's, until published
-};
-
 // Writes the staged file, agrees over `group` and publishes: the part of a save after the
 // data are staged (on the caller's thread for save, in the background for async_save).
-SaveResult write_and_publish(const Staged& staged, const Prepared& p, const SaveOptions& options,
+SaveResult write_and_publish(const Staged& staged, const detail::PreparedSave& p, const SaveOptions& options,
                              const Group& group) {
   const int rank = get_rank();
   const std::string what = p.api + "(" + p.target.name + ")";
@@ -177,38 +157,44 @@ SaveResult write_and_publish(const Staged& staged, const Prepared& p, const Save
   return result;
 }
 
-// prepare_save's product, collective over the world: the target checked and locked, the
-// plan, Partial pieces reduced, the temporary directory made.
-Prepared prepare_save(const StateDict& state, const std::string& dir_name,
-                      const SaveOptions& options, const char* api) {
+} // namespace
+
+} // namespace dtensor::checkpoint
+
+namespace dtensor::detail {
+
+PreparedSave prepare_save(const StateDict& state, const std::string& dir_name, bool overwrite,
+                          const char* api) {
   const Group world = world_group();
-  Prepared p;
+  PreparedSave p;
   p.api = api;
   std::string what = p.api + "(" + dir_name + ")";
   std::string error = attempt([&] {
-    p.target = detail::resolve_target(dir_name);
+    p.target = resolve_target(dir_name);
     what = p.api + "(" + p.target.name + ")";
-    p.tmp = detail::temp_dir_of(p.target.dir);
+    p.tmp = temp_dir_of(p.target.dir);
     if (get_rank() == 0) { // nothing is written before the target is known replaceable
-      detail::check_replaceable(p.target, options.overwrite(), ""); // agreement names the call
+      check_replaceable(p.target, overwrite, ""); // agreement names the call
       fs::create_directories(p.target.dir.parent_path());
-      p.lock = std::make_shared<detail::TargetLock>(p.target.dir, "");
+      p.lock = std::make_shared<TargetLock>(p.target.dir, "");
     }
-    p.tensors = detail::saved_tensors(state);
+    p.tensors = saved_tensors(state);
   });
-  detail::agree_on_errors(what, error, world);
-  p.plan = detail::plan_writes(p.tensors, what);
-  detail::reduce_partials(p.tensors);
+  agree_on_errors(what, error, world);
+  p.plan = plan_writes(p.tensors, what);
+  reduce_partials(p.tensors);
   error = attempt([&] {
     if (get_rank() == 0) {
-      detail::make_temp_dir(p.tmp);
+      make_temp_dir(p.tmp);
     }
   });
-  detail::agree_on_errors(what + ": preparing " + p.tmp.string(), error, world);
+  agree_on_errors(what + ": preparing " + p.tmp.string(), error, world);
   return p;
 }
 
-} // namespace
+} // namespace dtensor::detail
+
+namespace dtensor::checkpoint {
 
 // [Note: asynchronous save] As torchtitan's async checkpointing (DCP's async_save): the
 // caller's thread plans the save, reduces Partial pieces and copies this rank's chunks to
@@ -255,7 +241,7 @@ const Group& background_group() {
 SaveResult save(const StateDict& state, const std::string& dir_name, const SaveOptions& options) {
   at::NoGradGuard no_grad;
   wait_for_in_flight();
-  const Prepared p = prepare_save(state, dir_name, options, "checkpoint::save");
+  const detail::PreparedSave p = detail::prepare_save(state, dir_name, options.overwrite(), "checkpoint::save");
   return write_and_publish(stage_own_chunks(p.tensors, p.plan, options, /*copy=*/false), p, options,
                            world_group());
 }
@@ -286,7 +272,8 @@ AsyncSave async_save(const StateDict& state, const std::string& dir_name,
   at::NoGradGuard no_grad;
   wait_for_in_flight();
   const Group& group = background_group();
-  auto p = std::make_shared<Prepared>(prepare_save(state, dir_name, options, "checkpoint::async_save"));
+  auto p = std::make_shared<detail::PreparedSave>(
+      detail::prepare_save(state, dir_name, options.overwrite(), "checkpoint::async_save"));
   auto staged =
       std::make_shared<Staged>(stage_own_chunks(p->tensors, p->plan, options, /*copy=*/true));
   p->tensors.clear(); // the staged copies are what is written
@@ -309,7 +296,9 @@ void load(const StateDict& state, const std::string& dir_name, const LoadOptions
   const fs::path dir = checkpoint_path(dir_name);
   detail::LoadPlan plan;
   const std::string error = attempt(
-      [&] { plan = detail::plan_reads(state, dir.string(), options.verify(), options.stacked()); });
+      [&] { plan = detail::plan_reads(state, dir.string(), options.verify(), options.stacked(),
+                                options.convert_dtype());
+  });
   detail::agree_on_errors("checkpoint::load(" + dir.string() + ")", error, world_group());
   detail::execute_reads(plan);
 }

@@ -5,9 +5,11 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <fstream>
 #include <set>
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 #include <dtensor/collectives.h>
 #include <dtensor/dtensor.h>
@@ -87,9 +89,9 @@ std::string describe_pieces(const std::vector<SavedTensor>& tensors) {
     const std::vector<int64_t> offset =
         t.spec ? t.spec->local_offset() : std::vector<int64_t>(t.shape.size(), 0);
     const std::vector<int64_t> shape = t.spec ? t.spec->local_shape() : t.shape;
-    text += fmt::format("{}\t{}\t{}\t{}\t{}\t{}\n", t.key, c10::toString(t.dtype),
+    text += fmt::format("{}\t{}\t{}\t{}\t{}\t{}\t{}\n", t.key, c10::toString(t.dtype),
                         fmt::join(t.shape, " "), fmt::join(offset, " "), fmt::join(shape, " "),
-                        c10::elementSize(t.dtype));
+                        c10::elementSize(t.dtype), static_cast<int>(t.dtype));
   }
   return text;
 }
@@ -125,7 +127,7 @@ struct Held {
   int rank = 0;
   size_t index = 0;                // into that rank's SavedTensor list
   std::vector<std::string> fields; // name, dtype, global shape, offsets, piece shape, bytes
-                                   // per element (describe_pieces)
+                                   // per element, dtype's number (describe_pieces)
 };
 
 // Every name passed by some rank, in the order of first appearance (rank 0's list, then what
@@ -186,6 +188,8 @@ WritePlan plan_writes(const std::vector<SavedTensor>& tensors, const std::string
       holders[static_cast<size_t>(it - boxes.begin())].push_back(&h);
     }
     const std::vector<int64_t> shape = ints(first.fields[2]);
+    plan.tensors.push_back(
+        {name, static_cast<c10::ScalarType>(std::stoi(first.fields[6])), shape});
     int64_t covered = 0;
     for (const auto& box : boxes) {
       covered += elements_of(box.second);
@@ -225,6 +229,40 @@ at::Tensor chunk_data(const SavedTensor& tensor) {
 
 // ---- loading --------------------------------------------------------------------------
 
+namespace {
+
+// A Hugging Face folder's model.safetensors.index.json, when there is one: every file its
+// weight_map names must be there and hold the tensor it names (a shard missing or replaced
+// is named, not reported as a missing tensor later).
+void check_hf_index(const std::string& dir, const CheckpointIndex& index,
+                    const std::set<std::string>& present) {
+  const fs::path path = fs::path(dir) / "model.safetensors.index.json";
+  if (!fs::exists(path)) {
+    return;
+  }
+  std::ifstream in(path);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  DTENSOR_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
+                "checkpoint: {}: not a safetensors index (no weight_map object)", path.string());
+  std::map<std::string, std::set<std::string>> keys_of; // file -> its tensors
+  for (const auto& f : index.files) {
+    for (const auto& c : f.chunks) {
+      keys_of[fs::path(f.path).filename().string()].insert(c.key);
+    }
+  }
+  for (const auto& [key, file] : j["weight_map"].items()) {
+    DTENSOR_CHECK(file.is_string(), "checkpoint: {}: '{}' maps to {}, not a file name",
+                  path.string(), key, file.dump());
+    const std::string name = file.get<std::string>();
+    DTENSOR_CHECK(present.count(name) > 0, "checkpoint: {}: file {} is missing (the index lists "
+                  "'{}' in it)", dir, name, key);
+    DTENSOR_CHECK(keys_of[name].count(key) > 0, "checkpoint: {}: {} has no tensor '{}' (the "
+                  "index lists it there)", dir, name, key);
+  }
+}
+
+} // namespace
+
 CheckpointIndex read_checkpoint(const std::string& dir) {
   DTENSOR_CHECK(fs::is_directory(dir), "checkpoint: no checkpoint at {} (not a directory)", dir);
   CheckpointIndex index;
@@ -242,6 +280,7 @@ CheckpointIndex read_checkpoint(const std::string& dir) {
     index.files.push_back(safetensors::read_index(p));
     present.insert(fs::path(p).filename().string());
   }
+  check_hf_index(dir, index, present);
   for (const auto& f : index.files) {
     for (const std::string& listed : f.listed_files) {
       DTENSOR_CHECK(present.count(listed) > 0, "checkpoint: {}: file {} is missing (listed by {})",
@@ -398,7 +437,7 @@ at::Tensor assemble(const CheckpointIndex& index, const std::string& key, Mapped
 }
 
 LoadPlan plan_reads(const StateDict& state, const std::string& dir, bool verify,
-                    const std::map<std::string, std::string>& stacked) {
+                    const std::map<std::string, std::string>& stacked, bool convert_dtype) {
   LoadPlan plan;
   plan.index = std::make_unique<CheckpointIndex>(read_checkpoint(dir));
   for (const auto& [key, pattern] : stacked) {
@@ -423,9 +462,13 @@ LoadPlan plan_reads(const StateDict& state, const std::string& dir, bool verify,
                   index.tensors.size(), index.files.size());
     const StoredTensor& stored = it->second;
     const std::string file0 = index.files[stored.chunks[0].first].path;
-    DTENSOR_CHECK(stored.dtype == t.scalar_type(),
-                  "checkpoint::load: {}: '{}' is {} but the target is {}", file0, key,
-                  c10::toString(stored.dtype), c10::toString(t.scalar_type()));
+    const bool both_floating =
+        c10::isFloatingType(stored.dtype) && c10::isFloatingType(t.scalar_type());
+    DTENSOR_CHECK(stored.dtype == t.scalar_type() || (convert_dtype && both_floating),
+                  "checkpoint::load: {}: '{}' is {} but the target is {}{}", file0, key,
+                  c10::toString(stored.dtype), c10::toString(t.scalar_type()),
+                  convert_dtype ? " (only floating dtypes convert)"
+                                : " (LoadOptions().convert_dtype(true) converts floating dtypes)");
     DTENSOR_CHECK(stored.shape == shape,
                   "checkpoint::load: {}: '{}' has shape {} but the target has {}", file0, key,
                   stored.shape, shape);

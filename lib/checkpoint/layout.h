@@ -37,9 +37,18 @@ struct WriteChunk {
   std::vector<int64_t> offsets; // global offsets of the writer's local piece
 };
 
+// A name some rank passes, as the ranks holding it agree it is.
+struct PlannedTensor {
+  std::string key;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  std::vector<int64_t> shape; // global
+};
+
 struct WritePlan {
   std::vector<std::vector<WriteChunk>> chunks; // per rank
   std::vector<int> writers;                    // ranks with at least one chunk, ascending
+  // Every name, in the order of first appearance (rank 0's list, then what rank 1 adds, ...).
+  std::vector<PlannedTensor> tensors;
 };
 
 // Collective over the world (two all-gathers of a few bytes per tensor): every rank
@@ -105,10 +114,11 @@ struct LoadPlan {
 };
 
 // Checks everything (keys, shapes, dtypes, coverage, hashes of the chunks to read unless
-// !verify) before
-// anything is written; throws naming the file and the key.
+// !verify) before anything is written; throws naming the file and the key. With
+// `convert_dtype`, a stored floating dtype may differ from the target's (converted on copy).
 LoadPlan plan_reads(const StateDict& state, const std::string& dir, bool verify,
-                    const std::map<std::string, std::string>& stacked = {});
+                    const std::map<std::string, std::string>& stacked = {},
+                    bool convert_dtype = false);
 void execute_reads(const LoadPlan& plan);
 
 } // namespace dtensor::detail

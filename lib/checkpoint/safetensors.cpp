@@ -196,8 +196,8 @@ FileIndex read_index(const std::string& path) {
   return index;
 }
 
-int64_t write_file(const std::string& path, const std::vector<Item>& items,
-                   const std::function<at::Tensor(size_t)>& data, const WriteOptions& options) {
+std::string header_text(const std::vector<Item>& items, const WriteOptions& options,
+                        std::vector<int64_t>* item_offsets, int64_t* data_bytes) {
   json header = json::object();
   json sharding = json::object();
   json hashes = json::object();
@@ -210,6 +210,9 @@ int64_t write_file(const std::string& path, const std::vector<Item>& items,
     sharding[item.key] = {{"saved_offsets", item.offsets}};
     if (item.hash) {
       hashes[item.key] = fmt::format("{:016x}", *item.hash);
+    }
+    if (item_offsets != nullptr) {
+      item_offsets->push_back(offset);
     }
     offset += bytes;
   }
@@ -227,6 +230,16 @@ int64_t write_file(const std::string& path, const std::vector<Item>& items,
   header["__metadata__"] = meta;
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' '); // the data starts 8-byte aligned
+  if (data_bytes != nullptr) {
+    *data_bytes = offset;
+  }
+  return text;
+}
+
+int64_t write_file(const std::string& path, const std::vector<Item>& items,
+                   const std::function<at::Tensor(size_t)>& data, const WriteOptions& options) {
+  int64_t offset = 0;
+  const std::string text = header_text(items, options, nullptr, &offset);
   const uint64_t n = text.size();
 
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

@@ -54,15 +54,21 @@ struct WriteOptions {
   bool fsync = true;
 };
 
-// Writes one file: the header, then data(i) for each item in turn (a contiguous CPU tensor
-// of the item's shape and dtype, requested only when written, so a caller may build one at
-// a time). Created, written, fsynced, closed. Returns the file's size.
+// The header's JSON for `items`, padded so that the data start 8-byte aligned (the file is
+// its 8-byte little-endian length, this text, then the items' bytes in order). Each item's
+// offset from the data's start goes to `item_offsets`, their total to `data_bytes`.
+std::string header_text(const std::vector<Item>& items, const WriteOptions& options,
+                        std::vector<int64_t>* item_offsets, int64_t* data_bytes);
+
 // strerror(errno), for messages.
 std::string errno_text();
 
 // Writes all `bytes` to `fd` (retrying short writes); a failure (a full disk) raises, naming `path`.
 void write_all(int fd, const void* data, int64_t bytes, const std::string& path);
 
+// Writes one file: the header, then data(i) for each item in turn (a contiguous CPU tensor
+// of the item's shape and dtype, requested only when written, so a caller may build one at
+// a time). Created, written, fsynced, closed. Returns the file's size.
 int64_t write_file(const std::string& path, const std::vector<Item>& items,
                    const std::function<at::Tensor(size_t)>& data, const WriteOptions& options);
 

@@ -1,28 +1,29 @@
 #pragma once
 
 // torchtitan's Llama3StateDictAdapter for the Llama-3 model: Hugging Face LlamaForCausalLM
-// names and rotary layout (to_hf / from_hf), and a directory that
+// names and rotary layout (to_hf / from_hf), and a model folder that
 // transformers' LlamaForCausalLM.from_pretrained loads (Qwen3ForCausalLM with qk_norm,
 // Qwen3MoeForCausalLM with moe: its experts one tensor each, as the Hub's checkpoints)
-// (config.json, model.safetensors.index.json and the weights in one safetensors file, full tensors
-// under Hugging Face's names, q / k rows in its rotary layout), and the reverse, into a model on
-// any layout.
+// (config.json, generation_config.json, the weights in safetensors files with their index,
+// full tensors under Hugging Face's names, q / k rows in its rotary layout), and the reverse,
+// into a model on any layout.
 //
-//   dtensor::models::export_hf(model, "out/hf");        // collective; rank 0 writes
+//   dtensor::models::export_hf(model, "out/hf");        // collective; each rank writes its pieces
 //   dtensor::models::load_hf(model, "out/hf");          // collective; each rank reads its shards
 //
-// [Note: Hugging Face export] The weights go through dtensor::checkpoint: every rank saves
-// its own chunks under Hugging Face's names (a DCP-layout checkpoint in a hidden sibling
-// directory), then rank 0 consolidates them into one file with config.json beside it and
-// publishes the directory atomically. No rank ever holds more than its shards and, on rank 0,
-// one full tensor at a time. Loading reads Hugging Face's files as a checkpoint whose chunks
-// are whole tensors: each rank reads only the rows of its own shards.
+// [Note: Hugging Face export] The weights go through dtensor::checkpoint::save_hf under
+// Hugging Face's names: every rank writes the bytes of its own pieces into their places in
+// Hugging Face's files, which are published atomically. No rank gathers anything. Loading
+// reads Hugging Face's files as a checkpoint whose chunks are whole tensors: each rank reads
+// only the rows of its own shards (memory-mapped).
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -296,6 +297,51 @@ inline void moe_from_hf(const nlohmann::json& c, const std::string& path, Llama3
                .score_func(MoEScore::Softmax));
 }
 
+// A Hugging Face state dict in the order of transformers' modules (a block's q, k, v, o,
+// q / k norms, router, gate, up, down, then its norms), so that files of a maximum size hold
+// the tensors save_pretrained's hold (the experts' stacks excepted). Blocks and the top-level
+// names keep their order (embed_tokens, the blocks, norm, lm_head).
+inline dtensor::StateDict in_hf_order(const dtensor::StateDict& hf) {
+  static const std::vector<std::string> within = {
+      "self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj.", "self_attn.o_proj.",
+      "self_attn.q_norm.", "self_attn.k_norm.", "mlp.gate.",          "mlp.experts.gate_proj.",
+      "mlp.experts.up_proj.", "mlp.experts.down_proj.", "mlp.gate_proj.", "mlp.up_proj.",
+      "mlp.down_proj.",       "input_layernorm.",     "post_attention_layernorm."};
+  auto rank_of = [](const std::string& name) {
+    const std::string prefix = "model.layers.";
+    if (name.rfind(prefix, 0) != 0) {
+      return within.size();
+    }
+    const std::string rest = name.substr(name.find('.', prefix.size()) + 1);
+    for (size_t i = 0; i < within.size(); ++i) {
+      if (rest.rfind(within[i], 0) == 0) {
+        return i;
+      }
+    }
+    return within.size();
+  };
+  // Each name's group (its block, or itself at the top level) in order of first appearance,
+  // then its place in the block.
+  std::map<std::string, size_t> group_of;
+  std::vector<std::tuple<size_t, size_t, std::string, at::Tensor>> items;
+  for (const auto& item : hf) {
+    const std::string& name = item.key();
+    const std::string prefix = "model.layers.";
+    const std::string group =
+        name.rfind(prefix, 0) == 0 ? name.substr(0, name.find('.', prefix.size())) : name;
+    const size_t g = group_of.try_emplace(group, group_of.size()).first->second;
+    items.emplace_back(g, rank_of(name), name, item.value());
+  }
+  std::stable_sort(items.begin(), items.end(), [](const auto& a, const auto& b) {
+    return std::tie(std::get<0>(a), std::get<1>(a)) < std::tie(std::get<0>(b), std::get<1>(b));
+  });
+  dtensor::StateDict out;
+  for (const auto& [group, place, name, value] : items) {
+    out.insert(name, value);
+  }
+  return out;
+}
+
 } // namespace llama3_detail
 
 // config.json for Hugging Face's LlamaForCausalLM, or Qwen3ForCausalLM (with qk_norm), or
@@ -390,12 +436,26 @@ inline Llama3Args args_from_hf(const std::string& dir) {
   return a;
 }
 
+// What export_hf writes beside the weights and config.json.
+struct HfExportOptions {
+  using Files = std::map<std::string, std::string>; // name -> content
+
+  // The largest weights file (transformers' max_shard_size; its default, 50 GB).
+  TORCH_ARG(int64_t, max_shard_bytes) = 50'000'000'000;
+  // Files written as they are, by name: the tokenizer's (tokenizer.json,
+  // tokenizer_config.json, special_tokens_map.json, tokenizer.model) and generation_config.json.
+  // Without a generation_config.json, one deferring to config.json is written.
+  TORCH_ARG(Files, files) = {};
+};
+
 // Writes a model's state (get_model_state_dict of the model, or of each of this rank's
 // pipeline stages under the whole model's names: every name some rank holds is written) as a
-// Hugging Face LlamaForCausalLM directory `dir`, its tensors in their current dtype.
-// Collective over all ranks.
+// Hugging Face model folder `dir`, its tensors in their current dtype: the weights in
+// safetensors files of at most max_shard_bytes (several with an index), config.json,
+// generation_config.json and the options' files. Every rank writes its own pieces in place
+// (checkpoint::save_hf); nothing is gathered. Collective over all ranks.
 inline void export_hf(const dtensor::StateDict& state, const Llama3Args& args,
-                      const std::string& dir) {
+                      const std::string& dir, const HfExportOptions& options = {}) {
   torch::NoGradGuard no_grad;
   if (args.moe()) {
     llama3_detail::check_qwen3_moe(args); // before anything is written
@@ -417,40 +477,26 @@ inline void export_hf(const dtensor::StateDict& state, const Llama3Args& args,
       hf.insert(entry->first, entry->second);
     }
   }
-  // What is at `dir` is checked before anything is written (docs/checkpoint.md); the
-  // sharded parts go to a sibling, consolidated by rank 0, then removed.
-  const std::string what = "export_hf(" + dir + ")";
-  dtensor::on_rank0(
-      what, [&] { dtensor::checkpoint::check_target(dir); }, dtensor::world_group());
-  const std::string parts = dir + ".dtensor-parts";
-  dtensor::checkpoint::save(hf, parts, dtensor::checkpoint::SaveOptions().checksums(false));
-  dtensor::on_rank0(
-      what,
-      [&] {
-        try {
-          dtensor::checkpoint::consolidate(
-              parts, dir,
-              dtensor::checkpoint::ConsolidateOptions()
-                  .extra_files({{"config.json", hf_config(args, dtype).dump(2)}})
-                  .unstack(unstack));
-        } catch (...) {
-          dtensor::checkpoint::remove(parts);
-          throw;
-        }
-        dtensor::checkpoint::remove(parts);
-      },
-      dtensor::world_group());
+  hf = llama3_detail::in_hf_order(hf);
+  dtensor::checkpoint::HfSaveOptions::Files files = options.files();
+  files["config.json"] = hf_config(args, dtype).dump(2);
+  files.try_emplace("generation_config.json", R"({"_from_model_config": true})");
+  dtensor::checkpoint::save_hf(hf, dir,
+                               dtensor::checkpoint::HfSaveOptions()
+                                   .max_shard_bytes(options.max_shard_bytes())
+                                   .extra_files(files)
+                                   .unstack(unstack));
 }
 
-// Writes `model` (any layout) as a Hugging Face LlamaForCausalLM directory `dir`, its
-// tensors in their current dtype. Collective over all ranks.
-inline void export_hf(Llama3& model, const std::string& dir) {
-  export_hf(dtensor::get_model_state_dict(*model), model->model_args, dir);
+// Writes `model` (any layout) as a Hugging Face model folder `dir`, its tensors in their
+// current dtype. Collective over all ranks.
+inline void export_hf(Llama3& model, const std::string& dir, const HfExportOptions& options = {}) {
+  export_hf(dtensor::get_model_state_dict(*model), model->model_args, dir, options);
 }
 
 // Reads a Hugging Face LlamaForCausalLM directory into a model's state (any layout; the
 // model's arguments must match config.json's; a pipeline stage's names only), each rank
-// reading only its own shards: the tensors of `state` are written or replaced, freqs_cis
+// reading only its own shards, stored floating dtypes converted to the model's: the tensors of `state` are written or replaced, freqs_cis
 // left alone. The caller sets the state. Collective.
 inline void load_hf(dtensor::StateDict& state, const Llama3Args& args, const std::string& dir) {
   torch::NoGradGuard no_grad;
@@ -476,7 +522,8 @@ inline void load_hf(dtensor::StateDict& state, const Llama3Args& args, const std
       stacked[name] = *pattern;
     }
   }
-  dtensor::checkpoint::load(reads, dir, dtensor::checkpoint::LoadOptions().stacked(stacked));
+  dtensor::checkpoint::load(
+      reads, dir, dtensor::checkpoint::LoadOptions().stacked(stacked).convert_dtype(true));
   for (const std::string& key : permuted) {
     auto entry = from_hf(hf_name(key), reads[hf_name(key)], args);
     state[key] = entry->second;

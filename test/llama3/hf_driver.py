@@ -3,20 +3,30 @@
 
 usage: hf_driver.py TORCHRUN WORKER [qwen3_moe]
   export  8 ranks (2x2x2: dp_replicate, dp_shard, tp) initialize the model and write it with
-          export_hf; transformers' LlamaForCausalLM.from_pretrained loads the directory and
-          its logits equal dtensor's (max abs difference <= 1e-4, fp32).
-  load    a LlamaForCausalLM with random weights, saved by save_pretrained, loads through
-          load_hf on 8 (2x2x2), 4 (2x1x2) and 2 (1x2x1) ranks: logits equal transformers'.
+          export_hf in files of at most 64 KB (several, with their index and
+          generation_config.json, each rank writing its own pieces); transformers'
+          LlamaForCausalLM.from_pretrained loads the folder and its logits equal dtensor's
+          (max abs difference <= 1e-4, fp32).
+  load    a LlamaForCausalLM with random weights, saved by save_pretrained in several shards
+          (max_shard_size 64 KB), loads through load_hf on 8 (2x2x2), 4 (2x1x2), 2 (1x2x1) and
+          1 rank: logits equal transformers'. Every rank's allocations while loading stay within
+          its share plus the largest file (the worker checks). The same saved in bfloat16 loads
+          into the float32 model, converted as read.
+  errors  a missing shard, a truncated shard, a config.json that does not match the weights
+          and an unknown architecture: the job fails on both of its ranks with a message naming
+          the file and the tensor, and writes nothing.
 With qwen3_moe, the tiny Qwen3-MoE (explicit head_dim, q / k norms, a dense layer then a
 mixture of 8 experts, top 2) against Qwen3MoeForCausalLM, its experts one tensor each:
-  export  4 ranks (1x4x1, experts over ep 4) write it; transformers loads it. And the dense
+  export  4 ranks (1x4x1, experts over ep 4) write it in files of at most 64 KB; transformers
+          loads it. And the dense
           Qwen3 (the tiny Llama with q / k norms) from 1x2x2 (tp 2), by Qwen3ForCausalLM.
-  load    a Qwen3MoeForCausalLM saved by save_pretrained loads on 4 ranks (1x4x1, ep 2 x
+  load    a Qwen3MoeForCausalLM saved by save_pretrained in several shards loads on 4 ranks (1x4x1, ep 2 x
           efsdp 2: each rank reads its experts' rows of the per-expert tensors).
 Exits 0 when all hold.
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,12 +49,75 @@ def tokens(vocab):
     return (b * 31 + s * 7 + 3) % vocab
 
 
-def job(torchrun, worker, nproc, *argv):
+SHARD = 64 * 1024  # bytes: the tiny models' files come in several shards
+
+
+def job(torchrun, worker, nproc, *argv, fails=False):
     cmd = [torchrun, "--standalone", f"--nproc-per-node={nproc}", "--no-python", worker, *argv]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    if p.returncode != 0:
+    if (p.returncode != 0) != fails:
         print((p.stdout + p.stderr)[-6000:])
         raise SystemExit(f"FAIL: {' '.join(argv)} on {nproc} ranks exited {p.returncode}")
+    return p.stdout + p.stderr
+
+
+def shards(d):
+    return sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
+
+
+def check_folder(what, d, names):
+    """A sharded Hugging Face folder: several files, the index naming every tensor's file."""
+    with open(os.path.join(d, "model.safetensors.index.json")) as f:
+        weight_map = json.load(f)["weight_map"]
+    files = shards(d)
+    ok = (len(files) > 1 and set(weight_map.values()) == set(files) and set(weight_map) == names
+          and os.path.exists(os.path.join(d, "generation_config.json")))
+    print(f"{'ok' if ok else 'FAIL'}: {what}: {len(files)} files, {len(weight_map)} tensors indexed")
+    return ok
+
+
+def refused(torchrun, worker, tmp, what, src, wants):
+    """A load of `src` on 2 ranks fails on both, naming `wants`, and writes nothing."""
+    out = os.path.join(tmp, "refused")
+    text = job(torchrun, worker, 2, "load", src, out, "1x2x1", fails=True)
+    lines = [l for l in text.splitlines() if l.startswith("llama3_hf_worker rank ")]
+    ok = (len(lines) == 2 and all(all(w in l for w in wants) for l in lines)
+          and not os.path.exists(out))
+    print(f"{'ok' if ok else 'FAIL'}: {what}: {lines[0] if lines else text[-800:]}")
+    return ok
+
+
+def bad_folders(torchrun, worker, tmp, src):
+    """A missing shard, a truncated one, a config.json the weights do not match, an unknown
+    architecture: each refused by name on every rank."""
+    good = True
+    files = shards(src)
+
+    def copy(name):
+        d = os.path.join(tmp, name)
+        shutil.copytree(src, d)
+        return d
+
+    d = copy("missing")
+    os.remove(os.path.join(d, files[1]))
+    good &= refused(torchrun, worker, tmp, "a missing shard", d, [files[1], "is missing"])
+    d = copy("truncated")
+    with open(os.path.join(d, files[0]), "r+b") as f:
+        f.truncate(os.path.getsize(os.path.join(d, files[0])) - 100)
+    good &= refused(torchrun, worker, tmp, "a truncated shard", d, [files[0], "truncated"])
+    d = copy("mismatch")
+    with open(os.path.join(d, "config.json")) as f:
+        config = json.load(f)
+    config["intermediate_size"] = 192
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(config, f)
+    good &= refused(torchrun, worker, tmp, "a config.json the weights do not match", d,
+                    ["mlp.gate_proj.weight", "shape"])
+    config["intermediate_size"], config["model_type"] = 160, "gpt2"
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(config, f)
+    good &= refused(torchrun, worker, tmp, "an unknown architecture", d, ["config.json", "'gpt2'"])
+    return good
 
 
 def logits_of(d):
@@ -72,12 +145,12 @@ def perturb_norms(model):
                 p.add_(torch.randn_like(p) * 0.1)
 
 
-def saved_reference(model, tmp):
+def saved_reference(model, tmp, **save):
     """`model` with its norms off one, saved by save_pretrained: (directory, its logits)."""
     model.eval()
     perturb_norms(model)
     src = os.path.join(tmp, "src")
-    model.save_pretrained(src)
+    model.save_pretrained(src, **save)
     return src, hf_logits(model, model.config.vocab_size)
 
 
@@ -85,8 +158,7 @@ def qwen3_moe(torchrun, worker):
     good = True
     with tempfile.TemporaryDirectory() as tmp:
         hf, out = os.path.join(tmp, "hf"), os.path.join(tmp, "logits")
-        job(torchrun, worker, 4, "export-qwen3-moe", hf, out, "1x4x1", "4")
-        files = sorted(os.listdir(hf))
+        job(torchrun, worker, 4, "export-qwen3-moe", hf, out, "1x4x1", "4", str(SHARD))
         model = Qwen3MoeForCausalLM.from_pretrained(hf, torch_dtype=torch.float32).eval()
         good &= check("Qwen3-MoE export on 1x4x1 (ep 4), loaded by transformers", logits_of(out),
                       hf_logits(model, model.config.vocab_size))
@@ -94,7 +166,8 @@ def qwen3_moe(torchrun, worker):
             keys = json.load(f)["weight_map"]
         per_expert = sum(".mlp.experts." in k for k in keys)
         ok = per_expert == 3 * 8 and "model.layers.1.mlp.experts.7.down_proj.weight" in keys
-        print(f"{'ok' if ok else 'FAIL'}: {per_expert} per-expert tensors (want 24), files {files}")
+        print(f"{'ok' if ok else 'FAIL'}: {per_expert} per-expert tensors (want 24), {len(shards(hf))} "
+              f"files")
         good &= ok
 
         job(torchrun, worker, 4, "export-qwen3", hf + "-dense", out + "-dense", "1x2x2")
@@ -109,7 +182,7 @@ def qwen3_moe(torchrun, worker):
                                 norm_topk_prob=True, mlp_only_layers=[0], vocab_size=256,
                                 max_position_embeddings=16, rope_theta=1e6,
                                 tie_word_embeddings=False)
-        src, want = saved_reference(Qwen3MoeForCausalLM(config), tmp)
+        src, want = saved_reference(Qwen3MoeForCausalLM(config), tmp, max_shard_size=SHARD)
         job(torchrun, worker, 4, "load", src, out + "-load", "1x4x1", "2")
         good &= check("Qwen3-MoE save_pretrained loaded on 1x4x1 (ep 2 x efsdp 2)",
                       logits_of(out + "-load"), want)
@@ -123,20 +196,32 @@ def main():
     good = True
     with tempfile.TemporaryDirectory() as tmp:
         hf, out = os.path.join(tmp, "hf"), os.path.join(tmp, "logits")
-        job(torchrun, worker, 8, "export", hf, out, "2x2x2")
+        job(torchrun, worker, 8, "export", hf, out, "2x2x2", "1", str(SHARD))
         model = LlamaForCausalLM.from_pretrained(hf, torch_dtype=torch.float32).eval()
         good &= check("export on 2x2x2, loaded by transformers", logits_of(out),
                       hf_logits(model, model.config.vocab_size))
+        good &= check_folder("export on 2x2x2", hf, set(model.state_dict()))
 
         torch.manual_seed(5)
         config = LlamaConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
                              max_position_embeddings=16, rope_theta=10000.0,
                              tie_word_embeddings=False)
-        src, want = saved_reference(LlamaForCausalLM(config), tmp)
-        for nproc, shape in ((8, "2x2x2"), (4, "2x1x2"), (2, "1x2x1")):
+        reference = LlamaForCausalLM(config)
+        src, want = saved_reference(reference, tmp, max_shard_size=SHARD)
+        good &= check_folder("save_pretrained(max_shard_size=64 KB)", src,
+                             set(reference.state_dict()))
+        for nproc, shape in ((8, "2x2x2"), (4, "2x1x2"), (2, "1x2x1"), (1, "1x1x1")):
             job(torchrun, worker, nproc, "load", src, out + shape, shape)
             good &= check(f"save_pretrained loaded on {shape}", logits_of(out + shape), want)
+
+        bf16 = os.path.join(tmp, "bf16")
+        reference.to(torch.bfloat16).save_pretrained(bf16, max_shard_size=SHARD)
+        theirs = LlamaForCausalLM.from_pretrained(bf16, torch_dtype=torch.float32).eval()
+        job(torchrun, worker, 2, "load", bf16, out + "-bf16", "1x2x1")
+        good &= check("a bfloat16 folder loaded into float32 on 1x2x1", logits_of(out + "-bf16"),
+                      hf_logits(theirs, config.vocab_size))
+        good &= bad_folders(torchrun, worker, tmp, src)
     sys.exit(0 if good else 1)
 
 

@@ -6,13 +6,23 @@
 // Qwen3-MoE: export-qwen3-moe, or a loaded Qwen3-MoE directory; its experts over EP ranks).
 //
 //   torchrun --nproc-per-node N llama3_hf_worker export|export-qwen3|export-qwen3-moe|load HF_DIR
-//   LOGITS_DIR AxBxC [EP]
+//   LOGITS_DIR AxBxC [EP [MAX_SHARD_BYTES]]
+//
+// A load also measures every rank's tensor allocations while it reads (the counting CPU
+// allocator, test/support/cpu_memory.h) and fails unless their peak stays within the rank's
+// own share of the model plus the folder's largest file: no rank builds a full tensor it does
+// not own.
+#include <unistd.h>
+
+#include <filesystem>
 #include <iostream>
 #include <sstream>
 
 #include <dtensor/all.h>
 
 #include <models/llama3.h>
+
+#include "../support/cpu_memory.h"
 
 namespace {
 
@@ -49,8 +59,42 @@ Llama3 build(const Llama3Args& args, const dtensor::DeviceMesh& mesh, int64_t ep
   return model;
 }
 
+// This rank's bytes of the model's state (its pieces).
+int64_t own_bytes(Llama3& model) {
+  int64_t n = 0;
+  for (const auto& item : dtensor::get_model_state_dict(*model)) {
+    const at::Tensor& t = item.value();
+    n += static_cast<int64_t>((dtensor::is_dtensor(t) ? dtensor::DTensor(t).to_local() : t).nbytes());
+  }
+  return n;
+}
+
+int64_t largest_file(const std::string& dir) {
+  int64_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().extension() == ".safetensors") {
+      n = std::max(n, static_cast<int64_t>(e.file_size()));
+    }
+  }
+  return n;
+}
+
+// load_hf, its allocations' peak checked against the rank's share plus one file.
+void load_measured(Llama3& model, const std::string& hf_dir) {
+  auto& counter = dtensor::testing::CountingCPUAllocator::install();
+  const int64_t own = own_bytes(model);
+  const int64_t bound = own + largest_file(hf_dir);
+  counter.mark();
+  dtensor::models::load_hf(model, hf_dir);
+  const int64_t peak = counter.window_peak();
+  std::cout << "rank " << dtensor::get_rank() << ": load peak " << peak << " bytes; own share "
+            << own << ", bound " << bound << std::endl;
+  TORCH_CHECK(peak <= bound, "rank ", dtensor::get_rank(), ": loading allocated ", peak,
+              " bytes at its peak, more than its share ", own, " plus the largest file");
+}
+
 void run(const std::string& mode, const std::string& hf_dir, const std::string& logits_dir,
-         const std::vector<int64_t>& shape, int64_t ep) {
+         const std::vector<int64_t>& shape, int64_t ep, int64_t max_shard_bytes) {
   const auto mesh = dtensor::init_device_mesh(c10::kCPU, shape, {"dp_replicate", "dp_shard", "tp"});
   const bool exporting = mode.rfind("export", 0) == 0;
   const Llama3Args args = mode == "export" ? dtensor::models::llama3_tiny_args()
@@ -72,7 +116,7 @@ void run(const std::string& mode, const std::string& hf_dir, const std::string& 
     }
   } else {
     TORCH_CHECK(mode == "load", "unknown mode ", mode);
-    dtensor::models::load_hf(model, hf_dir);
+    load_measured(model, hf_dir);
   }
   torch::NoGradGuard no_grad;
   at::Tensor logits = dtensor::call(model, tokens(args.vocab_size()));
@@ -83,23 +127,29 @@ void run(const std::string& mode, const std::string& hf_dir, const std::string& 
   out.insert("logits", logits.contiguous());
   dtensor::checkpoint::save(out, logits_dir);
   if (exporting) {
-    dtensor::models::export_hf(model, hf_dir);
+    dtensor::models::export_hf(
+        model, hf_dir, dtensor::models::HfExportOptions().max_shard_bytes(max_shard_bytes));
   }
 }
 
 } // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5 && argc != 6) {
+  if (argc < 5 || argc > 7) {
     std::cerr << "usage: llama3_hf_worker export|export-qwen3|export-qwen3-moe|load HF_DIR "
-                 "LOGITS_DIR AxBxC [EP]\n";
+                 "LOGITS_DIR AxBxC [EP [MAX_SHARD_BYTES]]\n";
     return 2;
   }
+  dtensor::testing::CountingCPUAllocator::install(); // before any tensor
   dtensor::init_process_group();
   try {
-    run(argv[1], argv[2], argv[3], parse_shape(argv[4]), argc == 6 ? std::stoll(argv[5]) : 1);
+    run(argv[1], argv[2], argv[3], parse_shape(argv[4]), argc >= 6 ? std::stoll(argv[5]) : 1,
+        argc == 7 ? std::stoll(argv[6]) : int64_t{50'000'000'000});
   } catch (const std::exception& e) {
-    std::cerr << "llama3_hf_worker: " << e.what() << std::endl;
+    // One write, so that the ranks' lines do not interleave on the shared stderr.
+    const std::string line =
+        "llama3_hf_worker rank " + std::to_string(dtensor::get_rank()) + ": " + e.what() + "\n";
+    (void)!::write(2, line.data(), line.size());
     return 1;
   }
   dtensor::destroy_process_group();
