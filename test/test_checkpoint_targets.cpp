@@ -232,7 +232,7 @@ TEST_CASE("checkpoint targets: consolidate and export_hf replace only their own 
       dtensor::models::Llama3Args().dim(16).n_layers(1).n_heads(2).n_kv_heads(2).vocab_size(32);
   dtensor::models::Llama3 model(args);
   REQUIRE_THROWS_WITH(dtensor::models::export_hf(model, foreign.string()),
-                      contains("export_hf(" + foreign.string() + "): rank 0:") &&
+                      contains("checkpoint::save_hf(" + foreign.string() + "): rank 0:") &&
                           contains("is a directory holding 1 entry"));
   REQUIRE(snapshot(foreign) == std::map<std::string, std::string>{{"tokenizer.json", "{}"}});
   REQUIRE(!fs::exists(foreign.string() + ".dtensor-parts"));

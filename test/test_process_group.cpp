@@ -129,3 +129,31 @@ TEST_CASE("device figures: peak TFLOPs by device name, none for the CPU", "[pg][
   CHECK(!cpu.available);
   CHECK(cpu.max_active_bytes == 0);
 }
+
+// Guards the live CPU tensor bytes the recipe reports on a CPU ([Note: counting host memory]):
+// nothing before count_host_memory(); then a tensor's bytes exactly, while it lives and in the
+// peak until reset; a tensor allocated before the counter frees without disturbing it.
+TEST_CASE("device figures: live CPU tensor bytes counted from count_host_memory on",
+          "[pg][world1]") {
+  at::Tensor before = at::ones({1000}, at::kFloat);
+  if (!dtensor::host_memory_stats().counting) { // the first case of this process to count
+    CHECK(dtensor::host_memory_stats().live_bytes == 0);
+  }
+  dtensor::count_host_memory();
+  dtensor::count_host_memory(); // once per process
+  const dtensor::HostMemoryStats start = dtensor::host_memory_stats();
+  REQUIRE(start.counting);
+  dtensor::reset_peak_host_memory();
+  {
+    at::Tensor t = at::empty({1 << 18}, at::kFloat); // 1 MiB
+    const dtensor::HostMemoryStats held = dtensor::host_memory_stats();
+    CHECK(held.live_bytes - start.live_bytes == (1 << 20));
+    CHECK(held.max_live_bytes >= held.live_bytes);
+  }
+  before.reset(); // allocated before the counter: not counted, freed through the right deleter
+  const dtensor::HostMemoryStats after = dtensor::host_memory_stats();
+  CHECK(after.live_bytes == start.live_bytes);
+  CHECK(after.max_live_bytes - start.live_bytes >= (1 << 20));
+  dtensor::reset_peak_host_memory();
+  CHECK(dtensor::host_memory_stats().max_live_bytes == after.live_bytes);
+}

@@ -17,7 +17,7 @@ OWN = [r"dtensor train \(Llama 3 recipe\): ", r"data: ", r" step +loss +tokens/s
        r" +\d+ +\d+\.\d{4} ",
        r"sample: \"", r"loss \d+\.\d+ -> \d+\.\d+ \(falling\)"]
 KEYS = {"step", "loss", "tokens_per_s", "tokens_per_s_per_device", "tokens_seen", "grad_norm",
-        "step_s", "peak_resident_mib", "collectives", "collective_bytes", "collectives_by_group",
+        "step_s", "peak_resident_mib", "max_live_tensor_mib", "collectives", "collective_bytes", "collectives_by_group",
         "batch_digest", "lr", "flops_per_token", "tflops_per_device"}
 
 

@@ -245,7 +245,7 @@ struct Loop {
       }
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      StepMetrics m{s,  0,  0, secs, lr, 0, mode->comm_counts(), {}, mode->counts_by_group(),
+      StepMetrics m{s,  0,  0, secs, lr, 0, -1, mode->comm_counts(), {}, mode->counts_by_group(),
                     {}, {}};
       for (const auto& [kind, n] : m.counts) {
         m.bytes[kind] = mode->bytes_in(kind);
@@ -254,7 +254,7 @@ struct Loop {
       std::tie(m.loss, m.grad_norm) = values(loss_t, norm_t);
       losses.push_back(m.loss);
       m.extra = data_metrics(s);
-      m.peak_resident_mib = peak_mib();
+      std::tie(m.peak_resident_mib, m.max_live_tensor_mib) = peak_mib();
       m.memory = device_memory_stats(device);
       reset_peak_device_memory(device); // the next step's peaks are its own
       step_log.log(m);
@@ -290,13 +290,17 @@ struct Loop {
     write_output(path.string(), report.to_json() + "\n");
   }
 
-  // The largest rank's peak resident memory (MiB).
-  double peak_mib() const {
-    at::Tensor peak = at::full({1}, peak_resident_mib(), at::kDouble);
+  // The largest rank's peak resident memory and peak of live CPU tensors (MiB; the latter
+  // -1 unless counted), in one all-reduce; the tensors' peak reset for the next step.
+  std::pair<double, double> peak_mib() const {
+    const HostMemoryStats host = host_memory_stats();
+    reset_peak_host_memory();
+    const double live = host.counting ? static_cast<double>(host.max_live_bytes) / (1 << 20) : -1;
+    at::Tensor peak = at::tensor({peak_resident_mib(), live}, at::kDouble);
     if (!is_simulated()) {
-      peak = all_reduce(peak.to(device), ReduceOp::Max, world_group());
+      peak = all_reduce(peak.to(device), ReduceOp::Max, world_group()).cpu();
     }
-    return peak.item<double>();
+    return {peak[0].item<double>(), peak[1].item<double>()};
   }
 
   void save(int64_t s) {
@@ -389,6 +393,9 @@ int run_llama(int argc, char** argv) {
   const ParallelDims dims = resolve_parallel_dims(f, world); // checked, before any group
   const bool cuda = get_backend() == BackendType::Nccl;
   const at::Device device = default_device(); // the simulated device in a simulated world
+  if (device.is_cpu() && !is_simulated()) {
+    count_host_memory(); // the live CPU tensors' peak per step ([Note: device figures])
+  }
   const DeviceMesh mesh = dims.build_mesh(cuda ? c10::kCUDA : c10::kCPU); // Gloo's lines muted
   const DeviceMesh dp = mesh[{"dp_replicate", "dp_shard"}];
   muted.reset();

@@ -56,6 +56,7 @@ std::vector<std::pair<std::string, double>> tensorboard_scalars(const nlohmann::
       {"step_s", "time_metrics/end_to_end(s)"},
       {"tokens_seen", "n_tokens_seen"},
       {"peak_resident_mib", "memory/peak_resident(MiB)"},
+      {"max_live_tensor_mib", "memory/max_live_tensors(MiB)"},
       {"memory_max_active_gib", "memory/max_active(GiB)"},
       {"memory_max_active_pct", "memory/max_active(%)"},
       {"memory_max_reserved_gib", "memory/max_reserved(GiB)"},
@@ -147,6 +148,9 @@ nlohmann::json StepLog::line(const StepMetrics& m) const {
   line["tflops_per_device"] = tflops;
   if (f_.peak_tflops > 0) {
     line["mfu_pct"] = 100.0 * tflops / f_.peak_tflops;
+  }
+  if (m.max_live_tensor_mib >= 0) { // on a CPU, the live tensors' peak during the step
+    line["max_live_tensor_mib"] = m.max_live_tensor_mib;
   }
   // On a GPU, the caching allocator's peaks during the step (torchtitan's memory metrics).
   if (m.memory.available) {

@@ -27,6 +27,7 @@ namespace dtensor::train {
 struct StepMetrics {
   int64_t step = 0;
   double loss = 0, grad_norm = 0, step_s = 0, lr = 0, peak_resident_mib = 0;
+  double max_live_tensor_mib = -1; // the largest rank's live CPU tensors at their peak (-1: not counted)
   std::map<CollectiveKind, int64_t> counts, bytes; // per kind: collectives, bytes sent
   std::map<std::string, std::map<CollectiveKind, int64_t>> by_group;
   nlohmann::json extra;     // the data's digest and position, the validation loss

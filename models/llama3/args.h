@@ -21,6 +21,38 @@ struct Llama3RopeScaling {
   TORCH_ARG(int64_t, original_max_position_embeddings) = 8192;
 };
 
+// YaRN's RoPE frequency scaling (Hugging Face's rope_type "yarn", as DeepSeek-V3 uses it):
+// frequencies interpolated by `factor` below the band [beta_slow, beta_fast] rotations over
+// original_max_position_embeddings, kept above it, ramped between; cos / sin multiplied by
+// the attention factor (get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim), or
+// get_mscale(factor) when either is 0); with multi-head latent attention the softmax scale
+// multiplied by get_mscale(factor, mscale_all_dim)^2. get_mscale(s, m) = 0.1 m ln(s) + 1.
+struct YarnRope {
+  TORCH_ARG(double, factor) = 40.0;
+  TORCH_ARG(int64_t, original_max_position_embeddings) = 4096;
+  TORCH_ARG(double, beta_fast) = 32.0;
+  TORCH_ARG(double, beta_slow) = 1.0;
+  TORCH_ARG(double, mscale) = 1.0;         // 0: absent
+  TORCH_ARG(double, mscale_all_dim) = 1.0; // 0: absent
+};
+
+// DeepSeek-V3's multi-head latent attention (torchtitan's MLA; Hugging Face's
+// DeepseekV3Attention): q through a low-rank latent (q_lora_rank; 0: one projection), k / v
+// from a shared latent of kv_lora_rank plus one rotary key of qk_rope_head_dim shared by the
+// heads; each head's q / k of qk_nope_head_dim + qk_rope_head_dim, its v of v_head_dim.
+struct MLAArgs {
+  TORCH_ARG(int64_t, q_lora_rank) = 0;
+  TORCH_ARG(int64_t, kv_lora_rank) = 512;
+  TORCH_ARG(int64_t, qk_nope_head_dim) = 128;
+  TORCH_ARG(int64_t, qk_rope_head_dim) = 64;
+  TORCH_ARG(int64_t, v_head_dim) = 128;
+  // The latents' RMSNorm eps (Hugging Face's q_a_layernorm / kv_a_layernorm: always 1e-6).
+  TORCH_ARG(double, latent_norm_eps) = 1e-6;
+
+ public:
+  int64_t qk_head_dim() const { return qk_nope_head_dim() + qk_rope_head_dim(); }
+};
+
 // torchtitan's TransformerModelArgs; chainable: Llama3Args().dim(512).n_kv_heads(4).
 // Defaults: torchtitan's "debugmodel" flavor, except max_seq_len, which torchtitan overwrites
 // with the training seq_len (2048 in its debug config) in update_from_config.
@@ -51,12 +83,18 @@ struct Llama3Args {
   // Hugging Face's mlp_only_layers); nullopt: every layer dense.
   TORCH_ARG(std::optional<MoEArgs>, moe) = std::nullopt;
   TORCH_ARG(int64_t, n_dense_layers) = 0;
+  // Multi-head latent attention in place of grouped-query attention (DeepSeek-V3).
+  TORCH_ARG(std::optional<MLAArgs>, mla) = std::nullopt;
+  // YaRN's rotary scaling in place of rope_scaling's (DeepSeek-V3's checkpoints).
+  TORCH_ARG(std::optional<YarnRope>, yarn) = std::nullopt;
 
  public:
   int64_t kv_heads() const { return n_kv_heads() > 0 ? n_kv_heads() : n_heads(); }
   int64_t head_dim() const {
     return attention_head_dim() > 0 ? attention_head_dim() : dim() / n_heads();
   }
+  // The width the rotary embedding turns: a head's, or MLA's rotary part.
+  int64_t rope_dim() const { return mla() ? mla()->qk_rope_head_dim() : head_dim(); }
   bool is_moe_layer(int64_t layer_id) const {
     return moe().has_value() && layer_id >= n_dense_layers();
   }

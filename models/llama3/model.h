@@ -5,8 +5,9 @@
 // without bias), with parameter names and order exactly torchtitan's, and its init_weights()
 // on dtensor's layout-independent random ops (after parallelize / fully_shard / to_empty).
 // With Llama3Args' attention_head_dim, qk_norm and moe it is also Qwen3(-MoE) and a
-// DeepSeek-V3-style MoE model (GQA attention). Left out: flex / varlen attention, positions,
-// multi-head latent attention, PEFT, tying.
+// DeepSeek-V3 MoE model (with Llama3Args' mla: multi-head latent attention, models/llama3/
+// mla.h; with yarn: YaRN's rotary scaling). Left out: flex / varlen attention, positions,
+// PEFT, tying, DeepSeek-V3's multi-token prediction.
 //
 // [Note: models carry no parallelism] As torchtitan's model.py, nothing here names a
 // parallelism: submodules are called through dtensor::call (the module seam,
@@ -32,68 +33,11 @@
 #include <models/check.h>
 #include <models/llama3/args.h>
 #include <models/llama3/layers.h>
+#include <models/llama3/mla.h>
+#include <models/llama3/rope.h>
 #include <models/moe/moe.h>
 
 namespace dtensor::models {
-
-// ---------------------------------------------------------------------------------------------
-// Rotary embeddings
-// ---------------------------------------------------------------------------------------------
-
-// torchtitan's apply_scaling (Llama 3.1): long wavelengths divided by scaling_factor, short
-// ones kept, the band between interpolated.
-inline at::Tensor apply_rope_scaling(const at::Tensor& freqs, const Llama3RopeScaling& s) {
-  const double original = static_cast<double>(s.original_max_position_embeddings());
-  const double low_freq_wavelen = original / s.low_freq_factor();
-  const double high_freq_wavelen = original / s.high_freq_factor();
-  at::Tensor wavelen = freqs.reciprocal() * (2.0 * std::numbers::pi);
-  at::Tensor scaled = at::where(wavelen > low_freq_wavelen, freqs / s.scaling_factor(), freqs);
-  at::Tensor smooth = (wavelen.reciprocal() * original - s.low_freq_factor()) /
-                      (s.high_freq_factor() - s.low_freq_factor());
-  at::Tensor band = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen);
-  return at::where(band, (1.0 - smooth) * scaled / s.scaling_factor() + smooth * scaled, scaled);
-}
-
-// [Note: interleaved rotary layout] torchtitan's precompute_freqs_cis as real pairs:
-// [end, head_dim / 2, 2] holding (cos, sin) of t * freq_i (view_as_real of its complex64
-// buffer). apply_rotary_emb reads q / k's last dim as pairs x[2i] + i x[2i+1] (Meta's layout)
-// and multiplies each by cis(t * freq_i).
-inline at::Tensor precompute_freqs_cis(int64_t head_dim, int64_t end, double theta,
-                                       const std::optional<Llama3RopeScaling>& scaling,
-                                       const at::TensorOptions& options = {}) {
-  const at::TensorOptions f32 = options.dtype(at::kFloat);
-  at::Tensor exponent =
-      at::arange(0, head_dim, 2, f32).slice(0, 0, head_dim / 2) / static_cast<double>(head_dim);
-  at::Tensor freqs = at::pow(theta, exponent).reciprocal();
-  if (scaling) {
-    freqs = apply_rope_scaling(freqs, *scaling);
-  }
-  at::Tensor angles = at::outer(at::arange(end, f32), freqs);
-  return at::stack({angles.cos(), angles.sin()}, -1);
-}
-
-// The (cos, sin) tables of the first `seqlen` positions, shaped [1, seqlen, 1, head_dim / 2]
-// to broadcast over [bs, seqlen, heads, head_dim / 2]. (Under tensor parallelism freqs_cis
-// arrives as a Replicate DTensor, next to q / k sharded by heads: the style's
-// more_input_layouts in models/llama3/parallelize.h.)
-inline std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& freqs_cis, int64_t seqlen) {
-  at::Tensor f = freqs_cis.narrow(0, 0, seqlen).to(at::kFloat);
-  const int64_t half = f.size(1);
-  auto table = [&](int64_t i) { return f.select(-1, i).contiguous().view({1, seqlen, 1, half}); };
-  return {table(0), table(1)};
-}
-
-// torchtitan's apply_rotary_emb on one of q / k ([bs, seqlen, heads, head_dim]), in fp32, with
-// real arithmetic for the complex product (x_r + i x_i)(cos + i sin).
-inline at::Tensor apply_rotary_emb(const at::Tensor& x, const at::Tensor& rot_cos,
-                                   const at::Tensor& rot_sin) {
-  at::Tensor pairs = x.to(at::kFloat).view({x.size(0), x.size(1), x.size(2), x.size(3) / 2, 2});
-  at::Tensor re = pairs.select(-1, 0);
-  at::Tensor im = pairs.select(-1, 1);
-  at::Tensor out =
-      at::stack({re * rot_cos - im * rot_sin, re * rot_sin + im * rot_cos}, -1).flatten(3);
-  return out.to(x.scalar_type());
-}
 
 // ---------------------------------------------------------------------------------------------
 // Modules
@@ -193,8 +137,12 @@ TORCH_MODULE(Llama3Attention);
 // moe, attention_norm, ffn_norm).
 struct Llama3BlockImpl : torch::nn::Module {
   Llama3BlockImpl(int64_t id, const Llama3Args& args)
-      : attention(register_module("attention", Llama3Attention(args))), layer_id(id),
-        weight_init_std(init_std(id, args)) {
+      : layer_id(id), weight_init_std(init_std(id, args)) {
+    if (args.mla()) {
+      mla = register_module("attention", MLAttention(args));
+    } else {
+      attention = register_module("attention", Llama3Attention(args));
+    }
     if (args.is_moe_layer(id)) {
       moe = register_module("moe", MoE(args.moe_args()));
     } else {
@@ -210,21 +158,28 @@ struct Llama3BlockImpl : torch::nn::Module {
     return 0.02 / std::sqrt(2.0 * static_cast<double>(depth));
   }
   at::Tensor forward(const at::Tensor& x, const at::Tensor& freqs_cis) {
-    at::Tensor h = x + dtensor::call(attention, dtensor::call(attention_norm, x), freqs_cis);
+    at::Tensor normed_x = dtensor::call(attention_norm, x);
+    at::Tensor h = x + (mla ? dtensor::call(mla, normed_x, freqs_cis)
+                            : dtensor::call(attention, normed_x, freqs_cis));
     at::Tensor normed = dtensor::call(ffn_norm, h);
     return h + (moe ? dtensor::call(moe, normed) : dtensor::call(feed_forward, normed));
   }
   void init_weights() {
     attention_norm->reset_parameters();
     ffn_norm->reset_parameters();
-    attention->init_weights(weight_init_std);
+    if (mla) {
+      mla->init_weights(weight_init_std);
+    } else {
+      attention->init_weights(weight_init_std);
+    }
     if (moe) {
       moe->init_weights(weight_init_std);
     } else {
       feed_forward->init_weights(weight_init_std);
     }
   }
-  Llama3Attention attention;
+  Llama3Attention attention{nullptr}; // grouped-query attention, or
+  MLAttention mla{nullptr};           // multi-head latent attention (both named "attention")
   Llama3FeedForward feed_forward{nullptr}; // a dense layer's
   MoE moe{nullptr};                        // a mixture-of-experts layer's
   RMSNorm attention_norm{nullptr};
@@ -279,8 +234,9 @@ struct Llama3Impl : torch::nn::Module {
                            3.0 * final_out_std);
   }
   at::Tensor compute_freqs_cis(const at::TensorOptions& options) const {
-    return precompute_freqs_cis(model_args.head_dim(), model_args.max_seq_len(),
-                                model_args.rope_theta(), model_args.rope_scaling(), options);
+    return precompute_freqs_cis(model_args.rope_dim(), model_args.max_seq_len(),
+                                model_args.rope_theta(), model_args.rope_scaling(), options,
+                                model_args.yarn());
   }
 
   Llama3Args model_args;
@@ -311,7 +267,8 @@ inline int64_t llama3_flops_per_token(Llama3& model, int64_t seq_len) {
   }
   const int64_t active =
       a.moe() ? experts * a.moe()->top_k() / a.moe()->num_experts() : experts;
-  return 6 * (dense + active) + 6 * a.n_layers() * a.n_heads() * 2 * a.head_dim() * seq_len;
+  const int64_t qk_v = a.mla() ? a.mla()->qk_head_dim() + a.mla()->v_head_dim() : 2 * a.head_dim();
+  return 6 * (dense + active) + 6 * a.n_layers() * a.n_heads() * qk_v * seq_len;
 }
 
 } // namespace dtensor::models

@@ -85,6 +85,8 @@ inline dtensor::ParallelizePlan llama3_tp_plan(bool loss_parallel,
 // taken as Replicate where attention is called.
 inline void apply_tp(Llama3& model, const dtensor::DeviceMesh& tp_mesh, bool loss_parallel) {
   const Llama3Args& a = model->model_args;
+  DTENSOR_MODEL_CHECK(!a.mla(), "Llama3 apply_tp: multi-head latent attention (DeepSeek-V3) "
+                                "under tensor parallelism is not implemented yet");
   DTENSOR_MODEL_CHECK(a.n_heads() % tp_mesh.size() == 0 && a.kv_heads() % tp_mesh.size() == 0,
                       "Llama3 apply_tp: n_heads (", a.n_heads(), ") and n_kv_heads (", a.kv_heads(),
                       ") must be multiples of the tensor-parallel degree ", tp_mesh.size());
@@ -137,6 +139,8 @@ inline void apply_ac(Llama3& model, const Llama3Ac& ac) {
 inline void apply_cp(const std::vector<Llama3BlockImpl*>& blocks,
                      const dtensor::DeviceMesh& cp_mesh, const dtensor::ContextParallel& style) {
   for (auto* block : blocks) {
+    DTENSOR_MODEL_CHECK(!block->mla, "Llama3 apply_cp: multi-head latent attention (DeepSeek-V3) "
+                                     "under context parallelism is not implemented yet");
     auto& attention = *block->attention;
     style.apply(*attention.inner_attention, cp_mesh);
     dtensor::register_module_hooks(
@@ -285,7 +289,12 @@ inline void parallelize_llama3_part(const Llama3Part& part, const dtensor::Devic
   DTENSOR_MODEL_CHECK(a.n_heads() % tp == 0 && a.kv_heads() % tp == 0, "Llama3: n_heads (",
                       a.n_heads(), ") and n_kv_heads (", a.kv_heads(),
                       ") must be multiples of the tensor-parallel degree ", tp);
-  dtensor::parallelize_module(part.root, mesh["tp"], plan);
+  DTENSOR_MODEL_CHECK(!a.mla() || (tp == 1 && !cp),
+                      "Llama3: multi-head latent attention (DeepSeek-V3) under tensor or context "
+                      "parallelism is not implemented yet (tp ", tp, cp ? ", cp on" : "", ")");
+  if (!a.mla()) { // (with MLA, tp is 1: no tensor-parallel layouts at all)
+    dtensor::parallelize_module(part.root, mesh["tp"], plan);
+  }
   if (cp) {
     apply_cp(part.blocks, mesh["cp"], *cp);
   }

@@ -36,6 +36,7 @@
 
 #include <models/check.h>
 #include <models/llama3/args.h>
+#include <models/llama3/hf_config.h>
 #include <models/llama3/model.h>
 
 namespace dtensor::models {
@@ -67,6 +68,26 @@ inline const std::vector<std::pair<std::string, std::string>>& hf_block_names() 
       {"moe.experts.w1", "mlp.experts.gate_proj.weight"},
       {"moe.experts.w2", "mlp.experts.down_proj.weight"},
       {"moe.experts.w3", "mlp.experts.up_proj.weight"},
+      // DeepSeek-V3's latent attention (its q latent's norm: hf_mla_names), shared experts
+      // and load-balancing bias (Hugging Face's e_score_correction_bias)
+      {"attention.wq_a.weight", "self_attn.q_a_proj.weight"},
+      {"attention.wq_b.weight", "self_attn.q_b_proj.weight"},
+      {"attention.wkv_a.weight", "self_attn.kv_a_proj_with_mqa.weight"},
+      {"attention.kv_norm.weight", "self_attn.kv_a_layernorm.weight"},
+      {"attention.wkv_b.weight", "self_attn.kv_b_proj.weight"},
+      {"moe.shared_experts.w1.weight", "mlp.shared_experts.gate_proj.weight"},
+      {"moe.shared_experts.w2.weight", "mlp.shared_experts.down_proj.weight"},
+      {"moe.shared_experts.w3.weight", "mlp.shared_experts.up_proj.weight"},
+      {"moe.expert_bias", "mlp.gate.e_score_correction_bias"},
+  };
+  return names;
+}
+
+// Names that mean another Hugging Face name with latent attention, where q_norm is the q
+// latent's norm (torchtitan's name), not Qwen3's per-head norm.
+inline const std::vector<std::pair<std::string, std::string>>& hf_mla_names() {
+  static const std::vector<std::pair<std::string, std::string>> names = {
+      {"attention.q_norm.weight", "self_attn.q_a_layernorm.weight"},
   };
   return names;
 }
@@ -96,8 +117,10 @@ inline bool is_rotary(const std::string& ours) {
 }
 
 // `name` mapped by the tables: top-level names directly, "<from_prefix>{i}.<rest>" to
-// "<to_prefix>{i}.<rest mapped>"; nullopt when nothing matches. `forward` picks the direction.
-inline std::optional<std::string> map_name(const std::string& name, bool forward) {
+// "<to_prefix>{i}.<rest mapped>"; nullopt when nothing matches. `forward` picks the direction;
+// `mla`: hf_mla_names first.
+inline std::optional<std::string> map_name(const std::string& name, bool forward,
+                                           bool mla = false) {
   for (const auto& [ours, hf] : hf_top_names()) {
     if (name == (forward ? ours : hf)) {
       return forward ? hf : ours;
@@ -114,9 +137,14 @@ inline std::optional<std::string> map_name(const std::string& name, bool forward
   }
   const std::string index = name.substr(from_prefix.size(), dot - from_prefix.size());
   const std::string rest = name.substr(dot + 1);
-  for (const auto& [ours, hf] : hf_block_names()) {
-    if (rest == (forward ? ours : hf)) {
-      return to_prefix + index + "." + (forward ? hf : ours);
+  for (const auto* table : {&hf_mla_names(), &hf_block_names()}) {
+    if (table == &hf_mla_names() && !mla) {
+      continue;
+    }
+    for (const auto& [ours, hf] : *table) {
+      if (rest == (forward ? ours : hf)) {
+        return to_prefix + index + "." + (forward ? hf : ours);
+      }
     }
   }
   return std::nullopt;
@@ -141,16 +169,17 @@ inline std::optional<std::string> hf_expert_pattern(const std::string& hf) {
 }
 
 // Our parameter name -> LlamaForCausalLM's ("layers.3.attention.wq.weight" ->
-// "model.layers.3.self_attn.q_proj.weight"). Throws for names without one (freqs_cis).
-inline std::string hf_name(const std::string& ours) {
-  std::optional<std::string> hf = llama3_detail::map_name(ours, /*forward=*/true);
+// "model.layers.3.self_attn.q_proj.weight"); `mla`: a model with latent attention's
+// (DeepseekV3ForCausalLM's). Throws for names without one (freqs_cis).
+inline std::string hf_name(const std::string& ours, bool mla = false) {
+  std::optional<std::string> hf = llama3_detail::map_name(ours, /*forward=*/true, mla);
   DTENSOR_MODEL_CHECK(hf.has_value(), "hf_name: no Hugging Face name for '", ours, "'");
   return *hf;
 }
 
 // LlamaForCausalLM's parameter name -> ours. Throws for names without one.
-inline std::string from_hf_name(const std::string& hf) {
-  std::optional<std::string> ours = llama3_detail::map_name(hf, /*forward=*/false);
+inline std::string from_hf_name(const std::string& hf, bool mla = false) {
+  std::optional<std::string> ours = llama3_detail::map_name(hf, /*forward=*/false, mla);
   DTENSOR_MODEL_CHECK(ours.has_value(), "from_hf_name: no Llama3 name for '", hf, "'");
   return *ours;
 }
@@ -175,9 +204,14 @@ inline at::Tensor from_hf_qk(const at::Tensor& w, int64_t n_heads) {
 }
 
 // One entry of our state dict as Hugging Face's (name, tensor): wq / wk permuted, the rest as
-// is; nullopt for freqs_cis ([Note: freqs_cis is persistent]). Full tensors.
+// is (with latent attention nothing is permuted: [Note: latent attention] in mla.h); nullopt
+// for freqs_cis ([Note: freqs_cis is persistent]). Full tensors.
 inline std::optional<std::pair<std::string, at::Tensor>>
 to_hf(const std::string& name, const at::Tensor& t, const Llama3Args& args) {
+  if (args.mla()) {
+    return name == "freqs_cis" ? std::nullopt
+                               : std::make_optional(std::make_pair(hf_name(name, true), t));
+  }
   if (name == "freqs_cis" || llama3_detail::ends_with(name, ".moe.expert_bias")) {
     return std::nullopt; // the bias: checked zero by export_hf (Qwen3-MoE has none)
   }
@@ -199,6 +233,9 @@ from_hf(const std::string& hf, const at::Tensor& t, const Llama3Args& args) {
   if (llama3_detail::ends_with(hf, ".self_attn.rotary_emb.inv_freq")) {
     return std::nullopt;
   }
+  if (args.mla()) {
+    return std::make_pair(from_hf_name(hf, true), t);
+  }
   at::Tensor v = t;
   if (llama3_detail::ends_with(hf, ".self_attn.q_proj.weight")) {
     v = from_hf_qk(t, args.n_heads());
@@ -216,94 +253,15 @@ from_hf(const std::string& hf, const at::Tensor& t, const Llama3Args& args) {
 // ---------------------------------------------------------------------------------------------
 
 namespace llama3_detail {
-
-// What Qwen3MoeForCausalLM can hold of a mixture-of-experts model; throws naming the rest.
-inline void check_qwen3_moe(const Llama3Args& a) {
-  const MoEArgs& m = *a.moe();
-  DTENSOR_MODEL_CHECK(a.qk_norm(),
-                      "export_hf: a mixture-of-experts model is written as "
-                      "Qwen3MoeForCausalLM, whose attention has q / k norms: set qk_norm");
-  DTENSOR_MODEL_CHECK(
-      m.score_func() == MoEScore::Softmax && m.num_shared_experts() == 0 &&
-          m.route_scale() == 1.0 && m.num_expert_groups() == 1,
-      "export_hf: Qwen3MoeForCausalLM routes by softmax over all experts with no shared "
-      "experts, groups or route scale; this model has ",
-      m.score_func() == MoEScore::Softmax ? "softmax" : "sigmoid", " scores, ",
-      m.num_shared_experts(), " shared experts, ", m.num_expert_groups(), " groups, route scale ",
-      m.route_scale());
-}
-
-// The rotary base and scaling of a config.json: transformers 5's rope_parameters, or the
-// older rope_theta / rope_scaling keys.
-inline void rope_from_hf(const nlohmann::json& c, const std::string& path, Llama3Args& a) {
-  nlohmann::json rope = c.contains("rope_scaling") ? c["rope_scaling"] : nlohmann::json();
-  double theta = c.value("rope_theta", 10000.0);
-  if (c.contains("rope_parameters") && c["rope_parameters"].is_object()) {
-    const nlohmann::json& p = c["rope_parameters"];
-    theta = p.value("rope_theta", theta);
-    if (p.value("rope_type", "default") != "default") {
-      rope = p;
-    }
-  }
-  a.rope_theta(theta);
-  if (rope.is_object() && rope.value("rope_type", rope.value("type", "")) == "llama3") {
-    a.rope_scaling(
-        Llama3RopeScaling()
-            .scaling_factor(rope.at("factor"))
-            .low_freq_factor(rope.at("low_freq_factor"))
-            .high_freq_factor(rope.at("high_freq_factor"))
-            .original_max_position_embeddings(rope.at("original_max_position_embeddings")));
-  } else {
-    DTENSOR_MODEL_CHECK(rope.is_null() ||
-                            (rope.is_object() && rope.value("rope_type", "") == "default"),
-                        "load_hf: ", path, ": unsupported rope scaling ", rope.dump());
-    a.rope_scaling(std::nullopt);
-  }
-}
-
-// The first of `keys` that config.json has (transformers writes some keys under other names
-// than the Hub's configs: num_local_experts for num_experts); throws naming them and the file.
-inline const nlohmann::json& config_value(const nlohmann::json& c, const std::string& path,
-                                          std::initializer_list<const char*> keys) {
-  std::string names;
-  for (const char* k : keys) {
-    if (c.contains(k) && !c[k].is_null()) {
-      return c[k];
-    }
-    names += names.empty() ? k : std::string(" / ") + k;
-  }
-  DTENSOR_MODEL_CHECK(false, "load_hf: ", path, " has no ", names);
-  return c; // unreachable
-}
-
-// A Qwen3-MoE config's experts: moe_intermediate_size, num_experts, num_experts_per_tok,
-// norm_topk_prob; its MLP-only layers must be the first ones, every later layer sparse.
-inline void moe_from_hf(const nlohmann::json& c, const std::string& path, Llama3Args& a) {
-  DTENSOR_MODEL_CHECK(c.value("decoder_sparse_step", int64_t{1}) == 1, "load_hf: ", path,
-                      ": decoder_sparse_step ", c.value("decoder_sparse_step", int64_t{1}),
-                      " is not supported (MoE layers must follow the dense ones)");
-  const std::vector<int64_t> dense = c.value("mlp_only_layers", std::vector<int64_t>{});
-  for (size_t i = 0; i < dense.size(); ++i) {
-    DTENSOR_MODEL_CHECK(dense[i] == static_cast<int64_t>(i), "load_hf: ", path,
-                        ": mlp_only_layers must be the first layers (0, 1, ...), not ",
-                        c["mlp_only_layers"].dump());
-  }
-  a.n_dense_layers(static_cast<int64_t>(dense.size()))
-      .moe(MoEArgs()
-               .hidden_dim(config_value(c, path, {"moe_intermediate_size"}))
-               .num_experts(config_value(c, path, {"num_experts", "num_local_experts"}))
-               .top_k(config_value(c, path, {"num_experts_per_tok"}))
-               .route_norm(c.value("norm_topk_prob", false))
-               .score_func(MoEScore::Softmax));
-}
-
 // A Hugging Face state dict in the order of transformers' modules (a block's q, k, v, o,
 // q / k norms, router, gate, up, down, then its norms), so that files of a maximum size hold
 // the tensors save_pretrained's hold (the experts' stacks excepted). Blocks and the top-level
 // names keep their order (embed_tokens, the blocks, norm, lm_head).
 inline dtensor::StateDict in_hf_order(const dtensor::StateDict& hf) {
   static const std::vector<std::string> within = {
-      "self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj.", "self_attn.o_proj.",
+      "self_attn.q_proj.", "self_attn.q_a_proj.", "self_attn.q_a_layernorm.", "self_attn.q_b_proj.",
+      "self_attn.kv_a_proj_with_mqa.", "self_attn.kv_a_layernorm.", "self_attn.kv_b_proj.",
+      "self_attn.k_proj.", "self_attn.v_proj.", "self_attn.o_proj.",
       "self_attn.q_norm.", "self_attn.k_norm.", "mlp.gate.",          "mlp.experts.gate_proj.",
       "mlp.experts.up_proj.", "mlp.experts.down_proj.", "mlp.gate_proj.", "mlp.up_proj.",
       "mlp.down_proj.",       "input_layernorm.",     "post_attention_layernorm."};
@@ -344,98 +302,6 @@ inline dtensor::StateDict in_hf_order(const dtensor::StateDict& hf) {
 
 } // namespace llama3_detail
 
-// config.json for Hugging Face's LlamaForCausalLM, or Qwen3ForCausalLM (with qk_norm), or
-// Qwen3MoeForCausalLM (with moe): transformers' config keys.
-inline nlohmann::json hf_config(const Llama3Args& a, c10::ScalarType dtype) {
-  nlohmann::json rope = nullptr;
-  if (a.rope_scaling()) {
-    const Llama3RopeScaling& s = *a.rope_scaling();
-    rope = {{"rope_type", "llama3"},
-            {"factor", s.scaling_factor()},
-            {"low_freq_factor", s.low_freq_factor()},
-            {"high_freq_factor", s.high_freq_factor()},
-            {"original_max_position_embeddings", s.original_max_position_embeddings()}};
-  }
-  nlohmann::json c = {{"architectures", {"LlamaForCausalLM"}},
-                      {"model_type", "llama"},
-                      {"hidden_size", a.dim()},
-                      {"intermediate_size", a.ffn_hidden_dim()},
-                      {"num_hidden_layers", a.n_layers()},
-                      {"num_attention_heads", a.n_heads()},
-                      {"num_key_value_heads", a.kv_heads()},
-                      {"head_dim", a.head_dim()},
-                      {"vocab_size", a.vocab_size()},
-                      {"max_position_embeddings", a.max_seq_len()},
-                      {"rms_norm_eps", a.norm_eps()},
-                      {"rope_theta", a.rope_theta()},
-                      {"rope_scaling", rope},
-                      {"hidden_act", "silu"},
-                      {"attention_bias", false},
-                      {"mlp_bias", false},
-                      {"tie_word_embeddings", false},
-                      {"torch_dtype", dtype == at::kBFloat16 ? "bfloat16" : "float32"}};
-  if (a.moe()) {
-    llama3_detail::check_qwen3_moe(a);
-    const MoEArgs& m = *a.moe();
-    std::vector<int64_t> dense;
-    for (int64_t i = 0; i < std::min(a.n_dense_layers(), a.n_layers()); ++i) {
-      dense.push_back(i);
-    }
-    c["architectures"] = {"Qwen3MoeForCausalLM"};
-    c["model_type"] = "qwen3_moe";
-    c["moe_intermediate_size"] = m.hidden_dim();
-    c["num_experts"] = m.num_experts();
-    c["num_experts_per_tok"] = m.top_k();
-    c["norm_topk_prob"] = m.route_norm();
-    c["decoder_sparse_step"] = 1;
-    c["mlp_only_layers"] = dense;
-  } else if (a.qk_norm()) {
-    c["architectures"] = {"Qwen3ForCausalLM"};
-    c["model_type"] = "qwen3";
-  }
-  return c;
-}
-
-// The model arguments a Hugging Face directory's config.json describes (LlamaForCausalLM,
-// Qwen3ForCausalLM, Qwen3MoeForCausalLM). The feed-forward width is taken as given
-// (intermediate_size), whatever multiple_of would round it to.
-inline Llama3Args args_from_hf(const std::string& dir) {
-  const std::string path = dir + "/config.json";
-  std::ifstream f(path);
-  DTENSOR_MODEL_CHECK(f.good(), "load_hf: cannot read ", path);
-  const nlohmann::json c = nlohmann::json::parse(f);
-  const std::string type = c.value("model_type", "");
-  DTENSOR_MODEL_CHECK(type == "llama" || type == "qwen3" || type == "qwen3_moe", "load_hf: ", path,
-                      " describes a '", type, "' model, not 'llama', 'qwen3' or 'qwen3_moe'");
-  DTENSOR_MODEL_CHECK(!c.value("tie_word_embeddings", false), "load_hf: ", path,
-                      ": tied embeddings are not supported");
-  DTENSOR_MODEL_CHECK(!c.value("attention_bias", false), "load_hf: ", path,
-                      ": attention biases are not supported");
-  const int64_t dim = c.at("hidden_size");
-  const int64_t heads = c.at("num_attention_heads");
-  const int64_t head_dim = c.contains("head_dim") && !c["head_dim"].is_null()
-                               ? c["head_dim"].get<int64_t>()
-                               : dim / heads;
-  Llama3Args a;
-  a.dim(dim)
-      .n_layers(c.at("num_hidden_layers"))
-      .n_heads(heads)
-      .n_kv_heads(c.value("num_key_value_heads", heads))
-      .attention_head_dim(head_dim == dim / heads && dim % heads == 0 ? 0 : head_dim)
-      .qk_norm(type != "llama")
-      .vocab_size(c.at("vocab_size"))
-      .multiple_of(1)
-      .ffn_dim_multiplier(0.0)
-      .norm_eps(c.value("rms_norm_eps", 1e-5))
-      .max_seq_len(c.value("max_position_embeddings", int64_t{2048}));
-  llama3_detail::rope_from_hf(c, path, a);
-  if (type == "qwen3_moe") {
-    llama3_detail::moe_from_hf(c, path, a);
-  }
-  a.ffn_hidden(c.at("intermediate_size"));
-  return a;
-}
-
 // What export_hf writes beside the weights and config.json.
 struct HfExportOptions {
   using Files = std::map<std::string, std::string>; // name -> content
@@ -457,14 +323,16 @@ struct HfExportOptions {
 inline void export_hf(const dtensor::StateDict& state, const Llama3Args& args,
                       const std::string& dir, const HfExportOptions& options = {}) {
   torch::NoGradGuard no_grad;
-  if (args.moe()) {
-    llama3_detail::check_qwen3_moe(args); // before anything is written
+  if (args.mla()) { // before anything is written
+    llama3_detail::check_deepseek_v3(args);
+  } else if (args.moe()) {
+    llama3_detail::check_qwen3_moe(args);
   }
   dtensor::StateDict hf;
   c10::ScalarType dtype = at::kFloat;
   dtensor::checkpoint::StackedNames unstack; // the experts, one tensor each
   for (const auto& item : state) {
-    if (llama3_detail::ends_with(item.key(), ".moe.expert_bias")) {
+    if (!args.mla() && llama3_detail::ends_with(item.key(), ".moe.expert_bias")) {
       DTENSOR_MODEL_CHECK(!item.value().ne(0).any().item<bool>(), "export_hf: ", item.key(),
                           " is not zero, and Qwen3MoeForCausalLM has no load-balancing bias: its "
                           "routing would differ from this model's");
@@ -508,12 +376,13 @@ inline void load_hf(dtensor::StateDict& state, const Llama3Args& args, const std
     if (item.key() == "freqs_cis") {
       continue;
     }
-    if (llama3_detail::ends_with(item.key(), ".moe.expert_bias")) {
-      biases.push_back(item.key()); // Hugging Face's model has none: zero after the load
+    const bool mla = args.mla().has_value();
+    if (!mla && llama3_detail::ends_with(item.key(), ".moe.expert_bias")) {
+      biases.push_back(item.key()); // Qwen3-MoE's model has none: zero after the load
       continue;
     }
-    const bool qk = llama3_detail::is_rotary(item.key());
-    const std::string name = hf_name(item.key());
+    const bool qk = !mla && llama3_detail::is_rotary(item.key());
+    const std::string name = hf_name(item.key(), mla);
     reads.insert(name, qk ? at::empty_like(item.value()) : item.value());
     if (qk) {
       permuted.push_back(item.key());

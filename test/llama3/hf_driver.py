@@ -22,6 +22,13 @@ mixture of 8 experts, top 2) against Qwen3MoeForCausalLM, its experts one tensor
           Qwen3 (the tiny Llama with q / k norms) from 1x2x2 (tp 2), by Qwen3ForCausalLM.
   load    a Qwen3MoeForCausalLM saved by save_pretrained in several shards loads on 4 ranks (1x4x1, ep 2 x
           efsdp 2: each rank reads its experts' rows of the per-expert tensors).
+With deepseek_v3, DeepSeek-V3 (multi-head latent attention with a q latent, YaRN's rotary
+scaling, a dense layer then sigmoid-routed experts in groups with the correction bias and a
+shared expert) against DeepseekV3ForCausalLM, saved by save_pretrained in several shards:
+  load    on 1 rank, on 2 (dp_shard 2) and on 4 (dp_shard 4, experts over ep 2 x efsdp 2):
+          logits equal transformers'; the variant without a q latent (q_lora_rank None) on 2.
+  export  the 4-rank job exports what it loaded; DeepseekV3ForCausalLM loads the export and
+          its logits equal the source's.
 Exits 0 when all hold.
 """
 import json
@@ -37,8 +44,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local directories only
 
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
-from transformers import (LlamaConfig, LlamaForCausalLM, Qwen3ForCausalLM, Qwen3MoeConfig,  # noqa: E402
-                          Qwen3MoeForCausalLM)
+from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig,  # noqa: E402
+                          LlamaForCausalLM, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 TOL = 1e-4
 
@@ -189,10 +196,70 @@ def qwen3_moe(torchrun, worker):
     return good
 
 
+def deepseek_v3_reference(tmp, name, q_lora):
+    """A tiny DeepseekV3ForCausalLM (YaRN, norms off one, a non-zero correction bias) saved by
+    save_pretrained in several shards: (directory, its logits)."""
+    torch.manual_seed(3)
+    config = DeepseekV3Config(
+        vocab_size=256, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1,
+        n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1,
+        routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=1,
+        q_lora_rank=q_lora, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
+        v_head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 64, "beta_fast": 32,
+                         "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0})
+    model = DeepseekV3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            if p.ndim == 1:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+        for layer in model.model.layers:
+            if hasattr(layer.mlp, "gate"):
+                layer.mlp.gate.e_score_correction_bias.copy_(0.05 * torch.randn(8))
+    src = os.path.join(tmp, name)
+    model.save_pretrained(src, max_shard_size=SHARD)
+    return src, hf_logits(model, config.vocab_size)
+
+
+def deepseek_v3(torchrun, worker):
+    good = True
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "logits")
+        src, want = deepseek_v3_reference(tmp, "dsv3", 32)
+        good &= len(shards(src)) > 1
+        for nproc, shape, ep in ((1, "1x1x1", "1"), (2, "1x2x1", "1"), (4, "1x4x1", "2")):
+            mode = "load-export" if nproc == 4 else "load"
+            job(torchrun, worker, nproc, mode, src, out + shape, shape, ep, str(SHARD))
+            good &= check(f"DeepseekV3ForCausalLM loaded on {shape} (ep {ep})",
+                          logits_of(out + shape), want)
+        exported = out + "1x4x1-hf"
+        model = DeepseekV3ForCausalLM.from_pretrained(exported, torch_dtype=torch.float32).eval()
+        good &= check("its export from 1x4x1 (ep 2), loaded by transformers",
+                      hf_logits(model, model.config.vocab_size), want)
+        good &= check_folder("the export", exported, set(load_all(src)))
+        noq, want = deepseek_v3_reference(tmp, "dsv3-noq", None)
+        job(torchrun, worker, 2, "load", noq, out + "-noq", "1x2x1")
+        good &= check("DeepseekV3ForCausalLM without a q latent loaded on 1x2x1",
+                      logits_of(out + "-noq"), want)
+    return good
+
+
+def load_all(d):
+    """Every tensor name of a folder's safetensors files."""
+    names = {}
+    for f in shards(d):
+        names.update(load_file(os.path.join(d, f)))
+    return names
+
+
 def main():
     torchrun, worker = sys.argv[1:3]
     if sys.argv[3:] == ["qwen3_moe"]:
         sys.exit(0 if qwen3_moe(torchrun, worker) else 1)
+    if sys.argv[3:] == ["deepseek_v3"]:
+        sys.exit(0 if deepseek_v3(torchrun, worker) else 1)
     good = True
     with tempfile.TemporaryDirectory() as tmp:
         hf, out = os.path.join(tmp, "hf"), os.path.join(tmp, "logits")

@@ -5,8 +5,9 @@
 // to judge against transformers' LlamaForCausalLM (Qwen3MoeForCausalLM for the tiny
 // Qwen3-MoE: export-qwen3-moe, or a loaded Qwen3-MoE directory; its experts over EP ranks).
 //
-//   torchrun --nproc-per-node N llama3_hf_worker export|export-qwen3|export-qwen3-moe|load HF_DIR
-//   LOGITS_DIR AxBxC [EP [MAX_SHARD_BYTES]]
+//   torchrun --nproc-per-node N llama3_hf_worker export|export-qwen3|export-qwen3-moe|load|
+//   load-export HF_DIR LOGITS_DIR AxBxC [EP [MAX_SHARD_BYTES]]
+// (load-export: loads HF_DIR, then exports what it holds to LOGITS_DIR-hf.)
 //
 // A load also measures every rank's tensor allocations while it reads (the counting CPU
 // allocator, test/support/cpu_memory.h) and fails unless their peak stays within the rank's
@@ -115,7 +116,7 @@ void run(const std::string& mode, const std::string& hf_dir, const std::string& 
       }
     }
   } else {
-    TORCH_CHECK(mode == "load", "unknown mode ", mode);
+    TORCH_CHECK(mode == "load" || mode == "load-export", "unknown mode ", mode);
     load_measured(model, hf_dir);
   }
   torch::NoGradGuard no_grad;
@@ -126,9 +127,9 @@ void run(const std::string& mode, const std::string& hf_dir, const std::string& 
   dtensor::StateDict out;
   out.insert("logits", logits.contiguous());
   dtensor::checkpoint::save(out, logits_dir);
-  if (exporting) {
-    dtensor::models::export_hf(
-        model, hf_dir, dtensor::models::HfExportOptions().max_shard_bytes(max_shard_bytes));
+  if (exporting || mode == "load-export") { // load-export: what it read, to LOGITS_DIR-hf
+    dtensor::models::export_hf(model, exporting ? hf_dir : logits_dir + "-hf",
+                               dtensor::models::HfExportOptions().max_shard_bytes(max_shard_bytes));
   }
 }
 
@@ -136,7 +137,7 @@ void run(const std::string& mode, const std::string& hf_dir, const std::string& 
 
 int main(int argc, char** argv) {
   if (argc < 5 || argc > 7) {
-    std::cerr << "usage: llama3_hf_worker export|export-qwen3|export-qwen3-moe|load HF_DIR "
+    std::cerr << "usage: llama3_hf_worker export|export-qwen3|export-qwen3-moe|load|load-export HF_DIR "
                  "LOGITS_DIR AxBxC [EP [MAX_SHARD_BYTES]]\n";
     return 2;
   }

@@ -38,6 +38,7 @@ TAGS = {"loss": "loss_metrics/global_avg_loss", "grad_norm": "grad_norm",
         "tokens_per_s_per_device": "throughput(tps)", "tokens_per_s": "throughput_job(tps)",
         "tflops_per_device": "tflops", "mfu_pct": "mfu(%)", "step_s": "time_metrics/end_to_end(s)",
         "tokens_seen": "n_tokens_seen", "peak_resident_mib": "memory/peak_resident(MiB)",
+        "max_live_tensor_mib": "memory/max_live_tensors(MiB)",
         "val_loss": "validation_metrics/loss", "lr": "lr/AdamW"}
 
 
@@ -146,7 +147,7 @@ def main():
     # The other rank: the same tags; the job's figures (loss, norm, learning rate, validation
     # loss, tokens seen, the largest rank's peak memory) equal; its own times and collectives.
     shared = {"loss_metrics/global_avg_loss", "grad_norm", "lr/AdamW", "validation_metrics/loss",
-              "n_tokens_seen", "memory/peak_resident(MiB)"}
+              "n_tokens_seen", "memory/peak_resident(MiB)", "memory/max_live_tensors(MiB)"}
     for folder in ranks[1:]:
         want = expected(rows)
         acc = EventAccumulator(folder, size_guidance={"scalars": 0})
