@@ -57,10 +57,13 @@ void check_ep(const Flags& f) {
   if (f.ep == 1) {
     return;
   }
-  if (f.ep < 1 || !is_moe_flavor(f.preset)) {
+  // A Hugging Face folder's model has experts when its config.json says so.
+  const bool moe = f.init_from_hf.empty() ? is_moe_flavor(f.preset)
+                                          : recipe_model_args(f, 1).moe().has_value();
+  if (f.ep < 1 || !moe) {
     usage("--ep " + std::to_string(f.ep) + " needs a mixture-of-experts model (--model " +
-          "qwen3-moe|deepseek-v3|qwen3-30b-a3b|deepseek-v3-16b)" +
-          (f.preset.empty() ? "" : ", not " + f.preset));
+          "qwen3-moe|deepseek-v3|qwen3-30b-a3b|deepseek-v3-16b, or an --init-from-hf folder " +
+          "with experts)" + (f.preset.empty() ? "" : ", not " + f.preset));
   }
   const int64_t borrowable = f.mesh[1] * f.cp * f.mesh[2];
   if (borrowable % f.ep != 0) {
@@ -68,7 +71,13 @@ void check_ep(const Flags& f) {
           std::to_string(f.mesh[1]) + " x " + std::to_string(f.cp) + " x " +
           std::to_string(f.mesh[2]) + ", the ranks expert parallelism borrows");
   }
-  if (f.preset == "qwen3-moe" || f.preset == "deepseek-v3") {
+  if (!f.init_from_hf.empty()) {
+    const int64_t experts = recipe_model_args(f, 1).moe()->num_experts();
+    if (experts % f.ep != 0) {
+      usage(f.init_from_hf + "'s " + std::to_string(experts) + " experts do not divide over --ep " +
+            std::to_string(f.ep));
+    }
+  } else if (f.preset == "qwen3-moe" || f.preset == "deepseek-v3") {
     if (f.experts % f.ep != 0) {
       usage("--experts " + std::to_string(f.experts) + " do not divide over --ep " +
             std::to_string(f.ep));

@@ -29,12 +29,17 @@
 namespace dtensor::models {
 
 // Causal attention of q / k [bs, heads, seqlen, qk_head_dim] and v [.., v_head_dim] with the
-// given softmax scale: a module without parameters, as Llama3InnerAttention.
+// given softmax scale: a module without parameters, as Llama3InnerAttention. As torchtitan's,
+// v is padded with zeros to q's width (the fused kernels take one head width; the zero
+// columns come out zero and are cut off).
 struct MLAInnerAttentionImpl : torch::nn::Module {
   explicit MLAInnerAttentionImpl(double s) : scale(s) {}
   at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-    return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                            /*is_causal=*/true, scale);
+    const int64_t dv = v.size(-1), dqk = q.size(-1);
+    const at::Tensor padded = dv == dqk ? v : at::constant_pad_nd(v, {0, dqk - dv}, 0.0);
+    at::Tensor out = at::scaled_dot_product_attention(q, k, padded, /*attn_mask=*/{},
+                                                      /*dropout_p=*/0.0, /*is_causal=*/true, scale);
+    return dv == dqk ? out : out.narrow(-1, 0, dv);
   }
   double scale;
 };

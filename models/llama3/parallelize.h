@@ -34,6 +34,49 @@ namespace dtensor::models {
 // MoE's Shard(1) input taken as local rows, its output put back as Shard(1)), so no tp rank
 // repeats another's all-to-alls (torchtitan#3167). Entries of modules the model lacks
 // (feed_forward in an all-MoE model) are left out.
+// The blocks of `model`, in order (what a model part's parallelization walks).
+inline std::vector<Llama3BlockImpl*> llama3_blocks(Llama3& model) {
+  std::vector<Llama3BlockImpl*> blocks;
+  for (auto& layer : *model->layers) {
+    blocks.push_back(layer->as<Llama3BlockImpl>());
+  }
+  return blocks;
+}
+
+// torchtitan's NoParallel: a module's parameters replicated over tp (Replicate DTensors),
+// computing on Replicate DTensor inputs to Replicate DTensor outputs; the gradients its
+// weights receive from sharded heads downstream come back summed over tp by the DTensors.
+class ReplicateParallel : public dtensor::ParallelStyle {
+ public:
+  std::string name() const override { return "ReplicateParallel"; }
+  void apply(torch::nn::Module& module, const dtensor::DeviceMesh& tp_mesh) const override {
+    dtensor::distribute_module(module, tp_mesh);
+  }
+};
+
+// [Note: latent attention under tensor parallelism] torchtitan's plan for MLA: the attention's
+// input gathered to Replicate (as grouped-query attention's), the low-rank projections and
+// their norms (wq_a, q_norm, wkv_a, kv_norm) replicated, the up-projections (wq or wq_b, wkv_b)
+// column-wise with DTensor outputs, so that q / k / v are DTensors sharded by head and the
+// rotary key, replicated, joins each rank's heads by the DTensors' own rules (its gradient
+// summed over the heads of every rank); the kernel runs on each rank's heads, wo row-wise
+// from them, reduce-scattered to Shard(1).
+inline void add_mla_tp_plan(dtensor::ParallelizePlan& plan, const Llama3Args& args) {
+  using dtensor::ColwiseParallel;
+  const auto replicated = std::make_shared<ReplicateParallel>();
+  const auto colwise = ColwiseParallel().use_local_output(false);
+  if (args.mla()->q_lora_rank() == 0) {
+    plan.insert(plan.end(), {{"layers.*.attention.wq", colwise}});
+  } else {
+    plan.push_back({"layers.*.attention.wq_a", replicated});
+    plan.push_back({"layers.*.attention.q_norm", replicated});
+    plan.insert(plan.end(), {{"layers.*.attention.wq_b", colwise}});
+  }
+  plan.push_back({"layers.*.attention.wkv_a", replicated});
+  plan.push_back({"layers.*.attention.kv_norm", replicated});
+  plan.insert(plan.end(), {{"layers.*.attention.wkv_b", colwise}});
+}
+
 inline dtensor::ParallelizePlan llama3_tp_plan(bool loss_parallel,
                                                const Llama3Args& args = Llama3Args()) {
   using dtensor::ColwiseParallel;
@@ -57,10 +100,14 @@ inline dtensor::ParallelizePlan llama3_tp_plan(bool loss_parallel,
                      .use_local_output(!loss_parallel)},
       {"layers.*.attention_norm", SequenceParallel()},
       {"layers.*.attention", attention_inputs},
-      {"layers.*.attention.w[qkv]", ColwiseParallel()},
       {"layers.*.attention.wo", scattered},
       {"layers.*.ffn_norm", SequenceParallel()},
   };
+  if (args.mla()) {
+    add_mla_tp_plan(plan, args);
+  } else {
+    plan.insert(plan.end(), {{"layers.*.attention.w[qkv]", ColwiseParallel()}});
+  }
   if (!args.moe() || args.n_dense_layers() > 0) {
     plan.insert(plan.end(), {{"layers.*.feed_forward", gathered},
                              {"layers.*.feed_forward.w[13]", ColwiseParallel()},
@@ -85,21 +132,10 @@ inline dtensor::ParallelizePlan llama3_tp_plan(bool loss_parallel,
 // taken as Replicate where attention is called.
 inline void apply_tp(Llama3& model, const dtensor::DeviceMesh& tp_mesh, bool loss_parallel) {
   const Llama3Args& a = model->model_args;
-  DTENSOR_MODEL_CHECK(!a.mla(), "Llama3 apply_tp: multi-head latent attention (DeepSeek-V3) "
-                                "under tensor parallelism is not implemented yet");
   DTENSOR_MODEL_CHECK(a.n_heads() % tp_mesh.size() == 0 && a.kv_heads() % tp_mesh.size() == 0,
                       "Llama3 apply_tp: n_heads (", a.n_heads(), ") and n_kv_heads (", a.kv_heads(),
                       ") must be multiples of the tensor-parallel degree ", tp_mesh.size());
   dtensor::parallelize_module(*model, tp_mesh, llama3_tp_plan(loss_parallel, a));
-}
-
-// The blocks of `model`, in order (what a model part's parallelization walks).
-inline std::vector<Llama3BlockImpl*> llama3_blocks(Llama3& model) {
-  std::vector<Llama3BlockImpl*> blocks;
-  for (auto& layer : *model->layers) {
-    blocks.push_back(layer->as<Llama3BlockImpl>());
-  }
-  return blocks;
 }
 
 // torchtitan's activation_checkpoint for the blocks: `options` (full, or per-op selective
@@ -289,12 +325,10 @@ inline void parallelize_llama3_part(const Llama3Part& part, const dtensor::Devic
   DTENSOR_MODEL_CHECK(a.n_heads() % tp == 0 && a.kv_heads() % tp == 0, "Llama3: n_heads (",
                       a.n_heads(), ") and n_kv_heads (", a.kv_heads(),
                       ") must be multiples of the tensor-parallel degree ", tp);
-  DTENSOR_MODEL_CHECK(!a.mla() || (tp == 1 && !cp),
-                      "Llama3: multi-head latent attention (DeepSeek-V3) under tensor or context "
-                      "parallelism is not implemented yet (tp ", tp, cp ? ", cp on" : "", ")");
-  if (!a.mla()) { // (with MLA, tp is 1: no tensor-parallel layouts at all)
-    dtensor::parallelize_module(part.root, mesh["tp"], plan);
-  }
+  DTENSOR_MODEL_CHECK(!a.mla() || !cp,
+                      "Llama3: multi-head latent attention (DeepSeek-V3) under context "
+                      "parallelism is not implemented yet");
+  dtensor::parallelize_module(part.root, mesh["tp"], plan);
   if (cp) {
     apply_cp(part.blocks, mesh["cp"], *cp);
   }

@@ -35,6 +35,7 @@ def index_of(folder):
 
 def main():
     root, torchrun, train, out = sys.argv[1:5]
+    train, out = os.path.abspath(train), os.path.abspath(out)  # the block runs from the root
     script = walkthrough(root)
     env = dict(os.environ, OUT=out, TRAIN=train, OMP_NUM_THREADS="1",
                PATH=os.path.dirname(torchrun) + os.pathsep + os.environ["PATH"])

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The Llama-3 model's Hugging Face exchange, judged by transformers (meson test llama3_hf).
 
-usage: hf_driver.py TORCHRUN WORKER [qwen3_moe]
+usage: hf_driver.py TORCHRUN WORKER [qwen3_moe | deepseek_v3 [TRAIN]]
   export  8 ranks (2x2x2: dp_replicate, dp_shard, tp) initialize the model and write it with
           export_hf in files of at most 64 KB (several, with their index and
           generation_config.json, each rank writing its own pieces); transformers'
@@ -25,10 +25,15 @@ mixture of 8 experts, top 2) against Qwen3MoeForCausalLM, its experts one tensor
 With deepseek_v3, DeepSeek-V3 (multi-head latent attention with a q latent, YaRN's rotary
 scaling, a dense layer then sigmoid-routed experts in groups with the correction bias and a
 shared expert) against DeepseekV3ForCausalLM, saved by save_pretrained in several shards:
-  load    on 1 rank, on 2 (dp_shard 2) and on 4 (dp_shard 4, experts over ep 2 x efsdp 2):
-          logits equal transformers'; the variant without a q latent (q_lora_rank None) on 2.
-  export  the 4-rank job exports what it loaded; DeepseekV3ForCausalLM loads the export and
-          its logits equal the source's.
+  load    on 1 rank, on 2 (dp_shard 2; tp 2 under torchtitan's plan for latent attention) and
+          on 4 (dp_shard 4 with experts over ep 2 x efsdp 2; dp_shard 2 x tp 2 with ep 2):
+          logits equal transformers'; the variant without a q latent (q_lora_rank None) on 2
+          (dp_shard 2, and tp 2).
+  export  the dp_shard 4 job exports what it loaded; DeepseekV3ForCausalLM loads the export
+          and its logits equal the source's.
+  train   (with TRAIN, the recipe) 3 steps from the folder on tp 2 and on dp_shard 2 x tp 2
+          with ep 2 against 1 rank: losses and gradient norms within 1e-5 (the gradients of
+          the replicated latent projections summed over tp by the DTensors).
 Exits 0 when all hold.
 """
 import json
@@ -223,14 +228,15 @@ def deepseek_v3_reference(tmp, name, q_lora):
     return src, hf_logits(model, config.vocab_size)
 
 
-def deepseek_v3(torchrun, worker):
+def deepseek_v3(torchrun, worker, train=None):
     good = True
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "logits")
         src, want = deepseek_v3_reference(tmp, "dsv3", 32)
         good &= len(shards(src)) > 1
-        for nproc, shape, ep in ((1, "1x1x1", "1"), (2, "1x2x1", "1"), (4, "1x4x1", "2")):
-            mode = "load-export" if nproc == 4 else "load"
+        for nproc, shape, ep in ((1, "1x1x1", "1"), (2, "1x2x1", "1"), (2, "1x1x2", "1"),
+                                 (4, "1x4x1", "2"), (4, "1x2x2", "2")):
+            mode = "load-export" if shape == "1x4x1" else "load"
             job(torchrun, worker, nproc, mode, src, out + shape, shape, ep, str(SHARD))
             good &= check(f"DeepseekV3ForCausalLM loaded on {shape} (ep {ep})",
                           logits_of(out + shape), want)
@@ -239,10 +245,41 @@ def deepseek_v3(torchrun, worker):
         good &= check("its export from 1x4x1 (ep 2), loaded by transformers",
                       hf_logits(model, model.config.vocab_size), want)
         good &= check_folder("the export", exported, set(load_all(src)))
+        if train:
+            good &= deepseek_v3_training(torchrun, train, src, tmp)
         noq, want = deepseek_v3_reference(tmp, "dsv3-noq", None)
-        job(torchrun, worker, 2, "load", noq, out + "-noq", "1x2x1")
-        good &= check("DeepseekV3ForCausalLM without a q latent loaded on 1x2x1",
-                      logits_of(out + "-noq"), want)
+        for shape in ("1x2x1", "1x1x2"):
+            job(torchrun, worker, 2, "load", noq, out + "-noq" + shape, shape)
+            good &= check(f"DeepseekV3ForCausalLM without a q latent loaded on {shape}",
+                          logits_of(out + "-noq" + shape), want)
+    return good
+
+
+def deepseek_v3_training(torchrun, train, src, tmp):
+    """The recipe from the folder: tp 2 and dp_shard 2 x tp 2 (ep 2) against one rank."""
+    flags = ["--init-from-hf", src, "--precision", "fp32", "--seq", "16", "--batch", "8",
+             "--steps", "3", "--log-every", "1", "--ac", "none"]
+
+    def steps(nproc, *layout):
+        metrics = os.path.join(tmp, f"metrics-{nproc}-{'-'.join(layout)}.jsonl")
+        cmd = [torchrun, "--standalone", f"--nproc-per-node={nproc}", "--no-python", train,
+               *flags, *layout, "--metrics", metrics]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+        if p.returncode != 0:
+            print((p.stdout + p.stderr)[-4000:])
+            raise SystemExit(f"FAIL: the recipe on {layout} exited {p.returncode}")
+        return [json.loads(line) for line in open(metrics)]
+
+    want = steps(1, "--mesh", "1x1x1")
+    good = True
+    for nproc, layout in ((2, ("--mesh", "1x1x2")), (4, ("--mesh", "1x2x2", "--ep", "2"))):
+        got = steps(nproc, *layout)
+        worst = max(abs(g[k] - w[k]) / abs(w[k]) for g, w in zip(got, want)
+                    for k in ("loss", "grad_norm"))
+        ok = len(got) == len(want) == 3 and worst <= 1e-5
+        print(f"{'ok' if ok else 'FAIL'}: the recipe from the folder on {' '.join(layout)}: 3 "
+              f"steps' losses and norms within {worst:.2g} (relative) of one rank's")
+        good &= ok
     return good
 
 
@@ -258,8 +295,8 @@ def main():
     torchrun, worker = sys.argv[1:3]
     if sys.argv[3:] == ["qwen3_moe"]:
         sys.exit(0 if qwen3_moe(torchrun, worker) else 1)
-    if sys.argv[3:] == ["deepseek_v3"]:
-        sys.exit(0 if deepseek_v3(torchrun, worker) else 1)
+    if sys.argv[3:4] == ["deepseek_v3"]:
+        sys.exit(0 if deepseek_v3(torchrun, worker, *sys.argv[4:5]) else 1)
     good = True
     with tempfile.TemporaryDirectory() as tmp:
         hf, out = os.path.join(tmp, "hf"), os.path.join(tmp, "logits")
