@@ -28,20 +28,15 @@
 
 namespace dtensor::models {
 
-// Causal attention of q / k [bs, heads, seqlen, qk_head_dim] and v [.., v_head_dim] with the
-// given softmax scale: a module without parameters, as Llama3InnerAttention. As torchtitan's,
-// v is padded with zeros to q's width (the fused kernels take one head width; the zero
-// columns come out zero and are cut off).
+// Causal attention of q / k / v [bs, heads, seqlen, qk_head_dim], softmax scale 1/sqrt of the
+// width: a module without parameters, as Llama3InnerAttention, so that context parallelism
+// replaces it from outside (apply_cp in models/llama3/parallelize.h). MLAttention hands it q
+// scaled to its own softmax scale and v padded to q's width (see forward).
 struct MLAInnerAttentionImpl : torch::nn::Module {
-  explicit MLAInnerAttentionImpl(double s) : scale(s) {}
   at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-    const int64_t dv = v.size(-1), dqk = q.size(-1);
-    const at::Tensor padded = dv == dqk ? v : at::constant_pad_nd(v, {0, dqk - dv}, 0.0);
-    at::Tensor out = at::scaled_dot_product_attention(q, k, padded, /*attn_mask=*/{},
-                                                      /*dropout_p=*/0.0, /*is_causal=*/true, scale);
-    return dv == dqk ? out : out.narrow(-1, 0, dv);
+    return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                            /*is_causal=*/true);
   }
-  double scale;
 };
 TORCH_MODULE(MLAInnerAttention);
 
@@ -66,12 +61,11 @@ struct MLAttentionImpl : torch::nn::Module {
                                                            n_heads * (a.qk_nope_head_dim() +
                                                                       a.v_head_dim())));
     wo = register_module("wo", llama3_detail::linear(n_heads * a.v_head_dim(), dim));
-    double scale = 1.0 / std::sqrt(static_cast<double>(a.qk_head_dim()));
     if (args.yarn() && args.yarn()->mscale_all_dim() != 0.0) {
       const double m = yarn_mscale(args.yarn()->factor(), args.yarn()->mscale_all_dim());
-      scale *= m * m;
+      q_scale = m * m;
     }
-    inner_attention = register_module("inner_attention", MLAInnerAttention(scale));
+    inner_attention = register_module("inner_attention", MLAInnerAttention());
     DTENSOR_MODEL_CHECK(a.qk_rope_head_dim() % 2 == 0,
                         "MLA: rotary embeddings need an even qk_rope_head_dim");
   }
@@ -95,8 +89,22 @@ struct MLAttentionImpl : torch::nn::Module {
     at::Tensor k_nope = kv.narrow(-1, 0, nope);
     at::Tensor k = at::cat({k_nope, k_pe.expand({bs, seqlen, k_nope.size(2), rope})}, -1);
     at::Tensor v = kv.narrow(-1, nope, a.v_head_dim());
+    // [Note: the kernel's form] The softmax scale beyond 1/sqrt(qk_head_dim) (YaRN's mscale^2)
+    // goes into q, and v is padded with zeros to q's width, as torchtitan pads it: the kernel
+    // (and context parallelism's, which replaces it) is plain attention of one head width.
+    // The zero columns come out zero and are cut off.
+    if (q_scale != 1.0) {
+      q = q * q_scale;
+    }
+    const int64_t dqk = a.qk_head_dim(), dv = a.v_head_dim();
+    if (dv != dqk) {
+      v = at::constant_pad_nd(v, {0, dqk - dv}, 0.0);
+    }
     at::Tensor out = dtensor::call(inner_attention, q.transpose(1, 2), k.transpose(1, 2),
                                    v.transpose(1, 2));
+    if (dv != dqk) {
+      out = out.narrow(-1, 0, dv);
+    }
     return dtensor::call(wo, out.transpose(1, 2).contiguous().view({bs, seqlen, -1}));
   }
   // torchtitan's: the projections trunc_normal_(std 0.02), wo trunc_normal_(init_std), the
@@ -116,6 +124,7 @@ struct MLAttentionImpl : torch::nn::Module {
   }
   MLAArgs a;
   int64_t n_heads;
+  double q_scale = 1.0; // the softmax scale over 1/sqrt(qk_head_dim)
   torch::nn::Linear wq{nullptr}; // without a q latent
   torch::nn::Linear wq_a{nullptr};
   RMSNorm q_norm{nullptr};

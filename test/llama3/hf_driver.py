@@ -25,15 +25,17 @@ mixture of 8 experts, top 2) against Qwen3MoeForCausalLM, its experts one tensor
 With deepseek_v3, DeepSeek-V3 (multi-head latent attention with a q latent, YaRN's rotary
 scaling, a dense layer then sigmoid-routed experts in groups with the correction bias and a
 shared expert) against DeepseekV3ForCausalLM, saved by save_pretrained in several shards:
-  load    on 1 rank, on 2 (dp_shard 2; tp 2 under torchtitan's plan for latent attention) and
-          on 4 (dp_shard 4 with experts over ep 2 x efsdp 2; dp_shard 2 x tp 2 with ep 2):
+  load    on 1 rank, on 2 (dp_shard 2; tp 2 under torchtitan's plan for latent attention), on
+          4 (dp_shard 4 with experts over ep 2 x efsdp 2; dp_shard 2 x tp 2 with ep 2) and on 8
+          (dp_replicate 2 x dp_shard 2 x tp 2, ep 2):
           logits equal transformers'; the variant without a q latent (q_lora_rank None) on 2
           (dp_shard 2, and tp 2).
   export  the dp_shard 4 job exports what it loaded; DeepseekV3ForCausalLM loads the export
           and its logits equal the source's.
-  train   (with TRAIN, the recipe) 3 steps from the folder on tp 2 and on dp_shard 2 x tp 2
-          with ep 2 against 1 rank: losses and gradient norms within 1e-5 (the gradients of
-          the replicated latent projections summed over tp by the DTensors).
+  train   (with TRAIN, the recipe) 3 steps from the folder on tp 2, dp_shard 2 x tp 2 with ep
+          2, cp 2 and cp 2 x tp 2 with ep 2 against 1 rank: losses and gradient norms within
+          1e-5 (the gradients of the replicated latent projections summed over tp by the
+          DTensors; context parallelism's kernel in place of latent attention's).
 Exits 0 when all hold.
 """
 import json
@@ -50,7 +52,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local directories only
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig,  # noqa: E402
-                          LlamaForCausalLM, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+                          LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM)
 
 TOL = 1e-4
 
@@ -195,9 +198,21 @@ def qwen3_moe(torchrun, worker):
                                 max_position_embeddings=16, rope_theta=1e6,
                                 tie_word_embeddings=False)
         src, want = saved_reference(Qwen3MoeForCausalLM(config), tmp, max_shard_size=SHARD)
-        job(torchrun, worker, 4, "load", src, out + "-load", "1x4x1", "2")
-        good &= check("Qwen3-MoE save_pretrained loaded on 1x4x1 (ep 2 x efsdp 2)",
-                      logits_of(out + "-load"), want)
+        for nproc, shape, ep in ((1, "1x1x1", "1"), (4, "1x4x1", "2"), (8, "2x2x2", "4")):
+            job(torchrun, worker, nproc, "load", src, out + "-load" + shape, shape, ep)
+            good &= check(f"Qwen3-MoE save_pretrained loaded on {shape} (ep {ep})",
+                          logits_of(out + "-load" + shape), want)
+
+        torch.manual_seed(9)
+        dense = Qwen3ForCausalLM(Qwen3Config(
+            hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=32, vocab_size=256, max_position_embeddings=16,
+            rope_theta=1e6, tie_word_embeddings=False))
+        src, want = saved_reference(dense, os.path.join(tmp, "dense"), max_shard_size=SHARD)
+        for nproc, shape in ((1, "1x1x1"), (2, "1x1x2"), (8, "2x2x2")):
+            job(torchrun, worker, nproc, "load", src, out + "-dense" + shape, shape)
+            good &= check(f"dense Qwen3 save_pretrained loaded on {shape}",
+                          logits_of(out + "-dense" + shape), want)
     return good
 
 
@@ -235,7 +250,7 @@ def deepseek_v3(torchrun, worker, train=None):
         src, want = deepseek_v3_reference(tmp, "dsv3", 32)
         good &= len(shards(src)) > 1
         for nproc, shape, ep in ((1, "1x1x1", "1"), (2, "1x2x1", "1"), (2, "1x1x2", "1"),
-                                 (4, "1x4x1", "2"), (4, "1x2x2", "2")):
+                                 (4, "1x4x1", "2"), (4, "1x2x2", "2"), (8, "2x2x2", "2")):
             mode = "load-export" if shape == "1x4x1" else "load"
             job(torchrun, worker, nproc, mode, src, out + shape, shape, ep, str(SHARD))
             good &= check(f"DeepseekV3ForCausalLM loaded on {shape} (ep {ep})",
@@ -272,7 +287,9 @@ def deepseek_v3_training(torchrun, train, src, tmp):
 
     want = steps(1, "--mesh", "1x1x1")
     good = True
-    for nproc, layout in ((2, ("--mesh", "1x1x2")), (4, ("--mesh", "1x2x2", "--ep", "2"))):
+    for nproc, layout in ((2, ("--mesh", "1x1x2")), (4, ("--mesh", "1x2x2", "--ep", "2")),
+                          (2, ("--cp", "2", "--dp-shard", "1", "--tp", "1")),
+                          (4, ("--cp", "2", "--dp-shard", "1", "--tp", "2", "--ep", "2"))):
         got = steps(nproc, *layout)
         worst = max(abs(g[k] - w[k]) / abs(w[k]) for g, w in zip(got, want)
                     for k in ("loss", "grad_norm"))
