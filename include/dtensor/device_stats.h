@@ -39,8 +39,8 @@ void dump_memory_snapshot(c10::Device device, const std::string& path);
 // of LibTorch's CPU allocator that count_host_memory() installs (once per process; later
 // calls do nothing). Tensors allocated before it are not counted, nor freed from the count.
 struct HostMemoryStats {
-  bool counting = false;    // false until count_host_memory()
-  int64_t live_bytes = 0;   // CPU tensor bytes allocated and not yet freed
+  bool counting = false;      // false until count_host_memory()
+  int64_t live_bytes = 0;     // CPU tensor bytes allocated and not yet freed
   int64_t max_live_bytes = 0; // their peak since the last reset_peak_host_memory
 };
 void count_host_memory();

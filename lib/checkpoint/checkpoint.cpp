@@ -124,8 +124,8 @@ SaveResult write_staged(const Staged& staged, const fs::path& tmp, const fs::pat
 
 // Writes the staged file, agrees over `group` and publishes: the part of a save after the
 // data are staged (on the caller's thread for save, in the background for async_save).
-SaveResult write_and_publish(const Staged& staged, const detail::PreparedSave& p, const SaveOptions& options,
-                             const Group& group) {
+SaveResult write_and_publish(const Staged& staged, const detail::PreparedSave& p,
+                             const SaveOptions& options, const Group& group) {
   const int rank = get_rank();
   const std::string what = p.api + "(" + p.target.name + ")";
   SaveResult result;
@@ -241,7 +241,8 @@ const Group& background_group() {
 SaveResult save(const StateDict& state, const std::string& dir_name, const SaveOptions& options) {
   at::NoGradGuard no_grad;
   wait_for_in_flight();
-  const detail::PreparedSave p = detail::prepare_save(state, dir_name, options.overwrite(), "checkpoint::save");
+  const detail::PreparedSave p =
+      detail::prepare_save(state, dir_name, options.overwrite(), "checkpoint::save");
   return write_and_publish(stage_own_chunks(p.tensors, p.plan, options, /*copy=*/false), p, options,
                            world_group());
 }
@@ -295,9 +296,9 @@ void load(const StateDict& state, const std::string& dir_name, const LoadOptions
   at::NoGradGuard no_grad;
   const fs::path dir = checkpoint_path(dir_name);
   detail::LoadPlan plan;
-  const std::string error = attempt(
-      [&] { plan = detail::plan_reads(state, dir.string(), options.verify(), options.stacked(),
-                                options.convert_dtype());
+  const std::string error = attempt([&] {
+    plan = detail::plan_reads(state, dir.string(), options.verify(), options.stacked(),
+                              options.convert_dtype());
   });
   detail::agree_on_errors("checkpoint::load(" + dir.string() + ")", error, world_group());
   detail::execute_reads(plan);

@@ -75,15 +75,20 @@ std::vector<Entry> entries_of(const detail::WritePlan& plan, const HfSaveOptions
     const detail::PlannedTensor& t = plan.tensors[i];
     auto stack = options.unstack().find(t.key);
     if (stack == options.unstack().end()) {
-      out.push_back({i, -1, {t.key, t.dtype, t.shape, std::vector<int64_t>(t.shape.size(), 0), {}}});
+      out.push_back(
+          {i, -1, {t.key, t.dtype, t.shape, std::vector<int64_t>(t.shape.size(), 0), {}}});
       continue;
     }
     DTENSOR_CHECK(!t.shape.empty(), "{}: '{}' is a scalar: it has no rows to unstack", what, t.key);
     const std::vector<int64_t> row(t.shape.begin() + 1, t.shape.end());
     for (int64_t r = 0; r < t.shape[0]; ++r) {
-      out.push_back({i, r,
-                     {detail::stacked_name(stack->second, r), t.dtype, row,
-                      std::vector<int64_t>(row.size(), 0), {}}});
+      out.push_back({i,
+                     r,
+                     {detail::stacked_name(stack->second, r),
+                      t.dtype,
+                      row,
+                      std::vector<int64_t>(row.size(), 0),
+                      {}}});
     }
   }
   std::set<std::string> names;
@@ -109,8 +114,8 @@ Layout plan_files(const detail::WritePlan& plan, const HfSaveOptions& options,
   int64_t filled = 0;
   for (size_t e = 0; e < l.entries.size(); ++e) {
     const int64_t bytes = bytes_of(l.entries[e].item);
-    if (l.files.empty() || (!l.files.back().entries.empty() &&
-                            filled + bytes > options.max_shard_bytes())) {
+    if (l.files.empty() ||
+        (!l.files.back().entries.empty() && filled + bytes > options.max_shard_bytes())) {
       l.files.emplace_back();
       filled = 0;
     }
@@ -121,8 +126,8 @@ Layout plan_files(const detail::WritePlan& plan, const HfSaveOptions& options,
   const size_t n = l.files.size();
   for (size_t f = 0; f < n; ++f) {
     FilePlan& file = l.files[f];
-    file.name = n == 1 ? "model.safetensors"
-                       : fmt::format("model-{:05d}-of-{:05d}.safetensors", f + 1, n);
+    file.name =
+        n == 1 ? "model.safetensors" : fmt::format("model-{:05d}-of-{:05d}.safetensors", f + 1, n);
     std::vector<st::Item> items;
     for (size_t e : file.entries) {
       items.push_back(l.entries[e].item);
@@ -150,8 +155,8 @@ Layout plan_files(const detail::WritePlan& plan, const HfSaveOptions& options,
 
 void pwrite_all(int fd, const char* p, int64_t bytes, int64_t at, const std::string& path) {
   while (bytes > 0) {
-    const ssize_t n =
-        ::pwrite(fd, p, static_cast<size_t>(std::min<int64_t>(bytes, 1 << 30)), static_cast<off_t>(at));
+    const ssize_t n = ::pwrite(fd, p, static_cast<size_t>(std::min<int64_t>(bytes, 1 << 30)),
+                               static_cast<off_t>(at));
     if (n < 0 && errno == EINTR) {
       continue;
     }
@@ -184,7 +189,8 @@ void write_block(int fd, const std::string& path, const at::Tensor& block,
   }
   std::vector<int64_t> stride(static_cast<size_t>(n), 1);
   for (int64_t d = n - 2; d >= 0; --d) {
-    stride[static_cast<size_t>(d)] = stride[static_cast<size_t>(d + 1)] * shape[static_cast<size_t>(d + 1)];
+    stride[static_cast<size_t>(d)] =
+        stride[static_cast<size_t>(d + 1)] * shape[static_cast<size_t>(d + 1)];
   }
   const int64_t run = sizes[static_cast<size_t>(k)] * stride[static_cast<size_t>(k)] * elem;
   std::vector<int64_t> at(static_cast<size_t>(k), 0); // the run's index over dims < k
@@ -207,7 +213,8 @@ void write_block(int fd, const std::string& path, const at::Tensor& block,
 // The files' open descriptors in the temporary directory, synced and closed at the end.
 class OpenFiles {
  public:
-  OpenFiles(const Layout& l, fs::path tmp) : layout_(&l), tmp_(std::move(tmp)), fds_(l.files.size(), -1) {}
+  OpenFiles(const Layout& l, fs::path tmp)
+      : layout_(&l), tmp_(std::move(tmp)), fds_(l.files.size(), -1) {}
   ~OpenFiles() {
     for (int fd : fds_) {
       if (fd >= 0) {
@@ -314,9 +321,9 @@ void write_folder_files(const Layout& l, const fs::path& tmp, const HfSaveOption
 
 void check_extra_files(const HfSaveOptions& options, const std::string& what) {
   for (const auto& [file, content] : options.extra_files()) {
-    const bool weights = file.rfind("model", 0) == 0 &&
-                         (fs::path(file).extension() == ".safetensors" ||
-                          file == "model.safetensors.index.json");
+    const bool weights =
+        file.rfind("model", 0) == 0 &&
+        (fs::path(file).extension() == ".safetensors" || file == "model.safetensors.index.json");
     DTENSOR_CHECK(!file.empty() && fs::path(file).filename() == file && file != "." &&
                       file != ".." && file != detail::kManifest && !weights,
                   "{}: extra file '{}' is not a plain file name of its own", what, file);
@@ -331,8 +338,8 @@ void save_hf(const StateDict& state, const std::string& dir, const HfSaveOptions
   at::NoGradGuard no_grad;
   const Group world = world_group();
   check_extra_files(options, "checkpoint::save_hf(" + dir + ")"); // the same on every rank
-  const detail::PreparedSave p = detail::prepare_save(state, dir, options.overwrite(),
-                                                       "checkpoint::save_hf");
+  const detail::PreparedSave p =
+      detail::prepare_save(state, dir, options.overwrite(), "checkpoint::save_hf");
   const std::string what = p.api + "(" + p.target.name + ")";
   const int rank = get_rank();
   Layout layout;

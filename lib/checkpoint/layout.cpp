@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <set>
 
 #include <ATen/ATen.h>
@@ -188,8 +188,7 @@ WritePlan plan_writes(const std::vector<SavedTensor>& tensors, const std::string
       holders[static_cast<size_t>(it - boxes.begin())].push_back(&h);
     }
     const std::vector<int64_t> shape = ints(first.fields[2]);
-    plan.tensors.push_back(
-        {name, static_cast<c10::ScalarType>(std::stoi(first.fields[6])), shape});
+    plan.tensors.push_back({name, static_cast<c10::ScalarType>(std::stoi(first.fields[6])), shape});
     int64_t covered = 0;
     for (const auto& box : boxes) {
       covered += elements_of(box.second);
@@ -254,10 +253,14 @@ void check_hf_index(const std::string& dir, const CheckpointIndex& index,
     DTENSOR_CHECK(file.is_string(), "checkpoint: {}: '{}' maps to {}, not a file name",
                   path.string(), key, file.dump());
     const std::string name = file.get<std::string>();
-    DTENSOR_CHECK(present.count(name) > 0, "checkpoint: {}: file {} is missing (the index lists "
-                  "'{}' in it)", dir, name, key);
-    DTENSOR_CHECK(keys_of[name].count(key) > 0, "checkpoint: {}: {} has no tensor '{}' (the "
-                  "index lists it there)", dir, name, key);
+    DTENSOR_CHECK(present.count(name) > 0,
+                  "checkpoint: {}: file {} is missing (the index lists "
+                  "'{}' in it)",
+                  dir, name, key);
+    DTENSOR_CHECK(keys_of[name].count(key) > 0,
+                  "checkpoint: {}: {} has no tensor '{}' (the "
+                  "index lists it there)",
+                  dir, name, key);
   }
 }
 

@@ -46,12 +46,16 @@ inline double number_or(const nlohmann::json& j, const char* key, double fallbac
 // mscale_all_dim absent unless given; an explicit attention_factor or truncate false refused.
 inline void yarn_from_hf(const nlohmann::json& rope, const std::string& path, Llama3Args& a) {
   DTENSOR_MODEL_CHECK(rope.contains("factor") && rope.contains("original_max_position_embeddings"),
-                      "load_hf: ", path, ": yarn rope scaling without factor or "
-                      "original_max_position_embeddings: ", rope.dump());
+                      "load_hf: ", path,
+                      ": yarn rope scaling without factor or "
+                      "original_max_position_embeddings: ",
+                      rope.dump());
   DTENSOR_MODEL_CHECK(number_or(rope, "attention_factor", 0.0) == 0.0 &&
                           rope.value("truncate", true),
-                      "load_hf: ", path, ": yarn's attention_factor and truncate are not "
-                      "supported: ", rope.dump());
+                      "load_hf: ", path,
+                      ": yarn's attention_factor and truncate are not "
+                      "supported: ",
+                      rope.dump());
   a.rope_scaling(std::nullopt)
       .yarn(YarnRope()
                 .factor(rope.at("factor"))
@@ -140,8 +144,8 @@ inline void deepseek_from_hf(const nlohmann::json& c, const std::string& path, L
                       ": num_key_value_heads ", c.value("num_key_value_heads", a.n_heads()),
                       " differs from num_attention_heads ", a.n_heads(),
                       " (latent attention has no key-value groups)");
-  DTENSOR_MODEL_CHECK(c.value("scoring_func", std::string("sigmoid")) == "sigmoid", "load_hf: ",
-                      path, ": scoring_func ", c.value("scoring_func", std::string()),
+  DTENSOR_MODEL_CHECK(c.value("scoring_func", std::string("sigmoid")) == "sigmoid",
+                      "load_hf: ", path, ": scoring_func ", c.value("scoring_func", std::string()),
                       " is not DeepSeek-V3's sigmoid");
   const int64_t q_lora = c.contains("q_lora_rank") && !c["q_lora_rank"].is_null()
                              ? c["q_lora_rank"].get<int64_t>()
@@ -159,7 +163,8 @@ inline void deepseek_from_hf(const nlohmann::json& c, const std::string& path, L
   }
   const int64_t experts = config_value(c, path, {"n_routed_experts"});
   const int64_t groups = c.value("n_group", int64_t{1});
-  DTENSOR_MODEL_CHECK(groups >= 1 && experts % groups == 0 && (groups == 1 || experts / groups >= 2),
+  DTENSOR_MODEL_CHECK(groups >= 1 && experts % groups == 0 &&
+                          (groups == 1 || experts / groups >= 2),
                       "load_hf: ", path, ": ", experts, " experts in ", groups,
                       " groups: each group needs at least two");
   a.n_dense_layers(dense).moe(MoEArgs()
@@ -290,8 +295,8 @@ inline nlohmann::json hf_config(const Llama3Args& a, c10::ScalarType dtype) {
 }
 
 // The model arguments a Hugging Face directory's config.json describes (LlamaForCausalLM,
-// Qwen3ForCausalLM, Qwen3MoeForCausalLM, DeepseekV3ForCausalLM). The feed-forward width is taken as given
-// (intermediate_size), whatever multiple_of would round it to.
+// Qwen3ForCausalLM, Qwen3MoeForCausalLM, DeepseekV3ForCausalLM). The feed-forward width is taken as
+// given (intermediate_size), whatever multiple_of would round it to.
 inline Llama3Args args_from_hf(const std::string& dir) {
   const std::string path = dir + "/config.json";
   std::ifstream f(path);
@@ -308,10 +313,10 @@ inline Llama3Args args_from_hf(const std::string& dir) {
                       ": attention biases are not supported");
   const int64_t dim = c.at("hidden_size");
   const int64_t heads = c.at("num_attention_heads");
-  const int64_t head_dim = c.contains("head_dim") && !c["head_dim"].is_null() &&
-                                   type != "deepseek_v3"
-                               ? c["head_dim"].get<int64_t>()
-                               : dim / heads;
+  const int64_t head_dim =
+      c.contains("head_dim") && !c["head_dim"].is_null() && type != "deepseek_v3"
+          ? c["head_dim"].get<int64_t>()
+          : dim / heads;
   Llama3Args a;
   a.dim(dim)
       .n_layers(c.at("num_hidden_layers"))

@@ -43,8 +43,7 @@ TORCH_MODULE(MLAInnerAttention);
 // [Note: latent attention]. Parameters in torchtitan's order and names: wq or (wq_a, q_norm,
 // wq_b), wkv_a, kv_norm, wkv_b, wo.
 struct MLAttentionImpl : torch::nn::Module {
-  explicit MLAttentionImpl(const Llama3Args& args)
-      : a(*args.mla()), n_heads(args.n_heads()) {
+  explicit MLAttentionImpl(const Llama3Args& args) : a(*args.mla()), n_heads(args.n_heads()) {
     const int64_t dim = args.dim();
     if (a.q_lora_rank() == 0) {
       wq = register_module("wq", llama3_detail::linear(dim, n_heads * a.qk_head_dim()));
@@ -57,9 +56,9 @@ struct MLAttentionImpl : torch::nn::Module {
     wkv_a = register_module("wkv_a",
                             llama3_detail::linear(dim, a.kv_lora_rank() + a.qk_rope_head_dim()));
     kv_norm = register_module("kv_norm", RMSNorm(a.kv_lora_rank(), a.latent_norm_eps()));
-    wkv_b = register_module("wkv_b", llama3_detail::linear(a.kv_lora_rank(),
-                                                           n_heads * (a.qk_nope_head_dim() +
-                                                                      a.v_head_dim())));
+    wkv_b = register_module(
+        "wkv_b",
+        llama3_detail::linear(a.kv_lora_rank(), n_heads * (a.qk_nope_head_dim() + a.v_head_dim())));
     wo = register_module("wo", llama3_detail::linear(n_heads * a.v_head_dim(), dim));
     if (args.yarn() && args.yarn()->mscale_all_dim() != 0.0) {
       const double m = yarn_mscale(args.yarn()->factor(), args.yarn()->mscale_all_dim());
@@ -77,12 +76,11 @@ struct MLAttentionImpl : torch::nn::Module {
                       : dtensor::call(wq_b, dtensor::call(q_norm, dtensor::call(wq_a, x)));
     q = q.view({bs, seqlen, -1, a.qk_head_dim()}); // [Note: -1 heads] in model.h
     auto [rot_cos, rot_sin] = rope_tables(freqs_cis, seqlen);
-    q = at::cat({q.narrow(-1, 0, nope),
-                 apply_rotary_emb(q.narrow(-1, nope, rope), rot_cos, rot_sin)},
-                -1);
+    q = at::cat(
+        {q.narrow(-1, 0, nope), apply_rotary_emb(q.narrow(-1, nope, rope), rot_cos, rot_sin)}, -1);
     at::Tensor latent = dtensor::call(wkv_a, x);
-    at::Tensor k_pe = apply_rotary_emb(
-        latent.narrow(-1, a.kv_lora_rank(), rope).unsqueeze(2), rot_cos, rot_sin);
+    at::Tensor k_pe =
+        apply_rotary_emb(latent.narrow(-1, a.kv_lora_rank(), rope).unsqueeze(2), rot_cos, rot_sin);
     at::Tensor kv =
         dtensor::call(wkv_b, dtensor::call(kv_norm, latent.narrow(-1, 0, a.kv_lora_rank())))
             .view({bs, seqlen, -1, nope + a.v_head_dim()});
@@ -100,8 +98,8 @@ struct MLAttentionImpl : torch::nn::Module {
     if (dv != dqk) {
       v = at::constant_pad_nd(v, {0, dqk - dv}, 0.0);
     }
-    at::Tensor out = dtensor::call(inner_attention, q.transpose(1, 2), k.transpose(1, 2),
-                                   v.transpose(1, 2));
+    at::Tensor out =
+        dtensor::call(inner_attention, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2));
     if (dv != dqk) {
       out = out.narrow(-1, 0, dv);
     }
@@ -124,7 +122,7 @@ struct MLAttentionImpl : torch::nn::Module {
   }
   MLAArgs a;
   int64_t n_heads;
-  double q_scale = 1.0; // the softmax scale over 1/sqrt(qk_head_dim)
+  double q_scale = 1.0;          // the softmax scale over 1/sqrt(qk_head_dim)
   torch::nn::Linear wq{nullptr}; // without a q latent
   torch::nn::Linear wq_a{nullptr};
   RMSNorm q_norm{nullptr};

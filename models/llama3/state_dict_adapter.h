@@ -258,13 +258,27 @@ namespace llama3_detail {
 // the tensors save_pretrained's hold (the experts' stacks excepted). Blocks and the top-level
 // names keep their order (embed_tokens, the blocks, norm, lm_head).
 inline dtensor::StateDict in_hf_order(const dtensor::StateDict& hf) {
-  static const std::vector<std::string> within = {
-      "self_attn.q_proj.", "self_attn.q_a_proj.", "self_attn.q_a_layernorm.", "self_attn.q_b_proj.",
-      "self_attn.kv_a_proj_with_mqa.", "self_attn.kv_a_layernorm.", "self_attn.kv_b_proj.",
-      "self_attn.k_proj.", "self_attn.v_proj.", "self_attn.o_proj.",
-      "self_attn.q_norm.", "self_attn.k_norm.", "mlp.gate.",          "mlp.experts.gate_proj.",
-      "mlp.experts.up_proj.", "mlp.experts.down_proj.", "mlp.gate_proj.", "mlp.up_proj.",
-      "mlp.down_proj.",       "input_layernorm.",     "post_attention_layernorm."};
+  static const std::vector<std::string> within = {"self_attn.q_proj.",
+                                                  "self_attn.q_a_proj.",
+                                                  "self_attn.q_a_layernorm.",
+                                                  "self_attn.q_b_proj.",
+                                                  "self_attn.kv_a_proj_with_mqa.",
+                                                  "self_attn.kv_a_layernorm.",
+                                                  "self_attn.kv_b_proj.",
+                                                  "self_attn.k_proj.",
+                                                  "self_attn.v_proj.",
+                                                  "self_attn.o_proj.",
+                                                  "self_attn.q_norm.",
+                                                  "self_attn.k_norm.",
+                                                  "mlp.gate.",
+                                                  "mlp.experts.gate_proj.",
+                                                  "mlp.experts.up_proj.",
+                                                  "mlp.experts.down_proj.",
+                                                  "mlp.gate_proj.",
+                                                  "mlp.up_proj.",
+                                                  "mlp.down_proj.",
+                                                  "input_layernorm.",
+                                                  "post_attention_layernorm."};
   auto rank_of = [](const std::string& name) {
     const std::string prefix = "model.layers.";
     if (name.rfind(prefix, 0) != 0) {
@@ -364,8 +378,8 @@ inline void export_hf(Llama3& model, const std::string& dir, const HfExportOptio
 
 // Reads a Hugging Face LlamaForCausalLM directory into a model's state (any layout; the
 // model's arguments must match config.json's; a pipeline stage's names only), each rank
-// reading only its own shards, stored floating dtypes converted to the model's: the tensors of `state` are written or replaced, freqs_cis
-// left alone. The caller sets the state. Collective.
+// reading only its own shards, stored floating dtypes converted to the model's: the tensors of
+// `state` are written or replaced, freqs_cis left alone. The caller sets the state. Collective.
 inline void load_hf(dtensor::StateDict& state, const Llama3Args& args, const std::string& dir) {
   torch::NoGradGuard no_grad;
   dtensor::StateDict reads;                  // Hugging Face's names -> tensors laid out as ours

@@ -65,7 +65,8 @@ int64_t own_bytes(Llama3& model) {
   int64_t n = 0;
   for (const auto& item : dtensor::get_model_state_dict(*model)) {
     const at::Tensor& t = item.value();
-    n += static_cast<int64_t>((dtensor::is_dtensor(t) ? dtensor::DTensor(t).to_local() : t).nbytes());
+    n += static_cast<int64_t>(
+        (dtensor::is_dtensor(t) ? dtensor::DTensor(t).to_local() : t).nbytes());
   }
   return n;
 }
@@ -137,8 +138,9 @@ void run(const std::string& mode, const std::string& hf_dir, const std::string& 
 
 int main(int argc, char** argv) {
   if (argc < 5 || argc > 7) {
-    std::cerr << "usage: llama3_hf_worker export|export-qwen3|export-qwen3-moe|load|load-export HF_DIR "
-                 "LOGITS_DIR AxBxC [EP [MAX_SHARD_BYTES]]\n";
+    std::cerr
+        << "usage: llama3_hf_worker export|export-qwen3|export-qwen3-moe|load|load-export HF_DIR "
+           "LOGITS_DIR AxBxC [EP [MAX_SHARD_BYTES]]\n";
     return 2;
   }
   dtensor::testing::CountingCPUAllocator::install(); // before any tensor
