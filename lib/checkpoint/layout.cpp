@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <set>
 
 #include <ATen/ATen.h>
@@ -230,37 +231,68 @@ at::Tensor chunk_data(const SavedTensor& tensor) {
 
 namespace {
 
-// A Hugging Face folder's model.safetensors.index.json, when there is one: every file its
-// weight_map names must be there and hold the tensor it names (a shard missing or replaced
-// is named, not reported as a missing tensor later).
-void check_hf_index(const std::string& dir, const CheckpointIndex& index,
-                    const std::set<std::string>& present) {
+// A Hugging Face folder's model.safetensors.index.json, when there is one: its weight_map
+// (tensor -> file), each file a plain name in the folder.
+std::optional<std::map<std::string, std::string>> hf_weight_map(const std::string& dir) {
   const fs::path path = fs::path(dir) / "model.safetensors.index.json";
   if (!fs::exists(path)) {
-    return;
+    return std::nullopt;
   }
   std::ifstream in(path);
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   DTENSOR_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
                 "checkpoint: {}: not a safetensors index (no weight_map object)", path.string());
+  std::map<std::string, std::string> map;
+  for (const auto& [key, file] : j["weight_map"].items()) {
+    DTENSOR_CHECK(file.is_string() && !file.get<std::string>().empty() &&
+                      fs::path(file.get<std::string>()).filename() == file.get<std::string>(),
+                  "checkpoint: {}: '{}' maps to {}, not a file name in the folder",
+                  path.string(), key, file.dump());
+    map[key] = file.get<std::string>();
+  }
+  return map;
+}
+
+// The files to read: those the index names (a stale shard beside them is not read), or every
+// .safetensors file. A file the index names that is missing is named with a tensor it holds.
+std::vector<std::string> checkpoint_files(
+    const std::string& dir, const std::optional<std::map<std::string, std::string>>& map) {
+  std::vector<std::string> paths;
+  if (map) {
+    std::set<std::string> files;
+    for (const auto& [key, file] : *map) {
+      DTENSOR_CHECK(fs::exists(fs::path(dir) / file),
+                    "checkpoint: {}: file {} is missing (the index lists '{}' in it)", dir, file,
+                    key);
+      files.insert(file);
+    }
+    for (const std::string& file : files) {
+      paths.push_back((fs::path(dir) / file).string());
+    }
+    return paths;
+  }
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() == ".safetensors") {
+      paths.push_back(e.path().string());
+    }
+  }
+  std::sort(paths.begin(), paths.end());
+  return paths;
+}
+
+// Every tensor the index names is in the file it names.
+void check_weight_map(const std::string& dir, const CheckpointIndex& index,
+                      const std::map<std::string, std::string>& map) {
   std::map<std::string, std::set<std::string>> keys_of; // file -> its tensors
   for (const auto& f : index.files) {
     for (const auto& c : f.chunks) {
       keys_of[fs::path(f.path).filename().string()].insert(c.key);
     }
   }
-  for (const auto& [key, file] : j["weight_map"].items()) {
-    DTENSOR_CHECK(file.is_string(), "checkpoint: {}: '{}' maps to {}, not a file name",
-                  path.string(), key, file.dump());
-    const std::string name = file.get<std::string>();
-    DTENSOR_CHECK(present.count(name) > 0,
-                  "checkpoint: {}: file {} is missing (the index lists "
-                  "'{}' in it)",
-                  dir, name, key);
-    DTENSOR_CHECK(keys_of[name].count(key) > 0,
-                  "checkpoint: {}: {} has no tensor '{}' (the "
-                  "index lists it there)",
-                  dir, name, key);
+  for (const auto& [key, file] : map) {
+    DTENSOR_CHECK(keys_of[file].count(key) > 0,
+                  "checkpoint: {}: {} has no tensor '{}' (the index lists it there)", dir, file,
+                  key);
   }
 }
 
@@ -270,20 +302,17 @@ CheckpointIndex read_checkpoint(const std::string& dir) {
   DTENSOR_CHECK(fs::is_directory(dir), "checkpoint: no checkpoint at {} (not a directory)", dir);
   CheckpointIndex index;
   index.dir = dir;
-  std::vector<std::string> paths;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    if (e.path().extension() == ".safetensors") {
-      paths.push_back(e.path().string());
-    }
-  }
-  std::sort(paths.begin(), paths.end());
+  const std::optional<std::map<std::string, std::string>> weight_map = hf_weight_map(dir);
+  const std::vector<std::string> paths = checkpoint_files(dir, weight_map);
   DTENSOR_CHECK(!paths.empty(), "checkpoint: no .safetensors files in {}", dir);
   std::set<std::string> present;
   for (const std::string& p : paths) {
     index.files.push_back(safetensors::read_index(p));
     present.insert(fs::path(p).filename().string());
   }
-  check_hf_index(dir, index, present);
+  if (weight_map) {
+    check_weight_map(dir, index, *weight_map);
+  }
   for (const auto& f : index.files) {
     for (const std::string& listed : f.listed_files) {
       DTENSOR_CHECK(present.count(listed) > 0, "checkpoint: {}: file {} is missing (listed by {})",

@@ -14,7 +14,8 @@ usage: hf_driver.py TORCHRUN WORKER [qwen3_moe | deepseek_v3 [TRAIN]]
           into the float32 model, converted as read.
   errors  a missing shard, a truncated shard, a config.json that does not match the weights
           and an unknown architecture: the job fails on both of its ranks with a message naming
-          the file and the tensor, and writes nothing.
+          the file and the tensor, and writes nothing. A stale shard beside the files the
+          index names is not read: the folder loads with transformers' logits.
 With qwen3_moe, the tiny Qwen3-MoE (explicit head_dim, q / k norms, a dense layer then a
 mixture of 8 experts, top 2) against Qwen3MoeForCausalLM, its experts one tensor each:
   export  4 ranks (1x4x1, experts over ep 4) write it in files of at most 64 KB; transformers
@@ -33,7 +34,7 @@ shared expert) against DeepseekV3ForCausalLM, saved by save_pretrained in severa
   export  the dp_shard 4 job exports what it loaded; DeepseekV3ForCausalLM loads the export
           and its logits equal the source's.
   train   (with TRAIN, the recipe) 3 steps from the folder on tp 2, dp_shard 2 x tp 2 with ep
-          2, cp 2 and cp 2 x tp 2 with ep 2 against 1 rank: losses and gradient norms within
+          2, cp 2, pp 2 (1F1B) and cp 2 x tp 2 with ep 2 against 1 rank: losses and gradient norms within
           1e-5 (the gradients of the replicated latent projections summed over tp by the
           DTensors; context parallelism's kernel in place of latent attention's).
 Exits 0 when all hold.
@@ -289,6 +290,7 @@ def deepseek_v3_training(torchrun, train, src, tmp):
     good = True
     for nproc, layout in ((2, ("--mesh", "1x1x2")), (4, ("--mesh", "1x2x2", "--ep", "2")),
                           (2, ("--cp", "2", "--dp-shard", "1", "--tp", "1")),
+                          (2, ("--pp", "2", "--mesh", "1x1x1")),
                           (4, ("--cp", "2", "--dp-shard", "1", "--tp", "2", "--ep", "2"))):
         got = steps(nproc, *layout)
         worst = max(abs(g[k] - w[k]) / abs(w[k]) for g, w in zip(got, want)
@@ -343,6 +345,14 @@ def main():
         good &= check("a bfloat16 folder loaded into float32 on 1x2x1", logits_of(out + "-bf16"),
                       hf_logits(theirs, config.vocab_size))
         good &= bad_folders(torchrun, worker, tmp, src)
+
+        stale = os.path.join(tmp, "stale")  # a shard of an earlier save the index does not name
+        shutil.copytree(src, stale)
+        shutil.copy(os.path.join(stale, shards(src)[0]),
+                    os.path.join(stale, "model-00001-of-00099.safetensors"))
+        job(torchrun, worker, 2, "load", stale, out + "-stale", "1x2x1")
+        good &= check("a folder with a stale shard beside its index's, loaded on 1x2x1",
+                      logits_of(out + "-stale"), want)
     sys.exit(0 if good else 1)
 
 
