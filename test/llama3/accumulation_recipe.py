@@ -20,9 +20,7 @@ import os
 import shutil
 import sys
 
-from safetensors.torch import load_file
-
-from recipe_runs import compare, run as run_recipe
+from recipe_runs import compare, hf_tensors, run as run_recipe
 
 SMALL = ["--dim", "32", "--layers", "2", "--heads", "2", "--kv-heads", "1", "--seq", "16",
          "--vocab", "64", "--precision", "fp32", "--ac", "none", "--steps", "3",
@@ -40,15 +38,6 @@ def counts(record, group, kind):
     return record["collectives_by_group"].get(group, {}).get(kind, 0)
 
 
-def hf_weights(folder):
-    """Every tensor of a Hugging Face folder's safetensors files, by name."""
-    out = {}
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".safetensors"):
-            out.update(load_file(os.path.join(folder, name)))
-    return out
-
-
 def main():
     torchrun, train, out = sys.argv[1:4]
     os.makedirs(out, exist_ok=True)
@@ -62,7 +51,7 @@ def main():
                     ["--local-batch", "2", "--microbatches", "2"])[0]
     ok = compare("4 accumulation steps on 4 ranks against 1 rank", accum, judge, rel=1e-5)
     ok &= compare("pp 2 x dp_shard 2, 4 accumulation steps against 1 rank", pp, judge, rel=1e-5)
-    a, b = hf_weights(accum_dir), hf_weights(judge_dir)
+    a, b = hf_tensors(accum_dir), hf_tensors(judge_dir)
     worst = max(((x - b[k]).abs().max() / b[k].abs().max()).item() for k, x in a.items())
     same = sorted(a) == sorted(b) and worst < 1e-4
     print(f"{'ok' if same else 'FAIL'} parameters after 3 steps: {len(a)} tensors, worst "

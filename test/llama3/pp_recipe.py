@@ -23,9 +23,7 @@ import os
 import shutil
 import sys
 
-from safetensors.torch import load_file
-
-from recipe_runs import compare, launch, run as run_recipe
+from recipe_runs import compare, hf_tensors, launch, run as run_recipe
 
 STEPS = 6
 MICRO = 4  # --microbatches' default, 2 x pp
@@ -35,15 +33,6 @@ FLAGS = ["--steps", str(STEPS), "--precision", "fp32", "--layers", "4", "--mesh"
 
 def run(torchrun, train, nproc, out, extra):
     return run_recipe(torchrun, train, nproc, out, FLAGS, extra)
-
-
-def hf_tensors(folder):
-    """The tensors of a Hugging Face folder's safetensors files, by name."""
-    out = {}
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".safetensors"):
-            out.update(load_file(os.path.join(folder, name)))
-    return out
 
 
 def same_exports(label, got_dir, want_dir):

@@ -50,3 +50,13 @@ def fortune_files(fortunes, names=("fortunes", "literature", "wisdom")):
     if missing:
         sys.exit(f"FAIL: {missing} missing: Debian's `fortunes` package (scripts/setup.sh)")
     return paths
+
+
+def hf_tensors(folder):
+    """The tensors of a Hugging Face folder's safetensors files (one or several), by name."""
+    from safetensors.torch import load_file
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors"):
+            out.update(load_file(os.path.join(folder, name)))
+    return out
