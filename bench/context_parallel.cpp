@@ -1,8 +1,12 @@
 // One forward and backward of the Llama 3 model over one long sequence, timed: the dtensor
 // side of bench/context_parallel.py. Run under torchrun. Three layouts of the same work:
 //   --method none (world 1): the plain model on the whole sequence;
-//   --method allgather|ring: context parallelism over every rank (cp = world), the sequence
-//     cut by --balance (headtail, PyTorch's load balancer, or none);
+//   --method allgather|ring|ulysses|hierarchical: context parallelism over every rank (cp =
+//     world), the sequence cut by --balance (headtail, PyTorch's load balancer; documents, by
+//     cost; or none), hierarchical's all-to-all groups of --ulysses-degree ranks;
+//   --documents 1: one packed row of documents of mixed lengths under the document mask
+//     (137, 2041, 89, 1, 1828, 611, 3, ... tokens), with a cp method on 1 rank as its plain
+//     model (the block engine: the plain model has no document mask);
 //   --method dp: every rank the plain model on a whole sequence of its own (data
 //     parallelism's cost per rank, no gradient sync: each rank's job is the 1-rank one).
 // The model: --dim, --layers, --heads, --kv-heads, vocabulary 128, fp32, causal attention;
@@ -38,6 +42,8 @@ using bench::live_bytes_fn;
 struct Flags {
   std::string method = "none";
   std::string balance = "headtail";
+  int64_t ulysses_degree = 2; // hierarchical's all-to-all groups
+  bool documents = false;     // packed documents of mixed lengths, document-masked
   int64_t seq = 1024;
   int64_t dim = 64;
   int64_t layers = 1;
@@ -56,6 +62,10 @@ Flags parse(int argc, char** argv) {
       f.method = v;
     } else if (k == "--balance") {
       f.balance = v;
+    } else if (k == "--ulysses-degree") {
+      f.ulysses_degree = std::stoll(v);
+    } else if (k == "--documents") {
+      f.documents = v == "1";
     } else if (k == "--seq") {
       f.seq = std::stoll(v);
     } else if (k == "--dim") {
@@ -85,6 +95,26 @@ double cpu_seconds() {
   return s(u.ru_utime) + s(u.ru_stime);
 }
 
+// Packed documents of mixed lengths filling `seq` (lengths cycling through a long, a short
+// and a one-token document, as packed data has them; the last one cut to fit).
+std::vector<int64_t> mixed_documents(int64_t seq) {
+  const std::vector<int64_t> cycle = {137, 2041, 89, 1, 1828, 611, 3};
+  std::vector<int64_t> out;
+  int64_t left = seq;
+  for (size_t i = 0; left > 0; ++i) {
+    out.push_back(std::min(left, cycle[i % cycle.size()]));
+    left -= out.back();
+  }
+  return out;
+}
+
+dtensor::CpMethod method_of(const std::string& name) {
+  return name == "ring"           ? dtensor::CpMethod::Ring
+         : name == "ulysses"      ? dtensor::CpMethod::Ulysses
+         : name == "hierarchical" ? dtensor::CpMethod::Hierarchical
+                                  : dtensor::CpMethod::AllGather;
+}
+
 // Every rank's value, gathered (in rank order) as a JSON list.
 std::string per_rank(double v, int world) {
   at::Tensor all = at::zeros({world}, at::kDouble);
@@ -104,9 +134,11 @@ int main(int argc, char** argv) {
   at::set_num_threads(1);
   dtensor::init_process_group();
   const int world = dtensor::get_world_size();
-  const bool cp = f.method == "allgather" || f.method == "ring";
+  const bool cp = f.method == "allgather" || f.method == "ring" || f.method == "ulysses" ||
+                  f.method == "hierarchical";
   if (!cp && f.method != "none" && f.method != "dp") {
-    std::fprintf(stderr, "bench_context_parallel: --method none|dp|allgather|ring\n");
+    std::fprintf(stderr,
+                 "bench_context_parallel: --method none|dp|allgather|ring|ulysses|hierarchical\n");
     return 2;
   }
   auto args = dtensor::models::llama3_tiny_args()
@@ -119,14 +151,22 @@ int main(int argc, char** argv) {
   torch::manual_seed(0);
   dtensor::models::Llama3 model(args);
   model->init_weights();
-  const auto balance =
-      f.balance == "none" ? dtensor::CpBalance::None : dtensor::CpBalance::HeadTail;
-  const dtensor::CpLayout layout(f.seq, cp ? world : 1, cp ? balance : dtensor::CpBalance::None);
+  const auto balance = f.balance == "none"        ? dtensor::CpBalance::None
+                       : f.balance == "documents" ? dtensor::CpBalance::Documents
+                                                  : dtensor::CpBalance::HeadTail;
+  // With --documents 1 the document mask: the block engine (a cp method, on 1 rank too).
+  std::vector<std::vector<int64_t>> docs;
+  if (f.documents) {
+    docs.push_back(mixed_documents(f.seq));
+  }
+  const dtensor::CpLayout layout(f.seq, cp ? world : 1, cp ? balance : dtensor::CpBalance::None,
+                                 docs);
   std::optional<dtensor::DeviceMesh> mesh;
   if (cp) {
     mesh = dtensor::init_device_mesh(c10::kCPU, {world}, {"cp"});
-    dtensor::ContextParallel style(dtensor::ContextParallelOptions().method(
-        f.method == "ring" ? dtensor::CpMethod::Ring : dtensor::CpMethod::AllGather));
+    dtensor::ContextParallel style(dtensor::ContextParallelOptions()
+                                       .method(method_of(f.method))
+                                       .ulysses_degree(f.ulysses_degree));
     dtensor::models::apply_cp(model, *mesh, style);
     style.set_layout(layout);
   }

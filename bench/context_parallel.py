@@ -1,6 +1,9 @@
 """Context parallelism's cost on CPU ranks: the Llama 3 model's forward and backward over one
 long sequence, as the plain model on one rank, on data-parallel ranks (each its own whole
-sequence), and with cp 2 / 4 by both methods (bench/context_parallel.cpp, one row each).
+sequence), and with cp 2 / 4 by each method (--methods: allgather, ring, ulysses,
+hierarchical; bench/context_parallel.cpp, one row each). With --documents one packed row of
+documents of mixed lengths under the document mask, each method with the documents-by-cost
+layout and with head-tail, judged by the document mask on one rank.
 PyTorch 2.15's context_parallel does not run on CPU (no sharding strategy for the CPU flash
 kernel), so the judge of each row is the 1-rank plain model: CP must split its work, not
 repeat it.
@@ -16,7 +19,9 @@ Printed per sequence length, markdown:
   <= 1.3 for CP; dp ranks train one sequence each, so their sum is divided by the ranks);
 - balance: the busiest rank's CPU time over the least busy one's (goal <= 1.10);
 - bytes: each rank's bytes handed to collectives per step, against the method's formula
-  (per layer, K_b = this rank's K and V bytes: all-gather K_b + cp K_b, ring 3 (cp-1) K_b);
+  (per layer, K_b = this rank's K and V bytes, Q_b its q's: all-gather K_b + cp K_b, ring
+  3 (cp-1) K_b, Ulysses 2 (2 Q_b + K_b), hierarchical with groups of u 2 (2 Q_b + K_b) +
+  3 (cp/u - 1) K_b);
 - K/V peak: the most K/V bytes an attention call held at once (cp_stats), and the live
   peak of all tensor bytes over the timed steps (MB, the largest rank; with --live-bytes).
 """
@@ -40,11 +45,19 @@ def run(torchrun, binary, nproc, args, env):
 
 
 def formula(method, cp, seq, a):
-    """Bytes a rank hands to collectives per step by the method's formula (fp32, batch 1)."""
-    if method not in ("allgather", "ring"):
+    """Bytes a rank hands to collectives per step by the method's formula (fp32, batch 1):
+    K_b = this rank's K and V bytes, Q_b its q's (or the output's)."""
+    if method not in ("allgather", "ring", "ulysses", "hierarchical") or cp == 1:
         return 0
-    kb = 2 * (a.kv_heads * (seq // cp) * (a.dim // a.heads)) * 4
-    per_layer = kb + cp * kb if method == "allgather" else 3 * (cp - 1) * kb
+    head_rows = (seq // cp) * (a.dim // a.heads) * 4  # one head's rows on this rank, bytes
+    kb, qb = 2 * a.kv_heads * head_rows, a.heads * head_rows
+    ring = cp // a.ulysses_degree
+    per_layer = {"allgather": kb + cp * kb, "ring": 3 * (cp - 1) * kb,
+                 # forward and backward: one all-to-all of q, k, v and one of the output each
+                 "ulysses": 2 * (qb + kb + qb),
+                 # the same in groups, and the ring's 3 (ring - 1) exchanges of the group's
+                 # K/V of 1/u of the heads (as many bytes as this rank's K/V)
+                 "hierarchical": 2 * (qb + kb + qb) + 3 * (ring - 1) * kb}[method]
     return per_layer * a.layers
 
 
@@ -62,17 +75,32 @@ def main():
     p.add_argument("--live-bytes", default=None)
     p.add_argument("--unbalanced", action="store_true",
                    help="also the ring without load balancing at the largest cp")
+    p.add_argument("--methods", nargs="+", default=["allgather", "ring"],
+                   help="cp methods: allgather ring ulysses hierarchical")
+    p.add_argument("--ulysses-degree", type=int, default=2)
+    p.add_argument("--documents", action="store_true",
+                   help="packed documents of mixed lengths under the document mask, balanced "
+                        "by cost and by head-tail; the 1-rank row the block engine's")
     a = p.parse_args()
     env = dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR", OMP_NUM_THREADS="1")
     if a.live_bytes:
         env["LD_PRELOAD"] = os.path.abspath(a.live_bytes)
     model = ["--dim", str(a.dim), "--layers", str(a.layers), "--heads", str(a.heads),
              "--kv-heads", str(a.kv_heads)]
-    rows = [("none", 1, "-")] + [("dp", c, "-") for c in a.cps]
-    for c in a.cps:
-        rows += [("allgather", c, "headtail"), ("ring", c, "headtail")]
+    if a.documents:  # the judge: the document mask on one rank (the block engine)
+        rows = [("allgather", 1, "none")]
+        for c in a.cps:
+            rows += [(m, c, b) for m in a.methods for b in ("documents", "headtail")
+                     if m != "hierarchical" or c > a.ulysses_degree]
+    else:
+        rows = [("none", 1, "-")] + [("dp", c, "-") for c in a.cps]
+        for c in a.cps:
+            rows += [(m, c, "headtail") for m in a.methods
+                     if m != "hierarchical" or c > a.ulysses_degree]
     if a.unbalanced:
         rows.append(("ring", max(a.cps), "none"))
+    model += ["--ulysses-degree", str(a.ulysses_degree), "--documents",
+              "1" if a.documents else "0"]
     for seq in a.seqs:
         got = {r: [] for r in rows}
         for _ in range(a.rounds):
@@ -82,7 +110,7 @@ def main():
                 got[(method, n, balance)].append(run(a.torchrun, a.binary, n, args, env))
         base_cpu = statistics.median(sum(r["cpu_ms"]) for r in got[rows[0]])
         print(f"\n### sequence {seq} (dim {a.dim}, {a.layers} layer(s), heads {a.heads}/{a.kv_heads}, "
-              f"{a.rounds} rounds)\n")
+              f"{a.rounds} rounds{', packed documents' if a.documents else ''})\n")
         print("| layout | ranks | balance | step ms | CPU ms (sum) | CPU / 1 rank | balance max/min | "
               "bytes per rank | formula | K/V peak bytes | live peak MB |")
         print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -97,6 +125,10 @@ def main():
             kv = int(max(rs[0]["peak_kv_bytes"]))
             live = statistics.median(max(r["live_peak_mb"]) for r in rs)
             layout = {"none": "plain", "dp": "dp"}.get(method, f"cp {method}")
+            if method == "hierarchical":
+                layout += f" ({a.ulysses_degree} x {n // a.ulysses_degree})"
+            if n == 1 and method != "none":
+                layout = "document mask, 1 rank"
             print(f"| {layout} | {n} | {balance} | {step:.0f} ({steps[0]:.0f}-{steps[-1]:.0f}) | "
                   f"{cpu:.0f} | {cpu / (n if method == 'dp' else 1) / base_cpu:.2f} | {skew:.2f} | {sent} | "
                   f"{formula(method, n, seq, a)} | {kv} | {live:.1f} |")

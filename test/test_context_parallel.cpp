@@ -5,13 +5,16 @@
 // document masks (one, several, uneven, per row); each call's collectives counted exactly
 // with their bytes; the ring's K/V memory O(S/cp); bad input refused on every rank with the
 // numbers named. On one process the block engine alone plays every rank of cp 2, 4 and 8.
+#include <algorithm>
 #include <limits>
+#include <numeric>
 
 #include <torch/nn/modules/linear.h>
 
 #include <dtensor/context_parallel.h>
 
 #include "parallel/cp/blocks.h"
+#include "support/cp_reference.h"
 #include "support/prelude.h"
 
 using dtensor::ContextParallelOptions;
@@ -21,88 +24,7 @@ using dtensor::CpMethod;
 
 namespace {
 
-using Docs = std::vector<std::vector<int64_t>>;
-
-constexpr int64_t kBatch = 2, kHeads = 4, kDim = 8;
-
-bool near(const at::Tensor& a, const at::Tensor& b) {
-  return a.sizes() == b.sizes() && at::allclose(a, b, /*rtol=*/1e-5, /*atol=*/2e-6);
-}
-
-// Plain attention on the whole sequence, one process: scores with an additive mask (causal,
-// and a key of another document masked), kv heads repeated, autograd for the gradients.
-struct Reference {
-  at::Tensor out, lse, dq, dk, dv;
-};
-
-at::Tensor mask_of(int64_t seq, bool causal, const Docs& docs, int64_t batch) {
-  at::Tensor mask = at::zeros({batch, 1, seq, seq});
-  const double inf = std::numeric_limits<double>::infinity();
-  for (int64_t b = 0; b < batch; ++b) {
-    at::Tensor doc = at::zeros({seq}, at::kLong);
-    if (!docs.empty()) {
-      const auto& row = docs[docs.size() == 1 ? 0 : static_cast<size_t>(b)];
-      int64_t at_ = 0;
-      for (size_t i = 0; i < row.size(); ++i) {
-        doc.narrow(0, at_, row[i]).fill_(static_cast<int64_t>(i));
-        at_ += row[i];
-      }
-    }
-    at::Tensor masked = doc.unsqueeze(1) != doc.unsqueeze(0);
-    if (causal) {
-      masked = masked | at::ones({seq, seq}, at::kBool).triu(1);
-    }
-    mask[b][0].masked_fill_(masked, -inf);
-  }
-  return mask;
-}
-
-Reference reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    const at::Tensor& g, bool causal, const Docs& docs) {
-  at::Tensor rq = q.detach().requires_grad_(), rk = k.detach().requires_grad_(),
-             rv = v.detach().requires_grad_();
-  const int64_t rep = q.size(1) / k.size(1);
-  at::Tensor scores = at::matmul(rq, rk.repeat_interleave(rep, 1).transpose(-1, -2)) /
-                          std::sqrt(static_cast<double>(q.size(-1))) +
-                      mask_of(q.size(2), causal, docs, q.size(0));
-  at::Tensor out = at::matmul(at::softmax(scores, -1), rv.repeat_interleave(rep, 1));
-  (out * g).sum().backward();
-  return {out.detach(), at::logsumexp(scores, -1).detach(), rq.grad(), rk.grad(), rv.grad()};
-}
-
-struct Inputs {
-  at::Tensor q, k, v, g;
-};
-
-Inputs inputs(int64_t seq, int64_t kv_heads, int seed) {
-  at::manual_seed(seed); // the same on every rank
-  return {at::rand({kBatch, kHeads, seq, kDim}), at::rand({kBatch, kv_heads, seq, kDim}),
-          at::rand({kBatch, kv_heads, seq, kDim}), at::rand({kBatch, kHeads, seq, kDim})};
-}
-
-// The cp ranks' result put back in global order.
-Reference run_cp(const Inputs& in, const DeviceMesh& cp_mesh, const CpLayout& layout,
-                 const ContextParallelOptions& opts) {
-  auto shard = [&](const at::Tensor& t) {
-    return dtensor::cp_shard(t, 2, layout, cp_mesh).requires_grad_();
-  };
-  at::Tensor q = shard(in.q), k = shard(in.k), v = shard(in.v);
-  at::Tensor lse;
-  at::Tensor out = dtensor::context_parallel_attention(q, k, v, cp_mesh, layout, opts, &lse);
-  (out * dtensor::cp_shard(in.g, 2, layout, cp_mesh)).sum().backward();
-  auto whole = [&](const at::Tensor& t) {
-    return dtensor::cp_unshard(t.detach(), 2, layout, cp_mesh);
-  };
-  return {whole(out), whole(lse), whole(q.grad()), whole(k.grad()), whole(v.grad())};
-}
-
-void check_equal(const Reference& got, const Reference& want) {
-  CHECK(near(got.out, want.out));
-  CHECK(near(got.lse, want.lse));
-  CHECK(near(got.dq, want.dq));
-  CHECK(near(got.dk, want.dk));
-  CHECK(near(got.dv, want.dv));
-}
+using namespace cp_test;
 
 struct LayoutCase {
   CpBalance balance;
@@ -120,21 +42,10 @@ std::vector<LayoutCase> layout_cases(int64_t cp) {
       {CpBalance::PerDocument, {{c, 32 - 3 * c, 2 * c}}},
       {CpBalance::HeadTail, {{5, 19, 8}}},
       {CpBalance::None, {{3, 1, 28}, {16, 16}}},
+      {CpBalance::Documents, {{5, 19, 8}}},
+      {CpBalance::Documents, {{3, 1, 28}, {16, 16}}},
   };
   return out;
-}
-
-// "all_gather 1, reduce_scatter 1": what a CommDebugMode counted, readable in a failure.
-std::string counts_text(const std::map<CollectiveKind, int64_t>& counts) {
-  std::string out;
-  for (const auto& [kind, n] : counts) {
-    out += (out.empty() ? "" : ", ") + dtensor::to_string(kind) + " " + std::to_string(n);
-  }
-  return out;
-}
-
-DeviceMesh cp_mesh_of_world() {
-  return init_device_mesh(device_type(), {world()}, {"cp"});
 }
 
 } // namespace
@@ -167,6 +78,51 @@ TEST_CASE("cp layouts: PyTorch's head-tail order, and lengths a balancer cannot 
                       "the sequence length 32");
   REQUIRE_THROWS_WITH(CpLayout(32, 2, CpBalance::PerDocument, {{16, 16}, {8, 24}}),
                       contains("needs the same documents in every batch row"));
+  REQUIRE_THROWS_WITH(CpLayout(36, 4, CpBalance::Documents, {{35, 1}}),
+                      contains("sequence length 36 is not divisible by 2*cp = 8 (documents "
+                               "balanced by cost"));
+}
+
+TEST_CASE("cp documents by cost: head-tail's order without documents, equal rows, causal work "
+          "within 10% of the mean for documents of any length",
+          "[world1]") {
+  // Chunks of 1 row would be finer than 2: one chunk per head-tail chunk, its order exactly.
+  for (int64_t cp : {2, 4}) {
+    CpLayout by_cost(4 * cp, cp, CpBalance::Documents), head_tail(4 * cp, cp, CpBalance::HeadTail);
+    for (int64_t r = 0; r < cp; ++r) {
+      CHECK(same(by_cost.positions(r), head_tail.positions(r)));
+    }
+  }
+  // Packed rows of mixed lengths (a different set per row), 4096 rows on cp 4 and 8.
+  const Docs docs = {{137, 2041, 89, 1, 1828}, {4000, 96}, {512, 512, 1024, 7, 2041}};
+  for (int64_t cp : {4, 8}) {
+    CpLayout layout(4096, cp, CpBalance::Documents, docs);
+    std::vector<double> work;
+    for (int64_t r = 0; r < cp; ++r) {
+      const at::Tensor pos = layout.positions(r);
+      REQUIRE(pos.numel() == 4096 / cp);
+      double w = 0;
+      for (const auto& row : docs) { // keys seen by each query under the document mask
+        std::vector<int64_t> start(4096);
+        int64_t at_ = 0;
+        for (int64_t len : row) {
+          for (int64_t p = at_; p < at_ + len; ++p) {
+            start[static_cast<size_t>(p)] = at_;
+          }
+          at_ += len;
+        }
+        for (int64_t i = 0; i < pos.numel(); ++i) {
+          const int64_t p = pos[i].item<int64_t>();
+          w += static_cast<double>(p - start[static_cast<size_t>(p)] + 1);
+        }
+      }
+      work.push_back(w);
+    }
+    const double mean = std::accumulate(work.begin(), work.end(), 0.0) / static_cast<double>(cp);
+    const double worst = *std::max_element(work.begin(), work.end());
+    INFO("cp " << cp << ": the most loaded rank " << worst / mean << " x the mean");
+    CHECK(worst <= 1.10 * mean);
+  }
 }
 
 TEST_CASE("cp block engine: every rank of cp 2, 4 and 8 played on one process equals plain "

@@ -174,3 +174,48 @@ TEST_CASE("llama3: context parallel (both methods) x TP x fully_shard over dp_sh
     }
   }
 }
+
+TEST_CASE("llama3: document masks (set_documents) equal each document run alone, on every "
+          "layout (TP x HSDP), gradients included",
+          "[llama3][world1][world2][world4][world8]") {
+  // [Note: document masks]: rotary embeddings depend on relative positions only, so a
+  // document's logits under the mask are the plain model's on that document by itself.
+  const DeviceMesh mesh =
+      init_device_mesh(device_type(), mesh_shape(), {"dp_replicate", "dp_shard", "tp"});
+  const dtensor::RngState seed{true, 11, 0};
+  Llama3 model = build(mesh, seed);
+  Llama3 ref(dtensor::models::llama3_tiny_args());
+  ref->to(options().device());
+  dtensor::set_rng_state(seed);
+  ref->init_weights();
+  at::manual_seed(101); // the same batch on every rank
+  const at::Tensor tokens = at::randint(kVocab, {kBatch, kSeq}, options(at::kLong));
+  // Rows 0 and 1 share their documents (one call), 2 and 3 have their own; lengths of 1 too.
+  const std::vector<std::vector<int64_t>> docs = {{3, 1, 4}, {3, 1, 4}, {8}, {5, 2, 1}};
+  model->set_documents(docs);
+  const at::Tensor logits = whole(dtensor::call(model, tokens));
+  std::vector<at::Tensor> rows;
+  for (int64_t b = 0; b < kBatch; ++b) {
+    std::vector<at::Tensor> pieces;
+    int64_t start = 0;
+    for (int64_t len : docs[static_cast<size_t>(b)]) {
+      pieces.push_back(ref->forward(tokens.narrow(0, b, 1).narrow(1, start, len)));
+      start += len;
+    }
+    rows.push_back(at::cat(pieces, 1));
+  }
+  const at::Tensor want = at::cat(rows, 0);
+  REQUIRE(near(logits.detach(), want.detach()));
+  // The mask matters: the whole rows' causal logits differ from these.
+  CHECK(!near(ref->forward(tokens).detach(), want.detach()));
+  logits.sum().backward();
+  want.sum().backward();
+  auto p = model->named_parameters();
+  auto q = ref->named_parameters();
+  for (size_t i = 0; i < p.size(); ++i) {
+    INFO("gradient of " << p[i].key());
+    REQUIRE(near(full_value(p[i].value().grad()), q[i].value().grad()));
+  }
+  model->set_documents({});
+  CHECK(near(whole(dtensor::call(model, tokens)).detach(), ref->forward(tokens).detach()));
+}

@@ -1,8 +1,12 @@
 // The recipe's checkpoint folder and metrics file (checkpoints.h).
 #include "checkpoints.h"
 
+#include "llama_flags.h"
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -118,12 +122,83 @@ void CheckpointFolder::prune() const {
   }
 }
 
+bool is_hf_folder(const std::string& dir) {
+  const fs::path d(dir);
+  std::error_code ec;
+  return fs::is_regular_file(d / "config.json", ec) &&
+         (fs::is_regular_file(d / "model.safetensors", ec) ||
+          fs::is_regular_file(d / "model.safetensors.index.json", ec));
+}
+
+bool holds_train_state(const std::string& dir) {
+  if (is_hf_folder(dir)) {
+    return false;
+  }
+  try {
+    const std::vector<checkpoint::TensorInfo> infos = checkpoint::read_metadata(dir);
+    return std::any_of(infos.begin(), infos.end(),
+                       [](const checkpoint::TensorInfo& t) { return t.key == "step"; });
+  } catch (const std::exception&) {
+    return false; // not a checkpoint load() reads: resume() names why
+  }
+}
+
 std::string latest_checkpoint(const std::string& path) {
   if (checkpoint::is_complete(path)) {
     return path;
   }
   const std::map<int64_t, fs::path> steps = complete_steps(path);
-  return steps.empty() ? "" : steps.rbegin()->second.string();
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    if (holds_train_state(it->second.string())) {
+      return it->second.string();
+    }
+  }
+  return "";
+}
+
+std::string newest_saved(const std::string& path) {
+  if (checkpoint::is_complete(path) || is_hf_folder(path)) {
+    return path;
+  }
+  const std::map<int64_t, fs::path> steps = complete_steps(path);
+  return steps.empty() ? path : steps.rbegin()->second.string();
+}
+
+void resolve_start(Flags& f) {
+  if (f.auto_resume && !f.save.empty()) {
+    if (std::string latest = latest_checkpoint(f.save); !latest.empty()) {
+      f.resume = latest; // complete ones only: saves are published atomically
+    }
+  }
+  if (!f.resume.empty()) {
+    const std::string latest = latest_checkpoint(f.resume);
+    f.resume = latest.empty() ? f.resume : latest; // else what load() makes of it (PyTorch's)
+    if (checkpoint::is_complete(f.resume) && !holds_train_state(f.resume)) {
+      usage("--resume " + f.resume + ": it holds a model only (no optimizer, no step); start "
+            "from its weights with --init-from " + f.resume);
+    }
+  }
+  if (f.init_from.empty()) {
+    return;
+  }
+  if (!f.init_from_hf.empty()) {
+    usage("give --init-from or --init-from-hf, not both");
+  }
+  if (!f.resume.empty()) {
+    if (get_rank() == 0) {
+      std::fprintf(stderr, "warning: --init-from %s not read: resuming from %s\n",
+                   f.init_from.c_str(), f.resume.c_str());
+    }
+    f.init_from.clear();
+    return;
+  }
+  const std::string dir = newest_saved(f.init_from);
+  if (is_hf_folder(dir)) {
+    f.init_from_hf = dir;
+    f.init_from.clear();
+  } else {
+    f.init_from = dir;
+  }
 }
 
 namespace {
@@ -161,9 +236,11 @@ std::ofstream open_metrics(const std::string& path, bool append) {
         if (!dir.empty()) {
           fs::create_directories(dir);
         }
+        errno = 0;
         out.open(path, append ? std::ios::app : std::ios::trunc);
         if (!out) {
-          throw Error("--metrics " + path + ": cannot open it for writing");
+          throw Error("--metrics " + path + ": cannot open it for writing" +
+                      (errno != 0 ? std::string(" (") + std::strerror(errno) + ")" : ""));
         }
       },
       world_group());

@@ -42,6 +42,10 @@ const std::vector<Key>& keys() {
       {"model.vocab_size", "--vocab", Kind::Int},
       {"model.tokenizer_path", "--tokenizer", Kind::String},
       {"model.num_experts", "--experts", Kind::Int},
+      {"model.attn_mask_type",
+       "--attn-mask",
+       Kind::String,
+       {{"block_causal", "documents"}, {"causal", "causal"}}},
       {"optimizer.name", "--optimizer", Kind::String},
       {"optimizer.lr", "--lr", Kind::Number},
       {"optimizer.beta1", "--beta1", Kind::Number},
@@ -75,7 +79,12 @@ const std::vector<Key>& keys() {
       {"parallelism.data_parallel_shard_degree", "--dp-shard", Kind::Int},
       {"parallelism.tensor_parallel_degree", "--tp", Kind::Int},
       {"parallelism.context_parallel_degree", "--cp", Kind::Int},
-      {"parallelism.context_parallel_rotate_method", "--cp-method", Kind::String},
+      {"parallelism.context_parallel_rotate_method",
+       "--cp-method",
+       Kind::String,
+       {{"allgather", "allgather"}, {"alltoall", "ring"}}},
+      {"parallelism.context_parallel_method", "--cp-method", Kind::String},
+      {"parallelism.context_parallel_ulysses_degree", "--cp-ulysses-degree", Kind::Int},
       {"parallelism.pipeline_parallel_degree", "--pp", Kind::Int},
       {"parallelism.expert_parallel_degree", "--ep", Kind::Int},
       {"parallelism.pipeline_parallel_schedule", "--pp-schedule", Kind::String},
@@ -90,7 +99,9 @@ const std::vector<Key>& keys() {
        "--async-save",
        Kind::String,
        {{"async", ""}, {"disabled", "false"}}},
-      {"checkpoint.initial_load_path", "--resume", Kind::String},
+      {"checkpoint.last_save_model_only", "--last-save-model-only", Kind::Bool},
+      {"checkpoint.last_save_in_hf", "--last-save-hf", Kind::Bool},
+      {"checkpoint.export_dtype", "--export-dtype", Kind::String},
       {"metrics.log_freq", "--log-every", Kind::Int},
       {"metrics.jsonl", "--metrics", Kind::String},
       {"metrics.save_for_all_ranks", "--tensorboard-all-ranks", Kind::Bool},
@@ -117,10 +128,16 @@ const std::vector<Key>& keys() {
 // default: a job file dumps them unless comm.trace_buf_size is 0, as torchtitan's does),
 // profiling.enable_profiling (true: traces in job.dump_folder / profiling.save_traces_folder,
 // "profile_traces" by default), profiling.enable_memory_snapshot (true: a GPU's memory
-// snapshots in job.dump_folder / profiling.save_memory_snapshot_folder, "memory_snapshot").
+// snapshots in job.dump_folder / profiling.save_memory_snapshot_folder, "memory_snapshot"),
+// checkpoint.initial_load_path with initial_load_model_only (true, the default: --init-from,
+// the model's weights; false: --resume, the whole training state) and initial_load_in_hf
+// (true: --init-from-hf, from initial_load_path or else model.hf_assets_path).
 const std::vector<std::pair<const char*, Kind>>& compound_keys() {
   static const std::vector<std::pair<const char*, Kind>> k{
       {"checkpoint.enable", Kind::Bool},
+      {"checkpoint.initial_load_path", Kind::String},
+      {"checkpoint.initial_load_model_only", Kind::Bool},
+      {"checkpoint.initial_load_in_hf", Kind::Bool},
       {"job.dump_folder", Kind::String},
       {"validation.enable", Kind::Bool},
       {"activation_checkpoint.selective_ac_option", Kind::String},
@@ -277,6 +294,35 @@ std::string flag_value(const std::string& source, const Key& k, const std::strin
   bad(source, k.key, "\"" + text + "\" is not one of " + all);
 }
 
+// checkpoint.initial_load_* and last_save_in_hf as torchtitan's CheckpointManager reads them
+// ([Note: keys that act together]); with checkpoint.enable only.
+std::vector<ConfigEntry> initial_load_entries(const std::string& source, const KeyLookup& get) {
+  const bool model_only = get("checkpoint.initial_load_model_only") != "false";
+  const bool hf = get("checkpoint.initial_load_in_hf") == "true";
+  if (get("checkpoint.last_save_in_hf") == "true" &&
+      get("checkpoint.last_save_model_only") == "false") {
+    bad(source, "checkpoint.last_save_in_hf",
+        "true requires last_save_model_only true (Hugging Face's files hold a model only)");
+  }
+  if (hf && !model_only) {
+    bad(source, "checkpoint.initial_load_in_hf",
+        "true requires initial_load_model_only true (Hugging Face's files hold a model only)");
+  }
+  const std::optional<std::string> path = get("checkpoint.initial_load_path");
+  if (hf) {
+    const std::optional<std::string> dir = path ? path : get("model.hf_assets_path");
+    if (!dir) {
+      bad(source, "checkpoint.initial_load_in_hf",
+          "true needs checkpoint.initial_load_path or model.hf_assets_path (the folder)");
+    }
+    return {{"checkpoint.initial_load_in_hf", "--init-from-hf", *dir}};
+  }
+  if (!path) {
+    return {};
+  }
+  return {{"checkpoint.initial_load_path", model_only ? "--init-from" : "--resume", *path}};
+}
+
 std::string joined(const std::string& folder, const std::string& name) {
   if (folder.empty() || name.rfind('/', 0) == 0) {
     return name;
@@ -412,7 +458,7 @@ std::vector<ConfigEntry> resolve_keys(JobKeys& keys) {
     if (k == nullptr || key == "activation_checkpoint.mode") {
       continue; // keys that act together: below
     }
-    if (key.rfind("checkpoint.", 0) == 0 && key != "checkpoint.initial_load_path" && !checkpoints) {
+    if (key.rfind("checkpoint.", 0) == 0 && !checkpoints) {
       continue;
     }
     if (key.rfind("validation.", 0) == 0 && !validation) {
@@ -435,7 +481,12 @@ std::vector<ConfigEntry> resolve_keys(JobKeys& keys) {
     if (!get("checkpoint.interval")) {
       defaults.push_back({"checkpoint.interval", "--save-every", "500"});
     }
+    if (file && !get("checkpoint.last_save_model_only")) {
+      defaults.push_back({"checkpoint.last_save_model_only", "--last-save-model-only", ""});
+    }
     out.insert(out.begin(), defaults.begin(), defaults.end());
+    const auto initial = initial_load_entries(keys.source, get);
+    out.insert(out.end(), initial.begin(), initial.end());
   }
   if (get("metrics.enable_tensorboard") == "true") {
     out.push_back({"metrics.enable_tensorboard", "--tensorboard",
@@ -489,7 +540,7 @@ std::vector<ConfigEntry> resolve_keys(JobKeys& keys) {
   if (const auto assets = get("model.hf_assets_path"); assets && !get("model.tokenizer_path")) {
     if (dataset || get("training.dataset_path")) {
       out.push_back({"model.hf_assets_path", "--tokenizer", *assets});
-    } else {
+    } else if (!checkpoints || get("checkpoint.initial_load_in_hf") != "true") {
       keys.ignored.push_back("model.hf_assets_path (no dataset: the built-in paragraph's own)");
     }
   }

@@ -48,12 +48,7 @@ const std::vector<std::string>& torchtitan_only_keys() {
       "parallelism.expert_tensor_parallel_degree",
       "parallelism.expert_parallel_comm_backend",
       "checkpoint.enable_ft_dataloader_checkpoints",
-      "checkpoint.initial_load_model_only",
-      "checkpoint.initial_load_in_hf",
       "checkpoint.initial_load_in_hf_quantized",
-      "checkpoint.last_save_model_only",
-      "checkpoint.last_save_in_hf",
-      "checkpoint.export_dtype",
       "checkpoint.load_step",
       "checkpoint.exclude_from_loading",
       "checkpoint.enable_first_step_checkpoint",
@@ -112,10 +107,13 @@ const std::vector<std::string>& torchtitan_only_keys() {
 // conditional: model.flavor "debugmodel" when the file names no model shape at all, and
 // local_batch_size 8 when it gives no global_batch_size either (with a global batch and no
 // local one, the global batch runs as one microbatch per data-parallel rank: the gradient is
-// the same; torchtitan would split it into microbatches of 8 rows). activation_checkpoint.mode
-// "selective" (every 2nd block) is in resolve_keys, with the option that goes with it.
+// the same; torchtitan would split it into microbatches of 8 rows). model.attn_mask_type is
+// "causal", the default of torchtitan's SDPA flavors (the flag's is documents).
+// activation_checkpoint.mode "selective" (every 2nd block) is in resolve_keys, with the option
+// that goes with it.
 std::vector<ConfigEntry> torchtitan_file_defaults(const KeyLookup& get) {
   static const std::vector<ConfigEntry> table{
+      {"model.attn_mask_type", "--attn-mask", "causal"}, // torchtitan's sdpa flavors'
       {"optimizer.lr", "--lr", "8e-4"},
       {"lr_scheduler.warmup_steps", "--warmup-steps", "200"},
       {"lr_scheduler.decay_ratio", "--decay-ratio", "none"},

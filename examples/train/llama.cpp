@@ -263,8 +263,7 @@ struct Loop {
       }
     }
     if (!f.save.empty()) {
-      save(f.steps);
-      finish_saves();
+      save_last(f.steps);
     }
     // Mean of the first and last few steps: falling unless training failed. One step (or
     // none) has nothing to compare: the run stands.
@@ -317,6 +316,44 @@ struct Loop {
     if (get_rank() == 0) {
       std::printf("%s step %lld to %s in %.2f s\n", f.async_save ? "saving" : "saved",
                   static_cast<long long>(s), dir.c_str(),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      std::fflush(stdout);
+    }
+  }
+
+  // The save at the end: the training state, or the model alone in --export-dtype
+  // (torchtitan's last_save_model_only, export_dtype), as a Hugging Face folder with
+  // --last-save-hf (last_save_in_hf). Neither is resumed from (latest_checkpoint).
+  void save_last(int64_t s) {
+    finish_saves();
+    if (!f.last_save_model_only && !f.last_save_hf) {
+      save(s);
+      finish_saves();
+      return;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string dir = folder.step_dir(s);
+    const c10::ScalarType dtype = export_dtype(f);
+    if (f.last_save_hf) {
+      parts.export_hf(dir, models::HfExportOptions()
+                               .max_shard_bytes(shard_size_bytes(f.export_hf_max_shard))
+                               .files(data.hf_files())
+                               .dtype(dtype));
+    } else {
+      StateDict weights;
+      for (const auto& item : parts.model_state()) {
+        if (item.key() != "freqs_cis") { // recomputed, not trained
+          const at::Tensor& v = item.value();
+          weights.insert(item.key(), v.is_floating_point() ? v.to(dtype) : v);
+        }
+      }
+      checkpoint::save(weights, dir);
+    }
+    folder.prune();
+    if (get_rank() == 0) {
+      std::printf("saved step %lld's model (%s%s) to %s in %.2f s\n", static_cast<long long>(s),
+                  f.export_dtype.c_str(), f.last_save_hf ? ", Hugging Face's format" : "",
+                  dir.c_str(),
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       std::fflush(stdout);
     }
@@ -390,6 +427,7 @@ int run_llama(int argc, char** argv) {
   init_process_group();
   const int64_t world = get_world_size();
   const int rank = get_rank();
+  resolve_start(f); // [Note: where a run starts]
   const ParallelDims dims = resolve_parallel_dims(f, world); // checked, before any group
   const bool cuda = get_backend() == BackendType::Nccl;
   const at::Device device = default_device(); // the simulated device in a simulated world
@@ -418,6 +456,9 @@ int run_llama(int argc, char** argv) {
   }
   const int64_t flops_per_token = models::llama3_flops_per_token(model, f.seq); // unsharded
   ModelParts parts(f, dims, mesh, model, device); // parallelized and initialized
+  if (f.attn_mask == "documents" && data.from_files()) {
+    parts.split_documents(data.eos_id()); // [Note: document masks]
+  }
   const std::vector<at::Tensor> params = parts.parameters();
   const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(f, params);
   torch::optim::Optimizer& opt = *optimizer;
@@ -434,12 +475,7 @@ int run_llama(int argc, char** argv) {
     on_rank0(
         "--export-hf", [&] { checkpoint::check_target(f.export_hf); }, world_group());
   }
-  if (f.auto_resume && !f.save.empty()) {
-    f.resume = latest_checkpoint(f.save); // complete ones only: saves are published atomically
-  }
   if (!f.resume.empty()) {
-    const std::string latest = latest_checkpoint(f.resume);
-    f.resume = latest.empty() ? f.resume : latest; // else what load() makes of it (PyTorch's)
     start = resume(f.resume, model, parts, opt, data);
     schedule.set_steps_taken(start); // the learning rate is a function of the step
     if (rank == 0) {

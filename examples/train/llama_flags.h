@@ -27,6 +27,8 @@ struct Flags {
   std::string config; // --config: the TOML job file the flags were read from first
   int64_t cp = 1;     // context parallelism: the sequence sharded over cp ranks
   std::string cp_method = "allgather";
+  std::string attn_mask = "documents"; // packed data: attention inside each document
+  int64_t cp_ulysses_degree = 0; // hierarchical: the all-to-all groups' ranks
   int64_t pp = 1; // pipeline parallelism: the blocks cut into stages over pp ranks
   std::string pp_schedule = "1F1B";
   int64_t microbatches = 0; // per step and data-parallel rank (0: 2 x pp)
@@ -65,6 +67,11 @@ struct Flags {
   std::string flight_recorder;        // where each rank's flight record goes on a failure
   int64_t flight_recorder_size = -1; // -1: the library's (DTENSOR_FLIGHT_RECORDER_SIZE, 2000)
   std::string export_hf, init_from_hf, save, resume;
+  std::string init_from; // a checkpoint's model weights only, at step 0 (a fresh optimizer)
+  // The save at the end (torchtitan's last_save_model_only / last_save_in_hf / export_dtype):
+  // the model only, in export_dtype; as a Hugging Face folder (the model only).
+  bool last_save_model_only = false, last_save_hf = false;
+  std::string export_dtype = "float32";
   std::string export_hf_max_shard = "50GB"; // transformers' max_shard_size
   std::string preset, report;  // torchtitan's flavor; the directory of step reports
   bool async_save = false;     // checkpoints written in the background ([Note: asynchronous save])
@@ -124,7 +131,18 @@ inline FlagTable flag_table(Flags& f) {
              "context parallelism: each sequence sharded over N ranks (1), head-tail "
              "balanced; the world is dp_replicate x dp_shard x cp x tp",
              f.cp)
-      .value("--cp-method", "how K/V reach the other cp ranks", f.cp_method, {"allgather", "ring"})
+      .value("--cp-method",
+             "how attention reaches the other cp ranks' keys: allgather, ring, ulysses (the "
+             "heads, after tp, a multiple of cp), hierarchical (docs/context_parallel.md)",
+             f.cp_method, {"allgather", "ring", "ulysses", "hierarchical"})
+      .value("--cp-ulysses-degree",
+             "hierarchical: the cp ranks of each all-to-all group (a node's), a divisor of --cp; "
+             "the groups ring",
+             f.cp_ulysses_degree)
+      .value("--attn-mask",
+             "with --data, documents (attention inside each packed document, torchtitan's "
+             "block_causal) or causal (over the whole packed row)",
+             f.attn_mask, {"documents", "causal"})
       .value("--pp",
              "pipeline parallelism: the blocks cut into stages over N ranks (1); the world is "
              "pp x dp_replicate x dp_shard x tp (docs/pipeline.md)",
@@ -254,10 +272,23 @@ inline FlagTable flag_table(Flags& f) {
              "start from one (its config.json gives the shape; its tokenizer, when it has one, "
              "tokenizes --data unless --tokenizer is given)",
              f.init_from_hf)
+      .value("--init-from",
+             "start from a checkpoint's model weights (the newest under a folder; a Hugging "
+             "Face folder as --init-from-hf), at step 0 with a fresh optimizer",
+             f.init_from)
       .value("--save", "a checkpoint folder: DIR/step-<N> per save, as torchtitan's", f.save)
       .value("--save-every", "steps between checkpoints (0: at the end only)", f.save_every)
       .value("--keep-latest", "keep the K newest checkpoints (10; 0: all; torchtitan's)",
              f.keep_latest)
+      .toggle("--last-save-model-only",
+              "the save at the end holds the model only (not resumed from; torchtitan's default)",
+              f.last_save_model_only)
+      .toggle("--last-save-hf",
+              "the save at the end as a Hugging Face model folder (the model only)",
+              f.last_save_hf)
+      .value("--export-dtype",
+             "the model-only last save's dtype: float32, bfloat16, float16 (float32)",
+             f.export_dtype)
       .value("--resume", "a checkpoint, or the newest under a checkpoint folder", f.resume)
       .toggle("--async-save", "checkpoints written in the background while training goes on",
               f.async_save)
@@ -270,6 +301,13 @@ inline FlagTable flag_table(Flags& f) {
 [[noreturn]] inline void usage(const std::string& why) {
   Flags f;
   flag_table(f).fail(why);
+}
+
+// --export-dtype as a dtype (checked by parse).
+inline c10::ScalarType export_dtype(const Flags& f) {
+  return f.export_dtype == "bfloat16" ? at::kBFloat16
+         : f.export_dtype == "float16" ? at::kHalf
+                                       : at::kFloat;
 }
 
 // --export-hf-max-shard as bytes: a count, or one with transformers' units (KB, MB, GB: powers
@@ -386,6 +424,10 @@ inline Flags parse(int argc, char** argv) {
   if (f.ac_every < 1) {
     table.fail("--ac-every (activation_checkpoint.selective_ac_option) " +
                std::to_string(f.ac_every) + ": checkpoint every N-th block, N at least 1");
+  }
+  if (f.export_dtype != "float32" && f.export_dtype != "bfloat16" && f.export_dtype != "float16") {
+    table.fail("--export-dtype (checkpoint.export_dtype) \"" + f.export_dtype +
+               "\": float32, bfloat16 or float16, as torchtitan's export_dtype");
   }
   if (f.keep_latest == 1 || f.keep_latest < 0) {
     table.fail("--keep-latest (checkpoint.keep_latest_k) " + std::to_string(f.keep_latest) +

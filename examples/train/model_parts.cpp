@@ -56,8 +56,24 @@ ModelParts::ModelParts(const Flags& f, const ParallelDims& dims, const DeviceMes
                        models::Llama3& model, const at::Device& device)
     : f_(f), dims_(dims), mesh_(mesh), model_(model), args_(model->model_args), device_(device) {
   if (dims.cp_enabled()) {
-    cp_.emplace(ContextParallelOptions().method(f.cp_method == "ring" ? CpMethod::Ring
-                                                                      : CpMethod::AllGather));
+    const CpMethod method = f.cp_method == "ring"           ? CpMethod::Ring
+                            : f.cp_method == "ulysses"      ? CpMethod::Ulysses
+                            : f.cp_method == "hierarchical" ? CpMethod::Hierarchical
+                                                            : CpMethod::AllGather;
+    // Refused before anything is built, not at the first call.
+    const int64_t degree = method == CpMethod::Ulysses ? dims.cp : f.cp_ulysses_degree;
+    if (method == CpMethod::Hierarchical) {
+      DTENSOR_MODEL_CHECK(degree >= 1 && dims.cp % degree == 0, "--cp-method hierarchical: "
+                          "--cp-ulysses-degree ", degree, " must divide --cp ", dims.cp);
+    }
+    if (method == CpMethod::Ulysses || method == CpMethod::Hierarchical) {
+      const int64_t heads = args_.n_heads() / dims.tp, kv = args_.kv_heads() / dims.tp;
+      DTENSOR_MODEL_CHECK(heads % degree == 0 && kv % degree == 0, "--cp-method ", f.cp_method,
+                          ": ", heads, " query heads and ", kv, " key / value heads per tp rank "
+                          "must both be multiples of ", degree, " (the all-to-all's ranks)");
+    }
+    cp_.emplace(ContextParallelOptions().method(method).ulysses_degree(degree));
+    cp_->set_layout(cp_layout()); // each step's documents, when split, in use_documents
   }
   const FullyShardOptions fsdp = fsdp_options(f);
   const std::optional<models::Llama3Ac> ac = ac_options(f);
@@ -86,6 +102,12 @@ void ModelParts::init_values() {
   model_->init_weights();
   if (!f_.init_from_hf.empty()) {
     load_hf(f_.init_from_hf);
+  } else if (!f_.init_from.empty()) { // a checkpoint's weights (resolve_start chose which)
+    StateDict state = model_state();
+    StateDict weights = state;
+    weights.erase("freqs_cis"); // recomputed, not trained
+    checkpoint::load(weights, f_.init_from, checkpoint::LoadOptions().convert_dtype(true));
+    load_model_state(state);
   }
 }
 
@@ -121,31 +143,69 @@ void ModelParts::build_pipeline(const FullyShardOptions& fsdp,
   // divided by their count, no division by the microbatches afterwards (torchtitan's
   // scale_grads=False).
   const double tokens = static_cast<double>(f_.batch / dims_.dp() * (f_.seq / dims_.cp));
+  PipelineOptions options = PipelineOptions().scale_grads(false);
+  // Each pipeline microbatch's documents, before its forward and its backward (activation
+  // checkpointing recomputes the forward there): [Note: document masks].
+  options.before_compute([this](int /*stage*/, int mb) {
+    use_documents(docs_first_ + mb * pp_rows_, pp_rows_);
+  });
   schedule_ = std::make_unique<PipelineSchedule>(std::move(stages), group, order, micro,
-                                                 token_sum_loss(tokens),
-                                                 PipelineOptions().scale_grads(false));
+                                                 token_sum_loss(tokens), options);
   describe_ = std::string(schedule_name(kind)) + ", " + std::to_string(micro) +
               " microbatches, stages " + here + " of " + std::to_string(num_stages) + " here";
 }
 
 // Without --cp a one-rank layout that cuts nothing (any --seq): the whole sequence.
 CpLayout ModelParts::cp_layout() const {
-  const CpLayout l = cp_ ? CpLayout(f_.seq, dims_.cp, CpBalance::HeadTail)
-                         : CpLayout(f_.seq, 1, CpBalance::None);
-  if (cp_) {
-    cp_->set_layout(l);
-  }
-  return l;
+  return cp_ ? CpLayout(f_.seq, dims_.cp, CpBalance::HeadTail)
+             : CpLayout(f_.seq, 1, CpBalance::None);
 }
 
 int64_t ModelParts::local_len() const {
   return cp_layout().local_len();
 }
 
-std::pair<at::Tensor, at::Tensor> ModelParts::inputs(const at::Tensor& rows) const {
+namespace {
+
+// The lengths of each row's documents: one ends after each `eos` (and at the row's end).
+std::vector<std::vector<int64_t>> documents_of(const at::Tensor& x, int64_t eos) {
+  const at::Tensor ends = x.eq(eos).cpu();
+  std::vector<std::vector<int64_t>> out(static_cast<size_t>(x.size(0)));
+  for (int64_t b = 0; b < x.size(0); ++b) {
+    int64_t start = 0;
+    const at::Tensor at = ends[b].nonzero().flatten();
+    for (int64_t i = 0; i < at.numel(); ++i) {
+      const int64_t end = at[i].item<int64_t>() + 1;
+      out[static_cast<size_t>(b)].push_back(end - start);
+      start = end;
+    }
+    if (start < x.size(1)) {
+      out[static_cast<size_t>(b)].push_back(x.size(1) - start);
+    }
+  }
+  return out;
+}
+
+} // namespace
+
+void ModelParts::use_documents(int64_t first, int64_t count) {
+  std::vector<std::vector<int64_t>> mine;
+  if (!docs_.empty()) {
+    mine.assign(docs_.begin() + first, docs_.begin() + first + count);
+  }
+  model_->set_documents(mine);
+  if (cp_) { // head-tail positions do not depend on the documents: the step's sharding holds
+    cp_->set_layout(CpLayout(f_.seq, dims_.cp, CpBalance::HeadTail, mine));
+  }
+}
+
+std::pair<at::Tensor, at::Tensor> ModelParts::inputs(const at::Tensor& rows) {
   const CpLayout l = cp_layout();
   at::Tensor x = rows.narrow(1, 0, f_.seq).to(device_);
   at::Tensor y = rows.narrow(1, 1, f_.seq).to(device_);
+  docs_ = eos_ >= 0 ? documents_of(rows.narrow(1, 0, f_.seq), eos_)
+                    : std::vector<std::vector<int64_t>>{};
+  use_documents(0, x.size(0));
   if (!cp_) {
     return {x, y};
   }
@@ -153,6 +213,8 @@ std::pair<at::Tensor, at::Tensor> ModelParts::inputs(const at::Tensor& rows) con
 }
 
 void ModelParts::for_generation() {
+  docs_.clear(); // a prompt is one document
+  model_->set_documents({});
   if (cp_) {
     cp_->set_enabled(false);
   }
@@ -201,6 +263,9 @@ at::Tensor ModelParts::forward_backward(const at::Tensor& x, const at::Tensor& t
     }
     const at::Tensor xk = x.narrow(0, k * rows, rows);
     const at::Tensor yk = targets.narrow(0, k * rows, rows);
+    docs_first_ = k * rows; // under --pp each pipeline microbatch's (before_compute)
+    pp_rows_ = schedule_ ? rows / pipeline_microbatches(f_) : rows;
+    use_documents(docs_first_, rows);
     at::Tensor l;
     if (schedule_) { // forwards and backwards interleaved by the schedule
       phase("pipeline");
@@ -239,6 +304,7 @@ at::Tensor ModelParts::microbatch(const at::Tensor& x, const at::Tensor& y,
 at::Tensor ModelParts::evaluate(const at::Tensor& x, int64_t n,
                                 const std::function<at::Tensor(const at::Tensor&)>& head) {
   c10::NoGradGuard no_grad;
+  use_documents(0, docs_.empty() ? 0 : x.size(0)); // the whole batch at once, stage by stage
   const int last = static_cast<int>(placement_.size()) - 1;
   at::Tensor h = x;
   at::Tensor result = at::zeros({n}, at::TensorOptions().dtype(at::kDouble).device(device_));

@@ -53,7 +53,12 @@ class ModelParts {
   const std::vector<ModelPart>& parts() const { return parts_; }
   // A step's inputs and targets from this rank's rows of tokens (seq + 1 each): under --cp
   // its positions of them (head-tail balanced; every rank of a cp group loads the same rows).
-  std::pair<at::Tensor, at::Tensor> inputs(const at::Tensor& rows) const;
+  // With split_documents, the rows' documents too, for the forwards that follow.
+  std::pair<at::Tensor, at::Tensor> inputs(const at::Tensor& rows);
+  // --attn-mask documents on packed data: a document ends after each `eos` of a row's inputs
+  // (torchtitan's block_causal mask), and attention stays inside documents in every layout
+  // ([Note: document masks] in models/llama3/documents.h; with cp, the layout's documents).
+  void split_documents(int64_t eos) { eos_ = eos; }
   // This rank's positions of a sequence (--seq, or its cp piece).
   int64_t local_len() const;
   // From now on forwards of whole growing sequences (sampling): context parallelism off, every
@@ -107,6 +112,9 @@ class ModelParts {
   void init_values();
 
   CpLayout cp_layout() const;
+  // The documents of this rank's rows [first, first + count) of the step, on the model and
+  // the cp layout, for the forwards that follow.
+  void use_documents(int64_t first, int64_t count);
 
   const Flags& f_;
   ParallelDims dims_;
@@ -120,6 +128,9 @@ class ModelParts {
   std::shared_ptr<torch::nn::Module> holder_;
   std::unique_ptr<PipelineSchedule> schedule_; // --pp
   std::string describe_;
+  int64_t eos_ = -1;                        // split_documents
+  std::vector<std::vector<int64_t>> docs_;  // this rank's rows' documents, this step
+  int64_t docs_first_ = 0, pp_rows_ = 0;    // the accumulation microbatch's rows; pp's
 };
 
 // Greedy continuation of `prompt` by `n` tokens through the whole model (ModelParts::evaluate;

@@ -344,6 +344,10 @@ std::map<std::string, std::string> RecipeData::hf_files() const {
 
 RecipeData::~RecipeData() = default;
 
+int64_t RecipeData::eos_id() const {
+  return vocab_->eos;
+}
+
 int64_t RecipeData::vocab_size() const {
   return vocab_->hf ? vocab_->hf->size() : vocab_->sp->size();
 }

@@ -33,6 +33,7 @@ class RecipeData {
 
   bool from_files() const { return loader_ != nullptr; }
   int64_t vocab_size() const; // the tokenizer's ids (the model pads it to a multiple of 8)
+  int64_t eos_id() const;     // the end-of-text token that closes each packed document
   std::vector<int64_t> encode(const std::string& text) const;
   std::string decode(const std::vector<int64_t>& ids) const;
   std::string describe() const;

@@ -13,8 +13,8 @@
 // Flags of its own: --simulate WORLD, --mesh LIST, --out DIR (train-out/simulation), --sample N
 // (random ranks beyond the extremes, 8), --jobs N (children at once: the cores), and the time
 // model's --tflops X (achieved, 400), --node N (GPUs per node, 8), --nvlink-gbps X (360),
-// --network-gbps X (45). The others (--model, --seq, --batch, --ac, --precision, ...) go to
-// every simulated rank.
+// --network-gbps X (45), --p2p-gbps X (0: the links'). The others (--model, --seq, --batch,
+// --ac, --precision, ...) go to every simulated rank.
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -112,10 +112,20 @@ SimFlags parse_sim(int argc, char** argv) {
       .value("--nvlink-gbps", "intra-node GB/s (360)",
              [&f](const std::string& v) { f.time.intra_node_gbps(FlagTable::parse_double(v)); })
       .value("--network-gbps", "inter-node GB/s (45)",
-             [&f](const std::string& v) { f.time.inter_node_gbps(FlagTable::parse_double(v)); });
+             [&f](const std::string& v) { f.time.inter_node_gbps(FlagTable::parse_double(v)); })
+      .value("--p2p-gbps", "a send's GB/s to one peer where below the links' (0: theirs)",
+             [&f](const std::string& v) { f.time.p2p_gbps(FlagTable::parse_double(v)); });
   t.parse(argc, argv, &f.passed);
   if (f.world < 1) {
     sim_usage("--simulate takes the world size, at least 1");
+  }
+  for (const auto& a : f.passed) { // the driver reads each rank's report where it asked for it
+    for (const std::string name : {"--report", "--metrics"}) {
+      if (a == name || a.rfind(name + "=", 0) == 0) {
+        sim_usage(name + " is the planner's own: each simulated rank's report and metrics go "
+                         "under --out DIR/<mesh>/ (train-out/simulation)");
+      }
+    }
   }
   for (const char* name : {"--pp", "--cp"}) {
     const std::string v = passed_value(f.passed, name);
@@ -411,7 +421,8 @@ int run_simulate(int argc, char** argv) {
                           {"intra_node_gbps", f.time.intra_node_gbps()},
                           {"inter_node_gbps", f.time.inter_node_gbps()},
                           {"intra_node_latency_us", f.time.intra_node_latency_us()},
-                          {"inter_node_latency_us", f.time.inter_node_latency_us()}}},
+                          {"inter_node_latency_us", f.time.inter_node_latency_us()},
+                          {"p2p_gbps", f.time.p2p_gbps()}}},
                         {"meshes", nlohmann::json::array()}};
   bool consistent = true;
   for (const auto& mesh : f.meshes) {

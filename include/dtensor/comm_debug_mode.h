@@ -29,6 +29,10 @@ struct CollectiveRecord {
   int64_t bytes_in = 0;  // bytes this rank hands to the collective
   int64_t bytes_out = 0; // bytes this rank receives as its result
   bool async = false;
+  // Where in its thread's work the collective was issued: the kernel FLOPs a StepRecorder had
+  // counted in its phase by then (0 outside one). The time model's overlap windows ([Note:
+  // the time model] in dtensor/simulate.h).
+  int64_t issued_at = 0;
 };
 
 // [Note: CommDebugMode]

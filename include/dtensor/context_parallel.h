@@ -29,7 +29,8 @@ class Module;
 
 namespace dtensor {
 
-// How K/V reach the queries of other ranks ([Note: two methods] in lib/parallel/cp/methods.cpp).
+// How K/V reach the queries of other ranks ([Note: two methods] and [Note: Ulysses] in
+// lib/parallel/cp/methods.cpp).
 enum class CpMethod {
   // K/V Shard -> Replicate (one all-gather per call), their gradient Partial -> Shard (one
   // reduce-scatter): torchtitan's 2026 design, on dtensor's redistribution.
@@ -37,13 +38,27 @@ enum class CpMethod {
   // K/V blocks passed round the ring (cp - 1 exchanges forward, the next block's transfer
   // overlapping this block's kernel), dK/dV passed back round it in backward: O(S/cp) memory.
   Ring,
+  // DeepSpeed-Ulysses: one all-to-all gives each rank the whole sequence of 1/cp of the heads,
+  // one takes the output back (backward: the mirror); the heads (after tensor parallelism),
+  // query and key / value alike, must divide by cp ([Note: Ulysses] in methods.cpp).
+  Ulysses,
+  // Ulysses inside groups of ContextParallelOptions::ulysses_degree consecutive cp ranks (a
+  // node), the ring across the groups ("USP"): an all-to-all in the group, the ring over the
+  // ranks holding the same heads, an all-to-all back ([Note: hierarchical] in methods.cpp).
+  Hierarchical,
 };
 
 // Which sequence positions each rank holds ([Note: load balancing] in lib/parallel/cp/layout.cpp).
 enum class CpBalance {
   None,       // rank r: the r-th of cp equal pieces
   HeadTail,   // rank r: chunks r and 2cp-1-r of 2cp (causal work equal on every rank)
-  PerDocument // HeadTail inside every document of a packed sequence
+  PerDocument, // HeadTail inside every document of a packed sequence
+  // Packed documents of any length (per batch row or shared), balanced by attention cost: the
+  // sequence cut into equal chunks, each costed by the keys its rows see under the document
+  // mask (summed over the batch rows), dealt to the ranks in snake order from the dearest
+  // ([Note: documents of any length] in lib/parallel/cp/layout.cpp). Without documents it is
+  // head-tail's order, finer.
+  Documents,
 };
 
 const char* name_of(CpMethod method);
@@ -71,6 +86,9 @@ class CpLayout {
     int64_t length;
   };
   const std::vector<Run>& runs(int64_t rank) const { return runs_.at(static_cast<size_t>(rank)); }
+  // The layout over groups of `size` consecutive ranks: group g holds the rows of ranks
+  // g*size ... g*size+size-1, in global order (the hierarchical method's ring).
+  CpLayout grouped(int64_t size) const;
   // The same as an int64 tensor of local_len() positions (positions for rotary embeddings).
   at::Tensor positions(int64_t rank) const;
   std::string describe() const;
@@ -95,6 +113,8 @@ at::Tensor cp_unshard(const at::Tensor& local, int64_t dim, const CpLayout& layo
 
 struct ContextParallelOptions {
   TORCH_ARG(CpMethod, method) = CpMethod::AllGather;
+  // Hierarchical: the ranks of each all-to-all group (a divisor of cp; cp / it rings).
+  TORCH_ARG(int64_t, ulysses_degree) = 0;
   TORCH_ARG(bool, causal) = true;
   // Softmax scale; unset: 1/sqrt(head_dim), as scaled_dot_product_attention.
   TORCH_ARG(std::optional<double>, scale) = std::nullopt;

@@ -85,6 +85,13 @@ struct PipelineOptions {
   // share one stream (a receive posted ahead would hold up an unrelated send queued behind
   // it); the pipeline group on Gloo, whose pairs are independent already.
   TORCH_ARG(std::optional<bool>, group_per_edge) = std::nullopt;
+  // Called before every forward and every backward (B, I, W) of one of this rank's stages on
+  // a microbatch, with the stage's index and the microbatch's (the first step's shape pass
+  // included, as microbatch 0): where a microbatch's own state is set on the modules the
+  // stage reads, as torchtitan hands each microbatch its extra arguments (its attention
+  // masks). Before a backward too, because activation checkpointing recomputes the forward
+  // there, reading the same state.
+  TORCH_ARG(std::function<void(int, int)>, before_compute) = nullptr;
 };
 
 class PipelineSchedule {

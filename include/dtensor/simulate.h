@@ -36,6 +36,7 @@ struct PhaseReport {
   std::vector<CollectiveRecord> collectives; // in the order issued
   int64_t flops = 0;      // of the matrix products and attention kernels ([Note: FLOPs])
   int64_t peak_bytes = 0; // simulated device bytes at the phase's peak (simulated worlds)
+  int64_t work_flops = 0; // what the kernels execute: flops less causal attention's masked part
 };
 
 // One rank's step: memory by category, the fully_shard peak, phases.
@@ -104,14 +105,20 @@ std::vector<int> ranks_to_simulate(const std::vector<int64_t>& mesh_shape, int64
                                    uint64_t seed = 0);
 
 // [Note: the time model] A step's predicted time on a GPU cluster, from a rank's report
-// (docs/simulation.md "The model of time"). Compute: the phase's FLOPs at `achieved_tflops`.
-// A collective over k ranks: the ring's alpha-beta time on the slowest link it crosses
-// (within one node of `ranks_per_node`: NVLink; else the network): all-gather and
-// reduce-scatter (k-1) alpha + (k-1)/k bytes / bw (the gathered, resp. the scattered size),
-// all-reduce twice that, all-to-all as all-gather, broadcast alpha + bytes / bw. Overlap as
-// the schedule issues it: a synchronous collective (tensor parallelism's, the first
-// all-gather) stalls compute; asynchronous ones (fully_shard's prefetched all-gathers and
-// in-flight reduce-scatters) run beside the phase's compute, only their excess is exposed.
+// (docs/simulation.md "The model of time"). Compute: the phase's work FLOPs (causal
+// attention's masked part skipped) at `achieved_tflops`. A collective over k ranks: the
+// ring's alpha-beta time on the slowest link it crosses (within one node of
+// `ranks_per_node`: NVLink; else the network): all-gather and reduce-scatter (k-1) alpha +
+// (k-1)/k bytes / bw (the gathered, resp. the scattered size), all-reduce twice that,
+// all-to-all as all-gather, broadcast alpha + bytes / bw, a send alpha + bytes / (p2p_gbps
+// when set, else bw), a receive alpha (links are full duplex: its bytes are the sender's
+// time). Overlap as the schedule issues it, on a timeline: compute runs from one collective's
+// issue point (CollectiveRecord::issued_at) to the next; each group's collectives queue on
+// its own stream (NCCL's stream per process group); a synchronous collective stalls compute
+// until it is done; an asynchronous one runs beside compute until the next collective of its
+// kind in its group is issued, where compute waits for it (fully_shard's prefetched
+// all-gather waits at the next prefetch, a ring step's transfer at the next step's), or
+// until the phase ends.
 // Defaults: an H100 SXM node of 8 with NVLink and 400 Gb/s per GPU across nodes.
 struct TimeModelOptions {
   TORCH_ARG(double, achieved_tflops) = 400;     // bf16 FLOP/s the kernels achieve, in 1e12
@@ -120,14 +127,18 @@ struct TimeModelOptions {
   TORCH_ARG(double, inter_node_gbps) = 45;      // ... across nodes, GB/s per GPU
   TORCH_ARG(double, intra_node_latency_us) = 8; // per ring step in a node
   TORCH_ARG(double, inter_node_latency_us) = 20;
+  // A send's GB/s to one peer, where a point-to-point transfer has less than the collectives'
+  // bus bandwidth (a torus: a ring neighbour is one link, a collective uses them all); 0: the
+  // link's bandwidth above (NVLink's switch and the network give one peer the same).
+  TORCH_ARG(double, p2p_gbps) = 0;
 };
 
 struct PhaseTime {
   std::string name;
-  double compute_s = 0;    // FLOPs / achieved rate
-  double sync_comm_s = 0;  // collectives compute waits for
-  double async_comm_s = 0; // collectives running beside compute
-  double total_s = 0;      // compute + sync + the async excess over compute
+  double compute_s = 0;    // work FLOPs / achieved rate
+  double sync_comm_s = 0;  // synchronous collectives, each compute waits for
+  double async_comm_s = 0; // asynchronous collectives, running beside compute
+  double total_s = 0;      // the timeline: compute, its stalls, and the last collective's end
 };
 
 struct StepTime {

@@ -31,6 +31,7 @@ const std::vector<std::pair<const char*, c10::ScalarType>>& dtype_table() {
       {"F64", at::kDouble}, {"F32", at::kFloat},   {"F16", at::kHalf},  {"BF16", at::kBFloat16},
       {"I64", at::kLong},   {"I32", at::kInt},     {"I16", at::kShort}, {"I8", at::kChar},
       {"U8", at::kByte},    {"BOOL", at::kBool},
+      {"F8_E4M3", at::kFloat8_e4m3fn}, {"F8_E5M2", at::kFloat8_e5m2},
   };
   return table;
 }

@@ -13,8 +13,13 @@ namespace dtensor::detail {
 
 // Whether any CommDebugMode is active on this thread (skip building records otherwise).
 bool comm_debug_active();
-// Adds `rec` to every CommDebugMode active on this thread.
+// Adds `rec` to every CommDebugMode active on this thread, its issued_at read from the issue
+// stamp when one is set.
 void record_collective(const CollectiveRecord& rec);
+// The count a StepRecorder stamps collectives with (its kernel FLOPs so far; lib/sim sets it
+// while it counts, nullptr clears it).
+using IssueStamp = int64_t (*)();
+void set_issue_stamp(IssueStamp stamp);
 
 // --- [Note: module attribution] -----------------------------------------------------------
 // A module's forward begins (the attribution hooks of the module seam): its name as PyTorch prints

@@ -2,6 +2,7 @@
 #include <dtensor/comm_debug_mode.h>
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 
 #include <c10/util/ThreadLocalDebugInfo.h>
@@ -99,12 +100,21 @@ namespace detail {
 
 bool comm_debug_active() { return active_scopes() != nullptr; }
 
+namespace {
+std::atomic<IssueStamp> issue_stamp{nullptr};
+} // namespace
+
+void set_issue_stamp(IssueStamp stamp) { issue_stamp.store(stamp); }
+
 void record_collective(const CollectiveRecord& rec) {
   if (const ActiveScopes* scopes = active_scopes()) {
     const bool backward = in_autograd_backward();
+    const IssueStamp stamp = issue_stamp.load();
+    const int64_t issued_at = stamp != nullptr ? stamp() : 0;
     for (const auto& log : scopes->logs) {
       std::lock_guard<std::mutex> lock(log->mutex);
       log->records.push_back(rec);
+      log->records.back().issued_at = issued_at;
       log->modules.attribution.emplace_back(log->modules.current, backward);
     }
   }

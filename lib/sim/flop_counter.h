@@ -8,7 +8,12 @@ namespace dtensor::detail {
 // Starts counting on this thread (and the autograd threads it starts); returns a handle.
 uint64_t start_counting_flops();
 void stop_counting_flops(uint64_t handle);
-// The FLOPs counted since the last call, and a new count from zero.
-int64_t take_flops();
+// The FLOPs counted since the last call (as FlopCounterMode, and the kernels' work), and new
+// counts from zero. While counting, collectives are stamped with the work so far.
+struct CountedFlops {
+  int64_t flops = 0;
+  int64_t work = 0;
+};
+CountedFlops take_flops();
 
 } // namespace dtensor::detail

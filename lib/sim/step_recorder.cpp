@@ -59,7 +59,9 @@ struct StepRecorder::State {
       return;
     }
     current->collectives = mode->records();
-    current->flops = detail::take_flops();
+    const detail::CountedFlops counted = detail::take_flops();
+    current->flops = counted.flops;
+    current->work_flops = counted.work;
     current->peak_bytes = simulated_memory_stats().peak_bytes;
     report.peak_bytes = std::max(report.peak_bytes, current->peak_bytes);
     mode.reset();
@@ -175,7 +177,8 @@ nlohmann::json record_json(const CollectiveRecord& c) {
           {"shape", c.shape},
           {"bytes_in", c.bytes_in},
           {"bytes_out", c.bytes_out},
-          {"async", c.async}};
+          {"async", c.async},
+          {"issued_at", c.issued_at}};
 }
 
 CollectiveRecord record_from(const nlohmann::json& j) {
@@ -196,6 +199,7 @@ CollectiveRecord record_from(const nlohmann::json& j) {
   c.bytes_in = j.at("bytes_in").get<int64_t>();
   c.bytes_out = j.at("bytes_out").get<int64_t>();
   c.async = j.at("async").get<bool>();
+  c.issued_at = j.value("issued_at", int64_t{0});
   return c;
 }
 
@@ -210,6 +214,7 @@ std::string RankReport::to_json() const {
     }
     ps.push_back({{"name", p.name},
                   {"flops", p.flops},
+                  {"work_flops", p.work_flops},
                   {"peak_bytes", p.peak_bytes},
                   {"collectives", std::move(cs)}});
   }
@@ -246,6 +251,7 @@ RankReport RankReport::from_json(const std::string& text) {
                         {},
                         p.at("flops").get<int64_t>(),
                         p.at("peak_bytes").get<int64_t>()};
+      phase.work_flops = p.value("work_flops", phase.flops); // reports written before it: flops
       for (const auto& c : p.at("collectives")) {
         phase.collectives.push_back(record_from(c));
       }

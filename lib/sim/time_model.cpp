@@ -3,6 +3,9 @@
 #include <dtensor/simulate.h>
 
 #include <algorithm>
+#include <map>
+#include <string>
+#include <utility>
 
 #include "internal/check.h"
 
@@ -22,10 +25,11 @@ bool within_one_node(const std::vector<int>& ranks, int64_t per_node) {
 } // namespace
 
 double collective_seconds(const CollectiveRecord& c, const TimeModelOptions& o) {
-  DTENSOR_CHECK(o.ranks_per_node() > 0 && o.intra_node_gbps() > 0 && o.inter_node_gbps() > 0,
+  DTENSOR_CHECK(o.ranks_per_node() > 0 && o.intra_node_gbps() > 0 && o.inter_node_gbps() > 0 &&
+                    o.p2p_gbps() >= 0,
                 "TimeModelOptions: ranks per node ({}) and bandwidths ({}, {} GB/s) must be "
-                "positive",
-                o.ranks_per_node(), o.intra_node_gbps(), o.inter_node_gbps());
+                "positive, p2p_gbps ({}) at least 0",
+                o.ranks_per_node(), o.intra_node_gbps(), o.inter_node_gbps(), o.p2p_gbps());
   const auto k = static_cast<double>(c.ranks.size());
   if (k <= 1) {
     return 0.0;
@@ -47,12 +51,79 @@ double collective_seconds(const CollectiveRecord& c, const TimeModelOptions& o) 
     case CollectiveKind::Barrier:
       return (k - 1) * alpha;
     case CollectiveKind::Send: // one link, one way
-      return alpha + static_cast<double>(c.bytes_in) / bw;
-    case CollectiveKind::Recv:
-      return alpha + static_cast<double>(c.bytes_out) / bw;
+      return alpha + static_cast<double>(c.bytes_in) / (o.p2p_gbps() > 0 ? o.p2p_gbps() * 1e9 : bw);
+    case CollectiveKind::Recv: // full duplex: the bytes are the sender's time
+      return alpha;
   }
   return 0.0;
 }
+
+namespace {
+
+// A phase on a timeline ([Note: the time model]): compute advances between issue points,
+// each group's collectives queue on that group's stream.
+class Timeline {
+ public:
+  explicit Timeline(const TimeModelOptions& o) : o_(o), rate_(o.achieved_tflops() * 1e12) {}
+
+  void issue(const CollectiveRecord& c, PhaseTime& pt) {
+    advance_to(c.issued_at);
+    const double seconds = collective_seconds(c, o_);
+    Pending& last = pending_[{c.group, kind_class(c.kind)}];
+    if (last.issued_at < c.issued_at) { // the batch before is waited for here
+      clock_ = std::max(clock_, last.done);
+      last = Pending{};
+    }
+    double& stream = stream_free_[c.group];
+    const double done = std::max(clock_, stream) + seconds;
+    stream = done;
+    if (c.async) {
+      pt.async_comm_s += seconds;
+      last.issued_at = c.issued_at;
+      last.done = std::max(last.done, done);
+    } else {
+      pt.sync_comm_s += seconds;
+      clock_ = done;
+    }
+  }
+
+  double finish(int64_t work) {
+    advance_to(work);
+    double end = clock_;
+    for (const auto& [group, free] : stream_free_) {
+      end = std::max(end, free);
+    }
+    return end;
+  }
+
+ private:
+  struct Pending {
+    int64_t issued_at = -1;
+    double done = 0;
+  };
+
+  // Sends and receives are one kind: a ring step posts both, the next step waits for both.
+  static int kind_class(CollectiveKind k) {
+    return k == CollectiveKind::Recv ? static_cast<int>(CollectiveKind::Send)
+                                     : static_cast<int>(k);
+  }
+
+  void advance_to(int64_t at) {
+    if (at > at_) {
+      clock_ += static_cast<double>(at - at_) / rate_;
+      at_ = at;
+    }
+  }
+
+  const TimeModelOptions& o_;
+  const double rate_;
+  double clock_ = 0; // seconds since the phase began, on the compute stream
+  int64_t at_ = 0;   // work FLOPs done by then
+  std::map<std::pair<std::string, int>, Pending> pending_;
+  std::map<std::string, double> stream_free_;
+};
+
+} // namespace
 
 StepTime predict_step_time(const RankReport& report, const TimeModelOptions& o) {
   DTENSOR_CHECK(o.achieved_tflops() > 0, "TimeModelOptions: achieved_tflops must be positive, got {}",
@@ -61,11 +132,15 @@ StepTime predict_step_time(const RankReport& report, const TimeModelOptions& o) 
   for (const auto& p : report.phases) {
     PhaseTime pt;
     pt.name = p.name;
-    pt.compute_s = static_cast<double>(p.flops) / (o.achieved_tflops() * 1e12);
+    // A report built without the work (by hand, or by a recorder that did not count it):
+    // its FLOPs.
+    const int64_t work = p.work_flops > 0 ? p.work_flops : p.flops;
+    pt.compute_s = static_cast<double>(work) / (o.achieved_tflops() * 1e12);
+    Timeline line(o);
     for (const auto& c : p.collectives) {
-      (c.async ? pt.async_comm_s : pt.sync_comm_s) += collective_seconds(c, o);
+      line.issue(c, pt);
     }
-    pt.total_s = pt.compute_s + pt.sync_comm_s + std::max(0.0, pt.async_comm_s - pt.compute_s);
+    pt.total_s = line.finish(work);
     t.total_s += pt.total_s;
     t.phases.push_back(pt);
   }

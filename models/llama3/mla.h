@@ -23,6 +23,7 @@
 
 #include <models/check.h>
 #include <models/llama3/args.h>
+#include <models/llama3/documents.h>
 #include <models/llama3/layers.h>
 #include <models/llama3/rope.h>
 
@@ -34,9 +35,9 @@ namespace dtensor::models {
 // scaled to its own softmax scale and v padded to q's width (see forward).
 struct MLAInnerAttentionImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-    return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                            /*is_causal=*/true);
+    return document_attention(q, k, v, documents.get());
   }
+  DocumentsPtr documents; // the model's, set per step ([Note: document masks])
 };
 TORCH_MODULE(MLAInnerAttention);
 

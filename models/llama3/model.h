@@ -32,6 +32,7 @@
 
 #include <models/check.h>
 #include <models/llama3/args.h>
+#include <models/llama3/documents.h>
 #include <models/llama3/layers.h>
 #include <models/llama3/mla.h>
 #include <models/llama3/rope.h>
@@ -60,9 +61,9 @@ struct Llama3InnerAttentionImpl : torch::nn::Module {
           .expand({bs, n_kv, n_rep, slen, hd})
           .reshape({bs, n_kv * n_rep, slen, hd});
     };
-    return at::scaled_dot_product_attention(q, repeat(k), repeat(v), /*attn_mask=*/{},
-                                            /*dropout_p=*/0.0, /*is_causal=*/true);
+    return document_attention(q, repeat(k), repeat(v), documents.get());
   }
+  DocumentsPtr documents; // the model's, set per step ([Note: document masks])
 };
 TORCH_MODULE(Llama3InnerAttention);
 
@@ -203,7 +204,13 @@ struct Llama3Impl : torch::nn::Module {
         freqs_cis(register_buffer("freqs_cis", compute_freqs_cis({}))),
         layers(register_module("layers", torch::nn::ModuleList())) {
     for (int64_t i = 0; i < args.n_layers(); ++i) {
-      layers->push_back(Llama3Block(i, args));
+      Llama3Block block(i, args);
+      if (block->mla) {
+        block->mla->inner_attention->documents = documents;
+      } else {
+        block->attention->inner_attention->documents = documents;
+      }
+      layers->push_back(block);
     }
     norm = register_module("norm", RMSNorm(args.dim(), args.norm_eps()));
     output = register_module("output", llama3_detail::linear(args.dim(), args.vocab_size()));
@@ -233,6 +240,9 @@ struct Llama3Impl : torch::nn::Module {
     dtensor::trunc_normal_(output->weight, 0.0, final_out_std, -3.0 * final_out_std,
                            3.0 * final_out_std);
   }
+  // The documents of the next forwards' rows ([Note: document masks]); empty: causal over the
+  // whole row.
+  void set_documents(std::vector<std::vector<int64_t>> rows) { documents->rows = std::move(rows); }
   at::Tensor compute_freqs_cis(const at::TensorOptions& options) const {
     return precompute_freqs_cis(model_args.rope_dim(), model_args.max_seq_len(),
                                 model_args.rope_theta(), model_args.rope_scaling(), options,
@@ -240,6 +250,7 @@ struct Llama3Impl : torch::nn::Module {
   }
 
   Llama3Args model_args;
+  DocumentsPtr documents = std::make_shared<Documents>(); // shared by every block's attention
   torch::nn::Embedding tok_embeddings;
   at::Tensor freqs_cis;
   torch::nn::ModuleList layers;

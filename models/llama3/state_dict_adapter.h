@@ -37,6 +37,7 @@
 #include <models/check.h>
 #include <models/llama3/args.h>
 #include <models/llama3/hf_config.h>
+#include <models/llama3/hf_fp8.h>
 #include <models/llama3/model.h>
 
 namespace dtensor::models {
@@ -326,12 +327,15 @@ struct HfExportOptions {
   // tokenizer_config.json, special_tokens_map.json, tokenizer.model) and generation_config.json.
   // Without a generation_config.json, one deferring to config.json is written.
   TORCH_ARG(Files, files) = {};
+  // The floating tensors converted to this dtype as they are written (torchtitan's
+  // checkpoint.export_dtype); none: each in its own.
+  TORCH_ARG(std::optional<c10::ScalarType>, dtype) = std::nullopt;
 };
 
 // Writes a model's state (get_model_state_dict of the model, or of each of this rank's
 // pipeline stages under the whole model's names: every name some rank holds is written) as a
-// Hugging Face model folder `dir`, its tensors in their current dtype: the weights in
-// safetensors files of at most max_shard_bytes (several with an index), config.json,
+// Hugging Face model folder `dir`, its tensors in their current dtype or options.dtype(): the
+// weights in safetensors files of at most max_shard_bytes (several with an index), config.json,
 // generation_config.json and the options' files. Every rank writes its own pieces in place
 // (checkpoint::save_hf); nothing is gathered. Collective over all ranks.
 inline void export_hf(const dtensor::StateDict& state, const Llama3Args& args,
@@ -352,6 +356,9 @@ inline void export_hf(const dtensor::StateDict& state, const Llama3Args& args,
                           "routing would differ from this model's");
     }
     if (auto entry = to_hf(item.key(), item.value(), args)) {
+      if (options.dtype() && entry->second.is_floating_point()) {
+        entry->second = entry->second.to(*options.dtype());
+      }
       dtype = entry->second.scalar_type();
       if (auto pattern = hf_expert_pattern(entry->first)) {
         unstack[entry->first] = *pattern;
@@ -405,8 +412,11 @@ inline void load_hf(dtensor::StateDict& state, const Llama3Args& args, const std
       stacked[name] = *pattern;
     }
   }
+  // [Note: float8 block-quantized weights] read first; the rest as stored.
+  const dtensor::StateDict rest = load_fp8_weights(reads, stacked, dir);
+  std::erase_if(stacked, [&](const auto& entry) { return !rest.contains(entry.first); });
   dtensor::checkpoint::load(
-      reads, dir, dtensor::checkpoint::LoadOptions().stacked(stacked).convert_dtype(true));
+      rest, dir, dtensor::checkpoint::LoadOptions().stacked(stacked).convert_dtype(true));
   for (const std::string& key : permuted) {
     auto entry = from_hf(hf_name(key), reads[hf_name(key)], args);
     state[key] = entry->second;

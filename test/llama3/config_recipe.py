@@ -200,9 +200,9 @@ freq = 5
 steps = 10
 """
 DEBUG_MODEL_IGNORED = [
-    "checkpoint.export_dtype", "checkpoint.last_save_model_only", "compile.components",
-    "compile.enable", "job.description", "job.print_config", "metrics.disable_color_printing",
-    "metrics.enable_wandb", "parallelism.enable_async_tensor_parallel",
+    "compile.components", "compile.enable", "job.description", "job.print_config",
+    "metrics.disable_color_printing", "metrics.enable_wandb",
+    "parallelism.enable_async_tensor_parallel",
     "parallelism.fsdp_reshard_after_forward", "quantize.linear.float8.filter_fqns",
     "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp", "validation.dataset"]
 

@@ -21,8 +21,10 @@ mixture of 8 experts, top 2) against Qwen3MoeForCausalLM, its experts one tensor
   export  4 ranks (1x4x1, experts over ep 4) write it in files of at most 64 KB; transformers
           loads it. And the dense
           Qwen3 (the tiny Llama with q / k norms) from 1x2x2 (tp 2), by Qwen3ForCausalLM.
-  load    a Qwen3MoeForCausalLM saved by save_pretrained in several shards loads on 4 ranks (1x4x1, ep 2 x
-          efsdp 2: each rank reads its experts' rows of the per-expert tensors).
+  load    a Qwen3MoeForCausalLM saved by save_pretrained in several shards loads on 1, 2 (ep 2),
+          4 (1x4x1, ep 2 x efsdp 2: each rank reads its experts' rows of the per-expert
+          tensors) and 8 ranks (2x2x2, ep 4); a dense Qwen3ForCausalLM's on 1, 2 (tp 2), 4
+          (dp_shard 2 x tp 2) and 8 (2x2x2).
 With deepseek_v3, DeepSeek-V3 (multi-head latent attention with a q latent, YaRN's rotary
 scaling, a dense layer then sigmoid-routed experts in groups with the correction bias and a
 shared expert) against DeepseekV3ForCausalLM, saved by save_pretrained in several shards:
@@ -33,8 +35,13 @@ shared expert) against DeepseekV3ForCausalLM, saved by save_pretrained in severa
           (dp_shard 2, and tp 2).
   export  the dp_shard 4 job exports what it loaded; DeepseekV3ForCausalLM loads the export
           and its logits equal the source's.
+  float8  the folder as DeepSeek publishes its weights (each Linear weight in float8 with
+          weight_scale_inv per block) loads on tp 2 and dp_shard 2 x tp 2 with ep 2 with the
+          logits of transformers on the dequantized weights; a weight without its scales is
+          refused by name.
   train   (with TRAIN, the recipe) 3 steps from the folder on tp 2, dp_shard 2 x tp 2 with ep
-          2, cp 2, pp 2 (1F1B) and cp 2 x tp 2 with ep 2 against 1 rank: losses and gradient norms within
+          2, cp 2 (ring), pp 2 (1F1B) and cp 2 x tp 2 with ep 2 against 1 rank: losses and
+          gradient norms within
           1e-5 (the gradients of the replicated latent projections summed over tp by the
           DTensors; context parallelism's kernel in place of latent attention's).
 Exits 0 when all hold.
@@ -199,7 +206,8 @@ def qwen3_moe(torchrun, worker):
                                 max_position_embeddings=16, rope_theta=1e6,
                                 tie_word_embeddings=False)
         src, want = saved_reference(Qwen3MoeForCausalLM(config), tmp, max_shard_size=SHARD)
-        for nproc, shape, ep in ((1, "1x1x1", "1"), (4, "1x4x1", "2"), (8, "2x2x2", "4")):
+        for nproc, shape, ep in ((1, "1x1x1", "1"), (2, "1x2x1", "2"), (4, "1x4x1", "2"),
+                                 (8, "2x2x2", "4")):
             job(torchrun, worker, nproc, "load", src, out + "-load" + shape, shape, ep)
             good &= check(f"Qwen3-MoE save_pretrained loaded on {shape} (ep {ep})",
                           logits_of(out + "-load" + shape), want)
@@ -210,7 +218,7 @@ def qwen3_moe(torchrun, worker):
             num_key_value_heads=2, head_dim=32, vocab_size=256, max_position_embeddings=16,
             rope_theta=1e6, tie_word_embeddings=False))
         src, want = saved_reference(dense, os.path.join(tmp, "dense"), max_shard_size=SHARD)
-        for nproc, shape in ((1, "1x1x1"), (2, "1x1x2"), (8, "2x2x2")):
+        for nproc, shape in ((1, "1x1x1"), (2, "1x1x2"), (4, "1x2x2"), (8, "2x2x2")):
             job(torchrun, worker, nproc, "load", src, out + "-dense" + shape, shape)
             good &= check(f"dense Qwen3 save_pretrained loaded on {shape}",
                           logits_of(out + "-dense" + shape), want)
@@ -244,6 +252,102 @@ def deepseek_v3_reference(tmp, name, q_lora):
     return src, hf_logits(model, config.vocab_size)
 
 
+FP8_BLOCK = (16, 32)  # rows, columns: kv_a_proj_with_mqa's 24 rows end in a partial block
+FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
+
+
+def quantized(name):
+    """Whether DeepSeek-V3's published checkpoint stores `name` in float8: every Linear weight
+    of attention and the MLPs, not the router, embeddings, norms or head."""
+    return (name.endswith("proj.weight") or name.endswith("proj_with_mqa.weight")) and \
+        ".layers." in name
+
+
+def block_quantize(w):
+    """DeepSeek's fine-grained float8: (q in float8_e4m3fn, scale_inv per FP8_BLOCK block)."""
+    bm, bn = FP8_BLOCK
+    m, n = w.shape
+    rows, cols = -(-m // bm), -(-n // bn)
+    padded = torch.zeros(rows * bm, cols * bn)
+    padded[:m, :n] = w
+    blocks = padded.view(rows, bm, cols, bn)
+    scale = (blocks.abs().amax(dim=(1, 3)) / FP8_MAX).clamp(min=1e-12)
+    q = (blocks / scale[:, None, :, None]).view(rows * bm, cols * bn)[:m, :n]
+    return q.to(torch.float8_e4m3fn), scale
+
+
+def dequantize(q, scale):
+    bm, bn = FP8_BLOCK
+    s = scale.repeat_interleave(bm, 0)[:q.shape[0]].repeat_interleave(bn, 1)[:, :q.shape[1]]
+    return q.to(torch.float32) * s
+
+
+def deepseek_v3_fp8(tmp, src):
+    """`src` as DeepSeek-V3 publishes its weights: each Linear weight in float8 with
+    `weight_scale_inv` per block, config.json's quantization_config naming the blocks. The
+    judge: transformers' model holding the dequantized weights (DeepSeek's weight_dequant).
+    Returns (directory, logits)."""
+    from safetensors.torch import save_file
+    stored, plain = {}, {}
+    for name, w in load_all(src).items():
+        if quantized(name):
+            q, scale = block_quantize(w.float())
+            plain[name] = dequantize(q, scale)
+            stored[name], stored[name + "_scale_inv"] = q, scale
+        else:
+            stored[name] = plain[name] = w
+    judge = os.path.join(tmp, "dsv3-dequantized")
+    os.makedirs(judge)
+    save_file(plain, os.path.join(judge, "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(os.path.join(src, "config.json"), judge)
+    model = DeepseekV3ForCausalLM.from_pretrained(judge, torch_dtype=torch.float32).eval()
+    d = os.path.join(tmp, "dsv3-fp8")
+    os.makedirs(d)
+    names = sorted(stored)
+    files = {f"model-0000{i + 1}-of-00002.safetensors": names[i::2] for i in range(2)}
+    for f, keys in files.items():
+        save_file({k: stored[k] for k in keys}, os.path.join(d, f), metadata={"format": "pt"})
+    with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": {k: f for f, keys in files.items()
+                                                  for k in keys}}, f)
+    with open(os.path.join(src, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
+                                     "activation_scheme": "dynamic",
+                                     "weight_block_size": list(FP8_BLOCK)}
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(config, f)
+    return d, hf_logits(model, config["vocab_size"])
+
+
+def deepseek_v3_fp8_loads(torchrun, worker, tmp, src):
+    """The float8 folder on tp 2 and on dp_shard 2 x tp 2 with ep 2 (each rank its blocks'
+    scales), against transformers on the dequantized weights; a weight without its scales
+    refused by name."""
+    d, want = deepseek_v3_fp8(tmp, src)
+    out = os.path.join(tmp, "logits-fp8")
+    good = True
+    for nproc, shape, ep in ((2, "1x1x2", "1"), (4, "1x2x2", "2")):
+        job(torchrun, worker, nproc, "load", d, out + shape, shape, ep)
+        good &= check(f"DeepSeek-V3's float8 block-quantized folder loaded on {shape} (ep {ep})",
+                      logits_of(out + shape), want)
+    bad = os.path.join(tmp, "fp8-no-scale")
+    shutil.copytree(d, bad)
+    name = "model.layers.0.self_attn.o_proj.weight"
+    with open(os.path.join(bad, "model.safetensors.index.json")) as f:
+        index = json.load(f)
+    holder = os.path.join(bad, index["weight_map"].pop(name + "_scale_inv"))
+    tensors = load_file(holder)
+    del tensors[name + "_scale_inv"]
+    from safetensors.torch import save_file
+    save_file(tensors, holder, metadata={"format": "pt"})
+    with open(os.path.join(bad, "model.safetensors.index.json"), "w") as f:
+        json.dump(index, f)
+    good &= refused(torchrun, worker, tmp, "a float8 weight without its scales", bad,
+                    [name, "without its scales"])
+    return good
+
+
 def deepseek_v3(torchrun, worker, train=None):
     good = True
     with tempfile.TemporaryDirectory() as tmp:
@@ -261,6 +365,7 @@ def deepseek_v3(torchrun, worker, train=None):
         good &= check("its export from 1x4x1 (ep 2), loaded by transformers",
                       hf_logits(model, model.config.vocab_size), want)
         good &= check_folder("the export", exported, set(load_all(src)))
+        good &= deepseek_v3_fp8_loads(torchrun, worker, tmp, src)
         if train:
             good &= deepseek_v3_training(torchrun, train, src, tmp)
         noq, want = deepseek_v3_reference(tmp, "dsv3-noq", None)
@@ -272,7 +377,8 @@ def deepseek_v3(torchrun, worker, train=None):
 
 
 def deepseek_v3_training(torchrun, train, src, tmp):
-    """The recipe from the folder: tp 2 and dp_shard 2 x tp 2 (ep 2) against one rank."""
+    """The recipe from the folder against one rank: tp 2, dp_shard 2 x tp 2 (ep 2), cp 2 (ring),
+    pp 2, cp 2 (all-gather) x tp 2 x ep 2."""
     flags = ["--init-from-hf", src, "--precision", "fp32", "--seq", "16", "--batch", "8",
              "--steps", "3", "--log-every", "1", "--ac", "none"]
 
@@ -289,7 +395,8 @@ def deepseek_v3_training(torchrun, train, src, tmp):
     want = steps(1, "--mesh", "1x1x1")
     good = True
     for nproc, layout in ((2, ("--mesh", "1x1x2")), (4, ("--mesh", "1x2x2", "--ep", "2")),
-                          (2, ("--cp", "2", "--dp-shard", "1", "--tp", "1")),
+                          (2, ("--cp", "2", "--cp-method", "ring", "--dp-shard", "1",
+                               "--tp", "1")),
                           (2, ("--pp", "2", "--mesh", "1x1x1")),
                           (4, ("--cp", "2", "--dp-shard", "1", "--tp", "2", "--ep", "2"))):
         got = steps(nproc, *layout)

@@ -1,5 +1,6 @@
 """Running examples/train under torchrun and comparing its metrics, for the recipe tests that
 judge one layout by another (cp_recipe.py, pp_recipe.py)."""
+import hashlib
 import json
 import os
 import re
@@ -17,7 +18,10 @@ def launch(torchrun, train, nproc, args):
 def run(torchrun, train, nproc, out, flags, extra):
     """A run that must succeed: its metrics records (one per step) and its sample line(s)."""
     name = "-".join(extra) or "plain"
-    metrics = os.path.join(out, f"metrics-{nproc}-{re.sub('[^A-Za-z0-9]+', '-', name)}.jsonl")
+    slug = re.sub('[^A-Za-z0-9]+', '-', name)
+    if len(slug) > 80:  # a file name holds at most 255 bytes: flags naming paths run past it
+        slug = slug[:60] + "-" + hashlib.sha1(slug.encode()).hexdigest()[:12]
+    metrics = os.path.join(out, f"metrics-{nproc}-{slug}.jsonl")
     if os.path.exists(metrics):  # a resumed run appends to its file: start afresh
         os.remove(metrics)
     p = launch(torchrun, train, nproc, [*flags, *extra, "--metrics", metrics])

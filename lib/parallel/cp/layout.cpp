@@ -3,6 +3,7 @@
 #include <dtensor/context_parallel.h>
 #include <dtensor/dtensor.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include <ATen/ATen.h>
@@ -25,7 +26,17 @@ namespace dtensor {
 // silent fall back to no balancing or a bare assertion.
 
 const char* name_of(CpMethod method) {
-  return method == CpMethod::AllGather ? "all-gather" : "ring";
+  switch (method) {
+  case CpMethod::AllGather:
+    return "all-gather";
+  case CpMethod::Ring:
+    return "ring";
+  case CpMethod::Ulysses:
+    return "Ulysses";
+  case CpMethod::Hierarchical:
+    return "hierarchical";
+  }
+  return "?";
 }
 
 const char* name_of(CpBalance balance) {
@@ -36,6 +47,8 @@ const char* name_of(CpBalance balance) {
     return "head-tail";
   case CpBalance::PerDocument:
     return "per-document head-tail";
+  case CpBalance::Documents:
+    return "documents by cost";
   }
   return "?";
 }
@@ -64,6 +77,64 @@ using Runs = std::vector<CpLayout::Run>;
 Runs head_tail(int64_t offset, int64_t length, int64_t cp, int64_t rank) {
   const int64_t c = length / (2 * cp);
   return {{offset + rank * c, c}, {offset + (2 * cp - 1 - rank) * c, c}};
+}
+
+// [Note: documents of any length]
+// Per-document head-tail needs each document's length to be a multiple of 2cp; packed data
+// has documents of 137, 2041, 89 and 1 rows, a different set in every batch row. Under a
+// document mask a query row's work is the number of keys it sees, its position in its
+// document plus one (causal), so the sequence's cost is known row by row. The layout cuts it
+// into 2cp·m equal chunks (m up to 8, chunks of at least 2 rows, where the length allows),
+// costs each chunk (summed over the batch rows: all rows share one layout), and deals them to
+// the ranks in snake order from the dearest: 0, 1, ..., cp-1, cp-1, ..., 0, 0, 1, ... Every
+// rank gets 2m chunks, so the same number of rows, and pairs of dear and cheap chunks, the
+// greedy bound on imbalance being one chunk's cost. With m = 1 and one document this is
+// head-tail's order exactly (the chunks' costs rise with position); with documents no
+// length constraint remains. A rank's chunks, in position order, are its runs.
+Runs by_cost(int64_t seq_len, int64_t cp, int64_t rank,
+             const std::vector<std::vector<int64_t>>& docs) {
+  int64_t m = 1;
+  for (int64_t c = 8; c > 1; --c) {
+    if (seq_len % (2 * cp * c) == 0 && seq_len / (2 * cp * c) >= 2) {
+      m = c;
+      break;
+    }
+  }
+  const int64_t chunks = 2 * cp * m, size = seq_len / chunks;
+  std::vector<double> cost(static_cast<size_t>(chunks), 0.0);
+  const std::vector<std::vector<int64_t>> rows =
+      docs.empty() ? std::vector<std::vector<int64_t>>{{seq_len}} : docs;
+  for (const auto& row : rows) {
+    int64_t start = 0;
+    for (int64_t len : row) {
+      for (int64_t p = start; p < start + len; ++p) {
+        cost[static_cast<size_t>(p / size)] += static_cast<double>(p - start + 1);
+      }
+      start += len;
+    }
+  }
+  std::vector<int64_t> order(static_cast<size_t>(chunks));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return cost[static_cast<size_t>(a)] > cost[static_cast<size_t>(b)];
+  });
+  std::vector<int64_t> mine;
+  for (int64_t i = 0; i < chunks; ++i) {
+    const int64_t lap = i / cp, at = i % cp;
+    if ((lap % 2 == 0 ? at : cp - 1 - at) == rank) {
+      mine.push_back(order[static_cast<size_t>(i)]);
+    }
+  }
+  std::sort(mine.begin(), mine.end());
+  Runs runs;
+  for (int64_t c : mine) {
+    if (!runs.empty() && runs.back().start + runs.back().length == c * size) {
+      runs.back().length += size;
+    } else {
+      runs.push_back({c * size, size});
+    }
+  }
+  return runs;
 }
 
 } // namespace
@@ -105,10 +176,18 @@ CpLayout::CpLayout(int64_t seq_len, int64_t cp, CpBalance balance,
     }
     break;
   }
+  case CpBalance::Documents:
+    DTENSOR_CHECK(seq_len % (2 * cp) == 0,
+                  "context_parallel: sequence length {} is not divisible by 2*cp = {} (documents "
+                  "balanced by cost; the documents' own lengths may be anything)",
+                  seq_len, 2 * cp);
+    break;
   }
   for (int64_t r = 0; r < cp; ++r) {
     Runs runs;
-    if (balance == CpBalance::None) {
+    if (balance == CpBalance::Documents) {
+      runs = by_cost(seq_len, cp, r, documents_);
+    } else if (balance == CpBalance::None) {
       runs = {{r * (seq_len / cp), seq_len / cp}};
     } else if (balance == CpBalance::HeadTail) {
       runs = head_tail(0, seq_len, cp, r);
@@ -123,6 +202,32 @@ CpLayout::CpLayout(int64_t seq_len, int64_t cp, CpBalance balance,
     }
     runs_.push_back(std::move(runs));
   }
+}
+
+CpLayout CpLayout::grouped(int64_t size) const {
+  DTENSOR_CHECK(size >= 1 && cp_ % size == 0,
+                "context_parallel: groups of {} ranks do not divide cp = {}", size, cp_);
+  CpLayout out = *this;
+  out.cp_ = cp_ / size;
+  out.runs_.clear();
+  for (int64_t g = 0; g < out.cp_; ++g) {
+    Runs runs;
+    for (int64_t r = g * size; r < (g + 1) * size; ++r) {
+      const Runs& mine = runs_[static_cast<size_t>(r)];
+      runs.insert(runs.end(), mine.begin(), mine.end());
+    }
+    std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.start < b.start; });
+    Runs merged;
+    for (const Run& run : runs) {
+      if (!merged.empty() && merged.back().start + merged.back().length == run.start) {
+        merged.back().length += run.length;
+      } else {
+        merged.push_back(run);
+      }
+    }
+    out.runs_.push_back(std::move(merged));
+  }
+  return out;
 }
 
 at::Tensor CpLayout::positions(int64_t rank) const {

@@ -271,6 +271,9 @@ void PipelineSchedule::Impl::forward(int s, int mb) {
   if (s > 0 && at::isFloatingType(x.scalar_type())) {
     x = x.detach().requires_grad_(true);
   }
+  if (options.before_compute()) {
+    options.before_compute()(s, mb);
+  }
   compute_start = Clock::now();
   at::Tensor y = stages.at(s).forward(x);
   const Shape got = detail::shape_of(y);
@@ -287,6 +290,9 @@ void PipelineSchedule::Impl::forward(int s, int mb) {
 }
 
 void PipelineSchedule::Impl::backward(AT type, int s, int mb) {
+  if (options.before_compute()) { // activation checkpointing's recompute reads the same state
+    options.before_compute()(s, mb);
+  }
   Slot slot{s, mb};
   at::Tensor dy;
   if (type != AT::BackwardWeight) {

@@ -57,6 +57,9 @@ void PipelineSchedule::Impl::find_shapes() {
                               stage.mesh, fmt::format("stage {}", s));
       }
       in_shape[s] = detail::shape_of(x);
+      if (options.before_compute()) {
+        options.before_compute()(s, 0);
+      }
       out[s] = stage.forward(x);
       out_shape[s] = detail::shape_of(out[s]);
       if (s + 1 < num_stages && !is_local(s + 1)) {
