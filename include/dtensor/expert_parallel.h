@@ -18,12 +18,23 @@
 // Backward: the gradients of 2 and 3 go back by one all-to-all each. Per call: forward 3
 // all-to-alls, backward 2. A rank with no rows, an expert with none, and every row to one
 // expert are ordinary cases (empty splits; no padding).
+//
+// With ExpertParallelOptions().dispatch(EpDispatch::Capacity) the split sizes never reach
+// the host ([Note: capacity dispatch] in lib/parallel/ep/capacity_dispatch.cpp): every rank
+// sends every rank a buffer of C rows, C = ceil(capacity_factor * max_rows / ep) (at most
+// max_rows), the counts carried in the buffer's first rows. The experts module then sees
+// ep * C rows of which the first sum(counts) are grouped as above and the rest are padding
+// whose outputs are ignored. Per call: forward 2 all-to-alls, backward 2. Rows beyond a
+// destination's C are refused (EpOverflow::Refuse: checked at the end of the backward, or
+// at the call without autograd, naming the layer, ranks, experts and rows) or dropped
+// (EpOverflow::Drop: those (token, expert) pairs contribute nothing, as GShard's capacity).
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <torch/arg.h>
 
 #include <dtensor/device_mesh.h>
 #include <dtensor/process_group.h>
@@ -41,6 +52,24 @@ at::Tensor all_to_all_single_autograd(const at::Tensor& input,
                                       const std::vector<int64_t>& out_splits,
                                       const std::vector<int64_t>& in_splits, const Group& group);
 
+// How the rows travel: Variable (the counts exchanged first and read by the host, every row
+// sent, no padding) or Capacity (fixed buffers, nothing read by the host).
+enum class EpDispatch { Variable, Capacity };
+// What Capacity dispatch does with rows beyond a destination's capacity.
+enum class EpOverflow { Refuse, Drop };
+
+struct ExpertParallelOptions {
+  TORCH_ARG(EpDispatch, dispatch) = EpDispatch::Variable;
+  // Capacity: C = ceil(capacity_factor * max_rows / ep) rows per (source, destination) pair,
+  // at most max_rows; capacity_factor >= ep never overflows.
+  TORCH_ARG(double, capacity_factor) = 1.25;
+  // Capacity: the most rows any rank sends in one call (the buffers' size is the same on every
+  // rank); 0: the call's own rows, which every rank of the ep mesh must then have alike (a
+  // training step's microbatches do).
+  TORCH_ARG(int64_t, max_rows) = 0;
+  TORCH_ARG(EpOverflow, overflow) = EpOverflow::Refuse;
+};
+
 // What the style measured (this process, since the last reset_ep_stats()).
 struct EpStats {
   int64_t calls = 0;           // experts calls dispatched
@@ -48,13 +77,17 @@ struct EpStats {
   int64_t rows_sent = 0;       // rows dispatched to other ranks and this one
   int64_t rows_received = 0;   // rows received for this rank's experts
   double wait_seconds = 0;     // time a call waited for its counts
+  int64_t capacity_calls = 0;  // of the calls, those dispatched with capacity buffers
+  int64_t rows_dropped = 0;    // (token, expert) rows beyond capacity dropped (EpOverflow::Drop)
 };
+// Capacity dispatch's device counts (received and dropped rows) are read here, not per call.
 EpStats ep_stats();
 void reset_ep_stats();
 
 class ExpertParallel : public ParallelStyle {
  public:
-  ExpertParallel();
+  explicit ExpertParallel(ExpertParallelOptions options = {});
+  const ExpertParallelOptions& options() const { return options_; }
   std::string name() const override { return "ExpertParallel"; }
   bool needs_module_calls() const override { return true; }
   // `experts`: every direct parameter [E, ...] becomes a Shard(0) DTensor on the 1-D ep_mesh
@@ -70,6 +103,7 @@ class ExpertParallel : public ParallelStyle {
   struct State; // the counts exchange in flight (lib/parallel/ep/expert_parallel.cpp)
 
  private:
+  ExpertParallelOptions options_;
   std::shared_ptr<State> state_;
 };
 

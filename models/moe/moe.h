@@ -34,7 +34,8 @@ namespace dtensor::models {
 
 namespace moe_detail {
 
-// x [N, I] @ w[e]^T for the rows of each expert (counts[e] rows, in order): [N, O]. One
+// x [N, I] @ w[e]^T for the rows of each expert (counts[e] rows, in order; rows past them are
+// padding, their outputs undefined): [N, O]. One
 // at::_grouped_mm where its kernels take the strides (rows of 16-byte multiples, which every
 // configured model has); otherwise one matmul per expert, the same values.
 inline at::Tensor grouped_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts) {
@@ -53,6 +54,8 @@ inline at::Tensor grouped_mm(const at::Tensor& x, const at::Tensor& w, const at:
     parts.push_back(at::matmul(x.narrow(0, start, n), w[e].t()));
     start += n;
   }
+  // Rows past the groups (expert parallelism's capacity padding) get zeros.
+  parts.push_back(at::zeros({x.size(0) - start, w.size(1)}, x.options()));
   return at::cat(parts, 0);
 }
 

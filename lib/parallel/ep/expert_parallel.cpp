@@ -4,11 +4,13 @@
 #include <dtensor/expert_parallel.h>
 
 #include <atomic>
+#include <cmath>
 #include <chrono>
 #include <mutex>
 #include <optional>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/nn/module.h>
 
 #include <dtensor/dtensor.h>
@@ -17,6 +19,7 @@
 
 #include "internal/check.h"
 #include "mesh/collectives_internal.h"
+#include "parallel/ep/capacity_dispatch.h"
 #include "parallel/ep/token_dispatch.h"
 #include "parallel/grad_reduce.h"
 #include "tensor/dtensor_impl.h"
@@ -47,6 +50,7 @@ void add_ep_stats(const EpStats& d) {
   ep_totals.rows_sent += d.rows_sent;
   ep_totals.rows_received += d.rows_received;
   ep_totals.wait_seconds += d.wait_seconds;
+  ep_totals.capacity_calls += d.capacity_calls;
 }
 
 // [Note: expert parallelism in a simulated world] A simulated rank's router computes counts
@@ -74,8 +78,10 @@ struct ExpertParallel::State {
   std::optional<detail::ep::CountsExchange> pending; // started by the router hook
   at::Tensor pending_counts;                         // held: no later tensor can take its address
 
+  bool capacity = false; // no counts exchange: capacity dispatch carries them in its rows
+
   void start(const at::Tensor& counts, const Group& group) {
-    if (is_simulated() && !counts.is_cpu()) {
+    if (capacity || (is_simulated() && !counts.is_cpu())) {
       return; // [Note: expert parallelism in a simulated world]: exchanged in the experts' hook
     }
     detail::ep::CountsExchange x = detail::ep::start_counts_exchange(counts, group, /*async=*/true);
@@ -98,14 +104,26 @@ struct ExpertParallel::State {
   }
 };
 
-ExpertParallel::ExpertParallel() : state_(std::make_shared<State>()) {}
+ExpertParallel::ExpertParallel(ExpertParallelOptions options)
+    : options_(options), state_(std::make_shared<State>()) {
+  DTENSOR_CHECK(options_.capacity_factor() > 0 && std::isfinite(options_.capacity_factor()),
+                "ExpertParallel: capacity_factor must be a positive number, got {}",
+                options_.capacity_factor());
+  DTENSOR_CHECK(options_.max_rows() >= 0, "ExpertParallel: max_rows must be >= 0, got {}",
+                options_.max_rows());
+  state_->capacity = options_.dispatch() == EpDispatch::Capacity;
+}
 
 EpStats ep_stats() {
+  const auto [received, dropped] = detail::ep::take_device_rows();
   std::lock_guard<std::mutex> lock(ep_stats_mutex);
+  ep_totals.rows_received += received;
+  ep_totals.rows_dropped += dropped;
   return ep_totals;
 }
 
 void reset_ep_stats() {
+  detail::ep::take_device_rows(); // dropped with the rest
   std::lock_guard<std::mutex> lock(ep_stats_mutex);
   ep_totals = EpStats{};
 }
@@ -136,10 +154,77 @@ void shard_experts(torch::nn::Module& experts, const DeviceMesh& mesh) {
 
 } // namespace
 
+namespace {
+
+// [Note: capacity dispatch] in capacity_dispatch.cpp; the seam's side of it: the plan kept
+// from the experts' pre-forward to their post-forward, the overflow recorded for the check.
+ModuleHooks capacity_hooks(const ExpertParallelOptions& options, const Group& group) {
+  auto plans = std::make_shared<std::vector<detail::ep::CapacityPlan>>();
+  ModuleHooks hooks;
+  hooks.name("ExpertParallel").order(hook_order::kExpertParallel);
+  hooks.pre_forward([options, group, plans](torch::nn::Module& m, TensorList& in) {
+    DTENSOR_CHECK(in.size() == 2 && in[0].defined() && in[0].dim() == 2 && in[1].defined() &&
+                      in[1].dim() == 1 && in[1].scalar_type() == at::kLong,
+                  "ExpertParallel on {}: the experts' call takes rows [N, D] and counts [E] "
+                  "(int64); got {} tensors",
+                  m.name(), in.size());
+    DTENSOR_CHECK(in[1].size(0) % group.size() == 0,
+                  "ExpertParallel on {}: {} experts cannot be split over the {} ranks of {}",
+                  m.name(), in[1].size(0), group.size(), group.to_string());
+    const int64_t n = in[0].size(0);
+    const int64_t max_rows = options.max_rows() > 0 ? options.max_rows() : n;
+    const int64_t capacity =
+        detail::ep::capacity_of(max_rows, options.capacity_factor(), group.size());
+    auto [rows, plan] = detail::ep::capacity_dispatch(in[0], in[1], capacity, group);
+    detail::ep::add_device_rows(plan.local_counts.sum(), plan.overflow.sum());
+    if (options.overflow() == EpOverflow::Refuse) {
+      detail::ep::record_overflow({.layer = m.name(),
+                                   .group = group,
+                                   .overflow = plan.overflow,
+                                   .counts = plan.counts,
+                                   .capacity = capacity,
+                                   .max_rows = max_rows,
+                                   .factor = options.capacity_factor()});
+    }
+    in[0] = rows;
+    in[1] = plan.local_counts;
+    add_ep_stats(EpStats{.calls = 1, .rows_sent = n, .capacity_calls = 1});
+    plans->push_back(std::move(plan));
+  });
+  hooks.post_forward([options, group, plans](torch::nn::Module& m, TensorList& out) {
+    DTENSOR_CHECK(!plans->empty() && out.size() == 1,
+                  "ExpertParallel on {}: the experts' forward must return one tensor, got {}",
+                  m.name(), out.size());
+    detail::ep::CapacityPlan plan = std::move(plans->back());
+    plans->pop_back();
+    out[0] = detail::ep::capacity_combine(out[0], plan, group);
+    if (options.overflow() != EpOverflow::Refuse || is_simulated()) {
+      return;
+    }
+    if (out[0].requires_grad()) { // checked once the backward that uses these rows ends
+      out[0].register_hook([](const at::Tensor&) { detail::ep::queue_overflow_check(); });
+    } else if (torch::autograd::get_current_graph_task_id() == -1) {
+      detail::ep::check_overflow("at the call"); // no backward will come
+    }
+  });
+  hooks.forward_failed([plans](torch::nn::Module&) {
+    if (!plans->empty()) {
+      plans->pop_back();
+    }
+  });
+  return hooks;
+}
+
+} // namespace
+
 void ExpertParallel::apply(torch::nn::Module& experts, const DeviceMesh& ep_mesh) const {
   check_ep_mesh(ep_mesh, experts);
   shard_experts(experts, ep_mesh);
   const Group group = ep_mesh.get_group();
+  if (options_.dispatch() == EpDispatch::Capacity) {
+    register_module_hooks(experts, capacity_hooks(options_, group));
+    return;
+  }
   auto plans = std::make_shared<std::vector<detail::ep::ExchangePlan>>();
   auto state = state_;
   ModuleHooks hooks;

@@ -1,0 +1,260 @@
+// Expert parallelism's capacity dispatch (capacity_dispatch.h).
+#include "parallel/ep/capacity_dispatch.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/graph_task.h>
+
+#include "internal/check.h"
+#include "mesh/collectives_internal.h"
+#include "parallel/end_of_backward.h"
+#include "parallel/ep/token_dispatch.h"
+
+namespace dtensor::detail::ep {
+
+// [Note: capacity dispatch]
+// The variable dispatch sizes its all-to-all from the counts, so the host reads them (on a GPU,
+// a device-to-host synchronisation per MoE layer). Here every size is fixed before any value
+// exists: each rank sends each ep rank a buffer of H + C rows, H header rows holding the counts
+// of the rows that follow for each of the receiver's experts (int64s in the rows' bytes) and C
+// rows, the first of them this rank's rows for that rank in expert order, zeros after. All
+// indices are computed on the device from the counts (searchsorted, cumsum, where; no nonzero,
+// no item):
+//  - sender: slot c of destination j holds row first[j] + c while c < min(sent[j], C), else a
+//    zero row appended to x; rows past C are the overflow (the last of that destination's
+//    experts' rows in expert order);
+//  - receiver: row i from source s belongs to local expert searchsorted(cumsum(counts[s]), i);
+//    its expert-major position is the start of block (expert, s) plus its place in it, and the
+//    padding rows follow in order: a permutation of ep*C rows, so the index_select that orders
+//    them and the one that orders them back are exact and their gradients too;
+//  - combine: the experts' ep*C rows back in source-major order, one all-to-all of C rows per
+//    pair, and each sent row read from its slot (a dropped row from an appended zero row).
+// Forward 2 all-to-alls, backward 2 (the variable dispatch's gradients by the same equal splits).
+// Every rank must use the same C (the all-to-all's splits): C comes from max_rows and the factor,
+// which the caller keeps the same on every rank. The rows past the grouped ones are padding: the
+// grouped product leaves them unwritten, and no output or gradient of a real row reads them.
+
+int64_t capacity_of(int64_t max_rows, double factor, int64_t ep) {
+  if (max_rows <= 0) {
+    return 0;
+  }
+  const auto c = static_cast<int64_t>(std::ceil(factor * static_cast<double>(max_rows) /
+                                                static_cast<double>(ep)));
+  return std::clamp<int64_t>(c, 1, max_rows);
+}
+
+namespace {
+
+int64_t header_rows(int64_t local, const at::Tensor& x) {
+  const int64_t row_bytes = x.size(1) * static_cast<int64_t>(x.element_size());
+  return (local * 8 + row_bytes - 1) / row_bytes;
+}
+
+// [ep, local] int64 -> [ep, H, D] rows of x's dtype whose first bytes are those int64s.
+at::Tensor header_of(const at::Tensor& counts, int64_t rows, const at::Tensor& x) {
+  const int64_t ep = counts.size(0);
+  at::Tensor h = at::zeros({ep, rows, x.size(1)}, x.options());
+  h.view(at::kByte)
+      .view({ep, -1})
+      .narrow(1, 0, counts.size(1) * 8)
+      .copy_(counts.contiguous().view(at::kByte));
+  return h;
+}
+
+at::Tensor counts_of(const at::Tensor& header, int64_t local) {
+  const int64_t ep = header.size(0);
+  return header.detach()
+      .contiguous()
+      .view(at::kByte)
+      .view({ep, -1})
+      .narrow(1, 0, local * 8)
+      .contiguous()
+      .view(at::kLong);
+}
+
+// Received row (source s, row i < C) -> its expert-major position among the ep*C rows.
+at::Tensor expert_major_positions(const at::Tensor& got, int64_t capacity) {
+  const int64_t ep = got.size(0), local = got.size(1);
+  const auto idx = got.options();
+  at::Tensor ends = got.cumsum(1);
+  at::Tensor i = at::arange(capacity, idx).expand({ep, capacity}).contiguous();
+  at::Tensor expert =
+      at::searchsorted(ends, i, /*out_int32=*/false, /*right=*/true).clamp_max(local - 1);
+  at::Tensor valid = (i < got.sum(1).unsqueeze(1)).flatten();
+  at::Tensor by_expert = got.t().flatten(); // blocks (expert, source)
+  at::Tensor block = by_expert.cumsum(0) - by_expert;
+  at::Tensor source = at::arange(ep, idx).unsqueeze(1);
+  at::Tensor into = block.index_select(0, (expert * ep + source).flatten()) + i.flatten() -
+                    (ends - got).gather(1, expert).flatten();
+  at::Tensor spare = got.sum() + (~valid).to(at::kLong).cumsum(0) - 1;
+  return at::where(valid, into, spare);
+}
+
+} // namespace
+
+std::pair<at::Tensor, CapacityPlan> capacity_dispatch(const at::Tensor& x, const at::Tensor& counts,
+                                                      int64_t capacity, const Group& group) {
+  const int64_t ep = group.size(), local = counts.size(0) / ep, n = x.size(0), d = x.size(1);
+  const auto idx = counts.options();
+  CapacityPlan p;
+  p.capacity = capacity;
+  p.counts = counts.detach();
+  at::Tensor per = p.counts.view({ep, local});
+  at::Tensor sent = per.sum(1);
+  at::Tensor first = sent.cumsum(0) - sent;
+  at::Tensor capped = at::minimum(per, (capacity - (per.cumsum(1) - per)).clamp_min(0));
+  at::Tensor kept = capped.sum(1);
+  p.overflow = sent - kept;
+  // Sender: slot (j, c) <- row first[j] + c, or the appended zero row n.
+  at::Tensor slot = at::arange(capacity, idx);
+  at::Tensor take = at::where(slot.unsqueeze(0) < kept.unsqueeze(1),
+                              first.unsqueeze(1) + slot.unsqueeze(0), n);
+  at::Tensor rows = at::cat({x, at::zeros({1, d}, x.options())})
+                        .index_select(0, take.flatten())
+                        .view({ep, capacity, d});
+  const int64_t h = header_rows(local, x);
+  at::Tensor payload = at::cat({header_of(capped, h, x), rows}, 1).flatten(0, 1);
+  at::Tensor received =
+      all_to_all_autograd(payload, {}, {}, group, /*checked=*/false).view({ep, h + capacity, d});
+  // Where each of this rank's rows comes back: its destination's slot, or nowhere.
+  at::Tensor dest =
+      at::searchsorted(sent.cumsum(0), at::arange(n, idx), /*out_int32=*/false, /*right=*/true);
+  at::Tensor place = at::arange(n, idx) - first.index_select(0, dest);
+  p.return_index = at::where(place < capacity, dest * capacity + place, ep * capacity);
+  // Receiver: the experts' rows in expert-major order.
+  at::Tensor got = counts_of(received.narrow(1, 0, h), local);
+  p.source_major = expert_major_positions(got, capacity);
+  at::Tensor order =
+      at::empty_like(p.source_major).scatter_(0, p.source_major, at::arange(ep * capacity, idx));
+  p.local_counts = got.sum(0);
+  at::Tensor mine = received.narrow(1, h, capacity).reshape({ep * capacity, d});
+  return {mine.index_select(0, order), std::move(p)};
+}
+
+at::Tensor capacity_combine(const at::Tensor& y, const CapacityPlan& plan, const Group& group) {
+  const int64_t d = y.size(1);
+  at::Tensor back = all_to_all_autograd(y.index_select(0, plan.source_major), {}, {}, group,
+                                        /*checked=*/false);
+  return at::cat({back, at::zeros({1, d}, y.options())}).index_select(0, plan.return_index);
+}
+
+namespace {
+
+struct Overflows {
+  std::mutex mutex;
+  std::vector<OverflowRecord> records;
+  EndOfBackward end_of_backward;
+  std::vector<at::Tensor> received, dropped;
+};
+
+Overflows& overflows() {
+  static Overflows* o = new Overflows(); // outlives static destructors that may still check
+  return *o;
+}
+
+// The first overflowing call of one group's records, from every rank's [calls, ep + E].
+void refuse_first(const std::vector<OverflowRecord>& records, const at::Tensor& all,
+                  const char* when) {
+  const int64_t calls = static_cast<int64_t>(records.size());
+  const int64_t ep = records.front().group.size();
+  at::Tensor host = all.to(at::kCPU).view({ep, calls, -1});
+  for (int64_t c = 0; c < calls; ++c) {
+    at::Tensor over = host.select(1, c).narrow(1, 0, ep); // [source, destination]
+    if (over.max().item<int64_t>() == 0) {
+      continue;
+    }
+    const int64_t flat = over.flatten().argmax().item<int64_t>();
+    const int64_t src = flat / ep, dst = flat % ep;
+    const OverflowRecord& r = records[static_cast<size_t>(c)];
+    const int64_t local = r.counts.size(0) / ep, rows = over[src][dst].item<int64_t>();
+    at::Tensor per = host.select(1, c)[src].narrow(0, ep + dst * local, local);
+    std::vector<int64_t> counts(per.data_ptr<int64_t>(), per.data_ptr<int64_t>() + local);
+    DTENSOR_FAIL("ExpertParallel ({} call {} of the step): ep rank {} routed {} rows to experts "
+                 "{}..{} of ep rank {} (rows per expert [{}]), {} over the capacity of {} rows "
+                 "(capacity_factor {} x max_rows {} / ep {}); refused {}, before any optimizer "
+                 "step. Raise capacity_factor ({} never overflows), or choose EpOverflow::Drop "
+                 "or EpDispatch::Variable",
+                 r.layer, c, src, r.capacity + rows, dst * local, (dst + 1) * local - 1, dst,
+                 fmt::join(counts, ", "), rows, r.capacity, r.factor, r.max_rows, ep, when, ep);
+  }
+}
+
+} // namespace
+
+void record_overflow(OverflowRecord record) {
+  if (torch::autograd::get_current_graph_task_id() != -1 || record.overflow.is_meta()) {
+    return; // a recompute, or a simulated rank (no values)
+  }
+  Overflows& o = overflows();
+  std::lock_guard<std::mutex> lock(o.mutex);
+  o.records.push_back(std::move(record));
+}
+
+void check_overflow(const char* when) {
+  std::vector<OverflowRecord> records;
+  {
+    Overflows& o = overflows();
+    std::lock_guard<std::mutex> lock(o.mutex);
+    records.swap(o.records);
+  }
+  // By group, in the order the groups first appear (the same on every rank of each).
+  while (!records.empty()) {
+    const Group group = records.front().group;
+    std::vector<OverflowRecord> mine, rest;
+    for (auto& r : records) {
+      (r.group == group ? mine : rest).push_back(std::move(r));
+    }
+    records = std::move(rest);
+    std::vector<at::Tensor> rows;
+    for (const auto& r : mine) {
+      rows.push_back(at::cat({r.overflow, r.counts}));
+    }
+    at::Tensor all = detail::all_gather_tensor(at::stack(rows), 0, group);
+    refuse_first(mine, all, when);
+  }
+}
+
+void queue_overflow_check() {
+  Overflows& o = overflows();
+  std::lock_guard<std::mutex> lock(o.mutex);
+  // After a failed backward its records stay and are checked with this one's: a refusal of
+  // rows that went nowhere is the worst a stale record can cause.
+  o.end_of_backward.queue(
+      [] {},
+      [] {
+        overflows().end_of_backward.ran();
+        check_overflow("at the end of the backward");
+      });
+}
+
+void add_device_rows(const at::Tensor& received, const at::Tensor& dropped) {
+  Overflows& o = overflows();
+  std::lock_guard<std::mutex> lock(o.mutex);
+  o.received.push_back(received.detach());
+  o.dropped.push_back(dropped.detach());
+}
+
+std::pair<int64_t, int64_t> take_device_rows() {
+  std::vector<at::Tensor> received, dropped;
+  {
+    Overflows& o = overflows();
+    std::lock_guard<std::mutex> lock(o.mutex);
+    received.swap(o.received);
+    dropped.swap(o.dropped);
+  }
+  int64_t r = 0, d = 0;
+  for (size_t i = 0; i < received.size(); ++i) {
+    if (!received[i].is_meta()) {
+      r += received[i].sum().item<int64_t>();
+      d += dropped[i].sum().item<int64_t>();
+    }
+  }
+  return {r, d};
+}
+
+} // namespace dtensor::detail::ep

@@ -1,0 +1,57 @@
+#pragma once
+
+// Expert parallelism's capacity dispatch (lib/parallel/ep/capacity_dispatch.cpp): fixed-size
+// buffers per (source, destination) pair, the counts in the payload, nothing read by the host.
+// [Note: capacity dispatch] there.
+#include <cstdint>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include <dtensor/expert_parallel.h>
+#include <dtensor/process_group.h>
+
+namespace dtensor::detail::ep {
+
+// C for a call: ceil(factor * max_rows / ep), at least 1, at most max_rows (0 when max_rows is).
+int64_t capacity_of(int64_t max_rows, double factor, int64_t ep);
+
+// What one capacity call keeps between its dispatch and its combine.
+struct CapacityPlan {
+  int64_t capacity = 0;      // C
+  at::Tensor source_major;   // [ep*C] received (source-major) row -> its expert-major row
+  at::Tensor return_index;   // [N] this rank's row -> its slot in the returned [ep*C] (+1: none)
+  at::Tensor local_counts;   // [E/ep] rows received for each local expert (int64, device)
+  at::Tensor overflow;       // [ep] rows beyond C this rank routed to each ep rank
+  at::Tensor counts;         // [E] this rank's rows per expert, as routed
+};
+
+// x [N, D] (rows in expert order, counts [E] of them, N <= max_rows) -> this rank's experts'
+// rows [ep*C, D], expert-major, the padding last; and the plan.
+std::pair<at::Tensor, CapacityPlan> capacity_dispatch(const at::Tensor& x, const at::Tensor& counts,
+                                                      int64_t capacity, const Group& group);
+// y [ep*C, D] (as dispatch ordered) -> [N, D] on x's rank; rows beyond capacity get zeros.
+at::Tensor capacity_combine(const at::Tensor& y, const CapacityPlan& plan, const Group& group);
+
+// EpOverflow::Refuse: a call's overflow kept until checked, on every rank of `group` alike.
+struct OverflowRecord {
+  std::string layer;
+  Group group;
+  at::Tensor overflow, counts; // as in CapacityPlan
+  int64_t capacity = 0, max_rows = 0;
+  double factor = 0;
+};
+// Kept unless in a backward (an activation checkpoint's recompute: the forward recorded it).
+void record_overflow(OverflowRecord record);
+// The records so far, checked and cleared: one all-gather per ep group, then a refusal naming
+// the first call that overflowed (the same text on every rank of its group). `when`: "at the
+// end of the backward" or "at the call".
+void check_overflow(const char* when);
+// In a backward: the check queued as its last callback (once per backward).
+void queue_overflow_check();
+
+// Rows received and dropped by capacity calls, summed on the host when asked (ep_stats()).
+void add_device_rows(const at::Tensor& received, const at::Tensor& dropped);
+std::pair<int64_t, int64_t> take_device_rows();
+
+} // namespace dtensor::detail::ep
