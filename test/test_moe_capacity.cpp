@@ -9,6 +9,9 @@
 //    call without autograd) with the same text on every rank, naming the ranks, experts, rows
 //    and capacity; dropped rows are zeros with zero gradients, the kept ones equal the plain
 //    layer on the kept tokens, the dropped count reported.
+//  - world2 / world4: float8 dispatch, by either path: the plain layer whose experts see each
+//    row cast to float8 and back as torchao's rowwise recipe defines it, values and gradients
+//    (straight through the cast); D + 4 bytes a row dispatched, the combine in fp32.
 //  - world2: no host read between the router and the combine: the layer's forward and backward
 //    run under a guard that records reads of tensor values by the host (item, a device tensor
 //    copied to the CPU, nonzero); none with capacity dispatch, some with variable dispatch (the guard works).
@@ -214,6 +217,47 @@ TEST_CASE("capacity dispatch's overflow: refused after the backward or at the ca
                                                                              local)));
     CHECK(near(DTensor(m->experts->w2.grad()).to_local(), r.w2.grad().narrow(0, rank() * local,
                                                                              local)));
+  }
+}
+
+namespace {
+
+// A row cast to float8 and back as torchao's rowwise recipe defines it: scale = 448 / amax (in
+// fp64, then fp32) rounded down to a power of two, row x scale saturated to e4m3, then over the
+// scale. Straight through: the value of the round trip, the gradient of the row.
+at::Tensor float8_round_trip(const at::Tensor& row) {
+  const at::Tensor r = row.detach();
+  at::Tensor scale =
+      (r.abs().max().to(at::kDouble).clamp_min(1e-12).reciprocal() * 448.0).to(at::kFloat);
+  scale = at::exp2(at::floor(at::log2(scale)));
+  at::Tensor q = (r * scale).clamp(-448.0, 448.0).to(at::kFloat8_e4m3fn).to(at::kFloat) / scale;
+  return q + (row - r);
+}
+
+} // namespace
+
+TEST_CASE("float8 dispatch: the experts see each row cast to float8 and back (torchao's rowwise "
+          "cast), values and gradients as the plain layer so fed; D + 4 bytes a row dispatched, "
+          "the combine and gradients in the rows' dtype",
+          "[world2][world4]") {
+  const int64_t d = 16, ep = world(), rows = 12 * 2, local = 8 / ep;
+  const MoEArgs args = small().num_shared_experts(1);
+  const std::vector<int64_t> even(static_cast<size_t>(ep), 12);
+  SECTION("variable dispatch") {
+    EpRun run = check_ep(args, even, true, {}, ExpertParallelOptions().float8_dispatch(true),
+                         float8_round_trip);
+    CHECK(run.fwd == a2a(3));
+    CHECK(run.fwd_bytes == 8 * 8 + rows * (d + 4) + run.received * d * 4);
+    CHECK(run.bwd_bytes == rows * d * 4 + run.received * d * 4);
+  }
+  SECTION("capacity dispatch") {
+    EpRun run = check_ep(args, even, false, {},
+                         capacity(static_cast<double>(ep), rows).float8_dispatch(true),
+                         float8_round_trip);
+    const int64_t head = (local * 8 + d + 4 - 1) / (d + 4); // header rows of D + 4 bytes
+    CHECK(run.fwd == a2a(2));
+    CHECK(run.fwd_bytes == ep * (head + rows) * (d + 4) + ep * rows * d * 4);
+    CHECK(run.bwd_bytes == 2 * ep * rows * d * 4);
   }
 }
 

@@ -79,6 +79,11 @@ struct Flags {
   std::string float8 = "none"; // the Linears' float8 recipe (docs/float8.md)
   bool float8_all_gather = false;
   int64_t ep = 1, experts = 8; // expert parallelism's degree; the small MoE shapes' experts
+  // How tokens reach their experts' ranks (docs/moe.md): variable or capacity dispatch, its
+  // buffers' factor, and what capacity does with rows past them (refuse or drop).
+  std::string ep_dispatch = "variable", ep_overflow = "refuse";
+  double ep_capacity_factor = 1.25;
+  bool ep_float8_dispatch = false; // the dispatched rows as float8 (D + 4 bytes a row)
   // --data: files of documents (empty: the built-in paragraph), their format, a tokenizer.json
   // (empty: a SentencePiece BPE trained on them); the validation loss every val_every steps
   // over val_steps global batches of the held-out documents (recipe_data.h).
@@ -159,6 +164,22 @@ inline FlagTable flag_table(Flags& f) {
              f.preset, recipe_flavors())
       .value("--ep", "expert parallelism's degree over dp_shard x cp x tp (MoE models; 1)", f.ep)
       .value("--experts", "routed experts of the small MoE shapes (8)", f.experts)
+      .value("--ep-dispatch",
+             "how tokens reach their experts' ranks: variable (the counts read by the host "
+             "first, no padding) or capacity (fixed buffers, no host read; docs/moe.md)",
+             f.ep_dispatch, {"variable", "capacity"})
+      .value("--ep-capacity-factor",
+             "capacity: each rank pair's buffer holds this factor x a rank's rows / ep (1.25; "
+             ">= ep never overflows)",
+             f.ep_capacity_factor)
+      .toggle("--ep-float8-dispatch",
+              "the rows dispatched to the experts' ranks as float8 with a scale per row (D + 4 "
+              "bytes a row; the combine in the activation dtype)",
+              f.ep_float8_dispatch)
+      .value("--ep-overflow",
+             "capacity: rows past a buffer stop the step with their counts (refuse) or are "
+             "dropped (drop)",
+             f.ep_overflow, {"refuse", "drop"})
       .value("--data",
              "documents to train on: files, comma-separated; or a folder --prepare wrote, or a "
              "Megatron indexed dataset's prefix (PREFIX.bin / .idx), memory-mapped (default: "

@@ -11,6 +11,7 @@
 
 #include <dtensor/collectives.h>
 #include <dtensor/dtensor.h>
+#include <dtensor/expert_parallel.h>
 #include <dtensor/float8.h>
 #include <dtensor/fully_shard.h>
 #include <dtensor/materialize.h>
@@ -25,6 +26,21 @@
 namespace dtensor::train {
 
 namespace {
+
+// --ep with its dispatch: variable, or capacity with its factor and overflow, either with
+// float8 rows (docs/moe.md). The
+// ranks of an ep group call the experts with the same rows (the same microbatch shape), so
+// the buffers are sized from each call's rows.
+models::MoEParallel moe_parallel(const Flags& f) {
+  ExpertParallelOptions options;
+  options.float8_dispatch(f.ep_float8_dispatch);
+  if (f.ep_dispatch == "capacity") {
+    options.dispatch(EpDispatch::Capacity)
+        .capacity_factor(f.ep_capacity_factor)
+        .overflow(f.ep_overflow == "drop" ? EpOverflow::Drop : EpOverflow::Refuse);
+  }
+  return {f.ep, options};
+}
 
 // A microbatch's loss: the cross-entropy sum over its tokens divided by `tokens`, this rank's
 // token count of the step (vocab-sharded logits under LossParallel, as the unpipelined
@@ -80,7 +96,8 @@ ModelParts::ModelParts(const Flags& f, const ParallelDims& dims, const DeviceMes
   if (dims.pp_enabled()) {
     build_pipeline(fsdp, ac);
   } else { // torchtitan's model_parts = [model]
-    models::parallelize_llama3(model_, mesh, /*loss_parallel=*/true, fsdp, ac, cp_, f.ep);
+    models::parallelize_llama3(model_, mesh, /*loss_parallel=*/true, fsdp, ac, cp_,
+                               moe_parallel(f));
     to_empty(*model_, device);
     models::Llama3 whole = model_;
     parts_.push_back({0, model_.ptr(), [whole](const at::Tensor& x) mutable {
@@ -129,7 +146,8 @@ void ModelParts::build_pipeline(const FullyShardOptions& fsdp,
       continue;
     }
     models::Llama3Stage stage(model_, s, num_stages);
-    models::parallelize_llama3_stage(stage, mesh_, /*loss_parallel=*/true, fsdp, ac, cp_, f_.ep);
+    models::parallelize_llama3_stage(stage, mesh_, /*loss_parallel=*/true, fsdp, ac, cp_,
+                                     moe_parallel(f_));
     to_empty(*stage, device_);
     // Called through the module seam, as every other part (its root unit's hooks).
     auto forward = [stage](const at::Tensor& x) mutable { return dtensor::call(stage, x); };

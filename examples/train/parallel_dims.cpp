@@ -3,6 +3,8 @@
 // every rank; the world mesh.
 #include "parallel_dims.h"
 
+#include <cmath>
+
 #include <string>
 #include <initializer_list>
 #include <utility>
@@ -54,6 +56,11 @@ bool is_moe_flavor(const std::string& preset) {
 
 // Expert parallelism borrows its ranks from dp_shard x cp x tp (models/llama3/parallelize.h).
 void check_ep(const Flags& f) {
+  if (f.ep_dispatch == "capacity" &&
+      !(f.ep_capacity_factor > 0 && std::isfinite(f.ep_capacity_factor))) {
+    usage("--ep-capacity-factor " + std::to_string(f.ep_capacity_factor) +
+          " must be a positive number (capacity dispatch's buffers hold it x a rank's rows / ep)");
+  }
   if (f.ep == 1) {
     return;
   }

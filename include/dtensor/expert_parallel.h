@@ -68,6 +68,10 @@ struct ExpertParallelOptions {
   // training step's microbatches do).
   TORCH_ARG(int64_t, max_rows) = 0;
   TORCH_ARG(EpOverflow, overflow) = EpOverflow::Refuse;
+  // Either dispatch: the rows cast to float8 e4m3 before the dispatch all-to-all, each with a
+  // power-of-two fp32 scale of its own (torchao's rowwise cast), D + 4 bytes a row on the wire,
+  // and back in their dtype on arrival. The combine and every gradient stay in the rows' dtype.
+  TORCH_ARG(bool, float8_dispatch) = false;
 };
 
 // What the style measured (this process, since the last reset_ep_stats()).

@@ -239,8 +239,9 @@ inline dtensor::DeviceMesh token_parallel_mesh(const dtensor::DeviceMesh& mesh) 
 // as their own unit ([Note: token-parallel units under tensor parallelism]). Call before the
 // blocks' fully_shard. Collective.
 inline void apply_moe(const std::vector<Llama3BlockImpl*>& blocks, const Llama3Args& a,
-                      const dtensor::DeviceMesh& mesh, int64_t ep,
+                      const dtensor::DeviceMesh& mesh, const MoEParallel& moe_parallel,
                       const dtensor::FullyShardOptions& fsdp) {
+  const int64_t ep = moe_parallel.ep;
   DTENSOR_MODEL_CHECK(a.moe() || ep == 1, "Llama3 apply_moe: expert parallelism (ep ", ep,
                       ") on a model without mixture-of-experts layers");
   if (!a.moe()) {
@@ -264,7 +265,7 @@ inline void apply_moe(const std::vector<Llama3BlockImpl*>& blocks, const Llama3A
       continue;
     }
     if (ep > 1) {
-      apply_ep(moe, sparse);
+      apply_ep(moe, sparse, moe_parallel.options);
     }
     fully_shard_experts(moe, sparse, fsdp, dp_degree);
     if (token_mesh) {
@@ -276,7 +277,7 @@ inline void apply_moe(const std::vector<Llama3BlockImpl*>& blocks, const Llama3A
   }
 }
 
-inline void apply_moe(Llama3& model, const dtensor::DeviceMesh& mesh, int64_t ep,
+inline void apply_moe(Llama3& model, const dtensor::DeviceMesh& mesh, const MoEParallel& ep,
                       const dtensor::FullyShardOptions& fsdp) {
   apply_moe(llama3_blocks(model), model->model_args, mesh, ep, fsdp);
 }
@@ -321,7 +322,8 @@ inline void parallelize_llama3_part(const Llama3Part& part, const dtensor::Devic
                                     const dtensor::ParallelizePlan& plan,
                                     const dtensor::FullyShardOptions& fsdp,
                                     const std::optional<Llama3Ac>& ac,
-                                    const std::optional<dtensor::ContextParallel>& cp, int64_t ep) {
+                                    const std::optional<dtensor::ContextParallel>& cp,
+                                    const MoEParallel& ep) {
   const Llama3Args& a = part.args;
   const int64_t tp = mesh["tp"].size();
   DTENSOR_MODEL_CHECK(a.n_heads() % tp == 0 && a.kv_heads() % tp == 0, "Llama3: n_heads (",
@@ -354,7 +356,7 @@ inline void parallelize_llama3(Llama3& model, const dtensor::DeviceMesh& mesh, b
                                const dtensor::FullyShardOptions& fsdp = {},
                                const std::optional<Llama3Ac>& ac = std::nullopt,
                                const std::optional<dtensor::ContextParallel>& cp = std::nullopt,
-                               int64_t ep = 1) {
+                               const MoEParallel& ep = {}) {
   const Llama3Args& a = model->model_args;
   parallelize_llama3_part({*model, llama3_blocks(model), a, model->tok_embeddings.ptr(),
                            model->norm.ptr(), model->output.ptr()},

@@ -122,7 +122,7 @@ inline dtensor::ParallelizePlan llama3_stage_tp_plan(const Llama3StageImpl& stag
 inline void parallelize_llama3_stage(
     Llama3Stage& stage, const dtensor::DeviceMesh& mesh, bool loss_parallel,
     const dtensor::FullyShardOptions& fsdp = {}, const std::optional<Llama3Ac>& ac = std::nullopt,
-    const std::optional<dtensor::ContextParallel>& cp = std::nullopt, int64_t ep = 1) {
+    const std::optional<dtensor::ContextParallel>& cp = std::nullopt, const MoEParallel& ep = {}) {
   auto options = fsdp;
   if (!options.reshard_after_forward()) {
     options.reshard_after_forward(false);

@@ -48,10 +48,21 @@ inline DeviceMesh moe_sparse_mesh(const DeviceMesh& dense, int64_t ep) {
                           {"dp_replicate", "efsdp", "ep"});
 }
 
+// Expert parallelism's degree and its style's options (how rows travel: docs/moe.md). An int
+// converts: the degree, with the default (variable) dispatch.
+struct MoEParallel {
+  MoEParallel(int64_t degree = 1, // NOLINT(google-explicit-constructor): a degree reads as one
+              dtensor::ExpertParallelOptions style = {})
+      : ep(degree), options(style) {}
+  int64_t ep;
+  dtensor::ExpertParallelOptions options;
+};
+
 // The experts of `moe` over the sparse mesh's "ep" (ExpertParallel, the router's early
 // exchange included).
-inline void apply_ep(MoE& moe, const DeviceMesh& sparse) {
-  dtensor::ExpertParallel style;
+inline void apply_ep(MoE& moe, const DeviceMesh& sparse,
+                     const dtensor::ExpertParallelOptions& options = {}) {
+  dtensor::ExpertParallel style(options);
   style.apply(*moe->experts, sparse["ep"]);
   style.apply_router(*moe->router, sparse["ep"]);
 }

@@ -35,7 +35,9 @@ usage: config_recipe.py TORCHRUN TRAIN CONFIGS FORTUNES_DIR OUTDIR
   choices, a TOML syntax error (with its line), an unknown `--section.key`, keep_latest_k 1,
   a selective_ac_option that is neither "op" nor a number, a reduction dtype other than
   float32, a dataset torchtitan does not name (and c4 without its path), a model.name
-  this recipe lacks.
+  this recipe lacks, a capacity factor of 0 for expert parallelism's capacity dispatch.
+- Capacity dispatch with buffers too small (--ep-capacity-factor 0.1, 2 ranks, ep 2): the
+  first step stops at the end of its backward, naming the rows over the capacity.
 """
 import json
 import os
@@ -360,6 +362,23 @@ def refused(train, out, name, text, wants, extra=()):
     return ok
 
 
+def overflow_refused(torchrun, train, out):
+    """Capacity dispatch with buffers too small: the first step stops after its backward, before
+    any optimizer step, naming the rows over the capacity (the same text on every rank:
+    test_moe_capacity)."""
+    p = subprocess.run([torchrun, "--standalone", "--nproc-per-node=2", "--no-python", train,
+                        "--model", "deepseek-v3", "--ep", "2", "--ep-dispatch", "capacity",
+                        "--ep-capacity-factor", "0.1", "--steps", "2", "--metrics",
+                        os.path.join(out, "overflow.jsonl")],
+                       capture_output=True, text=True, errors="replace", timeout=120)
+    text = p.stdout + p.stderr
+    named = [line for line in text.splitlines() if "over the capacity of" in line]
+    ok = p.returncode != 0 and bool(named) and "refused at the end of the backward" in named[0]
+    print(f"{'ok' if ok else 'FAIL'} capacity overflow refused: exit {p.returncode}: "
+          f"{named[:1] or text.splitlines()[-3:]}")
+    return ok
+
+
 def main():
     torchrun, train, configs, fortunes, out = sys.argv[1:6]
     os.makedirs(out, exist_ok=True)
@@ -414,6 +433,10 @@ def main():
     ok &= refused(train, out, "layer_ac", "[activation_checkpoint]\nmode = \"selective\"\n"
                   "selective_ac_option = \"two\"\n",
                   ["activation_checkpoint.selective_ac_option", "\"two\" is neither"])
+    ok &= refused(train, out, "capacity_factor", "[parallelism]\nexpert_parallel_dispatch = "
+                  "\"capacity\"\nexpert_parallel_capacity_factor = 0.0\n",
+                  ["--ep-capacity-factor 0", "must be a positive number"])
+    ok &= overflow_refused(torchrun, train, out)
     ok &= refused(train, out, "dataset", "[training]\ndataset = \"openwebtext\"\n",
                   ["training.dataset", "\"openwebtext\" is not one of", "c4_test"])
     ok &= refused(train, out, "c4", "[training]\ndataset = \"c4\"\n",

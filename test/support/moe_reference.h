@@ -27,8 +27,12 @@ using dtensor::models::MoEScore;
 
 
 // The layer's definition, token by token; returns [T, D].
+// What the routed experts see of a token's row (the row itself, or e.g. a float8 round trip).
+using ExpertInput = std::function<at::Tensor(const at::Tensor&)>;
+
 inline at::Tensor reference_forward(const at::Tensor& x, MoEImpl& m, const at::Tensor& gate_w,
-                             const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& w3) {
+                                    const at::Tensor& w1, const at::Tensor& w2,
+                                    const at::Tensor& w3, const ExpertInput& expert_input = {}) {
   const MoEArgs& a = m.args;
   const int64_t e_count = a.num_experts(), groups = a.num_expert_groups();
   const int64_t per = e_count / groups;
@@ -79,7 +83,8 @@ inline at::Tensor reference_forward(const at::Tensor& x, MoEImpl& m, const at::T
         g = g / (gate_sum + 1e-20);
       }
       g = g * a.route_scale();
-      at::Tensor h = at::silu(at::mv(w1[e], xt)) * at::mv(w3[e], xt);
+      const at::Tensor xe = expert_input ? expert_input(xt) : xt;
+      at::Tensor h = at::silu(at::mv(w1[e], xe)) * at::mv(w3[e], xe);
       out = out + g * at::mv(w2[e], h);
     }
     rows.push_back(out);
@@ -99,7 +104,8 @@ struct Reference {
   at::Tensor gate, w1, w2, w3, x, out;
 };
 
-inline Reference run_reference(MoEImpl& m, const at::Tensor& x, const at::Tensor& g) {
+inline Reference run_reference(MoEImpl& m, const at::Tensor& x, const at::Tensor& g,
+                               const ExpertInput& expert_input = {}) {
   auto leaf = [](const at::Tensor& t) { return t.detach().clone().requires_grad_(); };
   Reference r;
   r.gate = leaf(m.router->gate->weight);
@@ -111,7 +117,7 @@ inline Reference run_reference(MoEImpl& m, const at::Tensor& x, const at::Tensor
     m.shared_experts->zero_grad();
   }
   r.x = leaf(x);
-  r.out = reference_forward(r.x, m, r.gate, r.w1, r.w2, r.w3);
+  r.out = reference_forward(r.x, m, r.gate, r.w1, r.w2, r.w3, expert_input);
   (r.out * g).sum().backward();
   return r;
 }
@@ -176,7 +182,8 @@ inline at::Tensor summed(const at::Tensor& grad, const DeviceMesh& mesh) {
 
 inline EpRun check_ep(const MoEArgs& a, const std::vector<int64_t>& rows_of, bool early,
                       const std::function<void(MoEImpl&)>& setup = {},
-                      const dtensor::ExpertParallelOptions& options = {}) {
+                      const dtensor::ExpertParallelOptions& options = {},
+                      const ExpertInput& expert_input = {}) {
   DeviceMesh mesh = ep_mesh_of_world();
   MoE plain = make_moe(a, 9);
   MoE ep = make_moe(a, 9);
@@ -217,7 +224,7 @@ inline EpRun check_ep(const MoEArgs& a, const std::vector<int64_t>& rows_of, boo
   run.received = dtensor::ep_stats().rows_received;
   const bool exchanged = early && options.dispatch() == dtensor::EpDispatch::Variable;
   CHECK(dtensor::ep_stats().early_exchanges == (exchanged ? 1 : 0));
-  Reference r = run_reference(*plain, x, g);
+  Reference r = run_reference(*plain, x, g, expert_input);
   CHECK(near(out, r.out.narrow(0, s.start, s.rows)));
   CHECK(near(xl.grad(), r.x.grad().narrow(0, s.start, s.rows)));
   // Expert weights: this rank's experts' gradient is its piece of the whole one.

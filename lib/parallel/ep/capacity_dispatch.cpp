@@ -13,6 +13,7 @@
 #include "internal/check.h"
 #include "mesh/collectives_internal.h"
 #include "parallel/end_of_backward.h"
+#include "parallel/ep/float8_dispatch.h"
 #include "parallel/ep/token_dispatch.h"
 
 namespace dtensor::detail::ep {
@@ -35,6 +36,8 @@ namespace dtensor::detail::ep {
 //  - combine: the experts' ep*C rows back in source-major order, one all-to-all of C rows per
 //    pair, and each sent row read from its slot (a dropped row from an appended zero row).
 // Forward 2 all-to-alls, backward 2 (the variable dispatch's gradients by the same equal splits).
+// With float8 dispatch the rows travel as float8 bytes with their scales ([Note: float8
+// dispatch] in float8_dispatch.cpp) and the header as bytes of those rows' width.
 // Every rank must use the same C (the all-to-all's splits): C comes from max_rows and the factor,
 // which the caller keeps the same on every rank. The rows past the grouped ones are padding: the
 // grouped product leaves them unwritten, and no output or gradient of a real row reads them.
@@ -50,31 +53,51 @@ int64_t capacity_of(int64_t max_rows, double factor, int64_t ep) {
 
 namespace {
 
-int64_t header_rows(int64_t local, const at::Tensor& x) {
-  const int64_t row_bytes = x.size(1) * static_cast<int64_t>(x.element_size());
+// Rows of `row_bytes` bytes that hold `local` int64s.
+int64_t header_rows(int64_t local, int64_t row_bytes) {
   return (local * 8 + row_bytes - 1) / row_bytes;
 }
 
-// [ep, local] int64 -> [ep, H, D] rows of x's dtype whose first bytes are those int64s.
-at::Tensor header_of(const at::Tensor& counts, int64_t rows, const at::Tensor& x) {
+// [ep, local] int64 -> `rows` zero rows of each rank's bytes, the int64s first: [ep, rows * w].
+at::Tensor header_bytes(const at::Tensor& counts, int64_t rows, int64_t row_bytes) {
   const int64_t ep = counts.size(0);
-  at::Tensor h = at::zeros({ep, rows, x.size(1)}, x.options());
-  h.view(at::kByte)
-      .view({ep, -1})
-      .narrow(1, 0, counts.size(1) * 8)
-      .copy_(counts.contiguous().view(at::kByte));
+  at::Tensor h = at::zeros({ep, rows * row_bytes}, counts.options().dtype(at::kByte));
+  h.narrow(1, 0, counts.size(1) * 8).copy_(counts.contiguous().view(at::kByte));
   return h;
 }
 
+// A received header ([ep, ...], any dtype) -> the int64 counts [ep, local] in its first bytes.
 at::Tensor counts_of(const at::Tensor& header, int64_t local) {
   const int64_t ep = header.size(0);
   return header.detach()
       .contiguous()
-      .view(at::kByte)
       .view({ep, -1})
+      .view(at::kByte)
       .narrow(1, 0, local * 8)
       .contiguous()
       .view(at::kLong);
+}
+
+// Sends `rows` [ep, C, D] with the header of `capped` counts before each rank's: the received
+// counts [ep, local] and rows [ep*C, D], in x's dtype or, with float8, as float8 on the wire.
+std::pair<at::Tensor, at::Tensor> exchange(const at::Tensor& rows, const at::Tensor& capped,
+                                           bool float8, const Group& group) {
+  const int64_t ep = rows.size(0), capacity = rows.size(1), d = rows.size(2);
+  const int64_t local = capped.size(1);
+  if (float8) {
+    const int64_t w = float8_row_bytes(d), h = header_rows(local, w);
+    Float8Received r = float8_all_to_all(rows.flatten(0, 1),
+                                         header_bytes(capped, h, w).view({ep, h, w}), {}, {}, group);
+    return {counts_of(r.header, local), r.rows};
+  }
+  const int64_t row_bytes = d * static_cast<int64_t>(rows.element_size());
+  const int64_t h = header_rows(local, row_bytes);
+  at::Tensor header = header_bytes(capped, h, row_bytes).view(rows.scalar_type()).view({ep, h, d});
+  at::Tensor payload = at::cat({header, rows}, 1).flatten(0, 1);
+  at::Tensor received =
+      all_to_all_autograd(payload, {}, {}, group, /*checked=*/false).view({ep, h + capacity, d});
+  return {counts_of(received.narrow(1, 0, h), local),
+          received.narrow(1, h, capacity).reshape({ep * capacity, d})};
 }
 
 // Received row (source s, row i < C) -> its expert-major position among the ep*C rows.
@@ -98,7 +121,8 @@ at::Tensor expert_major_positions(const at::Tensor& got, int64_t capacity) {
 } // namespace
 
 std::pair<at::Tensor, CapacityPlan> capacity_dispatch(const at::Tensor& x, const at::Tensor& counts,
-                                                      int64_t capacity, const Group& group) {
+                                                      int64_t capacity, bool float8,
+                                                      const Group& group) {
   const int64_t ep = group.size(), local = counts.size(0) / ep, n = x.size(0), d = x.size(1);
   const auto idx = counts.options();
   CapacityPlan p;
@@ -117,22 +141,17 @@ std::pair<at::Tensor, CapacityPlan> capacity_dispatch(const at::Tensor& x, const
   at::Tensor rows = at::cat({x, at::zeros({1, d}, x.options())})
                         .index_select(0, take.flatten())
                         .view({ep, capacity, d});
-  const int64_t h = header_rows(local, x);
-  at::Tensor payload = at::cat({header_of(capped, h, x), rows}, 1).flatten(0, 1);
-  at::Tensor received =
-      all_to_all_autograd(payload, {}, {}, group, /*checked=*/false).view({ep, h + capacity, d});
+  auto [got, mine] = exchange(rows, capped, float8, group);
   // Where each of this rank's rows comes back: its destination's slot, or nowhere.
   at::Tensor dest =
       at::searchsorted(sent.cumsum(0), at::arange(n, idx), /*out_int32=*/false, /*right=*/true);
   at::Tensor place = at::arange(n, idx) - first.index_select(0, dest);
   p.return_index = at::where(place < capacity, dest * capacity + place, ep * capacity);
   // Receiver: the experts' rows in expert-major order.
-  at::Tensor got = counts_of(received.narrow(1, 0, h), local);
   p.source_major = expert_major_positions(got, capacity);
   at::Tensor order =
       at::empty_like(p.source_major).scatter_(0, p.source_major, at::arange(ep * capacity, idx));
   p.local_counts = got.sum(0);
-  at::Tensor mine = received.narrow(1, h, capacity).reshape({ep * capacity, d});
   return {mine.index_select(0, order), std::move(p)};
 }
 

@@ -26,10 +26,11 @@ struct CapacityPlan {
   at::Tensor counts;         // [E] this rank's rows per expert, as routed
 };
 
-// x [N, D] (rows in expert order, counts [E] of them, N <= max_rows) -> this rank's experts'
-// rows [ep*C, D], expert-major, the padding last; and the plan.
+// x [N, D] (rows in expert order, counts [E] of them) -> this rank's experts' rows [ep*C, D],
+// expert-major, the padding last; and the plan. `float8`: the rows travel as float8.
 std::pair<at::Tensor, CapacityPlan> capacity_dispatch(const at::Tensor& x, const at::Tensor& counts,
-                                                      int64_t capacity, const Group& group);
+                                                      int64_t capacity, bool float8,
+                                                      const Group& group);
 // y [ep*C, D] (as dispatch ordered) -> [N, D] on x's rank; rows beyond capacity get zeros.
 at::Tensor capacity_combine(const at::Tensor& y, const CapacityPlan& plan, const Group& group);
 

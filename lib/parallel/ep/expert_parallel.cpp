@@ -175,7 +175,8 @@ ModuleHooks capacity_hooks(const ExpertParallelOptions& options, const Group& gr
     const int64_t max_rows = options.max_rows() > 0 ? options.max_rows() : n;
     const int64_t capacity =
         detail::ep::capacity_of(max_rows, options.capacity_factor(), group.size());
-    auto [rows, plan] = detail::ep::capacity_dispatch(in[0], in[1], capacity, group);
+    auto [rows, plan] = detail::ep::capacity_dispatch(in[0], in[1], capacity,
+                                                       options.float8_dispatch(), group);
     detail::ep::add_device_rows(plan.local_counts.sum(), plan.overflow.sum());
     if (options.overflow() == EpOverflow::Refuse) {
       detail::ep::record_overflow({.layer = m.name(),
@@ -227,9 +228,10 @@ void ExpertParallel::apply(torch::nn::Module& experts, const DeviceMesh& ep_mesh
   }
   auto plans = std::make_shared<std::vector<detail::ep::ExchangePlan>>();
   auto state = state_;
+  const bool float8 = options_.float8_dispatch();
   ModuleHooks hooks;
   hooks.name("ExpertParallel").order(hook_order::kExpertParallel);
-  hooks.pre_forward([state, group, plans](torch::nn::Module& m, TensorList& in) {
+  hooks.pre_forward([state, group, plans, float8](torch::nn::Module& m, TensorList& in) {
     DTENSOR_CHECK(in.size() == 2 && in[0].defined() && in[0].dim() == 2 && in[1].defined(),
                   "ExpertParallel on {}: the experts' call takes rows [N, D] and counts [E]; got "
                   "{} tensors",
@@ -253,7 +255,7 @@ void ExpertParallel::apply(torch::nn::Module& experts, const DeviceMesh& ep_mesh
       plan.inverse = plan.inverse.to(in[0].device());
       plan.local_counts = plan.local_counts.to(in[0].device());
     }
-    in[0] = detail::ep::dispatch(in[0], plan, group);
+    in[0] = detail::ep::dispatch(in[0], plan, float8, group);
     in[1] = plan.local_counts;
     add_ep_stats(EpStats{
         .calls = 1, .rows_sent = rows, .rows_received = in[0].size(0), .wait_seconds = waited});

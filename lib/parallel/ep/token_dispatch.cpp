@@ -1,6 +1,8 @@
 // Expert parallelism's token exchange: counts, plan, dispatch and combine.
 #include "parallel/ep/token_dispatch.h"
 
+#include "parallel/ep/float8_dispatch.h"
+
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -116,8 +118,11 @@ ExchangePlan plan_exchange(const at::Tensor& counts, const at::Tensor& received)
   return p;
 }
 
-at::Tensor dispatch(const at::Tensor& x, const ExchangePlan& plan, const Group& group) {
-  at::Tensor received = all_to_all_autograd(x, plan.recv_splits, plan.send_splits, group, false);
+at::Tensor dispatch(const at::Tensor& x, const ExchangePlan& plan, bool float8,
+                    const Group& group) {
+  at::Tensor received =
+      float8 ? float8_all_to_all(x, at::Tensor(), plan.recv_splits, plan.send_splits, group).rows
+             : all_to_all_autograd(x, plan.recv_splits, plan.send_splits, group, false);
   return received.index_select(0, plan.order);
 }
 
