@@ -6,12 +6,15 @@
 //          load-balancing bias), width --dim, fp32;
 //   parallelism: the dense ranks are the whole world ("dp"); the experts over the sparse mesh
 //          (efsdp, ep) with --ep (ExpertParallel, the count exchange started by the router
-//          unless --no-early-exchange), fully_shard of the experts over efsdp and of each
+//          unless --no-early-exchange; --capacity-factor F: capacity dispatch, no counts
+//          exchange; --float8-dispatch: the dispatched rows as float8), fully_shard of the
+//          experts over efsdp and of each
 //          block and the root over dp;
 //   step: --tokens rows per rank, loss sum(out * g) / rows, backward, AdamW.
 // Rank 0 prints "RESULT <json>": the median step time (ms), each step's time, the mean time a
 // layer's experts call waited for its split sizes (ExpertParallel's counts, us per layer per
-// step), all-to-alls per step, and, under LD_PRELOAD of bench/live_bytes.cpp, the largest
+// step), all-to-alls per step, rank 0's forward all-to-all kB per layer (counts, dispatch,
+// combine), and, under LD_PRELOAD of bench/live_bytes.cpp, the largest
 // rank's peak of live tensor bytes over the timed steps (MB).
 
 #include <algorithm>
@@ -44,6 +47,8 @@ struct Flags {
   int64_t dim = 128, hidden = 128, experts = 8, top_k = 2, layers = 2, tokens = 256, ep = 2;
   int steps = 10, warmup = 3;
   bool early_exchange = true;
+  double capacity_factor = 0; // > 0: capacity dispatch with this factor (docs/moe.md)
+  bool float8_dispatch = false;
 };
 
 Flags parse(int argc, char** argv) {
@@ -52,6 +57,14 @@ Flags parse(int argc, char** argv) {
     const std::string k = argv[i];
     if (k == "--no-early-exchange") {
       f.early_exchange = false;
+      continue;
+    }
+    if (k == "--float8-dispatch") {
+      f.float8_dispatch = true;
+      continue;
+    }
+    if (k == "--capacity-factor" && i + 1 < argc) {
+      f.capacity_factor = std::stod(argv[++i]);
       continue;
     }
     if (i + 1 >= argc) {
@@ -134,7 +147,11 @@ int main(int argc, char** argv) {
   const auto dense = dtensor::init_device_mesh(c10::kCPU, {world}, {"dp"});
   const auto sparse = dtensor::models::moe_sparse_mesh(dense, f.ep);
   for (auto& b : model->blocks) {
-    dtensor::ExpertParallel style;
+    auto options = dtensor::ExpertParallelOptions().float8_dispatch(f.float8_dispatch);
+    if (f.capacity_factor > 0) {
+      options.dispatch(dtensor::EpDispatch::Capacity).capacity_factor(f.capacity_factor);
+    }
+    dtensor::ExpertParallel style(options);
     style.apply(*b->moe->experts, sparse["ep"]);
     if (f.early_exchange) {
       style.apply_router(*b->moe->router, sparse["ep"]);
@@ -147,11 +164,12 @@ int main(int argc, char** argv) {
   at::manual_seed(1 + dtensor::get_rank());
   const at::Tensor x = at::randn({f.tokens, f.dim});
   const at::Tensor g = at::randn({f.tokens, f.dim});
-  int64_t all_to_alls = 0;
+  int64_t all_to_alls = 0, dispatch_bytes = 0;
   auto step = [&] {
     opt.zero_grad();
     dtensor::CommDebugMode comm;
     at::Tensor out = dtensor::call(model, x);
+    dispatch_bytes = comm.bytes_in(dtensor::CollectiveKind::AllToAll); // forward: counts too
     ((out * g).sum() / static_cast<double>(f.tokens)).backward();
     opt.step();
     all_to_alls = comm.count(dtensor::CollectiveKind::AllToAll);
@@ -178,9 +196,11 @@ int main(int argc, char** argv) {
   dtensor::all_reduce_(figures, dtensor::ReduceOp::Max, dtensor::world_group());
   if (dtensor::get_rank() == 0) {
     std::printf("RESULT {\"ms\": %f, \"step_ms\": %s, \"wait_us\": %f, \"all_to_alls\": %lld, "
-                "\"live_peak_mb\": %f}\n",
+                "\"forward_a2a_kb_per_layer\": %f, \"live_peak_mb\": %f}\n",
                 median(ms), json_list(ms).c_str(), figures[1].item<double>(),
-                static_cast<long long>(all_to_alls), figures[0].item<double>());
+                static_cast<long long>(all_to_alls),
+                static_cast<double>(dispatch_bytes) / 1e3 / static_cast<double>(f.layers),
+                figures[0].item<double>());
     std::fflush(stdout);
   }
   return 0;

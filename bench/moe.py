@@ -3,7 +3,7 @@
 the same CPU ranks, alternating in one run.
 
 Driver:  python bench/moe.py TORCHRUN BENCH_BIN [--rounds R] [--layouts 2:2 4:4 4:2]
-                 [--live-bytes build/bench/liblive_bytes.so] [model flags]
+                 [--live-bytes build/bench/liblive_bytes.so] [--dispatch] [model flags]
 Worker:  torchrun ... bench/moe.py --worker --ep N [model flags]   (PyTorch's side)
 
 The model (both sides): --layers blocks x + MoE(RMSNorm(x)); the MoE layer as
@@ -219,6 +219,39 @@ def driver(a):
               f"| {fmt([r['wait_us'] for r in late], 0)} | {d[0]['all_to_alls']} |", flush=True)
 
 
+def dispatch_driver(a):
+    """--dispatch: dtensor's ways of moving the rows, alternating in one run: variable (the
+    counts read by the host, early exchange), capacity (factor 1.25, no host read), capacity
+    with float8 rows; PyTorch's step as the yardstick. Forward all-to-all kB per layer
+    (rank 0: counts, dispatch, combine)."""
+    model = ["--dim", str(a.dim), "--hidden", str(a.hidden), "--experts", str(a.experts),
+             "--top-k", str(a.top_k), "--layers", str(a.layers), "--tokens", str(a.tokens),
+             "--steps", str(a.steps), "--warmup", str(a.warmup)]
+    variants = [("variable", []), ("capacity 1.25", ["--capacity-factor", "1.25"]),
+                ("capacity 1.25, float8", ["--capacity-factor", "1.25", "--float8-dispatch"])]
+    cols = ["ranks", "ep", "PyTorch ms"] + [f"{n} ms" for n, _ in variants] + \
+        [f"{n} / PyTorch" for n, _ in variants] + [f"{n} kB / layer" for n, _ in variants]
+    print(f"dim {a.dim}, hidden {a.hidden}, {a.experts} experts, top {a.top_k}, "
+          f"{a.layers} layers, {a.tokens} tokens per rank, {a.rounds} rounds\n")
+    print("| " + " | ".join(cols) + " |")
+    print("| --- |" + " ---: |" * (len(cols) - 1))
+    for layout in a.layouts:
+        ranks, ep = (int(v) for v in layout.split(":"))
+        tr = [a.torchrun, "--standalone", "--nproc-per-node", str(ranks)]
+        theirs = tr + [__file__, "--worker", "--ep", str(ep)] + model
+        mine = tr + ["--no-python", a.binary, "--ep", str(ep)] + model
+        t, d = [], [[] for _ in variants]
+        for _ in range(a.rounds):
+            t.append(run(theirs))
+            for i, (_, extra) in enumerate(variants):
+                d[i].append(run(mine + extra))
+        ratios = [f"{statistics.median(x['ms'] / y['ms'] for x, y in zip(v, t)):.2f}x" for v in d]
+        kb = [f"{v[0]['forward_a2a_kb_per_layer']:.1f}" for v in d]
+        print(f"| {ranks} | {ep} | {fmt([r['ms'] for r in t])} | "
+              + " | ".join(fmt([r['ms'] for r in v]) for v in d) + " | "
+              + " | ".join(ratios) + " | " + " | ".join(kb) + " |", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("torchrun", nargs="?")
@@ -228,6 +261,8 @@ def main():
     p.add_argument("--layouts", nargs="+", default=["2:2", "4:4", "4:2"])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--live-bytes", default=None)
+    p.add_argument("--dispatch", action="store_true",
+                   help="compare dtensor's dispatches (variable, capacity, float8)")
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--experts", type=int, default=8)
@@ -239,6 +274,8 @@ def main():
     a = p.parse_args()
     if a.worker:
         worker(a)
+    elif a.dispatch:
+        dispatch_driver(a)
     else:
         driver(a)
 

@@ -6,7 +6,8 @@
 //    with no tokens and top-k = E, and both equal the plain layer; 2 all-to-alls each way with
 //    their exact bytes (header rows included), the refusal's one all-gather per backward.
 //  - world2 / world4: a batch built to overflow: refused at the end of the backward (and at the
-//    call without autograd) with the same text on every rank, naming the ranks, experts, rows
+//    call without autograd; after the backward under activation checkpointing, whose first
+//    forward runs without autograd) with the same text on every rank, naming the ranks, experts, rows
 //    and capacity; dropped rows are zeros with zero gradients, the kept ones equal the plain
 //    layer on the kept tokens, the dropped count reported.
 //  - world2 / world4: float8 dispatch, by either path: the plain layer whose experts see each
@@ -20,6 +21,7 @@
 
 #include <ATen/record_function.h>
 
+#include <dtensor/activation_checkpoint.h>
 #include <dtensor/expert_parallel.h>
 
 #include "support/moe_reference.h"
@@ -190,6 +192,19 @@ TEST_CASE("capacity dispatch's overflow: refused after the backward or at the ca
     at::NoGradGuard no_grad;
     REQUIRE_THROWS_WITH(dtensor::call(m, xl),
                         contains(named) && contains("refused at the call"));
+  }
+  SECTION("refused after the backward under activation checkpointing (its first forward runs "
+          "without autograd; the recompute, inside the backward, checks)") {
+    MoE m = make_moe(args, 9);
+    to_expert_0(*m);
+    ExpertParallel(capacity(1.0)).apply(*m->experts, mesh);
+    at::Tensor out = dtensor::activation_checkpoint(
+        [&m](const std::vector<at::Tensor>& in) -> std::vector<at::Tensor> {
+          return {dtensor::call(m, in[0])};
+        },
+        {xl})[0];
+    REQUIRE_THROWS_WITH((out * gl).sum().backward(),
+                        contains(named) && contains("refused at the end of the backward"));
   }
   SECTION("dropped: zeros past the capacity, the kept tokens as the plain layer") {
     MoE plain = make_moe(args, 9);

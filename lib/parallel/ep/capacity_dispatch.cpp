@@ -193,12 +193,12 @@ void refuse_first(const std::vector<OverflowRecord>& records, const at::Tensor& 
     const int64_t local = r.counts.size(0) / ep, rows = over[src][dst].item<int64_t>();
     at::Tensor per = host.select(1, c)[src].narrow(0, ep + dst * local, local);
     std::vector<int64_t> counts(per.data_ptr<int64_t>(), per.data_ptr<int64_t>() + local);
-    DTENSOR_FAIL("ExpertParallel ({} call {} of the step): ep rank {} routed {} rows to experts "
+    DTENSOR_FAIL("ExpertParallel on {} (its experts call {} of the step): ep rank {} routed {} rows to experts "
                  "{}..{} of ep rank {} (rows per expert [{}]), {} over the capacity of {} rows "
                  "(capacity_factor {} x max_rows {} / ep {}); refused {}, before any optimizer "
                  "step. Raise capacity_factor ({} never overflows), or choose EpOverflow::Drop "
                  "or EpDispatch::Variable",
-                 r.layer, c, src, r.capacity + rows, dst * local, (dst + 1) * local - 1, dst,
+                 r.layer, c + 1, src, r.capacity + rows, dst * local, (dst + 1) * local - 1, dst,
                  fmt::join(counts, ", "), rows, r.capacity, r.factor, r.max_rows, ep, when, ep);
   }
 }

@@ -10,7 +10,6 @@
 #include <optional>
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/graph_task.h>
 #include <torch/nn/module.h>
 
 #include <dtensor/dtensor.h>
@@ -22,6 +21,7 @@
 #include "parallel/ep/capacity_dispatch.h"
 #include "parallel/ep/token_dispatch.h"
 #include "parallel/grad_reduce.h"
+#include "tensor/dispatch/op_args.h"
 #include "tensor/dtensor_impl.h"
 
 namespace dtensor {
@@ -202,10 +202,15 @@ ModuleHooks capacity_hooks(const ExpertParallelOptions& options, const Group& gr
     if (options.overflow() != EpOverflow::Refuse || is_simulated()) {
       return;
     }
-    if (out[0].requires_grad()) { // checked once the backward that uses these rows ends
+    // Checked once the backward that uses these rows ends: queued now in a recompute (which
+    // runs in it), by a hook on the rows' gradient after an ordinary forward, by the recompute
+    // after a checkpointed one; without autograd, where no backward will come, at the call.
+    if (detail::in_backward()) {
+      detail::ep::queue_overflow_check();
+    } else if (out[0].requires_grad()) {
       out[0].register_hook([](const at::Tensor&) { detail::ep::queue_overflow_check(); });
-    } else if (torch::autograd::get_current_graph_task_id() == -1) {
-      detail::ep::check_overflow("at the call"); // no backward will come
+    } else if (!detail::in_checkpoint_forward()) {
+      detail::ep::check_overflow("at the call");
     }
   });
   hooks.forward_failed([plans](torch::nn::Module&) {

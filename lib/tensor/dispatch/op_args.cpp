@@ -68,12 +68,20 @@ bool in_backward() {
 
 namespace {
 thread_local bool recomputing = false;
+thread_local bool checkpoint_forward = false;
 } // namespace
 
 bool in_recompute() { return recomputing; }
 
 RecomputeGuard::RecomputeGuard() : previous_(recomputing) { recomputing = true; }
 RecomputeGuard::~RecomputeGuard() { recomputing = previous_; }
+
+bool in_checkpoint_forward() { return checkpoint_forward; }
+
+CheckpointForwardGuard::CheckpointForwardGuard() : previous_(checkpoint_forward) {
+  checkpoint_forward = true;
+}
+CheckpointForwardGuard::~CheckpointForwardGuard() { checkpoint_forward = previous_; }
 
 // [Note: per-op statics] What never changes for an operator once the library is loaded
 // (its full name here; how its rule reads Scalars in lib/tensor/dispatch/dispatch.cpp) is

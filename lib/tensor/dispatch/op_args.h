@@ -83,6 +83,21 @@ class RecomputeGuard {
   bool previous_;
 };
 
+// While a CheckpointForwardGuard lives on the thread (activation checkpointing's first
+// forward, run without autograd), in_checkpoint_forward() is true: what the forward leaves to
+// its backward (expert parallelism's overflow check) waits for the recompute, which runs in it.
+bool in_checkpoint_forward();
+class CheckpointForwardGuard {
+ public:
+  CheckpointForwardGuard();
+  ~CheckpointForwardGuard();
+  CheckpointForwardGuard(const CheckpointForwardGuard&) = delete;
+  CheckpointForwardGuard& operator=(const CheckpointForwardGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // "aten::add.Tensor": built once per operator and thread ([Note: per-op statics] in
 // lib/tensor/dispatch/op_args.cpp), so the dispatch path may ask for it on every op.
 const std::string& op_full_name(const c10::OperatorHandle& op);

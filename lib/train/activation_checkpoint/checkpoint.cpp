@@ -118,7 +118,11 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     if (state->options.preserve_rng_state()) {
       state->random = RandomStates::capture(inputs);
     }
-    std::vector<at::Tensor> outputs = run(*state, inputs, /*recompute=*/false);
+    std::vector<at::Tensor> outputs;
+    {
+      detail::CheckpointForwardGuard first_forward;
+      outputs = run(*state, inputs, /*recompute=*/false);
+    }
     for (size_t i = 0; i < outputs.size(); ++i) {
       DTENSOR_CHECK(outputs[i].defined(),
                     "activation_checkpoint: output {} of the function is undefined", i);
