@@ -57,6 +57,8 @@ echo "## MoE blocks with expert parallelism vs the same model in PyTorch, 2 and 
   --rounds 3 --layouts 2:2 4:4 4:2 --live-bytes "$root/build/bench/liblive_bytes.so"
 "$root/.venv/bin/python" "$root/bench/moe.py" "$root/.venv/bin/torchrun" "$root/build/bench/bench_moe" \
   --rounds 2 --dim 256 --hidden 256 --tokens 512 --layouts 2:2 4:4
+"$root/.venv/bin/python" "$root/bench/moe.py" "$root/.venv/bin/torchrun" "$root/build/bench/bench_moe" \
+  --dispatch --layouts 2:2 4:4 --rounds 3
 echo
 echo "## float8 under fully_shard vs torchao + FSDP2, 4 ranks (alternating)"
 "$root/.venv/bin/python" "$root/bench/float8.py" "$root/.venv/bin/torchrun" "$root/build/bench/bench_float8" \
