@@ -85,9 +85,17 @@ meta_flash_cpu_backward(const at::Tensor& /*grad_out*/, const at::Tensor& q, con
           heads_second(v.sizes(), v.options())};
 }
 
+// Expert parallelism's capacity dispatch finds each row's expert by searchsorted.
+at::Tensor meta_searchsorted(const at::Tensor& /*sorted*/, const at::Tensor& self, bool out_int32,
+                             bool /*right*/, std::optional<c10::string_view> /*side*/,
+                             const std::optional<at::Tensor>& /*sorter*/) {
+  return at::empty(self.sizes(), self.options().dtype(out_int32 ? at::kInt : at::kLong));
+}
+
 } // namespace
 
 TORCH_LIBRARY_IMPL(aten, Meta, m) {
+  m.impl("searchsorted.Tensor", meta_searchsorted);
   m.impl("index_select", meta_index_select);
   m.impl("floor_divide", meta_floor_divide);
   m.impl("floor_divide.Scalar", meta_floor_divide_scalar);

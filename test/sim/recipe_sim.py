@@ -284,5 +284,21 @@ with tempfile.TemporaryDirectory() as tmp:
                 "--out", out])
     m = json.load(open(os.path.join(out, "simulation.json")))["meshes"][0]
     assert m["plan_mismatches"] == [] and m["bytes_by_dim"].get("ep", 0) > 0, m
+    # Capacity dispatch on ranks whose tensors have no values: nothing between the router and
+    # the combine reads one (a read of a meta tensor fails); its buffers 1.25 x the rows (the
+    # even routing's), float8 rows fewer bytes still.
+    ep_bytes = {"variable": m["bytes_by_dim"]["ep"]}
+    for name, extra in (("capacity", ["--ep-dispatch", "capacity"]),
+                        ("float8", ["--ep-dispatch", "capacity", "--ep-float8-dispatch"])):
+        out = os.path.join(tmp, "drv-ep-" + name)
+        run([train, "--simulate", "16", "--model", "deepseek-v3", "--mesh", "1x8x2", "--ep", "8",
+             "--out", out, *extra])
+        m = json.load(open(os.path.join(out, "simulation.json")))["meshes"][0]
+        assert m["plan_mismatches"] == [], m
+        ep_bytes[name] = m["bytes_by_dim"]["ep"]
+    ratio = ep_bytes["capacity"] / ep_bytes["variable"]
+    assert 1.25 <= ratio < 1.35 and ep_bytes["float8"] < ep_bytes["capacity"], ep_bytes
+    print(f"driver: ep 8 by capacity dispatch planned on meta ranks, {ratio:.3f} x the variable "
+          f"dispatch's bytes, float8 rows {ep_bytes['float8'] / ep_bytes['capacity']:.3f} x")
     print("driver: pp 2 (bubble 1/5 of 1F1B with 4 microbatches), cp 2 and ep 8 planned, consistent")
 print("recipe: simulated == real on 1, 2, 4, 8 ranks; 8B / 70B as the formulas; driver checked with pp, cp, ep")
