@@ -13,6 +13,8 @@
 //  - world2 / world4: float8 dispatch, by either path: the plain layer whose experts see each
 //    row cast to float8 and back as torchao's rowwise recipe defines it, values and gradients
 //    (straight through the cast); D + 4 bytes a row dispatched, the combine in fp32.
+//  - world2: capacity dispatch under float8 grouped experts equals the variable dispatch bit
+//    for bit (the padding rows left out of the float8 products).
 //  - world2: no host read between the router and the combine: the layer's forward and backward
 //    run under a guard that records reads of tensor values by the host (item, a device tensor
 //    copied to the CPU, nonzero); none with capacity dispatch, some with variable dispatch (the guard works).
@@ -23,6 +25,8 @@
 
 #include <dtensor/activation_checkpoint.h>
 #include <dtensor/expert_parallel.h>
+
+#include <models/moe/float8.h>
 
 #include "support/moe_reference.h"
 
@@ -273,6 +277,36 @@ TEST_CASE("float8 dispatch: the experts see each row cast to float8 and back (to
     CHECK(run.fwd == a2a(2));
     CHECK(run.fwd_bytes == ep * (head + rows) * (d + 4) + ep * rows * d * 4);
     CHECK(run.bwd_bytes == 2 * ep * rows * d * 4);
+  }
+}
+
+TEST_CASE("capacity dispatch under float8 grouped experts (their products on the grouped rows "
+          "only, the padding left out) equals the variable dispatch bit for bit",
+          "[world2]") {
+  const MoEArgs args = small().dim(32).hidden_dim(64);
+  const std::vector<int64_t> even(static_cast<size_t>(world()), 12);
+  auto to_float8 = [](MoEImpl& m) {
+    CHECK(dtensor::models::convert_grouped_experts_to_float8(m).size() == 1);
+  };
+  // The plain reference does not compute in float8: the two dispatches judge each other here,
+  // the float8 products themselves are torchao's judgement (test_float8).
+  auto results = [&](const ExpertParallelOptions& options) {
+    DeviceMesh mesh = ep_mesh_of_world();
+    MoE m = make_moe(args, 9);
+    to_float8(*m);
+    ExpertParallel(options).apply(*m->experts, mesh);
+    at::manual_seed(4);
+    at::Tensor x = at::randn({12, 32}).requires_grad_();
+    at::Tensor out = dtensor::call(m, x);
+    out.sum().backward();
+    return std::vector<at::Tensor>{out.detach(), x.grad(),
+                                   DTensor(m->experts->w1.grad()).to_local()};
+  };
+  const auto v = results({});
+  const auto k = results(capacity(static_cast<double>(world()), 24));
+  for (size_t i = 0; i < v.size(); ++i) {
+    INFO("result " << i);
+    CHECK(at::equal(v[i], k[i]));
   }
 }
 

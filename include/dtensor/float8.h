@@ -75,7 +75,8 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at
 // and w[e] per input feature (grad_input), the output gradient and x per column within the
 // expert's rows (grad_weight); the scales into every product (fast accumulation). Computed
 // one expert at a time through at::_scaled_mm (on CPU ATen emulates it; the fused
-// _scaled_grouped_mm of GPUs is not used yet). Plain tensors (a local region's).
+// _scaled_grouped_mm of GPUs is not used yet). Plain tensors (a local region's). Rows past
+// sum(counts) (expert parallelism's capacity padding) are left out and give zero rows.
 at::Tensor float8_grouped_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts);
 
 // Which Linears convert_to_float8_training converts: (its qualified name, the module).

@@ -286,7 +286,8 @@ at::Tensor float8_mm(const at::Tensor& x, const at::Tensor& weight, const at::Te
 }
 
 // Each expert's rows through Float8LinearFn in the grouped recipe; an expert with no rows adds
-// nothing (its weight's gradient stays zero).
+// nothing (its weight's gradient stays zero). The counts are read on the host (a CPU loop over
+// the experts, as torchao's emulation).
 at::Tensor float8_grouped_mm_local(const at::Tensor& x, const at::Tensor& w,
                                    const at::Tensor& counts) {
   const at::Tensor host = counts.to(at::kCPU).to(at::kLong).contiguous();
@@ -301,7 +302,9 @@ at::Tensor float8_grouped_mm_local(const at::Tensor& x, const at::Tensor& w,
     }
     start += n[e];
   }
-  return parts.empty() ? at::zeros({0, w.size(1)}, x.options()) : at::cat(parts, 0);
+  // Rows past the groups (expert parallelism's capacity padding): zeros, no product.
+  parts.push_back(at::zeros({x.size(0) - start, w.size(1)}, x.options()));
+  return at::cat(parts, 0);
 }
 
 double float8_max(c10::ScalarType dtype) {
