@@ -7,8 +7,8 @@
 //    their exact bytes (header rows included), the refusal's one all-gather per backward.
 //  - world2 / world4: a batch built to overflow: refused at the end of the backward (and at the
 //    call without autograd; after the backward under activation checkpointing, whose first
-//    forward runs without autograd) with the same text on every rank, naming the ranks, experts, rows
-//    and capacity; dropped rows are zeros with zero gradients, the kept ones equal the plain
+//    forward runs without autograd) with the same text on every rank, naming the ranks, experts,
+//    rows and capacity; dropped rows are zeros with zero gradients, the kept ones equal the plain
 //    layer on the kept tokens, the dropped count reported.
 //  - world2 / world4: float8 dispatch, by either path: the plain layer whose experts see each
 //    row cast to float8 and back as torchao's rowwise recipe defines it, values and gradients
@@ -17,8 +17,9 @@
 //    for bit (the padding rows left out of the float8 products).
 //  - world2: no host read between the router and the combine: the layer's forward and backward
 //    run under a guard that records reads of tensor values by the host (item, a device tensor
-//    copied to the CPU, nonzero); none with capacity dispatch, some with variable dispatch (the guard works).
-//    Reads inside the grouped product are its CPU kernel's (CUDA's takes device offsets).
+//    copied to the CPU, nonzero); none with capacity dispatch, some with variable dispatch (the
+//    guard works). Reads inside the grouped product are its CPU kernel's (CUDA's takes device
+//    offsets).
 #include <atomic>
 
 #include <ATen/record_function.h>
@@ -38,8 +39,10 @@ using dtensor::ExpertParallelOptions;
 namespace {
 
 ExpertParallelOptions capacity(double factor, int64_t max_rows = 0) {
-  return ExpertParallelOptions().dispatch(EpDispatch::Capacity).capacity_factor(factor).max_rows(
-      max_rows);
+  return ExpertParallelOptions()
+      .dispatch(EpDispatch::Capacity)
+      .capacity_factor(factor)
+      .max_rows(max_rows);
 }
 
 // Header rows: `local` int64 counts in rows of d fp32.
@@ -133,7 +136,10 @@ TEST_CASE("capacity dispatch with room for every row equals the variable dispatc
   // the padded buffer's take the vectorized one, and the two differ by an ulp.
   const MoEArgs args = small().hidden_dim(64);
   const std::vector<Case> cases = {
-      {"even routing, shared experts, router hook", MoEArgs(args).num_shared_experts(1), even, {},
+      {"even routing, shared experts, router hook",
+       MoEArgs(args).num_shared_experts(1),
+       even,
+       {},
        true},
       {"every row to experts 0 and 1 (rank 0's)", args, even,
        [](MoEImpl& m) { m.expert_bias.narrow(0, 0, 2).fill_(100.0); }, true},
@@ -144,8 +150,8 @@ TEST_CASE("capacity dispatch with room for every row equals the variable dispatc
     INFO(c.what);
     const int64_t max_rows = 12 * c.args.top_k(), local = 8 / ep;
     EpRun v = check_ep(c.args, c.rows, c.early, c.setup);
-    EpRun k = check_ep(c.args, c.rows, c.early, c.setup,
-                       capacity(static_cast<double>(ep), max_rows));
+    EpRun k =
+        check_ep(c.args, c.rows, c.early, c.setup, capacity(static_cast<double>(ep), max_rows));
     REQUIRE(v.results.size() == k.results.size());
     for (size_t i = 0; i < v.results.size(); ++i) {
       INFO("result " << i);
@@ -179,23 +185,21 @@ TEST_CASE("capacity dispatch's overflow: refused after the backward or at the ca
   for (int64_t e = 1; e < 8 / ep; ++e) {
     per_expert += ", 0";
   }
-  const std::string named = "ep rank 0 routed " + std::to_string(tokens) +
-                            " rows to experts 0.." + std::to_string(8 / ep - 1) +
-                            " of ep rank 0 (rows per expert [" + per_expert + "]), " +
-                            std::to_string(tokens - cap) + " over the capacity of " +
-                            std::to_string(cap) + " rows (capacity_factor 1 x max_rows " +
-                            std::to_string(tokens) + " / ep " + std::to_string(ep) + ")";
+  const std::string named = "ep rank 0 routed " + std::to_string(tokens) + " rows to experts 0.." +
+                            std::to_string(8 / ep - 1) + " of ep rank 0 (rows per expert [" +
+                            per_expert + "]), " + std::to_string(tokens - cap) +
+                            " over the capacity of " + std::to_string(cap) +
+                            " rows (capacity_factor 1 x max_rows " + std::to_string(tokens) +
+                            " / ep " + std::to_string(ep) + ")";
   SECTION("refused: after the backward, and at the call without autograd") {
     MoE m = make_moe(args, 9);
     to_expert_0(*m);
     ExpertParallel(capacity(1.0)).apply(*m->experts, mesh);
     at::Tensor out = dtensor::call(m, xl); // the check waits for the backward
     REQUIRE_THROWS_WITH((out * gl).sum().backward(),
-                        contains(named) &&
-                            contains("refused at the end of the backward"));
+                        contains(named) && contains("refused at the end of the backward"));
     at::NoGradGuard no_grad;
-    REQUIRE_THROWS_WITH(dtensor::call(m, xl),
-                        contains(named) && contains("refused at the call"));
+    REQUIRE_THROWS_WITH(dtensor::call(m, xl), contains(named) && contains("refused at the call"));
   }
   SECTION("refused after the backward under activation checkpointing (its first forward runs "
           "without autograd; the recompute, inside the backward, checks)") {
@@ -232,10 +236,10 @@ TEST_CASE("capacity dispatch's overflow: refused after the backward or at the ca
     CHECK(at::equal(out.narrow(0, cap, tokens - cap), at::zeros({tokens - cap, d})));
     CHECK(at::equal(xl.grad().narrow(0, cap, tokens - cap), at::zeros({tokens - cap, d})));
     const int64_t local = 8 / ep;
-    CHECK(near(DTensor(m->experts->w1.grad()).to_local(), r.w1.grad().narrow(0, rank() * local,
-                                                                             local)));
-    CHECK(near(DTensor(m->experts->w2.grad()).to_local(), r.w2.grad().narrow(0, rank() * local,
-                                                                             local)));
+    CHECK(near(DTensor(m->experts->w1.grad()).to_local(),
+               r.w1.grad().narrow(0, rank() * local, local)));
+    CHECK(near(DTensor(m->experts->w2.grad()).to_local(),
+               r.w2.grad().narrow(0, rank() * local, local)));
   }
 }
 
@@ -270,9 +274,9 @@ TEST_CASE("float8 dispatch: the experts see each row cast to float8 and back (to
     CHECK(run.bwd_bytes == rows * d * 4 + run.received * d * 4);
   }
   SECTION("capacity dispatch") {
-    EpRun run = check_ep(args, even, false, {},
-                         capacity(static_cast<double>(ep), rows).float8_dispatch(true),
-                         float8_round_trip);
+    EpRun run =
+        check_ep(args, even, false, {},
+                 capacity(static_cast<double>(ep), rows).float8_dispatch(true), float8_round_trip);
     const int64_t head = (local * 8 + d + 4 - 1) / (d + 4); // header rows of D + 4 bytes
     CHECK(run.fwd == a2a(2));
     CHECK(run.fwd_bytes == ep * (head + rows) * (d + 4) + ep * rows * d * 4);

@@ -25,10 +25,10 @@ using dtensor::models::MoEArgs;
 using dtensor::models::MoEImpl;
 using dtensor::models::MoEScore;
 
-
-// The layer's definition, token by token; returns [T, D].
 // What the routed experts see of a token's row (the row itself, or e.g. a float8 round trip).
 using ExpertInput = std::function<at::Tensor(const at::Tensor&)>;
+
+// The layer's definition, token by token; returns [T, D].
 
 inline at::Tensor reference_forward(const at::Tensor& x, MoEImpl& m, const at::Tensor& gate_w,
                                     const at::Tensor& w1, const at::Tensor& w2,
@@ -136,7 +136,6 @@ inline bool near(const at::Tensor& a, const at::Tensor& b) {
 inline MoEArgs small(int64_t experts = 8) {
   return MoEArgs().dim(16).hidden_dim(8).num_experts(experts).top_k(2);
 }
-
 
 inline DeviceMesh ep_mesh_of_world() {
   return init_device_mesh(device_type(), {world()}, {"ep"});
@@ -270,6 +269,5 @@ inline EpRun check_ep(const MoEArgs& a, const std::vector<int64_t>& rows_of, boo
 inline std::string a2a(int64_t n) {
   return "all_to_all " + std::to_string(n);
 }
-
 
 } // namespace moe_test

@@ -46,8 +46,8 @@ int64_t capacity_of(int64_t max_rows, double factor, int64_t ep) {
   if (max_rows <= 0) {
     return 0;
   }
-  const auto c = static_cast<int64_t>(std::ceil(factor * static_cast<double>(max_rows) /
-                                                static_cast<double>(ep)));
+  const auto c = static_cast<int64_t>(
+      std::ceil(factor * static_cast<double>(max_rows) / static_cast<double>(ep)));
   return std::clamp<int64_t>(c, 1, max_rows);
 }
 
@@ -86,8 +86,8 @@ std::pair<at::Tensor, at::Tensor> exchange(const at::Tensor& rows, const at::Ten
   const int64_t local = capped.size(1);
   if (float8) {
     const int64_t w = float8_row_bytes(d), h = header_rows(local, w);
-    Float8Received r = float8_all_to_all(rows.flatten(0, 1),
-                                         header_bytes(capped, h, w).view({ep, h, w}), {}, {}, group);
+    Float8Received r = float8_all_to_all(
+        rows.flatten(0, 1), header_bytes(capped, h, w).view({ep, h, w}), {}, {}, group);
     return {counts_of(r.header, local), r.rows};
   }
   const int64_t row_bytes = d * static_cast<int64_t>(rows.element_size());
@@ -136,8 +136,8 @@ std::pair<at::Tensor, CapacityPlan> capacity_dispatch(const at::Tensor& x, const
   p.overflow = sent - kept;
   // Sender: slot (j, c) <- row first[j] + c, or the appended zero row n.
   at::Tensor slot = at::arange(capacity, idx);
-  at::Tensor take = at::where(slot.unsqueeze(0) < kept.unsqueeze(1),
-                              first.unsqueeze(1) + slot.unsqueeze(0), n);
+  at::Tensor take =
+      at::where(slot.unsqueeze(0) < kept.unsqueeze(1), first.unsqueeze(1) + slot.unsqueeze(0), n);
   at::Tensor rows = at::cat({x, at::zeros({1, d}, x.options())})
                         .index_select(0, take.flatten())
                         .view({ep, capacity, d});
@@ -193,8 +193,9 @@ void refuse_first(const std::vector<OverflowRecord>& records, const at::Tensor& 
     const int64_t local = r.counts.size(0) / ep, rows = over[src][dst].item<int64_t>();
     at::Tensor per = host.select(1, c)[src].narrow(0, ep + dst * local, local);
     std::vector<int64_t> counts(per.data_ptr<int64_t>(), per.data_ptr<int64_t>() + local);
-    DTENSOR_FAIL("ExpertParallel on {} (its experts call {} of the step): ep rank {} routed {} rows to experts "
-                 "{}..{} of ep rank {} (rows per expert [{}]), {} over the capacity of {} rows "
+    DTENSOR_FAIL("ExpertParallel on {} (its experts call {} of the step): ep rank {} routed {} "
+                 "rows to experts {}..{} of ep rank {} (rows per expert [{}]), {} over the "
+                 "capacity of {} rows "
                  "(capacity_factor {} x max_rows {} / ep {}); refused {}, before any optimizer "
                  "step. Raise capacity_factor ({} never overflows), or choose EpOverflow::Drop "
                  "or EpDispatch::Variable",
@@ -243,12 +244,11 @@ void queue_overflow_check() {
   std::lock_guard<std::mutex> lock(o.mutex);
   // After a failed backward its records stay and are checked with this one's: a refusal of
   // rows that went nowhere is the worst a stale record can cause.
-  o.end_of_backward.queue(
-      [] {},
-      [] {
-        overflows().end_of_backward.ran();
-        check_overflow("at the end of the backward");
-      });
+  o.end_of_backward.queue([] {},
+                          [] {
+                            overflows().end_of_backward.ran();
+                            check_overflow("at the end of the backward");
+                          });
 }
 
 void add_device_rows(const at::Tensor& received, const at::Tensor& dropped) {

@@ -18,12 +18,12 @@ int64_t capacity_of(int64_t max_rows, double factor, int64_t ep);
 
 // What one capacity call keeps between its dispatch and its combine.
 struct CapacityPlan {
-  int64_t capacity = 0;      // C
-  at::Tensor source_major;   // [ep*C] received (source-major) row -> its expert-major row
-  at::Tensor return_index;   // [N] this rank's row -> its slot in the returned [ep*C] (+1: none)
-  at::Tensor local_counts;   // [E/ep] rows received for each local expert (int64, device)
-  at::Tensor overflow;       // [ep] rows beyond C this rank routed to each ep rank
-  at::Tensor counts;         // [E] this rank's rows per expert, as routed
+  int64_t capacity = 0;    // C
+  at::Tensor source_major; // [ep*C] received (source-major) row -> its expert-major row
+  at::Tensor return_index; // [N] this rank's row -> its slot in the returned [ep*C] (+1: none)
+  at::Tensor local_counts; // [E/ep] rows received for each local expert (int64, device)
+  at::Tensor overflow;     // [ep] rows beyond C this rank routed to each ep rank
+  at::Tensor counts;       // [E] this rank's rows per expert, as routed
 };
 
 // x [N, D] (rows in expert order, counts [E] of them) -> this rank's experts' rows [ep*C, D],
