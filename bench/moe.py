@@ -186,14 +186,11 @@ def fmt(xs, digits=1):
     return f"{statistics.median(xs):.{digits}f} ({min(xs):.{digits}f}-{max(xs):.{digits}f})"
 
 
-def driver(a):
+def layouts(a, cols):
+    """The table's head, then per layout ("ranks:ep"): ranks, ep, PyTorch's command, dtensor's."""
     model = ["--dim", str(a.dim), "--hidden", str(a.hidden), "--experts", str(a.experts),
              "--top-k", str(a.top_k), "--layers", str(a.layers), "--tokens", str(a.tokens),
              "--steps", str(a.steps), "--warmup", str(a.warmup)]
-    live = ["PyTorch live peak MB", "dtensor live peak MB"] if a.live_bytes else []
-    cols = ["ranks", "ep", "efsdp", "PyTorch ms", "dtensor ms", "dtensor / PyTorch",
-            "dtensor ms, no early exchange", *live, "PyTorch wait us", "dtensor wait us",
-            "dtensor wait us, no early exchange", "all-to-alls per step"]
     print(f"dim {a.dim}, hidden {a.hidden}, {a.experts} experts, top {a.top_k}, "
           f"{a.layers} layers, {a.tokens} tokens per rank, {a.rounds} rounds\n")
     print("| " + " | ".join(cols) + " |")
@@ -201,8 +198,16 @@ def driver(a):
     for layout in a.layouts:
         ranks, ep = (int(v) for v in layout.split(":"))
         tr = [a.torchrun, "--standalone", "--nproc-per-node", str(ranks)]
-        theirs = tr + [__file__, "--worker", "--ep", str(ep)] + model
-        mine = tr + ["--no-python", a.binary, "--ep", str(ep)] + model
+        yield (ranks, ep, tr + [__file__, "--worker", "--ep", str(ep)] + model,
+               tr + ["--no-python", a.binary, "--ep", str(ep)] + model)
+
+
+def driver(a):
+    live = ["PyTorch live peak MB", "dtensor live peak MB"] if a.live_bytes else []
+    cols = ["ranks", "ep", "efsdp", "PyTorch ms", "dtensor ms", "dtensor / PyTorch",
+            "dtensor ms, no early exchange", *live, "PyTorch wait us", "dtensor wait us",
+            "dtensor wait us, no early exchange", "all-to-alls per step"]
+    for ranks, ep, theirs, mine in layouts(a, cols):
         t, d, late = [], [], []
         for _ in range(a.rounds):
             t.append(run(theirs))
@@ -224,22 +229,11 @@ def dispatch_driver(a):
     counts read by the host, early exchange), capacity (factor 1.25, no host read), capacity
     with float8 rows; PyTorch's step as the yardstick. Forward all-to-all kB per layer
     (rank 0: counts, dispatch, combine)."""
-    model = ["--dim", str(a.dim), "--hidden", str(a.hidden), "--experts", str(a.experts),
-             "--top-k", str(a.top_k), "--layers", str(a.layers), "--tokens", str(a.tokens),
-             "--steps", str(a.steps), "--warmup", str(a.warmup)]
     variants = [("variable", []), ("capacity 1.25", ["--capacity-factor", "1.25"]),
                 ("capacity 1.25, float8", ["--capacity-factor", "1.25", "--float8-dispatch"])]
     cols = ["ranks", "ep", "PyTorch ms"] + [f"{n} ms" for n, _ in variants] + \
         [f"{n} / PyTorch" for n, _ in variants] + [f"{n} kB / layer" for n, _ in variants]
-    print(f"dim {a.dim}, hidden {a.hidden}, {a.experts} experts, top {a.top_k}, "
-          f"{a.layers} layers, {a.tokens} tokens per rank, {a.rounds} rounds\n")
-    print("| " + " | ".join(cols) + " |")
-    print("| --- |" + " ---: |" * (len(cols) - 1))
-    for layout in a.layouts:
-        ranks, ep = (int(v) for v in layout.split(":"))
-        tr = [a.torchrun, "--standalone", "--nproc-per-node", str(ranks)]
-        theirs = tr + [__file__, "--worker", "--ep", str(ep)] + model
-        mine = tr + ["--no-python", a.binary, "--ep", str(ep)] + model
+    for ranks, ep, theirs, mine in layouts(a, cols):
         t, d = [], [[] for _ in variants]
         for _ in range(a.rounds):
             t.append(run(theirs))
