@@ -168,7 +168,7 @@ struct Overflows {
   std::mutex mutex;
   std::vector<OverflowRecord> records;
   EndOfBackward end_of_backward;
-  std::vector<at::Tensor> received, dropped;
+  at::Tensor received, dropped; // running sums on the rows' device (no host read per call)
 };
 
 Overflows& overflows() {
@@ -252,28 +252,31 @@ void queue_overflow_check() {
 }
 
 void add_device_rows(const at::Tensor& received, const at::Tensor& dropped) {
+  if (received.is_meta()) {
+    return; // a simulated rank: no values to count
+  }
   Overflows& o = overflows();
   std::lock_guard<std::mutex> lock(o.mutex);
-  o.received.push_back(received.detach());
-  o.dropped.push_back(dropped.detach());
+  if (!o.received.defined()) {
+    o.received = at::zeros({}, received.options());
+    o.dropped = at::zeros({}, dropped.options());
+  }
+  o.received.add_(received.detach());
+  o.dropped.add_(dropped.detach());
 }
 
 std::pair<int64_t, int64_t> take_device_rows() {
-  std::vector<at::Tensor> received, dropped;
+  at::Tensor received, dropped;
   {
     Overflows& o = overflows();
     std::lock_guard<std::mutex> lock(o.mutex);
-    received.swap(o.received);
-    dropped.swap(o.dropped);
+    std::swap(received, o.received);
+    std::swap(dropped, o.dropped);
   }
-  int64_t r = 0, d = 0;
-  for (size_t i = 0; i < received.size(); ++i) {
-    if (!received[i].is_meta()) {
-      r += received[i].sum().item<int64_t>();
-      d += dropped[i].sum().item<int64_t>();
-    }
+  if (!received.defined()) {
+    return {0, 0};
   }
-  return {r, d};
+  return {received.item<int64_t>(), dropped.item<int64_t>()};
 }
 
 } // namespace dtensor::detail::ep
