@@ -4,8 +4,8 @@
 #include <dtensor/expert_parallel.h>
 
 #include <atomic>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <mutex>
 #include <optional>
 
@@ -151,10 +151,6 @@ void shard_experts(torch::nn::Module& experts, const DeviceMesh& mesh) {
     detail::replace_data(p.value(), distribute_tensor(p.value().detach(), mesh, {Shard(0)}));
   }
 }
-
-} // namespace
-
-namespace {
 
 // [Note: capacity dispatch] in capacity_dispatch.cpp; the seam's side of it: the plan kept
 // from the experts' pre-forward to their post-forward, the overflow recorded for the check.

@@ -1,8 +1,6 @@
 // Expert parallelism's token exchange: counts, plan, dispatch and combine.
 #include "parallel/ep/token_dispatch.h"
 
-#include "parallel/ep/float8_dispatch.h"
-
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -11,6 +9,7 @@
 
 #include "internal/check.h"
 #include "mesh/collectives_internal.h"
+#include "parallel/ep/float8_dispatch.h"
 
 namespace dtensor::detail::ep {
 
