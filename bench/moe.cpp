@@ -7,7 +7,8 @@
 //   parallelism: the dense ranks are the whole world ("dp"); the experts over the sparse mesh
 //          (efsdp, ep) with --ep (ExpertParallel, the count exchange started by the router
 //          unless --no-early-exchange; --capacity-factor F: capacity dispatch, no counts
-//          exchange; --float8-dispatch: the dispatched rows as float8), fully_shard of the
+//          exchange; --overlap: its buffers in two overlapped chunks; --float8-dispatch: the
+//          dispatched rows as float8), fully_shard of the
 //          experts over efsdp and of each
 //          block and the root over dp;
 //   step: --tokens rows per rank, loss sum(out * g) / rows, backward, AdamW.
@@ -49,6 +50,7 @@ struct Flags {
   bool early_exchange = true;
   double capacity_factor = 0; // > 0: capacity dispatch with this factor (docs/moe.md)
   bool float8_dispatch = false;
+  bool overlap = false; // capacity dispatch in two overlapped chunks
 };
 
 Flags parse(int argc, char** argv) {
@@ -61,6 +63,10 @@ Flags parse(int argc, char** argv) {
     }
     if (k == "--float8-dispatch") {
       f.float8_dispatch = true;
+      continue;
+    }
+    if (k == "--overlap") {
+      f.overlap = true;
       continue;
     }
     if (k == "--capacity-factor" && i + 1 < argc) {
@@ -149,7 +155,9 @@ int main(int argc, char** argv) {
   for (auto& b : model->blocks) {
     auto options = dtensor::ExpertParallelOptions().float8_dispatch(f.float8_dispatch);
     if (f.capacity_factor > 0) {
-      options.dispatch(dtensor::EpDispatch::Capacity).capacity_factor(f.capacity_factor);
+      options.dispatch(dtensor::EpDispatch::Capacity)
+          .capacity_factor(f.capacity_factor)
+          .overlap(f.overlap);
     }
     dtensor::ExpertParallel style(options);
     style.apply(*b->moe->experts, sparse["ep"]);

@@ -227,9 +227,10 @@ def driver(a):
 def dispatch_driver(a):
     """--dispatch: dtensor's ways of moving the rows, alternating in one run: variable (the
     counts read by the host, early exchange), capacity (factor 1.25, no host read), capacity
-    with float8 rows; PyTorch's step as the yardstick. Forward all-to-all kB per layer
+    in two overlapped chunks, capacity with float8 rows; PyTorch's step as the yardstick. Forward all-to-all kB per layer
     (rank 0: counts, dispatch, combine)."""
     variants = [("variable", []), ("capacity 1.25", ["--capacity-factor", "1.25"]),
+                ("capacity 1.25, overlapped", ["--capacity-factor", "1.25", "--overlap"]),
                 ("capacity 1.25, float8", ["--capacity-factor", "1.25", "--float8-dispatch"])]
     cols = ["ranks", "ep", "PyTorch ms"] + [f"{n} ms" for n, _ in variants] + \
         [f"{n} / PyTorch" for n, _ in variants] + [f"{n} kB / layer" for n, _ in variants]
@@ -256,7 +257,7 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--live-bytes", default=None)
     p.add_argument("--dispatch", action="store_true",
-                   help="compare dtensor's dispatches (variable, capacity, float8)")
+                   help="compare dtensor's dispatches (variable, capacity, overlapped, float8)")
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--experts", type=int, default=8)

@@ -199,11 +199,15 @@ TEST_CASE("activation checkpointing: every layout trains like the plain model, w
       }
       CHECK(with.backward == expected);
     }
-    if (l.fsdp) { // per step, U = 3 units
+    if (l.fsdp) { // per step, U = 3 units; none over a dp dim of one rank
       const int64_t units = blocks + 1;
-      CHECK(none.forward.at("dp all_gather") == units);
-      CHECK(none.backward.at("dp all_gather") == units - 1);
-      CHECK(none.backward.at("dp reduce_scatter") == units);
+      const int64_t dp = l.shape.front();
+      auto count = [](const std::map<std::string, int64_t>& m, const std::string& k) {
+        return m.count(k) != 0 ? m.at(k) : 0;
+      };
+      CHECK(count(none.forward, "dp all_gather") == over(dp, units));
+      CHECK(count(none.backward, "dp all_gather") == over(dp, units - 1));
+      CHECK(count(none.backward, "dp reduce_scatter") == over(dp, units));
     }
   }
 }

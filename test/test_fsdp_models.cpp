@@ -43,15 +43,16 @@ void train_in_parity(M& model, M& ref, const std::function<at::Tensor(M&, int)>&
     {
       CommDebugMode fwd;
       loss = loss_fn(model, step);
-      REQUIRE(fwd.count(CollectiveKind::AllGather) == counts.forward_all_gathers);
-      REQUIRE(fwd.total_count() == counts.forward_all_gathers);
+      REQUIRE(fwd.count(CollectiveKind::AllGather) == over(world(), counts.forward_all_gathers));
+      REQUIRE(fwd.total_count() == over(world(), counts.forward_all_gathers));
     }
     {
       CommDebugMode bwd;
       loss.backward();
-      REQUIRE(bwd.count(CollectiveKind::AllGather) == counts.backward_all_gathers);
-      REQUIRE(bwd.count(CollectiveKind::ReduceScatter) == counts.reduce_scatters);
-      REQUIRE(bwd.total_count() == counts.backward_all_gathers + counts.reduce_scatters);
+      REQUIRE(bwd.count(CollectiveKind::AllGather) == over(world(), counts.backward_all_gathers));
+      REQUIRE(bwd.count(CollectiveKind::ReduceScatter) == over(world(), counts.reduce_scatters));
+      REQUIRE(bwd.total_count() ==
+              over(world(), counts.backward_all_gathers + counts.reduce_scatters));
     }
     auto ref_loss = loss_fn(ref, step);
     ref_loss.backward();
@@ -182,6 +183,8 @@ TEST_CASE("fsdp models: MixtureOfExperts, experts on a group of one",
     return m->get_loss(input, m->forward(input[0]));
   };
   // Expert gradients stay local (every rank has its own expert); the others are averaged.
+  // The root and the shared unit's counts: the expert's unit, on a group of one, aliases
+  // and issues none (PyTorch's FSDP2 none either).
   auto is_expert = [&](const at::Tensor& p) { return ref->is_expert_param(p); };
-  train_in_parity<MixtureOfExperts>(model, ref, loss_fn, {3, 2, 3}, is_expert);
+  train_in_parity<MixtureOfExperts>(model, ref, loss_fn, {2, 1, 2}, is_expert);
 }

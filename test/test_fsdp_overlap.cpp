@@ -156,7 +156,7 @@ StepLog run_step(Model& m, int step, torch::optim::SGD& opt) {
 } // namespace
 
 TEST_CASE("fsdp overlap: the next unit's all-gather is issued while this one computes",
-          "[fsdp_overlap][world1][world2][world4]") {
+          "[fsdp_overlap][world2][world4]") {
   Model on = make_model(true);
   Model off = make_model(false);
   Plain plain = make_plain();
@@ -229,7 +229,7 @@ TEST_CASE("fsdp overlap: the next unit's all-gather is issued while this one com
 }
 
 TEST_CASE("fsdp overlap: memory stays within the bound of docs/fsdp.md",
-          "[fsdp_overlap][world1][world2][world4]") {
+          "[fsdp_overlap][world2][world4]") {
   Model on = make_model(true);
   torch::optim::SGD opt(on.seq->parameters(), 0.1);
   run_step(on, 0, opt);

@@ -100,19 +100,19 @@ TEST_CASE("fully_shard: MLPStack matches replicate, with PyTorch's collective co
       {
         CommDebugMode fwd;
         loss = loss_of(model, batch(rank(), step));
-        REQUIRE(fwd.count(CollectiveKind::AllGather) == k + 1);
-        REQUIRE(fwd.total_count() == k + 1);
+        REQUIRE(fwd.count(CollectiveKind::AllGather) == over(world(), k + 1));
+        REQUIRE(fwd.total_count() == over(world(), k + 1));
       }
       // Memory: the blocks' unsharded parameters are freed after forward, the root's kept.
       for (auto& b : blocks) {
-        REQUIRE((b.unsharded_storage_bytes() == 0) == reshard_after_forward);
+        REQUIRE((b.unsharded_storage_bytes() == 0) == (reshard_after_forward || world() == 1));
       }
-      REQUIRE(root.unsharded_storage_bytes() > 0);
+      REQUIRE((root.unsharded_storage_bytes() > 0) == (world() > 1)); // one rank: aliased
       {
         CommDebugMode bwd;
         loss.backward();
-        REQUIRE(bwd.count(CollectiveKind::AllGather) == (reshard_after_forward ? k : 0));
-        REQUIRE(bwd.count(CollectiveKind::ReduceScatter) == k + 1);
+        REQUIRE(bwd.count(CollectiveKind::AllGather) == over(world(), reshard_after_forward ? k : 0));
+        REQUIRE(bwd.count(CollectiveKind::ReduceScatter) == over(world(), k + 1));
         REQUIRE(bwd.count(CollectiveKind::AllReduce) == 0);
       }
       for (auto& b : blocks) {
@@ -153,9 +153,9 @@ TEST_CASE("fully_shard: HSDP on a (replicate, shard) mesh matches replicate",
     auto loss = loss_of(s.model, batch(rank(), step));
     loss.backward();
     // One reduce-scatter over "shard" and one all-reduce over "replicate" per unit.
-    REQUIRE(mode.count("shard", CollectiveKind::ReduceScatter) == 4);
+    REQUIRE(mode.count("shard", CollectiveKind::ReduceScatter) == over(hsdp.size(1), 4));
     REQUIRE(mode.count("replicate", CollectiveKind::AllReduce) == 4);
-    REQUIRE(mode.count(CollectiveKind::AllGather) == 4 + 3);
+    REQUIRE(mode.count(CollectiveKind::AllGather) == over(hsdp.size(1), 4 + 3));
     auto ref_loss = loss_of(*ref, batch(rank(), step));
     ref_loss.backward();
     REQUIRE(close(loss, ref_loss));
@@ -163,6 +163,64 @@ TEST_CASE("fully_shard: HSDP on a (replicate, shard) mesh matches replicate",
     ref_opt.step();
     require_same_params(*s.model, **ref);
   }
+}
+
+// What [Note: one-rank shard groups alias] (lib/parallel/fsdp/param_group.cpp) promises:
+// over a shard group of one rank no all-gather or reduce-scatter is issued (as PyTorch's
+// FSDP2), HSDP's all-reduce still is (over one replica too, as FSDP2's), and no unit ever holds an unsharded copy: the only
+// buffer is one unit's flat gradient at a time. With a cast (bf16 parameters) the unit
+// holds its cast copy, still without a collective. Values: replicate (DDP) as the judge.
+TEST_CASE("fully_shard: a shard group of one rank aliases the shard and issues nothing over it",
+          "[fully_shard][world1][world2][world4]") {
+  auto dp = init_device_mesh(device_type(), {world()}, {"dp"});
+  auto hsdp = init_device_mesh(device_type(), {world(), 1}, {"replicate", "shard"});
+  auto ref = replicated_mlp_stack(dp);
+  auto s = sharded_mlp_stack(FullyShardOptions().mesh(hsdp));
+  int64_t largest_unit = 0; // bytes of the largest unit's parameters (the blocks')
+  for (size_t i = 0; i < 3; ++i) {
+    int64_t bytes = 0;
+    for (const auto& p : s.model[i]->parameters()) {
+      bytes += p.numel() * static_cast<int64_t>(p.element_size());
+    }
+    largest_unit = std::max(largest_unit, bytes);
+  }
+  torch::optim::SGD opt(s.model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  for (int step = 0; step < 2; ++step) {
+    opt.zero_grad();
+    ref_opt.zero_grad();
+    dtensor::reset_fsdp_peak_memory();
+    CommDebugMode mode;
+    auto loss = loss_of(s.model, batch(rank(), step));
+    REQUIRE(s.root.is_unsharded());
+    REQUIRE(s.root.unsharded_storage_bytes() == 0);
+    loss.backward();
+    REQUIRE(mode.count(CollectiveKind::AllGather) == 0);
+    REQUIRE(mode.count(CollectiveKind::ReduceScatter) == 0);
+    REQUIRE(mode.count("replicate", CollectiveKind::AllReduce) == 4); // also on one rank
+    REQUIRE(mode.total_count() == 4);
+    const dtensor::FSDPMemoryStats stats = dtensor::fsdp_memory_stats();
+    REQUIRE(stats.unsharded_bytes == 0);
+    REQUIRE(stats.peak_bytes == largest_unit);
+    auto ref_loss = loss_of(*ref, batch(rank(), step));
+    ref_loss.backward();
+    REQUIRE(close(loss, ref_loss));
+    opt.step();
+    ref_opt.step();
+    require_same_params(*s.model, **ref);
+  }
+  auto mp = dtensor::MixedPrecisionPolicy().param_dtype(at::kBFloat16);
+  auto cast = sharded_mlp_stack(FullyShardOptions().mesh(hsdp).mp_policy(mp));
+  CommDebugMode mode;
+  cast.blocks[0].unshard();
+  REQUIRE(mode.total_count() == 0);
+  int64_t first_numel = 0;
+  for (const auto& p : cast.model[0]->parameters()) {
+    first_numel += p.numel();
+  }
+  REQUIRE(cast.blocks[0].unsharded_storage_bytes() == 2 * first_numel); // its bf16 copy
+  cast.blocks[0].reshard();
+  REQUIRE(cast.blocks[0].unsharded_storage_bytes() == 0);
 }
 
 TEST_CASE("fully_shard: gradient accumulation without sync, and keeping parameters unsharded",
@@ -176,7 +234,7 @@ TEST_CASE("fully_shard: gradient accumulation without sync, and keeping paramete
     CommDebugMode mode;
     loss_of(s.model, batch(rank(), 0)).backward();
     REQUIRE(mode.count(CollectiveKind::ReduceScatter) == 0);
-    REQUIRE(mode.count(CollectiveKind::AllGather) == 4 + 3);
+    REQUIRE(mode.count(CollectiveKind::AllGather) == over(world(), 4 + 3));
   }
   REQUIRE(s.root.is_unsharded());
   REQUIRE_FALSE(s.model->parameters()[0].grad().defined()); // kept unsharded inside the unit
@@ -186,8 +244,8 @@ TEST_CASE("fully_shard: gradient accumulation without sync, and keeping paramete
     loss_of(s.model, batch(rank(), 1)).backward();
     // Everything was still unsharded: no all-gather in forward; the blocks reshard after
     // forward as usual and are gathered again in backward.
-    REQUIRE(mode.count(CollectiveKind::AllGather) == 3);
-    REQUIRE(mode.count(CollectiveKind::ReduceScatter) == 4);
+    REQUIRE(mode.count(CollectiveKind::AllGather) == over(world(), 3));
+    REQUIRE(mode.count(CollectiveKind::ReduceScatter) == over(world(), 4));
   }
   loss_of(*ref, batch(rank(), 0)).backward();
   loss_of(*ref, batch(rank(), 1)).backward();
@@ -205,15 +263,15 @@ TEST_CASE("fully_shard: explicit unshard and reshard", "[fully_shard][world1][wo
   {
     CommDebugMode mode;
     s.blocks[0].unshard();
-    REQUIRE(mode.count(CollectiveKind::AllGather) == 1);
+    REQUIRE(mode.count(CollectiveKind::AllGather) == over(world(), 1));
   }
   REQUIRE(s.blocks[0].is_unsharded());
-  REQUIRE(s.blocks[0].unsharded_storage_bytes() > 0);
+  REQUIRE((s.blocks[0].unsharded_storage_bytes() > 0) == (world() > 1));
   {
     torch::NoGradGuard no_grad;
     CommDebugMode mode;
     s.model->forward(batch(rank(), 0)); // block 0 is already unsharded
-    REQUIRE(mode.count(CollectiveKind::AllGather) == 3);
+    REQUIRE(mode.count(CollectiveKind::AllGather) == over(world(), 3));
   }
   s.root.reshard();
   REQUIRE(s.root.unsharded_storage_bytes() == 0);
@@ -438,17 +496,17 @@ TEST_CASE("fully_shard: prefetch lists keep the counts and gather ahead",
     torch::NoGradGuard no_grad;
     // The first op on block 0 gathers it and, right after, blocks 1 and 2.
     s.model[0]->as<dtensor::models::MLPImpl>()->in_proj->forward(batch(rank(), 0));
-    REQUIRE(mode.count(CollectiveKind::AllGather) == 3);
+    REQUIRE(mode.count(CollectiveKind::AllGather) == over(world(), 3));
     REQUIRE(s.blocks[1].is_unsharded());
     REQUIRE(s.blocks[2].is_unsharded());
   }
   mode.reset();
   auto loss = loss_of(s.model, batch(rank(), 0)); // only the root is left to gather
-  REQUIRE(mode.count(CollectiveKind::AllGather) == 1);
+  REQUIRE(mode.count(CollectiveKind::AllGather) == over(world(), 1));
   mode.reset();
   loss.backward(); // block 2's refill brings blocks 1 and 0 along
-  REQUIRE(mode.count(CollectiveKind::AllGather) == 3);
-  REQUIRE(mode.count(CollectiveKind::ReduceScatter) == 4);
+  REQUIRE(mode.count(CollectiveKind::AllGather) == over(world(), 3));
+  REQUIRE(mode.count(CollectiveKind::ReduceScatter) == over(world(), 4));
 }
 
 TEST_CASE("fully_shard: gradient divide factor, offload policy and ignored parameters",

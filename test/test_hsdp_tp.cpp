@@ -58,6 +58,7 @@ TEST_CASE("HSDP x TP: parity with the plain model, exact counts, checkpoint to 2
         init_device_mesh(device_type(), shape, {"dp_replicate", "dp_shard", "tp"});
     INFO("mesh " << mesh.to_string());
     const int64_t tp = mesh.size(2);
+    const int64_t ds = mesh.size(1); // dp_shard: fully_shard issues nothing over one rank
     Transformer model = hsdp_tp(mesh);
     torch::manual_seed(0);
     Transformer ref(small_transformer_args(0.0));
@@ -95,10 +96,10 @@ TEST_CASE("HSDP x TP: parity with the plain model, exact counts, checkpoint to 2
       CommDebugMode forward;
       auto logits = model->forward(tokens.narrow(0, index * rows, rows));
       auto loss = torch::nn::functional::cross_entropy(whole(logits).view({-1, kVocab}), my_targets);
-      CHECK(forward.count("dp_shard", CollectiveKind::AllGather) == kUnits);
+      CHECK(forward.count("dp_shard", CollectiveKind::AllGather) == over(ds, kUnits));
       CHECK(forward.count("tp", CollectiveKind::AllGather) == 0);
       CHECK(forward.count("tp", CollectiveKind::AllReduce) == over(tp, 2 + 2 * 2));
-      CHECK(forward.total_count() == kUnits + over(tp, 6));
+      CHECK(forward.total_count() == over(ds, kUnits) + over(tp, 6));
 
       // Backward: the blocks (resharded after forward; the root is not) all-gathered again
       // over dp_shard; per unit one reduce-scatter over dp_shard and one all-reduce over
@@ -106,11 +107,11 @@ TEST_CASE("HSDP x TP: parity with the plain model, exact counts, checkpoint to 2
       // (attention's, the MLP's: Partial input gradients).
       CommDebugMode backward;
       loss.backward();
-      CHECK(backward.count("dp_shard", CollectiveKind::AllGather) == kUnits - 1);
-      CHECK(backward.count("dp_shard", CollectiveKind::ReduceScatter) == kUnits);
+      CHECK(backward.count("dp_shard", CollectiveKind::AllGather) == over(ds, kUnits - 1));
+      CHECK(backward.count("dp_shard", CollectiveKind::ReduceScatter) == over(ds, kUnits));
       CHECK(backward.count("dp_replicate", CollectiveKind::AllReduce) == kUnits);
       CHECK(backward.count("tp", CollectiveKind::AllReduce) == over(tp, 2 * 2));
-      CHECK(backward.total_count() == 3 * kUnits - 1 + over(tp, 4));
+      CHECK(backward.total_count() == over(ds, 2 * kUnits - 1) + kUnits + over(tp, 4));
 
       // clip_grad_norm_: one all-reduce per mesh dim some gradient is sharded over (tp and
       // dp_shard, unless of one rank; none over dp_replicate, where all is replicated).

@@ -252,12 +252,12 @@ TEST_CASE("module seam: fully_shard's events; one pre-backward and one backward 
       const at::Tensor x = at::randn({3, 6});
       CommDebugMode mode;
       at::Tensor loss = dtensor::call(model, x).pow(2).sum();
-      CHECK(mode.count(CollectiveKind::AllGather) == 3); // one per unit
+      CHECK(mode.count(CollectiveKind::AllGather) == over(world(), 3)); // one per unit
       loss.backward();
       // Through the seam the last block reshards at its exit (FSDP2) and is gathered again in
       // backward, as the first one is; driven by the ops it stays unsharded until backward.
-      CHECK(mode.count(CollectiveKind::AllGather) == 3 + (seam ? 2 : 1));
-      CHECK(mode.count(CollectiveKind::ReduceScatter) == 3);
+      CHECK(mode.count(CollectiveKind::AllGather) == over(world(), 3 + (seam ? 2 : 1)));
+      CHECK(mode.count(CollectiveKind::ReduceScatter) == over(world(), 3));
       CHECK(pre_backwards == (seam ? 2 * (step + 1) : 0));
       // The plain model on every rank's batch: fully_shard averages over the ranks.
       for (int r = 0; r < world(); ++r) {

@@ -17,8 +17,8 @@
 //    for bit (the padding rows left out of the float8 products).
 //  - world2: no host read between the router and the combine: the layer's forward and backward
 //    run under a guard that records reads of tensor values by the host (item, a device tensor
-//    copied to the CPU, nonzero); none with capacity dispatch, some with variable dispatch (the
-//    guard works). Reads inside the grouped product are its CPU kernel's (CUDA's takes device
+//    copied to the CPU, nonzero); none with capacity dispatch (overlapped chunks too), some with
+//    variable dispatch (the guard works). Reads inside the grouped product are its CPU kernel's (CUDA's takes device
 //    offsets).
 #include <atomic>
 
@@ -320,12 +320,15 @@ TEST_CASE("capacity dispatch reads no tensor value on the host between the route
   DeviceMesh mesh = ep_mesh_of_world();
   at::manual_seed(4);
   at::Tensor x = at::randn({12, 16}).requires_grad_();
-  for (const bool with_capacity : {true, false}) {
-    INFO((with_capacity ? "capacity" : "variable"));
+  const std::vector<std::pair<std::string, ExpertParallelOptions>> modes = {
+      {"capacity", capacity(2.0).overflow(EpOverflow::Drop)},
+      {"capacity, overlapped chunks", capacity(2.0).overflow(EpOverflow::Drop).overlap(true)},
+      {"variable", ExpertParallelOptions()}};
+  for (const auto& [how, options] : modes) {
+    INFO(how);
+    const bool with_capacity = options.dispatch() == EpDispatch::Capacity;
     MoE m = make_moe(small().num_shared_experts(1), 9);
-    ExpertParallel(with_capacity ? capacity(2.0).overflow(EpOverflow::Drop)
-                                 : ExpertParallelOptions())
-        .apply(*m->experts, mesh);
+    ExpertParallel(options).apply(*m->experts, mesh);
     std::vector<std::string> reads;
     {
       HostReadGuard guard;

@@ -91,6 +91,7 @@ const std::vector<Key>& keys() {
       {"parallelism.expert_parallel_capacity_factor", "--ep-capacity-factor", Kind::Number},
       {"parallelism.expert_parallel_overflow", "--ep-overflow", Kind::String},
       {"parallelism.expert_parallel_float8_dispatch", "--ep-float8-dispatch", Kind::Bool},
+      {"parallelism.expert_parallel_overlap", "--ep-overlap", Kind::Bool},
       {"parallelism.pipeline_parallel_schedule", "--pp-schedule", Kind::String},
       {"parallelism.pipeline_parallel_microbatches", "--microbatches", Kind::Int},
       {"activation_checkpoint.mode", "--ac", Kind::String},

@@ -84,6 +84,7 @@ struct Flags {
   std::string ep_dispatch = "variable", ep_overflow = "refuse";
   double ep_capacity_factor = 1.25;
   bool ep_float8_dispatch = false; // the dispatched rows as float8 (D + 4 bytes a row)
+  bool ep_overlap = false;          // capacity: two chunks, one's experts while the other travels
   // --data: files of documents (empty: the built-in paragraph), their format, a tokenizer.json
   // (empty: a SentencePiece BPE trained on them); the validation loss every val_every steps
   // over val_steps global batches of the held-out documents (recipe_data.h).
@@ -176,6 +177,10 @@ inline FlagTable flag_table(Flags& f) {
               "the rows dispatched to the experts' ranks as float8 with a scale per row (D + 4 "
               "bytes a row; the combine in the activation dtype)",
               f.ep_float8_dispatch)
+      .toggle("--ep-overlap",
+              "capacity: each experts call in two chunks, one chunk's experts computing while "
+              "the other's rows travel, forward and backward (docs/moe.md)",
+              f.ep_overlap)
       .value("--ep-overflow",
              "capacity: rows past a buffer stop the step with their counts (refuse) or are "
              "dropped (drop)",

@@ -27,8 +27,8 @@ namespace dtensor::train {
 
 namespace {
 
-// --ep with its dispatch: variable, or capacity with its factor and overflow, either with
-// float8 rows (docs/moe.md). The
+// --ep with its dispatch: variable, or capacity with its factor, overflow and overlapped
+// chunks, either with float8 rows (docs/moe.md). The
 // ranks of an ep group call the experts with the same rows (the same microbatch shape), so
 // the buffers are sized from each call's rows.
 models::MoEParallel moe_parallel(const Flags& f) {
@@ -37,7 +37,8 @@ models::MoEParallel moe_parallel(const Flags& f) {
   if (f.ep_dispatch == "capacity") {
     options.dispatch(EpDispatch::Capacity)
         .capacity_factor(f.ep_capacity_factor)
-        .overflow(f.ep_overflow == "drop" ? EpOverflow::Drop : EpOverflow::Refuse);
+        .overflow(f.ep_overflow == "drop" ? EpOverflow::Drop : EpOverflow::Refuse)
+        .overlap(f.ep_overlap);
   }
   return {f.ep, options};
 }

@@ -61,6 +61,13 @@ void check_ep(const Flags& f) {
     usage("--ep-capacity-factor " + std::to_string(f.ep_capacity_factor) +
           " must be a positive number (capacity dispatch's buffers hold it x a rank's rows / ep)");
   }
+  if (f.ep_overlap && f.ep_dispatch != "capacity") {
+    usage("--ep-overlap splits capacity dispatch's buffers into two chunks: it needs "
+          "--ep-dispatch capacity");
+  }
+  if (f.ep_overlap && f.ep_float8_dispatch) {
+    usage("--ep-overlap with --ep-float8-dispatch is not supported yet: choose one");
+  }
   if (f.ep == 1) {
     return;
   }

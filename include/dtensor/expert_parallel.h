@@ -72,6 +72,11 @@ struct ExpertParallelOptions {
   // power-of-two fp32 scale of its own (torchao's rowwise cast), D + 4 bytes a row on the wire,
   // and back in their dtype on arrival. The combine and every gradient stay in the rows' dtype.
   TORCH_ARG(bool, float8_dispatch) = false;
+  // Capacity dispatch: each call's rows travel in two chunks of the capacity slots, the experts
+  // computing one chunk while the other's rows are in flight, in forward and in backward
+  // ([Note: overlapped chunks] in lib/parallel/ep/expert_parallel.cpp). The same values; per
+  // call 4 all-to-alls forward and 4 backward, of half the rows each.
+  TORCH_ARG(bool, overlap) = false;
 };
 
 // What the style measured (this process, since the last reset_ep_stats()).

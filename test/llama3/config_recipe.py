@@ -35,7 +35,8 @@ usage: config_recipe.py TORCHRUN TRAIN CONFIGS FORTUNES_DIR OUTDIR
   choices, a TOML syntax error (with its line), an unknown `--section.key`, keep_latest_k 1,
   a selective_ac_option that is neither "op" nor a number, a reduction dtype other than
   float32, a dataset torchtitan does not name (and c4 without its path), a model.name
-  this recipe lacks, a capacity factor of 0 for expert parallelism's capacity dispatch.
+  this recipe lacks, a capacity factor of 0 for expert parallelism's capacity dispatch,
+  overlapped chunks without capacity dispatch.
 - Capacity dispatch with buffers too small (--ep-capacity-factor 0.1, 2 ranks, ep 2): the
   first step stops at the end of its backward, naming the rows over the capacity.
 """
@@ -436,6 +437,8 @@ def main():
     ok &= refused(train, out, "capacity_factor", "[parallelism]\nexpert_parallel_dispatch = "
                   "\"capacity\"\nexpert_parallel_capacity_factor = 0.0\n",
                   ["--ep-capacity-factor 0", "must be a positive number"])
+    ok &= refused(train, out, "overlap", "[parallelism]\nexpert_parallel_overlap = true\n",
+                  ["--ep-overlap splits capacity dispatch's buffers", "--ep-dispatch capacity"])
     ok &= overflow_refused(torchrun, train, out)
     ok &= refused(train, out, "dataset", "[training]\ndataset = \"openwebtext\"\n",
                   ["training.dataset", "\"openwebtext\" is not one of", "c4_test"])

@@ -16,8 +16,8 @@ hash of each row at its global index). Over 40 steps the loss must fall (the las
 mean below 0.85 of the first 5's) and the validation loss too (step 39's below step 19's).
 Then pipeline parallelism with the other dimensions inside its stages, 3 steps each against the
 same 1-rank runs: Llama, pp 2 x cp 2 x tp 2, and the MoE model, pp 2 x dp_shard 2 x tp 2 with
-ep 4 (the experts' all-to-alls inside each stage), by capacity dispatch (factor 4 = ep: room
-for every row, so the same values). Then the pp run's step-20 checkpoint is resumed on 4 ranks as dp_shard 4 (another mesh, other
+ep 4 (the experts' all-to-alls inside each stage), by capacity dispatch in overlapped chunks
+(factor 4 = ep: room for every row, so the same values). Then the pp run's step-20 checkpoint is resumed on 4 ranks as dp_shard 4 (another mesh, other
 data-parallel splits): steps 20-22 must load the same global batches, token for token (equal
 digests), and their losses equal the pp run's within 1e-4. Last, the MoE model in bf16 mixed
 precision for 3 steps on dp_shard 4 x tp 2 with ep 4 against one rank, within 1e-3.
@@ -95,9 +95,9 @@ def main():
     # Pipeline stages with context parallelism, and with expert parallelism, inside.
     for label, extra, judge in (
             ("pp2 x cp2 x tp2", ["--pp", "2", "--cp", "2", "--mesh", "1x1x2"], dense1),
-            ("deepseek-v3 pp2 x dp_shard2 x tp2, ep4 capacity dispatch",
+            ("deepseek-v3 pp2 x dp_shard2 x tp2, ep4 capacity dispatch, overlapped chunks",
              moe_flags + ["--pp", "2", "--mesh", "1x2x2", "--ep", "4", "--ep-dispatch",
-                          "capacity", "--ep-capacity-factor", "4"], moe1)):
+                          "capacity", "--ep-capacity-factor", "4", "--ep-overlap"], moe1)):
         got = run(8, extra, 3)
         ok = check_first_steps(label, got, judge) and len(got) == 3 and ok
     # The MoE model under fully_shard's mixed precision (bf16 parameters, fp32 reductions; the

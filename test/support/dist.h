@@ -14,8 +14,9 @@ namespace dtensor::testing {
 
 inline int rank() { return dtensor::get_rank(); }
 inline int world() { return dtensor::get_world_size(); }
-// The collectives a redistribution issues over a group of `group_size` ranks: `n`, or none on
-// one rank ([Note: one-rank mesh dimensions communicate nothing], transitions.cpp).
+// The collectives a redistribution or fully_shard issues over a group of `group_size` ranks:
+// `n`, or none on one rank ([Note: one-rank mesh dimensions communicate nothing],
+// transitions.cpp; [Note: one-rank shard groups alias], lib/parallel/fsdp/param_group.cpp).
 inline int64_t over(int64_t group_size, int64_t n) { return group_size > 1 ? n : 0; }
 
 // cuda when the run uses NCCL (a GPU visible and a CUDA build), cpu otherwise.

@@ -13,6 +13,7 @@
 #include "internal/check.h"
 #include "mesh/collectives_internal.h"
 #include "parallel/end_of_backward.h"
+#include "parallel/ep/async_all_to_all.h"
 #include "parallel/ep/float8_dispatch.h"
 #include "parallel/ep/token_dispatch.h"
 
@@ -78,11 +79,30 @@ at::Tensor counts_of(const at::Tensor& header, int64_t local) {
       .view(at::kLong);
 }
 
+// The payload of one exchange: each rank's header of `capped` counts, then its `rows` [ep, C, D],
+// in the rows' dtype; and the header's rows.
+std::pair<at::Tensor, int64_t> payload_of(const at::Tensor& rows, const at::Tensor& capped) {
+  const int64_t ep = rows.size(0), d = rows.size(2);
+  const int64_t row_bytes = d * static_cast<int64_t>(rows.element_size());
+  const int64_t h = header_rows(capped.size(1), row_bytes);
+  at::Tensor header = header_bytes(capped, h, row_bytes).view(rows.scalar_type()).view({ep, h, d});
+  return {at::cat({header, rows}, 1).flatten(0, 1), h};
+}
+
+// A received payload -> the counts [ep, local] and the rows [ep*C, D].
+std::pair<at::Tensor, at::Tensor> parse_payload(const at::Tensor& received, int64_t ep, int64_t h,
+                                                int64_t local) {
+  const int64_t d = received.size(1);
+  at::Tensor r = received.view({ep, -1, d});
+  const int64_t capacity = r.size(1) - h;
+  return {counts_of(r.narrow(1, 0, h), local), r.narrow(1, h, capacity).reshape({ep * capacity, d})};
+}
+
 // Sends `rows` [ep, C, D] with the header of `capped` counts before each rank's: the received
 // counts [ep, local] and rows [ep*C, D], in x's dtype or, with float8, as float8 on the wire.
 std::pair<at::Tensor, at::Tensor> exchange(const at::Tensor& rows, const at::Tensor& capped,
                                            bool float8, const Group& group) {
-  const int64_t ep = rows.size(0), capacity = rows.size(1), d = rows.size(2);
+  const int64_t ep = rows.size(0), d = rows.size(2);
   const int64_t local = capped.size(1);
   if (float8) {
     const int64_t w = float8_row_bytes(d), h = header_rows(local, w);
@@ -90,14 +110,9 @@ std::pair<at::Tensor, at::Tensor> exchange(const at::Tensor& rows, const at::Ten
         rows.flatten(0, 1), header_bytes(capped, h, w).view({ep, h, w}), {}, {}, group);
     return {counts_of(r.header, local), r.rows};
   }
-  const int64_t row_bytes = d * static_cast<int64_t>(rows.element_size());
-  const int64_t h = header_rows(local, row_bytes);
-  at::Tensor header = header_bytes(capped, h, row_bytes).view(rows.scalar_type()).view({ep, h, d});
-  at::Tensor payload = at::cat({header, rows}, 1).flatten(0, 1);
-  at::Tensor received =
-      all_to_all_autograd(payload, {}, {}, group, /*checked=*/false).view({ep, h + capacity, d});
-  return {counts_of(received.narrow(1, 0, h), local),
-          received.narrow(1, h, capacity).reshape({ep * capacity, d})};
+  auto [payload, h] = payload_of(rows, capped);
+  return parse_payload(all_to_all_autograd(payload, {}, {}, group, /*checked=*/false), ep, h,
+                       local);
 }
 
 // Received row (source s, row i < C) -> its expert-major position among the ep*C rows.
@@ -120,46 +135,109 @@ at::Tensor expert_major_positions(const at::Tensor& got, int64_t capacity) {
 
 } // namespace
 
-std::pair<at::Tensor, CapacityPlan> capacity_dispatch(const at::Tensor& x, const at::Tensor& counts,
-                                                      int64_t capacity, bool float8,
-                                                      const Group& group) {
+CapacitySend capacity_send(const at::Tensor& x, const at::Tensor& counts, int64_t capacity,
+                           const Group& group) {
   const int64_t ep = group.size(), local = counts.size(0) / ep, n = x.size(0), d = x.size(1);
   const auto idx = counts.options();
-  CapacityPlan p;
+  CapacitySend p;
   p.capacity = capacity;
   p.counts = counts.detach();
   at::Tensor per = p.counts.view({ep, local});
   at::Tensor sent = per.sum(1);
   at::Tensor first = sent.cumsum(0) - sent;
-  at::Tensor capped = at::minimum(per, (capacity - (per.cumsum(1) - per)).clamp_min(0));
-  at::Tensor kept = capped.sum(1);
+  p.capped = at::minimum(per, (capacity - (per.cumsum(1) - per)).clamp_min(0));
+  at::Tensor kept = p.capped.sum(1);
   p.overflow = sent - kept;
   // Sender: slot (j, c) <- row first[j] + c, or the appended zero row n.
   at::Tensor slot = at::arange(capacity, idx);
   at::Tensor take =
       at::where(slot.unsqueeze(0) < kept.unsqueeze(1), first.unsqueeze(1) + slot.unsqueeze(0), n);
-  at::Tensor rows = at::cat({x, at::zeros({1, d}, x.options())})
-                        .index_select(0, take.flatten())
-                        .view({ep, capacity, d});
-  auto [got, mine] = exchange(rows, capped, float8, group);
+  p.rows = at::cat({x, at::zeros({1, d}, x.options())})
+               .index_select(0, take.flatten())
+               .view({ep, capacity, d});
   // Where each of this rank's rows comes back: its destination's slot, or nowhere.
   at::Tensor dest =
       at::searchsorted(sent.cumsum(0), at::arange(n, idx), /*out_int32=*/false, /*right=*/true);
   at::Tensor place = at::arange(n, idx) - first.index_select(0, dest);
   p.return_index = at::where(place < capacity, dest * capacity + place, ep * capacity);
-  // Receiver: the experts' rows in expert-major order.
-  p.source_major = expert_major_positions(got, capacity);
-  at::Tensor order =
-      at::empty_like(p.source_major).scatter_(0, p.source_major, at::arange(ep * capacity, idx));
-  p.local_counts = got.sum(0);
-  return {mine.index_select(0, order), std::move(p)};
+  return p;
+}
+
+namespace {
+
+// The counts of the rows in slots [begin, end) of each destination, by its experts.
+at::Tensor capped_in(const at::Tensor& capped, int64_t begin, int64_t end) {
+  at::Tensor last = capped.cumsum(1);
+  return last.clamp(begin, end) - (last - capped).clamp(begin, end);
+}
+
+// The receiver's side of a chunk from its counts and rows: the rows expert-major.
+std::pair<at::Tensor, CapacityChunk> receive(const at::Tensor& got, const at::Tensor& mine,
+                                             int64_t slots) {
+  CapacityChunk c;
+  c.slots = slots;
+  c.source_major = expert_major_positions(got, slots);
+  at::Tensor order = at::empty_like(c.source_major)
+                         .scatter_(0, c.source_major,
+                                   at::arange(c.source_major.numel(), c.source_major.options()));
+  c.local_counts = got.sum(0);
+  return {mine.index_select(0, order), std::move(c)};
+}
+
+} // namespace
+
+std::pair<at::Tensor, CapacityChunk> capacity_exchange(const CapacitySend& send, int64_t begin,
+                                                       int64_t end, bool float8,
+                                                       const Group& group) {
+  auto [got, mine] = exchange(send.rows.narrow(1, begin, end - begin),
+                              capped_in(send.capped, begin, end), float8, group);
+  return receive(got, mine, end - begin);
+}
+
+StartedChunk start_capacity_exchange(const CapacitySend& send, int64_t begin, int64_t end,
+                                     const Group& group) {
+  auto [payload, h] =
+      payload_of(send.rows.narrow(1, begin, end - begin), capped_in(send.capped, begin, end));
+  return {start_all_to_all(payload, {}, {}, group), h, end - begin, send.capped.size(1)};
+}
+
+std::pair<at::Tensor, CapacityChunk> finish_capacity_exchange(StartedChunk& started,
+                                                              const Group& group) {
+  auto [got, mine] =
+      parse_payload(started.a2a.wait(), group.size(), started.header, started.local);
+  return receive(got, mine, started.slots);
+}
+
+PendingAllToAll start_capacity_return(const at::Tensor& y, const CapacityChunk& chunk,
+                                      const Group& group) {
+  return start_all_to_all(y.index_select(0, chunk.source_major), {}, {}, group);
+}
+
+at::Tensor capacity_gather(const CapacitySend& send, const std::vector<at::Tensor>& returned) {
+  const int64_t ep = send.rows.size(0);
+  std::vector<at::Tensor> slots;
+  for (const at::Tensor& r : returned) {
+    slots.push_back(r.view({ep, -1, r.size(1)}));
+  }
+  at::Tensor back = slots.size() == 1 ? returned.front() : at::cat(slots, 1).flatten(0, 1);
+  return at::cat({back, at::zeros({1, back.size(1)}, back.options())})
+      .index_select(0, send.return_index);
+}
+
+std::pair<at::Tensor, CapacityPlan> capacity_dispatch(const at::Tensor& x, const at::Tensor& counts,
+                                                      int64_t capacity, bool float8,
+                                                      const Group& group) {
+  CapacityPlan p;
+  p.send = capacity_send(x, counts, capacity, group);
+  auto [rows, chunk] = capacity_exchange(p.send, 0, capacity, float8, group);
+  p.chunk = std::move(chunk);
+  return {rows, std::move(p)};
 }
 
 at::Tensor capacity_combine(const at::Tensor& y, const CapacityPlan& plan, const Group& group) {
-  const int64_t d = y.size(1);
-  at::Tensor back = all_to_all_autograd(y.index_select(0, plan.source_major), {}, {}, group,
+  at::Tensor back = all_to_all_autograd(y.index_select(0, plan.chunk.source_major), {}, {}, group,
                                         /*checked=*/false);
-  return at::cat({back, at::zeros({1, d}, y.options())}).index_select(0, plan.return_index);
+  return capacity_gather(plan.send, {back});
 }
 
 namespace {

@@ -111,6 +111,12 @@ ExpertParallel::ExpertParallel(ExpertParallelOptions options)
                 options_.capacity_factor());
   DTENSOR_CHECK(options_.max_rows() >= 0, "ExpertParallel: max_rows must be >= 0, got {}",
                 options_.max_rows());
+  DTENSOR_CHECK(!options_.overlap() || options_.dispatch() == EpDispatch::Capacity,
+                "ExpertParallel: overlap splits capacity buffers into chunks; it needs "
+                "dispatch(EpDispatch::Capacity)");
+  DTENSOR_CHECK(!options_.overlap() || !options_.float8_dispatch(),
+                "ExpertParallel: overlap with float8_dispatch is not supported yet (the float8 "
+                "all-to-all is issued and waited for in one place); choose one");
   state_->capacity = options_.dispatch() == EpDispatch::Capacity;
 }
 
@@ -152,6 +158,56 @@ void shard_experts(torch::nn::Module& experts, const DeviceMesh& mesh) {
   }
 }
 
+void check_experts_call(torch::nn::Module& m, const TensorList& in, const Group& group) {
+  DTENSOR_CHECK(in.size() == 2 && in[0].defined() && in[0].dim() == 2 && in[1].defined() &&
+                    in[1].dim() == 1 && in[1].scalar_type() == at::kLong,
+                "ExpertParallel on {}: the experts' call takes rows [N, D] and counts [E] "
+                "(int64); got {} tensors",
+                m.name(), in.size());
+  DTENSOR_CHECK(in[1].size(0) % group.size() == 0,
+                "ExpertParallel on {}: {} experts cannot be split over the {} ranks of {}",
+                m.name(), in[1].size(0), group.size(), group.to_string());
+}
+
+// A capacity call's buffers, and the overflow to refuse recorded.
+detail::ep::CapacitySend send_rows(torch::nn::Module& m, const TensorList& in,
+                                   const ExpertParallelOptions& options, const Group& group) {
+  check_experts_call(m, in, group);
+  const int64_t n = in[0].size(0);
+  const int64_t max_rows = options.max_rows() > 0 ? options.max_rows() : n;
+  const int64_t capacity =
+      detail::ep::capacity_of(max_rows, options.capacity_factor(), group.size());
+  detail::ep::CapacitySend send = detail::ep::capacity_send(in[0], in[1], capacity, group);
+  if (options.overflow() == EpOverflow::Refuse) {
+    detail::ep::record_overflow({.layer = m.name(),
+                                 .group = group,
+                                 .overflow = send.overflow,
+                                 .counts = send.counts,
+                                 .capacity = capacity,
+                                 .max_rows = max_rows,
+                                 .factor = options.capacity_factor()});
+  }
+  add_ep_stats(EpStats{.calls = 1, .rows_sent = n, .capacity_calls = 1});
+  return send;
+}
+
+// Overflow is checked once the backward that uses these rows ends: queued now in a recompute
+// (which runs in it), by a hook on the rows' gradient after an ordinary forward, by the
+// recompute after a checkpointed one; without autograd, where no backward will come, at the
+// call.
+void check_overflow_later(const ExpertParallelOptions& options, at::Tensor& out) {
+  if (options.overflow() != EpOverflow::Refuse || is_simulated()) {
+    return;
+  }
+  if (detail::in_backward()) {
+    detail::ep::queue_overflow_check();
+  } else if (out.requires_grad()) {
+    out.register_hook([](const at::Tensor&) { detail::ep::queue_overflow_check(); });
+  } else if (!detail::in_checkpoint_forward()) {
+    detail::ep::check_overflow("at the call");
+  }
+}
+
 // [Note: capacity dispatch] in capacity_dispatch.cpp; the seam's side of it: the plan kept
 // from the experts' pre-forward to their post-forward, the overflow recorded for the check.
 ModuleHooks capacity_hooks(const ExpertParallelOptions& options, const Group& group) {
@@ -159,33 +215,14 @@ ModuleHooks capacity_hooks(const ExpertParallelOptions& options, const Group& gr
   ModuleHooks hooks;
   hooks.name("ExpertParallel").order(hook_order::kExpertParallel);
   hooks.pre_forward([options, group, plans](torch::nn::Module& m, TensorList& in) {
-    DTENSOR_CHECK(in.size() == 2 && in[0].defined() && in[0].dim() == 2 && in[1].defined() &&
-                      in[1].dim() == 1 && in[1].scalar_type() == at::kLong,
-                  "ExpertParallel on {}: the experts' call takes rows [N, D] and counts [E] "
-                  "(int64); got {} tensors",
-                  m.name(), in.size());
-    DTENSOR_CHECK(in[1].size(0) % group.size() == 0,
-                  "ExpertParallel on {}: {} experts cannot be split over the {} ranks of {}",
-                  m.name(), in[1].size(0), group.size(), group.to_string());
-    const int64_t n = in[0].size(0);
-    const int64_t max_rows = options.max_rows() > 0 ? options.max_rows() : n;
-    const int64_t capacity =
-        detail::ep::capacity_of(max_rows, options.capacity_factor(), group.size());
-    auto [rows, plan] = detail::ep::capacity_dispatch(in[0], in[1], capacity,
+    detail::ep::CapacityPlan plan;
+    plan.send = send_rows(m, in, options, group);
+    auto [rows, chunk] = detail::ep::capacity_exchange(plan.send, 0, plan.send.capacity,
                                                        options.float8_dispatch(), group);
-    detail::ep::add_device_rows(plan.local_counts.sum(), plan.overflow.sum());
-    if (options.overflow() == EpOverflow::Refuse) {
-      detail::ep::record_overflow({.layer = m.name(),
-                                   .group = group,
-                                   .overflow = plan.overflow,
-                                   .counts = plan.counts,
-                                   .capacity = capacity,
-                                   .max_rows = max_rows,
-                                   .factor = options.capacity_factor()});
-    }
+    plan.chunk = std::move(chunk);
+    detail::ep::add_device_rows(plan.chunk.local_counts.sum(), plan.send.overflow.sum());
     in[0] = rows;
-    in[1] = plan.local_counts;
-    add_ep_stats(EpStats{.calls = 1, .rows_sent = n, .capacity_calls = 1});
+    in[1] = plan.chunk.local_counts;
     plans->push_back(std::move(plan));
   });
   hooks.post_forward([options, group, plans](torch::nn::Module& m, TensorList& out) {
@@ -195,24 +232,56 @@ ModuleHooks capacity_hooks(const ExpertParallelOptions& options, const Group& gr
     detail::ep::CapacityPlan plan = std::move(plans->back());
     plans->pop_back();
     out[0] = detail::ep::capacity_combine(out[0], plan, group);
-    if (options.overflow() != EpOverflow::Refuse || is_simulated()) {
-      return;
-    }
-    // Checked once the backward that uses these rows ends: queued now in a recompute (which
-    // runs in it), by a hook on the rows' gradient after an ordinary forward, by the recompute
-    // after a checkpointed one; without autograd, where no backward will come, at the call.
-    if (detail::in_backward()) {
-      detail::ep::queue_overflow_check();
-    } else if (out[0].requires_grad()) {
-      out[0].register_hook([](const at::Tensor&) { detail::ep::queue_overflow_check(); });
-    } else if (!detail::in_checkpoint_forward()) {
-      detail::ep::check_overflow("at the call");
-    }
+    check_overflow_later(options, out[0]);
   });
   hooks.forward_failed([plans](torch::nn::Module&) {
     if (!plans->empty()) {
       plans->pop_back();
     }
+  });
+  return hooks;
+}
+
+// [Note: overlapped chunks]
+// ExpertParallelOptions::overlap runs a capacity call as two chunks of the slots of every
+// (source, destination) pair, [0, ceil(C/2)) and [ceil(C/2), C): both exchanges are issued
+// first; chunk 0's experts run while chunk 1's rows travel; chunk 0's results start home and
+// chunk 1's experts run while they travel; the two returns are waited for last. Each chunk is
+// a capacity exchange of its own (its counts in its header, its rows expert-major), so the
+// experts module is called twice, on its experts' rows grouped as always. The split is by
+// slot, not by token: no size depends on the routing, nothing is read by the host, and every
+// row computes what it would in one call. Backward interleaves the same way by itself ([Note:
+// overlapped all-to-alls] in async_all_to_all.cpp). Per call: forward 4 all-to-alls, backward
+// 4, the bytes of one call plus a header per chunk.
+ModuleHooks overlapped_capacity_hooks(const ExpertParallelOptions& options, const Group& group) {
+  ModuleHooks hooks;
+  hooks.name("ExpertParallel").order(hook_order::kExpertParallel);
+  hooks.around_forward([options, group](torch::nn::Module& m, const TensorList& in,
+                                        const ForwardFn& forward) -> TensorList {
+    const detail::ep::CapacitySend send = send_rows(m, in, options, group);
+    const int64_t half = (send.capacity + 1) / 2;
+    std::vector<detail::ep::StartedChunk> started;
+    started.push_back(detail::ep::start_capacity_exchange(send, 0, half, group));
+    started.push_back(detail::ep::start_capacity_exchange(send, half, send.capacity, group));
+    std::vector<detail::ep::PendingAllToAll> returns;
+    const at::Tensor none = at::zeros({}, send.overflow.options());
+    detail::ep::add_device_rows(none, send.overflow.sum());
+    for (detail::ep::StartedChunk& s : started) {
+      auto [rows, chunk] = detail::ep::finish_capacity_exchange(s, group);
+      detail::ep::add_device_rows(chunk.local_counts.sum(), none);
+      TensorList out = forward({rows, chunk.local_counts});
+      DTENSOR_CHECK(out.size() == 1,
+                    "ExpertParallel on {}: the experts' forward must return one tensor, got {}",
+                    m.name(), out.size());
+      returns.push_back(detail::ep::start_capacity_return(out[0], chunk, group));
+    }
+    std::vector<at::Tensor> back;
+    for (detail::ep::PendingAllToAll& r : returns) {
+      back.push_back(r.wait());
+    }
+    at::Tensor y = detail::ep::capacity_gather(send, back);
+    check_overflow_later(options, y);
+    return {y};
   });
   return hooks;
 }
@@ -224,7 +293,8 @@ void ExpertParallel::apply(torch::nn::Module& experts, const DeviceMesh& ep_mesh
   shard_experts(experts, ep_mesh);
   const Group group = ep_mesh.get_group();
   if (options_.dispatch() == EpDispatch::Capacity) {
-    register_module_hooks(experts, capacity_hooks(options_, group));
+    register_module_hooks(experts, options_.overlap() ? overlapped_capacity_hooks(options_, group)
+                                                      : capacity_hooks(options_, group));
     return;
   }
   auto plans = std::make_shared<std::vector<detail::ep::ExchangePlan>>();

@@ -74,6 +74,13 @@ Work gather_in_place(FSDPParamGroup& group, const at::Tensor& input) {
 
 void all_gather_flat(FSDPParamGroup& group, PendingGather& pending, const Group& over,
                      bool background, bool may_gather_in_place) {
+  if (over.size() == 1) {
+    // One rank's gather is its input: no collective (as PyTorch's FSDP2), only the copy-out
+    // (a cast or float8's dequantization; without either the unit aliases and never gets
+    // here, [Note: one-rank shard groups alias] in param_group.cpp).
+    pending.buffer.emplace(pending.input);
+    return;
+  }
   if (pending.bytes) {
     DTENSOR_CHECK(!group.custom_all_gather.call,
                   "fully_shard unit '{}': a custom all-gather cannot gather float8 weights "
@@ -212,6 +219,12 @@ void reduce_scatter_flat(FSDPParamGroup& group, PendingReduce& pending) {
   }
   if (f.pre != 1) {
     input.div_(f.pre);
+  }
+  if (group.shard_group.size() == 1) {
+    // One rank's reduce-scatter is its input, already divided ([Note: one-rank shard groups
+    // alias] in param_group.cpp): no collective, no output buffer (PyTorch's FSDP2 copies).
+    pending.output = input;
+    return;
   }
   const CustomReduceScatter& custom = group.custom_reduce_scatter;
   pending.output = allocate_comm(group, group.shard_numel, group.reduce_dtype, custom.allocate,

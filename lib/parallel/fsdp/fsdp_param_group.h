@@ -60,6 +60,9 @@ struct FSDPParamGroup : FSDPModule::Unit {
   at::Tensor flat_shard;     // this rank's padded shards, one after another
   int64_t shard_numel = 0;   // its length (equal on every rank)
   at::Tensor unsharded_flat; // every parameter unsharded, one after another
+  // The unsharded buffer is the flat shard's memory ([Note: one-rank shard groups alias]
+  // in param_group.cpp): a one-rank shard group without a cast.
+  bool aliased = false;
   ShardState state = ShardState::Sharded;
   bool float8_scales_valid = false;      // [Note: float8 all-gather] in float8_all_gather.cpp
   std::shared_ptr<PendingGather> gather; // while Unsharding
@@ -134,6 +137,7 @@ struct FSDPParamGroup : FSDPModule::Unit {
 
  private:
   FSDPState* owner_;
+  bool aliases_shard() const;
   void allocate_buffers();
   void bind_params();
   void materialize(const std::vector<at::Tensor>& values);

@@ -117,6 +117,28 @@ std::shared_ptr<FSDPParamGroup> FSDPParamGroup::shared() const {
   return {owner_->shared_from_this(), const_cast<FSDPParamGroup*>(this)};
 }
 
+// [Note: one-rank shard groups alias]
+// Over a shard group of one rank the flat shard is every parameter whole, laid out as the
+// unsharded buffer is (no padding: each parameter's chunk is all of its rows). When the
+// forward's dtype is the stored one (no mixed precision, no float8 all-gather) and the shard
+// lives on the device (no offload), the unsharded buffer is the flat shard itself: unshard
+// and reshard move and free nothing, no all-gather is issued, and the parameters hold no
+// second copy. The gradients skip their reduce-scatter too (reduce_scatter_flat): the
+// reduced shard is the flat gradient (HSDP's all-reduce over the replicate dim still runs).
+// PyTorch 2.15's FSDP2 skips both collectives there as well but keeps two copies (it copies
+// the shard into an unsharded buffer and the gradient into an output); docs/conformance.md.
+bool FSDPParamGroup::aliases_shard() const {
+  if (shard_size != 1 || param_dtype != orig_dtype || options.offload_policy().offload_to_cpu()) {
+    return false;
+  }
+  for (const FSDPParam& fp : params) {
+    if (fp.float8) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // The flat shard (zeros: padding stays zero) and the unsharded buffer, unallocated, with
 // each parameter's view of it. On the meta device (a module built there) neither holds
 // memory until to_empty.
@@ -134,7 +156,9 @@ void FSDPParamGroup::allocate_buffers() {
   for (const FSDPParam& fp : params) {
     total += c10::multiply_integers(fp.shape);
   }
-  unsharded_flat = unallocated(total, at::TensorOptions().dtype(param_dtype).device(device));
+  aliased = aliases_shard();
+  unsharded_flat = aliased ? view_into(flat_shard, 0, {total})
+                           : unallocated(total, at::TensorOptions().dtype(param_dtype).device(device));
   int64_t unsharded_offset = 0;
   for (FSDPParam& fp : params) {
     const int64_t numel = c10::multiply_integers(fp.shape);
@@ -250,7 +274,7 @@ void FSDPParamGroup::unshard(bool async, bool explicit_background) {
   if (state == ShardState::Unsharded) {
     return;
   }
-  if (params.empty()) {
+  if (params.empty() || aliased) { // [Note: one-rank shard groups alias]
     state = ShardState::Unsharded;
     return;
   }
@@ -305,13 +329,16 @@ void FSDPParamGroup::reshard() {
     return;
   }
   state = ShardState::Sharded;
-  if (unsharded_flat.defined()) {
+  if (unsharded_flat.defined() && !aliased) {
     free_storage(unsharded_flat);
   }
 }
 
 int64_t FSDPParamGroup::unsharded_storage_bytes() const {
-  return unsharded_flat.defined() ? static_cast<int64_t>(unsharded_flat.storage().nbytes()) : 0;
+  if (!unsharded_flat.defined() || aliased) {
+    return 0; // an aliased buffer is the flat shard's memory
+  }
+  return static_cast<int64_t>(unsharded_flat.storage().nbytes());
 }
 
 } // namespace dtensor::detail

@@ -1,0 +1,157 @@
+// Expert parallelism's overlapped chunks (ExpertParallelOptions().overlap(true), [Note:
+// overlapped chunks] in lib/parallel/ep/expert_parallel.cpp). Judges: the plain layer on one
+// process (support/moe_reference.h) and the capacity dispatch of one exchange.
+//  - world2 / world4: for every routing extreme the outputs and input gradients equal the
+//    single exchange bit for bit (each row computes alone), the expert weights' gradients to
+//    rounding (their sums come in two parts), and all equal the plain layer; 4 all-to-alls each
+//    way with their exact bytes (a header per chunk).
+//  - world2: the interleaving, from the flight recorder (each all-to-all's issue, and its
+//    completion when waited for) read as each chunk's experts start in forward and as their
+//    gradients arrive in backward: the other chunk's all-to-all is then issued and not waited
+//    for. Values equal the single exchange.
+//  - world2: what overlap refuses: the variable dispatch, float8 dispatch.
+#include <nlohmann/json.hpp>
+
+#include <dtensor/expert_parallel.h>
+#include <dtensor/flight_recorder.h>
+#include <dtensor/module_hooks.h>
+
+#include "support/moe_reference.h"
+
+using namespace moe_test; // NOLINT(google-build-using-namespace): the shared judge
+using dtensor::EpDispatch;
+using dtensor::EpOverflow;
+using dtensor::ExpertParallelOptions;
+
+namespace {
+
+ExpertParallelOptions capacity(double factor, int64_t max_rows) {
+  return ExpertParallelOptions()
+      .dispatch(EpDispatch::Capacity)
+      .capacity_factor(factor)
+      .max_rows(max_rows);
+}
+
+// Header rows: `local` int64 counts in rows of d fp32.
+int64_t header_rows(int64_t local, int64_t d) {
+  return (local * 8 + d * 4 - 1) / (d * 4);
+}
+
+// The all-to-alls in this rank's flight record, in issue order: completed (waited for) or not.
+std::vector<bool> all_to_alls() {
+  const nlohmann::json record = nlohmann::json::parse(dtensor::flight_record_json());
+  std::vector<bool> done;
+  for (const auto& e : record.at("entries")) {
+    if (e.at("op").get<std::string>() == "all_to_all_single") {
+      done.push_back(e.at("state").get<std::string>() == "completed");
+    }
+  }
+  return done;
+}
+
+} // namespace
+
+TEST_CASE("overlapped chunks equal the single exchange and the plain layer for every routing "
+          "extreme; 4 all-to-alls each way, exact bytes",
+          "[world2][world4]") {
+  const int64_t d = 16, ep = world(), local = 8 / ep;
+  const std::vector<int64_t> even(static_cast<size_t>(ep), 12);
+  std::vector<int64_t> one_empty = even;
+  one_empty[1] = 0;
+  const MoEArgs args = small().hidden_dim(64); // whole vector blocks: test_moe_capacity.cpp
+  struct Case {
+    const char* what;
+    MoEArgs args;
+    std::vector<int64_t> rows;
+    std::function<void(MoEImpl&)> setup;
+  };
+  const std::vector<Case> cases = {
+      {"even routing, shared experts", MoEArgs(args).num_shared_experts(1), even, {}},
+      {"every row to experts 0 and 1 (rank 0's)", args, even,
+       [](MoEImpl& m) { m.expert_bias.narrow(0, 0, 2).fill_(100.0); }},
+      {"rank 1 holds no tokens", args, one_empty, {}},
+      {"top-k = E", MoEArgs(args).top_k(8).route_norm(true), even, {}},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    const int64_t max_rows = 12 * c.args.top_k();
+    const auto options = capacity(static_cast<double>(ep), max_rows).overflow(EpOverflow::Drop);
+    EpRun one = check_ep(c.args, c.rows, false, c.setup, options);
+    EpRun two = check_ep(c.args, c.rows, false, c.setup, ExpertParallelOptions(options).overlap(true));
+    REQUIRE(one.results.size() == two.results.size());
+    CHECK(at::equal(one.results[0], two.results[0])); // output
+    CHECK(at::equal(one.results[1], two.results[1])); // input gradient
+    for (size_t i = 2; i < one.results.size(); ++i) {
+      INFO("weight gradient " << i);
+      CHECK(at::allclose(one.results[i], two.results[i], 1e-6, 1e-7));
+    }
+    CHECK(two.received == one.received);
+    CHECK(two.fwd == "all_to_all 4");
+    CHECK(two.bwd == "all_to_all 4");
+    // Two chunks of C / 2 slots (C = max_rows, even), each after its own header; back: C rows.
+    const int64_t sent = ep * (2 * header_rows(local, d) + max_rows) * d * 4;
+    const int64_t back = ep * max_rows * d * 4;
+    CHECK(two.fwd_bytes == sent + back);
+    CHECK(two.bwd_bytes == sent + back);
+  }
+}
+
+TEST_CASE("overlapped chunks interleave: each chunk's experts run, forward and backward, while "
+          "the other chunk's all-to-all is in flight (flight recorder)",
+          "[world2]") {
+  DeviceMesh mesh = ep_mesh_of_world();
+  const MoEArgs args = small().hidden_dim(64);
+  const auto options = capacity(2.0, 24).overflow(EpOverflow::Drop);
+  MoE plain = make_moe(args, 9);
+  MoE m = make_moe(args, 9);
+  ExpertParallel(options).apply(*plain->experts, mesh);
+  ExpertParallel(ExpertParallelOptions(options).overlap(true)).apply(*m->experts, mesh);
+  // What the record holds, past what was there before the step, as each chunk starts.
+  std::vector<std::vector<bool>> forward, backward;
+  size_t before = 0;
+  auto probe = dtensor::register_module_hooks(
+      *m->experts, dtensor::ModuleHooks()
+                       .name("probe")
+                       .pre_forward([&](torch::nn::Module&, dtensor::TensorList&) {
+                         const std::vector<bool> all = all_to_alls();
+                         forward.emplace_back(all.begin() + static_cast<int64_t>(before), all.end());
+                       })
+                       .pre_backward([&](torch::nn::Module&) {
+                         const std::vector<bool> all = all_to_alls();
+                         backward.emplace_back(all.begin() + static_cast<int64_t>(before),
+                                               all.end());
+                       }));
+  at::manual_seed(4);
+  at::Tensor x = at::randn({12, 16}).requires_grad_();
+  at::Tensor xp = x.detach().clone().requires_grad_();
+  at::Tensor g = at::randn({12, 16});
+  before = all_to_alls().size();
+  at::Tensor out = dtensor::call(m, x);
+  (out * g).sum().backward();
+  CHECK(all_to_alls().size() - before == 8);
+  at::Tensor ref = dtensor::call(plain, xp);
+  (ref * g).sum().backward();
+  CHECK(at::equal(out, ref));
+  CHECK(at::equal(x.grad(), xp.grad()));
+  // Forward: dispatch 0, dispatch 1, return 0, return 1. Chunk 0's experts start with dispatch
+  // 1 in flight; chunk 1's with return 0 in flight.
+  REQUIRE(forward.size() == 2);
+  CHECK(forward[0] == std::vector<bool>{true, false});
+  CHECK(forward[1] == std::vector<bool>{true, true, false});
+  // Backward, after the forward's four (all waited for): the returns' gradients (1 then 0)
+  // issued; chunk 1's gradients arrive with return 0's in flight, chunk 0's with chunk 1's
+  // dispatch gradient in flight.
+  REQUIRE(backward.size() == 2);
+  CHECK(backward[0] == std::vector<bool>{true, true, true, true, true, false});
+  CHECK(backward[1] == std::vector<bool>{true, true, true, true, true, true, false});
+  probe.remove();
+}
+
+TEST_CASE("overlap refuses the variable dispatch and float8 dispatch, naming the option",
+          "[world2]") {
+  REQUIRE_THROWS_WITH(ExpertParallel(ExpertParallelOptions().overlap(true)),
+                      contains("overlap") && contains("dispatch(EpDispatch::Capacity)"));
+  REQUIRE_THROWS_WITH(
+      ExpertParallel(capacity(2.0, 0).overlap(true).float8_dispatch(true)),
+      contains("overlap with float8_dispatch is not supported yet"));
+}
