@@ -148,13 +148,7 @@ LAST_UNIT = ("reshard after forward: dtensor frees a unit when forward moves on 
              "all-gather fewer per step (PyTorch frees it after forward and gathers it again)")
 
 
-ONE_RANK = ("one-rank mesh: PyTorch's FSDP skips its all-gathers (the shard is the whole "
-            "parameter); dtensor issues them as local copies")
-
-
 def by_design(key, t, d, what):
-    if globals().get("WORLD") == 1 and what.startswith("counts") and ";" not in what:
-        return ONE_RANK
     tc, dc = t.get("counts", {}), d.get("counts", {})
     if what.startswith("counts") and ";" not in what and "reshard=1" in key and \
             tc.get("all_gather", 0) - dc.get("all_gather", 0) == 1 and \

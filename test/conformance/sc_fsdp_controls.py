@@ -16,7 +16,6 @@ from torch.distributed.tensor.debug import CommDebugMode  # noqa: E402
 from torch.testing._internal.common_fsdp import MLPStack  # noqa: E402
 
 from cases_util import gen  # noqa: E402
-from sc_fsdp import ONE_RANK  # noqa: E402  (the same one-rank rule as the fsdp scenario)
 
 STEPS = 2
 MICRO = 3
@@ -162,8 +161,6 @@ NOT_LAST = ("set_is_last_backward(false): PyTorch keeps its post-forward order a
 
 
 def by_design(key, t, d, what):
-    if globals().get("WORLD") == 1 and what.startswith("counts") and ";" not in what:
-        return ONE_RANK
     tc, dc = t.get("counts", {}), d.get("counts", {})
     forwards = 1 if ("output_dtype" in key or "post_acc_hook" in key) else MICRO
     if what.startswith("counts") and ";" not in what and \

@@ -147,22 +147,7 @@ MESH_ORDER = ("dtensor shards a tensor-parallel parameter over (tp, dp) with pla
               "rank holds the same piece (local values equal)")
 
 
-ONE_RANK = ("one-rank mesh: every collective is a local copy, and the two pick different "
-            "no-op strategies there (PyTorch's FSDP skips its all-gather, its cost model ties); "
-            "values equal")
-
-
-DP1 = ("a data-parallel dimension of one rank: PyTorch's FSDP skips its all-gather and (2.15) "
-       "its reduce-scatter there, dtensor issues them (local copies)")
-
-
 def by_design(key, t, d, what):
-    if globals().get("WORLD") == 1 and "full values" not in what:
-        return ONE_RANK
-    if globals().get("WORLD") == 2 and "fsdp_tp_hand" in key and what.startswith("counts") \
-            and ";" not in what and t.get("counts", {}) == {} and \
-            d.get("counts", {}) in ({"all_gather": 1}, {"reduce_scatter": 1}):
-        return DP1
     if "fsdp_tp_hand" in key and what.startswith("placements") and "full values" not in what \
             and "local values" not in what:
         return MESH_ORDER
