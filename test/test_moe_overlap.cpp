@@ -77,7 +77,8 @@ TEST_CASE("overlapped chunks equal the single exchange and the plain layer for e
     const int64_t max_rows = 12 * c.args.top_k();
     const auto options = capacity(static_cast<double>(ep), max_rows).overflow(EpOverflow::Drop);
     EpRun one = check_ep(c.args, c.rows, false, c.setup, options);
-    EpRun two = check_ep(c.args, c.rows, false, c.setup, ExpertParallelOptions(options).overlap(true));
+    EpRun two =
+        check_ep(c.args, c.rows, false, c.setup, ExpertParallelOptions(options).overlap(true));
     REQUIRE(one.results.size() == two.results.size());
     CHECK(at::equal(one.results[0], two.results[0])); // output
     CHECK(at::equal(one.results[1], two.results[1])); // input gradient
@@ -110,17 +111,17 @@ TEST_CASE("overlapped chunks interleave: each chunk's experts run, forward and b
   std::vector<std::vector<bool>> forward, backward;
   size_t before = 0;
   auto probe = dtensor::register_module_hooks(
-      *m->experts, dtensor::ModuleHooks()
-                       .name("probe")
-                       .pre_forward([&](torch::nn::Module&, dtensor::TensorList&) {
-                         const std::vector<bool> all = all_to_alls();
-                         forward.emplace_back(all.begin() + static_cast<int64_t>(before), all.end());
-                       })
-                       .pre_backward([&](torch::nn::Module&) {
-                         const std::vector<bool> all = all_to_alls();
-                         backward.emplace_back(all.begin() + static_cast<int64_t>(before),
-                                               all.end());
-                       }));
+      *m->experts,
+      dtensor::ModuleHooks()
+          .name("probe")
+          .pre_forward([&](torch::nn::Module&, dtensor::TensorList&) {
+            const std::vector<bool> all = all_to_alls();
+            forward.emplace_back(all.begin() + static_cast<int64_t>(before), all.end());
+          })
+          .pre_backward([&](torch::nn::Module&) {
+            const std::vector<bool> all = all_to_alls();
+            backward.emplace_back(all.begin() + static_cast<int64_t>(before), all.end());
+          }));
   at::manual_seed(4);
   at::Tensor x = at::randn({12, 16}).requires_grad_();
   at::Tensor xp = x.detach().clone().requires_grad_();
@@ -151,7 +152,6 @@ TEST_CASE("overlap refuses the variable dispatch and float8 dispatch, naming the
           "[world2]") {
   REQUIRE_THROWS_WITH(ExpertParallel(ExpertParallelOptions().overlap(true)),
                       contains("overlap") && contains("dispatch(EpDispatch::Capacity)"));
-  REQUIRE_THROWS_WITH(
-      ExpertParallel(capacity(2.0, 0).overlap(true).float8_dispatch(true)),
-      contains("overlap with float8_dispatch is not supported yet"));
+  REQUIRE_THROWS_WITH(ExpertParallel(capacity(2.0, 0).overlap(true).float8_dispatch(true)),
+                      contains("overlap with float8_dispatch is not supported yet"));
 }

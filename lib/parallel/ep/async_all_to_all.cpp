@@ -91,8 +91,8 @@ struct WaitFn : torch::autograd::Function<WaitFn> {
     const auto state = state_of(ctx);
     // What was received goes back to where it came from: the splits swapped.
     state->grad_output = grads[0].contiguous();
-    at::Tensor g = issue(state->grad_output, state->input_rows, state->in_splits,
-                         state->out_splits, state->group, state->grad_work);
+    at::Tensor g = issue(state->grad_output, state->input_rows, state->in_splits, state->out_splits,
+                         state->group, state->grad_work);
     return {g, at::Tensor()};
   }
 };

@@ -95,7 +95,8 @@ std::pair<at::Tensor, at::Tensor> parse_payload(const at::Tensor& received, int6
   const int64_t d = received.size(1);
   at::Tensor r = received.view({ep, -1, d});
   const int64_t capacity = r.size(1) - h;
-  return {counts_of(r.narrow(1, 0, h), local), r.narrow(1, h, capacity).reshape({ep * capacity, d})};
+  return {counts_of(r.narrow(1, 0, h), local),
+          r.narrow(1, h, capacity).reshape({ep * capacity, d})};
 }
 
 // Sends `rows` [ep, C, D] with the header of `capped` counts before each rank's: the received

@@ -157,8 +157,8 @@ void FSDPParamGroup::allocate_buffers() {
     total += c10::multiply_integers(fp.shape);
   }
   aliased = aliases_shard();
-  unsharded_flat = aliased ? view_into(flat_shard, 0, {total})
-                           : unallocated(total, at::TensorOptions().dtype(param_dtype).device(device));
+  const auto as_param = at::TensorOptions().dtype(param_dtype).device(device);
+  unsharded_flat = aliased ? view_into(flat_shard, 0, {total}) : unallocated(total, as_param);
   int64_t unsharded_offset = 0;
   for (FSDPParam& fp : params) {
     const int64_t numel = c10::multiply_integers(fp.shape);
