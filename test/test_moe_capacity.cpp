@@ -9,7 +9,8 @@
 //    call without autograd; after the backward under activation checkpointing, whose first
 //    forward runs without autograd) with the same text on every rank, naming the ranks, experts,
 //    rows and capacity; dropped rows are zeros with zero gradients, the kept ones equal the plain
-//    layer on the kept tokens, the dropped count reported.
+//    layer on the kept tokens, the dropped count reported. Counts that do not add up to the rows
+//    on one rank: refused by the same check (no rank fails alone before the all-to-all).
 //  - world2 / world4: float8 dispatch, by either path: the plain layer whose experts see each
 //    row cast to float8 and back as torchao's rowwise recipe defines it, values and gradients
 //    (straight through the cast); D + 4 bytes a row dispatched, the combine in fp32.
@@ -213,6 +214,19 @@ TEST_CASE("capacity dispatch's overflow: refused after the backward or at the ca
         {xl})[0];
     REQUIRE_THROWS_WITH((out * gl).sum().backward(),
                         contains(named) && contains("refused at the end of the backward"));
+  }
+  SECTION("counts that do not add up to the rows (rank 0's add up to 3 more): nothing fails on "
+          "one rank alone, the check names the call, rank and both numbers") {
+    MoE m = make_moe(args, 9);
+    ExpertParallel(capacity(2.0)).apply(*m->experts, mesh);
+    at::Tensor counts = at::zeros({8}, at::kLong);
+    counts[0] = tokens + (rank() == 0 ? 3 : 0);
+    at::Tensor out = dtensor::call(m->experts, xl, counts);
+    REQUIRE_THROWS_WITH(
+        (out * gl).sum().backward(),
+        contains("ep rank 0 called the experts with " + std::to_string(tokens) +
+                 " rows but counts adding up to " + std::to_string(tokens + 3) +
+                 "; refused at the end of the backward"));
   }
   SECTION("dropped: zeros past the capacity, the kept tokens as the plain layer") {
     MoE plain = make_moe(args, 9);

@@ -151,16 +151,21 @@ CapacitySend capacity_send(const at::Tensor& x, const at::Tensor& counts, int64_
   p.overflow = sent - kept;
   // Sender: slot (j, c) <- row first[j] + c, or the appended zero row n.
   at::Tensor slot = at::arange(capacity, idx);
+  // (Clamped: counts adding up to more than the rows read the zero row, never past it;
+  // refused at the overflow check, [Note: counts that do not add up].)
   at::Tensor take =
-      at::where(slot.unsqueeze(0) < kept.unsqueeze(1), first.unsqueeze(1) + slot.unsqueeze(0), n);
+      at::where(slot.unsqueeze(0) < kept.unsqueeze(1), first.unsqueeze(1) + slot.unsqueeze(0), n)
+          .clamp_max(n);
   p.rows = at::cat({x, at::zeros({1, d}, x.options())})
                .index_select(0, take.flatten())
                .view({ep, capacity, d});
   // Where each of this rank's rows comes back: its destination's slot, or nowhere.
   at::Tensor dest =
-      at::searchsorted(sent.cumsum(0), at::arange(n, idx), /*out_int32=*/false, /*right=*/true);
+      at::searchsorted(sent.cumsum(0), at::arange(n, idx), /*out_int32=*/false, /*right=*/true)
+          .clamp_max(ep - 1);
   at::Tensor place = at::arange(n, idx) - first.index_select(0, dest);
   p.return_index = at::where(place < capacity, dest * capacity + place, ep * capacity);
+  p.rows_and_counted = at::stack({at::full({}, n, idx), sent.sum()});
   return p;
 }
 
@@ -255,12 +260,32 @@ Overflows& overflows() {
   return *o;
 }
 
-// The first overflowing call of one group's records, from every rank's [calls, ep + E].
+// [Note: counts that do not add up] The capacity path never reads the counts on the host, so
+// it cannot refuse rows whose counts add up to another number at the call, as the variable
+// path does: the sender's indices are clamped (nothing fails on one rank while the others wait
+// in the all-to-all) and the mismatch travels with the overflow check, which names it first.
+void refuse_uncounted(const std::vector<OverflowRecord>& records, const at::Tensor& host,
+                      const char* when) {
+  const int64_t ep = host.size(0), calls = host.size(1), width = host.size(2);
+  for (int64_t c = 0; c < calls; ++c) {
+    for (int64_t r = 0; r < ep; ++r) {
+      const int64_t rows = host[r][c][width - 2].item<int64_t>();
+      const int64_t counted = host[r][c][width - 1].item<int64_t>();
+      DTENSOR_CHECK(rows == counted,
+                    "ExpertParallel on {} (its experts call {} of the step): ep rank {} called "
+                    "the experts with {} rows but counts adding up to {}; refused {}",
+                    records[static_cast<size_t>(c)].layer, c + 1, r, rows, counted, when);
+    }
+  }
+}
+
+// The first overflowing call of one group's records, from every rank's [calls, ep + E + 2].
 void refuse_first(const std::vector<OverflowRecord>& records, const at::Tensor& all,
                   const char* when) {
   const int64_t calls = static_cast<int64_t>(records.size());
   const int64_t ep = records.front().group.size();
   at::Tensor host = all.to(at::kCPU).view({ep, calls, -1});
+  refuse_uncounted(records, host, when);
   for (int64_t c = 0; c < calls; ++c) {
     at::Tensor over = host.select(1, c).narrow(1, 0, ep); // [source, destination]
     if (over.max().item<int64_t>() == 0) {
@@ -311,7 +336,7 @@ void check_overflow(const char* when) {
     records = std::move(rest);
     std::vector<at::Tensor> rows;
     for (const auto& r : mine) {
-      rows.push_back(at::cat({r.overflow, r.counts}));
+      rows.push_back(at::cat({r.overflow, r.counts, r.rows_and_counted}));
     }
     at::Tensor all = detail::all_gather_tensor(at::stack(rows), 0, group);
     refuse_first(mine, all, when);

@@ -27,6 +27,7 @@ struct CapacitySend {
   at::Tensor return_index; // [N] this rank's row -> its slot in the returned [ep*C] (+1: none)
   at::Tensor overflow;     // [ep] rows beyond C this rank routed to each ep rank
   at::Tensor counts;       // [E] this rank's rows per expert, as routed
+  at::Tensor rows_and_counted; // [2] the call's rows and what its counts add up to
 };
 CapacitySend capacity_send(const at::Tensor& x, const at::Tensor& counts, int64_t capacity,
                            const Group& group);
@@ -77,7 +78,7 @@ at::Tensor capacity_combine(const at::Tensor& y, const CapacityPlan& plan, const
 struct OverflowRecord {
   std::string layer;
   Group group;
-  at::Tensor overflow, counts; // as in CapacityPlan
+  at::Tensor overflow, counts, rows_and_counted; // as in CapacitySend
   int64_t capacity = 0, max_rows = 0;
   double factor = 0;
 };

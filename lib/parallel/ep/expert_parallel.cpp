@@ -183,6 +183,7 @@ detail::ep::CapacitySend send_rows(torch::nn::Module& m, const TensorList& in,
                                  .group = group,
                                  .overflow = send.overflow,
                                  .counts = send.counts,
+                                 .rows_and_counted = send.rows_and_counted,
                                  .capacity = capacity,
                                  .max_rows = max_rows,
                                  .factor = options.capacity_factor()});
