@@ -9,7 +9,8 @@
 //    completion when waited for) read as each chunk's experts start in forward and as their
 //    gradients arrive in backward: the other chunk's all-to-all is then issued and not waited
 //    for. Values equal the single exchange.
-//  - world2: what overlap refuses: the variable dispatch, float8 dispatch.
+//  - world2 / world4: with float8 dispatch, the overlapped chunks equal the single float8
+//    exchange (outputs and input gradients bit for bit); overlap refuses the variable dispatch.
 #include <nlohmann/json.hpp>
 
 #include <dtensor/expert_parallel.h>
@@ -148,10 +149,35 @@ TEST_CASE("overlapped chunks interleave: each chunk's experts run, forward and b
   probe.remove();
 }
 
-TEST_CASE("overlap refuses the variable dispatch and float8 dispatch, naming the option",
-          "[world2]") {
+TEST_CASE("overlapped chunks with float8 dispatch equal the single float8 exchange; overlap "
+          "refuses the variable dispatch",
+          "[world2][world4]") {
+  const int64_t ep = world();
+  const std::vector<int64_t> even(static_cast<size_t>(ep), 12);
+  const MoEArgs args = small().hidden_dim(64).num_shared_experts(1);
+  const auto options = capacity(static_cast<double>(ep), 24).float8_dispatch(true);
+  // The judge of the float8 rows themselves is test_moe_capacity (torchao's rowwise cast); here
+  // the two capacity paths judge each other, and both the plain layer within float8's error.
+  auto run = [&](const ExpertParallelOptions& o) {
+    DeviceMesh mesh = ep_mesh_of_world();
+    MoE m = make_moe(args, 9);
+    ExpertParallel(o).apply(*m->experts, mesh);
+    at::manual_seed(4);
+    at::Tensor x = at::randn({12, 16}).requires_grad_();
+    CommDebugMode mode;
+    at::Tensor out = dtensor::call(m, x);
+    out.sum().backward();
+    return std::make_pair(std::vector<at::Tensor>{out.detach(), x.grad(),
+                                                  DTensor(m->experts->w1.grad()).to_local()},
+                          counts_text(mode.comm_counts()));
+  };
+  const auto [one, one_counts] = run(options);
+  const auto [two, two_counts] = run(ExpertParallelOptions(options).overlap(true));
+  CHECK(at::equal(one[0], two[0]));
+  CHECK(at::equal(one[1], two[1]));
+  CHECK(at::allclose(one[2], two[2], 1e-6, 1e-7));
+  CHECK(one_counts == "all_gather 1, all_to_all 4");
+  CHECK(two_counts == "all_gather 1, all_to_all 8");
   REQUIRE_THROWS_WITH(ExpertParallel(ExpertParallelOptions().overlap(true)),
                       contains("overlap") && contains("dispatch(EpDispatch::Capacity)"));
-  REQUIRE_THROWS_WITH(ExpertParallel(capacity(2.0, 0).overlap(true).float8_dispatch(true)),
-                      contains("overlap with float8_dispatch is not supported yet"));
 }

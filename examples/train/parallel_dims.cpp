@@ -65,9 +65,6 @@ void check_ep(const Flags& f) {
     usage("--ep-overlap splits capacity dispatch's buffers into two chunks: it needs "
           "--ep-dispatch capacity");
   }
-  if (f.ep_overlap && f.ep_float8_dispatch) {
-    usage("--ep-overlap with --ep-float8-dispatch is not supported yet: choose one");
-  }
   if (f.ep == 1) {
     return;
   }

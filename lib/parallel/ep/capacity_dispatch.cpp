@@ -201,14 +201,33 @@ std::pair<at::Tensor, CapacityChunk> capacity_exchange(const CapacitySend& send,
 }
 
 StartedChunk start_capacity_exchange(const CapacitySend& send, int64_t begin, int64_t end,
-                                     const Group& group) {
-  auto [payload, h] =
-      payload_of(send.rows.narrow(1, begin, end - begin), capped_in(send.capped, begin, end));
-  return {start_all_to_all(payload, {}, {}, group), h, end - begin, send.capped.size(1)};
+                                     bool float8, const Group& group) {
+  const at::Tensor rows = send.rows.narrow(1, begin, end - begin);
+  const at::Tensor capped = capped_in(send.capped, begin, end);
+  StartedChunk started;
+  started.slots = end - begin;
+  started.local = send.capped.size(1);
+  started.as_float8 = float8;
+  if (float8) {
+    const int64_t ep = rows.size(0), w = float8_row_bytes(rows.size(2));
+    started.header = header_rows(started.local, w);
+    started.float8 = start_float8_all_to_all(
+        rows.flatten(0, 1), header_bytes(capped, started.header, w).view({ep, started.header, w}),
+        group);
+    return started;
+  }
+  auto [payload, h] = payload_of(rows, capped);
+  started.header = h;
+  started.a2a = start_all_to_all(payload, {}, {}, group);
+  return started;
 }
 
 std::pair<at::Tensor, CapacityChunk> finish_capacity_exchange(StartedChunk& started,
                                                               const Group& group) {
+  if (started.as_float8) {
+    Float8Received r = started.float8.wait();
+    return receive(counts_of(r.header, started.local), r.rows, started.slots);
+  }
   auto [got, mine] =
       parse_payload(started.a2a.wait(), group.size(), started.header, started.local);
   return receive(got, mine, started.slots);

@@ -12,6 +12,7 @@
 #include <dtensor/process_group.h>
 
 #include "parallel/ep/async_all_to_all.h"
+#include "parallel/ep/float8_dispatch.h"
 
 namespace dtensor::detail::ep {
 
@@ -45,13 +46,15 @@ std::pair<at::Tensor, CapacityChunk> capacity_exchange(const CapacitySend& send,
                                                        int64_t end, bool float8,
                                                        const Group& group);
 
-// The same exchange issued (start) and completed (finish) apart, rows in their dtype.
+// The same exchange issued (start) and completed (finish) apart.
 struct StartedChunk {
-  PendingAllToAll a2a;
+  PendingAllToAll a2a;          // rows in their dtype
+  PendingFloat8AllToAll float8; // or as float8
+  bool as_float8 = false;
   int64_t header = 0, slots = 0, local = 0; // header rows, slots, experts per rank
 };
 StartedChunk start_capacity_exchange(const CapacitySend& send, int64_t begin, int64_t end,
-                                     const Group& group);
+                                     bool float8, const Group& group);
 std::pair<at::Tensor, CapacityChunk> finish_capacity_exchange(StartedChunk& started,
                                                               const Group& group);
 // The experts' rows of a chunk [ep*slots, D] sent back (source-major), issued.

@@ -114,9 +114,6 @@ ExpertParallel::ExpertParallel(ExpertParallelOptions options)
   DTENSOR_CHECK(!options_.overlap() || options_.dispatch() == EpDispatch::Capacity,
                 "ExpertParallel: overlap splits capacity buffers into chunks; it needs "
                 "dispatch(EpDispatch::Capacity)");
-  DTENSOR_CHECK(!options_.overlap() || !options_.float8_dispatch(),
-                "ExpertParallel: overlap with float8_dispatch is not supported yet (the float8 "
-                "all-to-all is issued and waited for in one place); choose one");
   state_->capacity = options_.dispatch() == EpDispatch::Capacity;
 }
 
@@ -262,8 +259,10 @@ ModuleHooks overlapped_capacity_hooks(const ExpertParallelOptions& options, cons
     const detail::ep::CapacitySend send = send_rows(m, in, options, group);
     const int64_t half = (send.capacity + 1) / 2;
     std::vector<detail::ep::StartedChunk> started;
-    started.push_back(detail::ep::start_capacity_exchange(send, 0, half, group));
-    started.push_back(detail::ep::start_capacity_exchange(send, half, send.capacity, group));
+    const bool float8 = options.float8_dispatch();
+    started.push_back(detail::ep::start_capacity_exchange(send, 0, half, float8, group));
+    started.push_back(
+        detail::ep::start_capacity_exchange(send, half, send.capacity, float8, group));
     std::vector<detail::ep::PendingAllToAll> returns;
     const at::Tensor none = at::zeros({}, send.overflow.options());
     detail::ep::add_device_rows(none, send.overflow.sum());

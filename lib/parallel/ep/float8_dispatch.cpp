@@ -4,6 +4,9 @@
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/distributed/c10d/Work.hpp> // dtensor::Work held in the state
+
+#include <dtensor/collectives.h>
 
 #include "mesh/collectives_internal.h"
 #include "parallel/float8/float8_cast.h"
@@ -85,6 +88,114 @@ struct Float8AllToAllFn : torch::autograd::Function<Float8AllToAllFn> {
 };
 
 } // namespace
+
+// [Note: float8 all-to-all issued apart] The rows travel as bytes, which carry no gradient, so
+// the graph from x to the received rows runs through a token: Start quantizes x, issues the
+// all-to-all of the bytes and returns an empty tensor of x's dtype; Wait takes the token, waits
+// and returns the rows decoded. Wait's backward issues the gradient's all-to-all (x's dtype, the
+// splits swapped) and gives the token an empty gradient; Start's backward waits and returns it
+// as x's gradient. The same nodes, in the same order, as [Note: overlapped all-to-alls].
+struct Float8AsyncState : torch::CustomClassHolder {
+  Group group;
+  int64_t d = 0, head_rows = 0, x_rows = 0;
+  c10::ScalarType dtype = at::kFloat;
+  at::Tensor sent, received; // bytes
+  Work work;
+  at::Tensor grad_output, grad_input; // the backward's
+  Work grad_work;
+  at::Tensor header; // received, once waited for
+};
+
+namespace {
+
+using AsyncState = Float8AsyncState;
+
+c10::intrusive_ptr<AsyncState> async_state_of(AutogradContext* ctx) {
+  return c10::static_intrusive_pointer_cast<AsyncState>(ctx->saved_data["a2a"].toCapsule());
+}
+
+struct StartFloat8Fn : torch::autograd::Function<StartFloat8Fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& header,
+                            c10::intrusive_ptr<AsyncState> state) {
+    const int64_t w = float8_row_bytes(state->d);
+    at::Tensor bytes = to_wire(x.detach());
+    if (state->head_rows > 0) {
+      const int64_t ep = header.size(0);
+      bytes = at::cat({header, bytes.view({ep, -1, w})}, 1).flatten(0, 1);
+    }
+    state->sent = bytes.contiguous();
+    state->received = at::empty_like(state->sent);
+    state->work = detail::all_to_all_single_into(state->received, state->sent, {}, {},
+                                                 state->group, CollectiveOptions().async_op(true));
+    ctx->saved_data["a2a"] = c10::IValue::make_capsule(std::move(state));
+    return at::empty({0}, x.options());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list) {
+    const auto state = async_state_of(ctx);
+    state->grad_work.wait(); // issued by Wait's backward
+    state->grad_output = at::Tensor();
+    at::Tensor g = std::move(state->grad_input);
+    return {g, at::Tensor(), at::Tensor()};
+  }
+};
+
+struct WaitFloat8Fn : torch::autograd::Function<WaitFloat8Fn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& token,
+                            c10::intrusive_ptr<AsyncState> state) {
+    state->work.wait();
+    state->sent = at::Tensor();
+    const int64_t w = float8_row_bytes(state->d);
+    at::Tensor got = state->received;
+    if (state->head_rows > 0) {
+      const int64_t ep = state->group.size();
+      at::Tensor blocks = got.view({ep, -1, w});
+      state->header = blocks.narrow(1, 0, state->head_rows).contiguous();
+      got = blocks.narrow(1, state->head_rows, blocks.size(1) - state->head_rows)
+                .reshape({-1, w});
+    }
+    at::Tensor rows = from_wire(got, state->d, state->dtype);
+    state->received = at::Tensor();
+    ctx->saved_data["a2a"] = c10::IValue::make_capsule(std::move(state));
+    return rows;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto state = async_state_of(ctx);
+    // What was received goes back to where it came from, in x's dtype (equal splits).
+    state->grad_output = grads[0].contiguous();
+    state->grad_input = at::empty({state->x_rows, state->d}, state->grad_output.options());
+    state->grad_work =
+        detail::all_to_all_single_into(state->grad_input, state->grad_output, {}, {},
+                                       state->group, CollectiveOptions().async_op(true));
+    return {at::empty({0}, state->grad_output.options()), at::Tensor()};
+  }
+};
+
+} // namespace
+
+PendingFloat8AllToAll::PendingFloat8AllToAll(at::Tensor token,
+                                             c10::intrusive_ptr<Float8AsyncState> state)
+    : token_(std::move(token)), state_(std::move(state)) {}
+
+Float8Received PendingFloat8AllToAll::wait() {
+  at::Tensor rows = WaitFloat8Fn::apply(token_, state_);
+  Float8Received r{rows, state_->header};
+  token_ = at::Tensor();
+  state_.reset();
+  return r;
+}
+
+PendingFloat8AllToAll start_float8_all_to_all(const at::Tensor& x, const at::Tensor& header,
+                                              const Group& group) {
+  auto state = c10::make_intrusive<AsyncState>();
+  state->group = group;
+  state->d = x.size(1);
+  state->x_rows = x.size(0);
+  state->dtype = x.scalar_type();
+  state->head_rows = header.defined() ? header.size(1) : 0;
+  at::Tensor token = StartFloat8Fn::apply(
+      x, header.defined() ? header : at::empty({0}, x.options().dtype(at::kByte)), state);
+  return {std::move(token), std::move(state)};
+}
 
 Float8Received float8_all_to_all(const at::Tensor& x, const at::Tensor& header,
                                  const std::vector<int64_t>& out_splits,

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/intrusive_ptr.h>
 
 #include <dtensor/process_group.h>
 
@@ -30,5 +31,23 @@ struct Float8Received {
 Float8Received float8_all_to_all(const at::Tensor& x, const at::Tensor& header,
                                  const std::vector<int64_t>& out_splits,
                                  const std::vector<int64_t>& in_splits, const Group& group);
+
+// The same exchange issued and waited for apart ([Note: overlapped all-to-alls] in
+// async_all_to_all.cpp), equal splits: wait() gives what float8_all_to_all returns. The
+// gradient's all-to-all (in x's dtype) is issued where the rows' gradient arrives and waited for
+// where x's is taken.
+struct Float8AsyncState;
+class PendingFloat8AllToAll {
+ public:
+  PendingFloat8AllToAll() = default;
+  PendingFloat8AllToAll(at::Tensor token, c10::intrusive_ptr<Float8AsyncState> state);
+  Float8Received wait();
+
+ private:
+  at::Tensor token_; // carries the graph from x to the rows
+  c10::intrusive_ptr<Float8AsyncState> state_;
+};
+PendingFloat8AllToAll start_float8_all_to_all(const at::Tensor& x, const at::Tensor& header,
+                                              const Group& group);
 
 } // namespace dtensor::detail::ep
