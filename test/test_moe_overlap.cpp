@@ -167,9 +167,9 @@ TEST_CASE("overlapped chunks with float8 dispatch equal the single float8 exchan
     CommDebugMode mode;
     at::Tensor out = dtensor::call(m, x);
     out.sum().backward();
-    return std::make_pair(std::vector<at::Tensor>{out.detach(), x.grad(),
-                                                  DTensor(m->experts->w1.grad()).to_local()},
-                          counts_text(mode.comm_counts()));
+    return std::make_pair(
+        std::vector<at::Tensor>{out.detach(), x.grad(), DTensor(m->experts->w1.grad()).to_local()},
+        counts_text(mode.comm_counts()));
   };
   const auto [one, one_counts] = run(options);
   const auto [two, two_counts] = run(ExpertParallelOptions(options).overlap(true));

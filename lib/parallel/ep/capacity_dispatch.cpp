@@ -228,8 +228,7 @@ std::pair<at::Tensor, CapacityChunk> finish_capacity_exchange(StartedChunk& star
     Float8Received r = started.float8.wait();
     return receive(counts_of(r.header, started.local), r.rows, started.slots);
   }
-  auto [got, mine] =
-      parse_payload(started.a2a.wait(), group.size(), started.header, started.local);
+  auto [got, mine] = parse_payload(started.a2a.wait(), group.size(), started.header, started.local);
   return receive(got, mine, started.slots);
 }
 

@@ -125,8 +125,8 @@ struct StartFloat8Fn : torch::autograd::Function<StartFloat8Fn> {
     }
     state->sent = bytes.contiguous();
     state->received = at::empty_like(state->sent);
-    state->work = detail::all_to_all_single_into(state->received, state->sent, {}, {},
-                                                 state->group, CollectiveOptions().async_op(true));
+    state->work = detail::all_to_all_single_into(state->received, state->sent, {}, {}, state->group,
+                                                 CollectiveOptions().async_op(true));
     ctx->saved_data["a2a"] = c10::IValue::make_capsule(std::move(state));
     return at::empty({0}, x.options());
   }
@@ -150,8 +150,7 @@ struct WaitFloat8Fn : torch::autograd::Function<WaitFloat8Fn> {
       const int64_t ep = state->group.size();
       at::Tensor blocks = got.view({ep, -1, w});
       state->header = blocks.narrow(1, 0, state->head_rows).contiguous();
-      got = blocks.narrow(1, state->head_rows, blocks.size(1) - state->head_rows)
-                .reshape({-1, w});
+      got = blocks.narrow(1, state->head_rows, blocks.size(1) - state->head_rows).reshape({-1, w});
     }
     at::Tensor rows = from_wire(got, state->d, state->dtype);
     state->received = at::Tensor();
@@ -164,8 +163,8 @@ struct WaitFloat8Fn : torch::autograd::Function<WaitFloat8Fn> {
     state->grad_output = grads[0].contiguous();
     state->grad_input = at::empty({state->x_rows, state->d}, state->grad_output.options());
     state->grad_work =
-        detail::all_to_all_single_into(state->grad_input, state->grad_output, {}, {},
-                                       state->group, CollectiveOptions().async_op(true));
+        detail::all_to_all_single_into(state->grad_input, state->grad_output, {}, {}, state->group,
+                                       CollectiveOptions().async_op(true));
     return {at::empty({0}, state->grad_output.options()), at::Tensor()};
   }
 };

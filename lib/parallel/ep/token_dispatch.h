@@ -35,8 +35,7 @@ ExchangePlan plan_exchange(const at::Tensor& counts, const at::Tensor& received)
 
 // x [N, D] (rows in expert order) -> this rank's experts' rows [R, D], expert-major.
 // `float8`: the rows travel as float8 ([Note: float8 dispatch] in float8_dispatch.cpp).
-at::Tensor dispatch(const at::Tensor& x, const ExchangePlan& plan, bool float8,
-                    const Group& group);
+at::Tensor dispatch(const at::Tensor& x, const ExchangePlan& plan, bool float8, const Group& group);
 // y [R, D] (expert-major, as dispatch gave) -> [N, D] back in x's order on x's rank.
 at::Tensor combine(const at::Tensor& y, const ExchangePlan& plan, const Group& group);
 
