@@ -39,18 +39,6 @@ using dtensor::ExpertParallelOptions;
 
 namespace {
 
-ExpertParallelOptions capacity(double factor, int64_t max_rows = 0) {
-  return ExpertParallelOptions()
-      .dispatch(EpDispatch::Capacity)
-      .capacity_factor(factor)
-      .max_rows(max_rows);
-}
-
-// Header rows: `local` int64 counts in rows of d fp32.
-int64_t header_rows(int64_t local, int64_t d) {
-  return (local * 8 + d * 4 - 1) / (d * 4);
-}
-
 // The whole-batch rows of every rank's first `kept` tokens (rank r holds rows_per_rank of them).
 at::Tensor kept_rows(int64_t rows_per_rank, int64_t kept) {
   std::vector<at::Tensor> parts;

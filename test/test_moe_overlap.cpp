@@ -26,18 +26,6 @@ using dtensor::ExpertParallelOptions;
 
 namespace {
 
-ExpertParallelOptions capacity(double factor, int64_t max_rows) {
-  return ExpertParallelOptions()
-      .dispatch(EpDispatch::Capacity)
-      .capacity_factor(factor)
-      .max_rows(max_rows);
-}
-
-// Header rows: `local` int64 counts in rows of d fp32.
-int64_t header_rows(int64_t local, int64_t d) {
-  return (local * 8 + d * 4 - 1) / (d * 4);
-}
-
 // The all-to-alls in this rank's flight record, in issue order: completed (waited for) or not.
 std::vector<bool> all_to_alls() {
   const nlohmann::json record = nlohmann::json::parse(dtensor::flight_record_json());

@@ -28,6 +28,20 @@ using dtensor::models::MoEScore;
 // What the routed experts see of a token's row (the row itself, or e.g. a float8 round trip).
 using ExpertInput = std::function<at::Tensor(const at::Tensor&)>;
 
+// Capacity dispatch with `factor` and `max_rows` (0: each call's own rows).
+inline dtensor::ExpertParallelOptions capacity(double factor, int64_t max_rows = 0) {
+  return dtensor::ExpertParallelOptions()
+      .dispatch(dtensor::EpDispatch::Capacity)
+      .capacity_factor(factor)
+      .max_rows(max_rows);
+}
+
+// Capacity dispatch's header rows: `local` int64 counts in rows of d fp32.
+inline int64_t header_rows(int64_t local, int64_t d) {
+  return (local * 8 + d * 4 - 1) / (d * 4);
+}
+
+
 // The layer's definition, token by token; returns [T, D].
 
 inline at::Tensor reference_forward(const at::Tensor& x, MoEImpl& m, const at::Tensor& gate_w,
