@@ -110,41 +110,18 @@ TEST_CASE("capacity dispatch with room for every row equals the variable dispatc
           "and the plain layer, for every routing extreme; 2 all-to-alls each way, exact bytes",
           "[world2][world4]") {
   const int64_t d = 16, ep = world();
-  struct Case {
-    const char* what;
-    MoEArgs args;
-    std::vector<int64_t> rows;
-    std::function<void(MoEImpl&)> setup;
-    bool early;
-  };
-  const std::vector<int64_t> even(static_cast<size_t>(ep), 12);
-  std::vector<int64_t> one_empty = even;
-  one_empty[1] = 0;
-  // Hidden 64: the experts' elementwise kernels (silu) see whole vector blocks on the variable
-  // dispatch's rows too. With a ragged tail, a buffer's last elements take the scalar exp where
-  // the padded buffer's take the vectorized one, and the two differ by an ulp.
-  const MoEArgs args = small().hidden_dim(64);
-  const std::vector<Case> cases = {
-      {"even routing, shared experts, router hook",
-       MoEArgs(args).num_shared_experts(1),
-       even,
-       {},
-       true},
-      {"every row to experts 0 and 1 (rank 0's)", args, even,
-       [](MoEImpl& m) { m.expert_bias.narrow(0, 0, 2).fill_(100.0); }, true},
-      {"rank 1 holds no tokens", args, one_empty, {}, false},
-      {"top-k = E", MoEArgs(args).top_k(8).route_norm(true), even, {}, false},
-  };
-  for (const Case& c : cases) {
+  const std::vector<RoutingCase> cases = routing_extremes();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const RoutingCase& c = cases[i];
     INFO(c.what);
+    const bool early = i < 2; // the router hook on the first two
     const int64_t max_rows = 12 * c.args.top_k(), local = 8 / ep;
-    EpRun v = check_ep(c.args, c.rows, c.early, c.setup);
-    EpRun k =
-        check_ep(c.args, c.rows, c.early, c.setup, capacity(static_cast<double>(ep), max_rows));
+    EpRun v = check_ep(c.args, c.rows, early, c.setup);
+    EpRun k = check_ep(c.args, c.rows, early, c.setup, capacity(static_cast<double>(ep), max_rows));
     REQUIRE(v.results.size() == k.results.size());
-    for (size_t i = 0; i < v.results.size(); ++i) {
-      INFO("result " << i);
-      CHECK(at::equal(v.results[i], k.results[i]));
+    for (size_t r = 0; r < v.results.size(); ++r) {
+      INFO("result " << r);
+      CHECK(at::equal(v.results[r], k.results[r]));
     }
     CHECK(k.received == v.received);
     CHECK(k.fwd == a2a(2));

@@ -44,24 +44,7 @@ TEST_CASE("overlapped chunks equal the single exchange and the plain layer for e
           "extreme; 4 all-to-alls each way, exact bytes",
           "[world2][world4]") {
   const int64_t d = 16, ep = world(), local = 8 / ep;
-  const std::vector<int64_t> even(static_cast<size_t>(ep), 12);
-  std::vector<int64_t> one_empty = even;
-  one_empty[1] = 0;
-  const MoEArgs args = small().hidden_dim(64); // whole vector blocks: test_moe_capacity.cpp
-  struct Case {
-    const char* what;
-    MoEArgs args;
-    std::vector<int64_t> rows;
-    std::function<void(MoEImpl&)> setup;
-  };
-  const std::vector<Case> cases = {
-      {"even routing, shared experts", MoEArgs(args).num_shared_experts(1), even, {}},
-      {"every row to experts 0 and 1 (rank 0's)", args, even,
-       [](MoEImpl& m) { m.expert_bias.narrow(0, 0, 2).fill_(100.0); }},
-      {"rank 1 holds no tokens", args, one_empty, {}},
-      {"top-k = E", MoEArgs(args).top_k(8).route_norm(true), even, {}},
-  };
-  for (const Case& c : cases) {
+  for (const RoutingCase& c : routing_extremes()) {
     INFO(c.what);
     const int64_t max_rows = 12 * c.args.top_k();
     const auto options = capacity(static_cast<double>(ep), max_rows).overflow(EpOverflow::Drop);

@@ -36,6 +36,31 @@ inline dtensor::ExpertParallelOptions capacity(double factor, int64_t max_rows =
       .max_rows(max_rows);
 }
 
+// test_moe's routing extremes on the world's ranks (12 tokens each unless empty): even routing
+// with a shared expert, every row to rank 0's experts, a rank without tokens, top-k = E. Hidden
+// 64: the experts' elementwise kernels (silu) see whole vector blocks on every dispatch's rows
+// (with a ragged tail the scalar and vectorized exp differ by an ulp), so dispatches that move
+// the same rows give bit-equal values.
+struct RoutingCase {
+  const char* what;
+  MoEArgs args;
+  std::vector<int64_t> rows;
+  std::function<void(MoEImpl&)> setup;
+};
+inline std::vector<RoutingCase> routing_extremes() {
+  const MoEArgs args = MoEArgs().dim(16).hidden_dim(64).num_experts(8).top_k(2);
+  const std::vector<int64_t> even(static_cast<size_t>(world()), 12);
+  std::vector<int64_t> one_empty = even;
+  one_empty[1] = 0;
+  return {
+      {"even routing, shared experts", MoEArgs(args).num_shared_experts(1), even, {}},
+      {"every row to experts 0 and 1 (rank 0's)", args, even,
+       [](MoEImpl& m) { m.expert_bias.narrow(0, 0, 2).fill_(100.0); }},
+      {"rank 1 holds no tokens", args, one_empty, {}},
+      {"top-k = E", MoEArgs(args).top_k(8).route_norm(true), even, {}},
+  };
+}
+
 // Capacity dispatch's header rows: `local` int64 counts in rows of d fp32.
 inline int64_t header_rows(int64_t local, int64_t d) {
   return (local * 8 + d * 4 - 1) / (d * 4);
