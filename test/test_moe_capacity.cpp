@@ -19,8 +19,8 @@
 //  - world2: no host read between the router and the combine: the layer's forward and backward
 //    run under a guard that records reads of tensor values by the host (item, a device tensor
 //    copied to the CPU, nonzero); none with capacity dispatch (overlapped chunks too), some with
-//    variable dispatch (the guard works). Reads inside the grouped product are its CPU kernel's (CUDA's takes device
-//    offsets).
+//    variable dispatch (the guard works). Reads inside the grouped product are its CPU
+//    kernel's (CUDA's takes device offsets).
 #include <atomic>
 
 #include <ATen/record_function.h>
