@@ -5,6 +5,7 @@
 //    single exchange bit for bit (each row computes alone), the expert weights' gradients to
 //    rounding (their sums come in two parts), and all equal the plain layer; 4 all-to-alls each
 //    way with their exact bytes (a header per chunk).
+//  - world2: a capacity of one slot is one exchange (values and counts of the single one).
 //  - world2: the interleaving, from the flight recorder (each all-to-all's issue, and its
 //    completion when waited for) read as each chunk's experts start in forward and as their
 //    gradients arrive in backward: the other chunk's all-to-all is then issued and not waited
@@ -67,6 +68,32 @@ TEST_CASE("overlapped chunks equal the single exchange and the plain layer for e
     CHECK(two.fwd_bytes == sent + back);
     CHECK(two.bwd_bytes == sent + back);
   }
+}
+
+TEST_CASE("a capacity of one slot is not split: the single exchange's values and counts",
+          "[world2]") {
+  const auto options = capacity(1.0, 1).overflow(EpOverflow::Drop); // C = 1: most rows dropped
+  auto run = [&](const ExpertParallelOptions& o) {
+    DeviceMesh mesh = ep_mesh_of_world();
+    MoE m = make_moe(small().hidden_dim(64), 9);
+    ExpertParallel(o).apply(*m->experts, mesh);
+    at::manual_seed(4);
+    at::Tensor x = at::randn({12, 16}).requires_grad_();
+    CommDebugMode mode;
+    at::Tensor out = dtensor::call(m, x);
+    out.sum().backward();
+    return std::make_pair(
+        std::vector<at::Tensor>{out.detach(), x.grad(), DTensor(m->experts->w1.grad()).to_local()},
+        counts_text(mode.comm_counts()));
+  };
+  const auto [one, one_counts] = run(options);
+  const auto [two, two_counts] = run(ExpertParallelOptions(options).overlap(true));
+  for (size_t i = 0; i < one.size(); ++i) {
+    INFO("result " << i);
+    CHECK(at::equal(one[i], two[i]));
+  }
+  CHECK(one_counts == "all_to_all 4");
+  CHECK(two_counts == "all_to_all 4");
 }
 
 TEST_CASE("overlapped chunks interleave: each chunk's experts run, forward and backward, while "

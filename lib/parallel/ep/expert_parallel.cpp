@@ -250,13 +250,27 @@ ModuleHooks capacity_hooks(const ExpertParallelOptions& options, const Group& gr
 // slot, not by token: no size depends on the routing, nothing is read by the host, and every
 // row computes what it would in one call. Backward interleaves the same way by itself ([Note:
 // overlapped all-to-alls] in async_all_to_all.cpp). Per call: forward 4 all-to-alls, backward
-// 4, the bytes of one call plus a header per chunk.
+// 4, the bytes of one call plus a header per chunk. A capacity of one slot is one exchange.
 ModuleHooks overlapped_capacity_hooks(const ExpertParallelOptions& options, const Group& group) {
   ModuleHooks hooks;
   hooks.name("ExpertParallel").order(hook_order::kExpertParallel);
   hooks.around_forward([options, group](torch::nn::Module& m, const TensorList& in,
                                         const ForwardFn& forward) -> TensorList {
     const detail::ep::CapacitySend send = send_rows(m, in, options, group);
+    if (send.capacity < 2) { // nothing to split: one exchange
+      detail::ep::CapacityPlan plan{send, {}};
+      auto [rows, chunk] = detail::ep::capacity_exchange(plan.send, 0, plan.send.capacity,
+                                                         options.float8_dispatch(), group);
+      plan.chunk = std::move(chunk);
+      detail::ep::add_device_rows(plan.chunk.local_counts.sum(), plan.send.overflow.sum());
+      TensorList out = forward({rows, plan.chunk.local_counts});
+      DTENSOR_CHECK(out.size() == 1,
+                    "ExpertParallel on {}: the experts' forward must return one tensor, got {}",
+                    m.name(), out.size());
+      at::Tensor y = detail::ep::capacity_combine(out[0], plan, group);
+      check_overflow_later(options, y);
+      return {y};
+    }
     const int64_t half = (send.capacity + 1) / 2;
     std::vector<detail::ep::StartedChunk> started;
     const bool float8 = options.float8_dispatch();
