@@ -39,6 +39,22 @@ std::vector<bool> all_to_alls() {
   return done;
 }
 
+// One step of the layer with its experts over the world's ranks (12 tokens each): the output,
+// the input's gradient and this rank's w1 gradient, and the step's collective counts.
+std::pair<std::vector<at::Tensor>, std::string> run_layer(const MoEArgs& args,
+                                                          const ExpertParallelOptions& options) {
+  DeviceMesh mesh = ep_mesh_of_world();
+  MoE m = make_moe(args, 9);
+  ExpertParallel(options).apply(*m->experts, mesh);
+  at::manual_seed(4);
+  at::Tensor x = at::randn({12, 16}).requires_grad_();
+  CommDebugMode mode;
+  at::Tensor out = dtensor::call(m, x);
+  out.sum().backward();
+  return {{out.detach(), x.grad(), DTensor(m->experts->w1.grad()).to_local()},
+          counts_text(mode.comm_counts())};
+}
+
 } // namespace
 
 TEST_CASE("overlapped chunks equal the single exchange and the plain layer for every routing "
@@ -72,22 +88,12 @@ TEST_CASE("overlapped chunks equal the single exchange and the plain layer for e
 
 TEST_CASE("a capacity of one slot is not split: the single exchange's values and counts",
           "[world2]") {
-  const auto options = capacity(1.0, 1).overflow(EpOverflow::Drop); // C = 1: most rows dropped
-  auto run = [&](const ExpertParallelOptions& o) {
-    DeviceMesh mesh = ep_mesh_of_world();
-    MoE m = make_moe(small().hidden_dim(64), 9);
-    ExpertParallel(o).apply(*m->experts, mesh);
-    at::manual_seed(4);
-    at::Tensor x = at::randn({12, 16}).requires_grad_();
-    CommDebugMode mode;
-    at::Tensor out = dtensor::call(m, x);
-    out.sum().backward();
-    return std::make_pair(
-        std::vector<at::Tensor>{out.detach(), x.grad(), DTensor(m->experts->w1.grad()).to_local()},
-        counts_text(mode.comm_counts()));
-  };
-  const auto [one, one_counts] = run(options);
-  const auto [two, two_counts] = run(ExpertParallelOptions(options).overlap(true));
+  // C = 1: most rows dropped. The single exchange's drops are judged by the plain layer on the
+  // kept tokens (test_moe_capacity); here it judges the overlapped path's fallback.
+  const auto options = capacity(1.0, 1).overflow(EpOverflow::Drop);
+  const MoEArgs args = small().hidden_dim(64);
+  const auto [one, one_counts] = run_layer(args, options);
+  const auto [two, two_counts] = run_layer(args, ExpertParallelOptions(options).overlap(true));
   for (size_t i = 0; i < one.size(); ++i) {
     INFO("result " << i);
     CHECK(at::equal(one[i], two[i]));
@@ -154,23 +160,10 @@ TEST_CASE("overlapped chunks with float8 dispatch equal the single float8 exchan
   const std::vector<int64_t> even(static_cast<size_t>(ep), 12);
   const MoEArgs args = small().hidden_dim(64).num_shared_experts(1);
   const auto options = capacity(static_cast<double>(ep), 24).float8_dispatch(true);
-  // The judge of the float8 rows themselves is test_moe_capacity (torchao's rowwise cast); here
-  // the two capacity paths judge each other, and both the plain layer within float8's error.
-  auto run = [&](const ExpertParallelOptions& o) {
-    DeviceMesh mesh = ep_mesh_of_world();
-    MoE m = make_moe(args, 9);
-    ExpertParallel(o).apply(*m->experts, mesh);
-    at::manual_seed(4);
-    at::Tensor x = at::randn({12, 16}).requires_grad_();
-    CommDebugMode mode;
-    at::Tensor out = dtensor::call(m, x);
-    out.sum().backward();
-    return std::make_pair(
-        std::vector<at::Tensor>{out.detach(), x.grad(), DTensor(m->experts->w1.grad()).to_local()},
-        counts_text(mode.comm_counts()));
-  };
-  const auto [one, one_counts] = run(options);
-  const auto [two, two_counts] = run(ExpertParallelOptions(options).overlap(true));
+  // The single float8 exchange is judged by the plain layer fed torchao's rowwise cast
+  // (test_moe_capacity); here it judges the overlapped chunks.
+  const auto [one, one_counts] = run_layer(args, options);
+  const auto [two, two_counts] = run_layer(args, ExpertParallelOptions(options).overlap(true));
   CHECK(at::equal(one[0], two[0]));
   CHECK(at::equal(one[1], two[1]));
   CHECK(at::allclose(one[2], two[2], 1e-6, 1e-7));
