@@ -13,6 +13,7 @@
 
 #include <dtensor/checkpoint.h>
 #include <dtensor/muon.h>
+#include <dtensor/optim_state_dict.h>
 
 #include "support/prelude.h"
 
@@ -130,6 +131,35 @@ int64_t sum_over_ranks(int64_t v) {
   at::Tensor t = at::full({1}, static_cast<double>(v), options(at::kDouble));
   dtensor::all_reduce_(t, ReduceOp::Sum, dtensor::world_group());
   return static_cast<int64_t>(t.item<double>());
+}
+
+// The parameters under their names, for the state dict functions.
+struct Named : torch::nn::Module {
+  explicit Named(const std::map<std::string, at::Tensor>& params) {
+    for (const auto& [name, p] : params) {
+      register_parameter(name, p);
+    }
+  }
+};
+
+// Steps [from, to) of the judge's gradients.
+void steps(std::map<std::string, at::Tensor>& params, Muon& opt, const Layout& l, int from,
+           int to) {
+  for (int k = from; k < to; ++k) {
+    for (auto& [name, p] : params) {
+      p.mutable_grad() = laid_out(judged("grad." + std::to_string(k) + "." + name), l, name);
+    }
+    opt.step();
+  }
+}
+
+std::map<std::string, at::Tensor> params_on(const Layout& l,
+                                            const std::map<std::string, at::Tensor>& full) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [name, t] : full) {
+    out[name] = laid_out(t, l, name).set_requires_grad(true);
+  }
+  return out;
 }
 
 } // namespace
@@ -258,4 +288,53 @@ TEST_CASE("Muon refuses what torch.optim.Muon refuses, naming it", "[world1]") {
   REQUIRE_THROWS_WITH(Muon({m}, MuonOptions().ns_steps(100)),
                       contains("ns_steps must be in [0, 100) (got 100)"));
   REQUIRE_THROWS_WITH(Muon({m}, MuonOptions(-1.0)), contains("lr must be >= 0 (got -1)"));
+}
+
+TEST_CASE("a Muon + AdamW state dict saved on one layout resumes on another: PyTorch's last step",
+          "[world1][world2][world4][world8]") {
+  // Two steps under FSDP, the optimizer's state dict (sharded, or full), the third step on
+  // FSDP x TP (plain tensors on one rank): the parameters equal PyTorch's after three steps.
+  const int64_t w = world();
+  const DeviceMesh dp = init_device_mesh(device_type(), {w}, {"dp"});
+  const Layout fsdp{dp, [](const std::string&) { return Placements{Shard(0)}; }};
+  Layout other{DeviceMesh(), nullptr};
+  if (w >= 2) {
+    other.mesh = init_device_mesh(device_type(), {2, w / 2}, {"tp", "dp"});
+    other.placements = [](const std::string& name) {
+      return name == "tall" ? Placements{Shard(1), Shard(0)} : Placements{Shard(0), Replicate()};
+    };
+  }
+  for (const std::string config : {"default", "variant"}) {
+    for (const bool full : {false, true}) {
+      INFO(config << (full ? ", full state dict" : ", sharded state dict"));
+      std::map<std::string, at::Tensor> init;
+      for (const auto& name : Layout{}.names) {
+        init[name] = judged("init." + name);
+      }
+      auto a = params_on(fsdp, init);
+      Named ma(a);
+      Muon oa(groups(config, a));
+      steps(a, oa, fsdp, 0, 2);
+      const dtensor::StateDict sd = dtensor::get_optimizer_state_dict(
+          ma, oa, dtensor::StateDictOptions().full_state_dict(full));
+      REQUIRE(sd.contains("state.square_a.momentum_buffer"));
+      REQUIRE(sd.contains("state.norm.exp_avg_sq"));
+      REQUIRE(sd.contains("param_groups.odd.ns_coefficients"));
+      REQUIRE(sd.contains("param_groups.embed.betas"));
+      std::map<std::string, at::Tensor> now;
+      for (const auto& [name, p] : a) {
+        now[name] = (dtensor::is_dtensor(p) ? DTensor(p).full_tensor() : p).detach().clone();
+      }
+      auto b = params_on(other, now);
+      Named mb(b);
+      Muon ob(groups(config, b));
+      dtensor::set_optimizer_state_dict(mb, ob, sd);
+      steps(b, ob, other, 2, 3);
+      for (const auto& [name, p] : b) {
+        INFO(name);
+        const at::Tensor got = dtensor::is_dtensor(p) ? DTensor(p).full_tensor() : p.detach();
+        REQUIRE(same(got, judged(config + "." + name)));
+      }
+    }
+  }
 }

@@ -3,9 +3,12 @@
 // Optimizer state dicts keyed by parameter name, after PyTorch's get_optimizer_state_dict /
 // set_optimizer_state_dict (torch.distributed.checkpoint.state_dict) in their flattened form:
 //   "state.<fqn>.<field>"           exp_avg, exp_avg_sq, max_exp_avg_sq, step (Adam, AdamW),
-//                                   momentum_buffer (SGD)
+//                                   momentum_buffer (SGD, Muon)
 //   "param_groups.<fqn>.<option>"   lr, betas (a 2-element tensor), eps, weight_decay,
-//                                   amsgrad, momentum, dampening, nesterov (0-dim tensors)
+//                                   amsgrad, momentum, dampening, nesterov (0-dim tensors);
+//                                   Muon's ns_coefficients (3 elements), ns_steps
+// dtensor::optim::Muon (dtensor/muon.h) gives each parameter its group's kind: AdamW's
+// fields and options in an AdamW group, Muon's in a Muon group.
 // State of a DTensor parameter is a DTensor with the parameter's placements (no
 // communication), or with full_state_dict its full value (one all-gather per tensor). `fqn`
 // is the parameter's name in `module` (model state dict names). Works for plain modules,

@@ -11,6 +11,7 @@
 #include <torch/optim/sgd.h>
 
 #include <dtensor/dtensor.h>
+#include <dtensor/muon.h>
 
 #include "internal/check.h"
 
@@ -111,7 +112,7 @@ bool set_sgd_option(torch::optim::SGDOptions& o, const std::string& name, const 
 struct OptimizerKind {
   const char* name;
   bool (*is)(const torch::optim::Optimizer&);
-  std::unique_ptr<OptimizerParamState> (*new_state)();
+  std::unique_ptr<OptimizerParamState> (*new_state)(const OptimizerOptions&);
   Fields (*fields)(const OptimizerParamState&);
   bool (*set_field)(OptimizerParamState&, const std::string&, const at::Tensor&);
   Fields (*options)(const OptimizerOptions&);
@@ -151,7 +152,9 @@ template <class Opt, class State, class Options>
 OptimizerKind adam_like(const char* name) {
   return {name,
           [](const torch::optim::Optimizer& o) { return dynamic_cast<const Opt*>(&o) != nullptr; },
-          []() -> std::unique_ptr<OptimizerParamState> { return std::make_unique<State>(); },
+          [](const OptimizerOptions&) -> std::unique_ptr<OptimizerParamState> {
+            return std::make_unique<State>();
+          },
           [](const OptimizerParamState& s) { return adam_fields(static_cast<const State&>(s)); },
           [](OptimizerParamState& s, const std::string& f, const at::Tensor& v) {
             return set_adam_field(static_cast<State&>(s), f, v);
@@ -163,13 +166,113 @@ OptimizerKind adam_like(const char* name) {
           adam_initial_state<State, Options>};
 }
 
+// [Note: Muon's state dict] One optimizer, two kinds of groups (include/dtensor/muon.h): an
+// AdamW group's parameters have AdamW's fields and options; a Muon group's have PyTorch's
+// Muon names: the state "momentum_buffer", the options lr, weight_decay, momentum, nesterov,
+// ns_coefficients, eps and ns_steps (adjust_lr_fn is a string, which a state dict of tensors
+// does not hold: it stays what the optimizer was built with).
+bool adamw_group(const OptimizerOptions& o) {
+  return dynamic_cast<const torch::optim::AdamWOptions*>(&o) != nullptr;
+}
+
+Fields muon_options(const optim::MuonOptions& o) {
+  const auto [a, b, c] = o.ns_coefficients();
+  return {{"lr", at::scalar_tensor(o.lr(), at::kDouble)},
+          {"weight_decay", at::scalar_tensor(o.weight_decay(), at::kDouble)},
+          {"momentum", at::scalar_tensor(o.momentum(), at::kDouble)},
+          {"nesterov", at::scalar_tensor(o.nesterov() ? 1.0 : 0.0, at::kDouble)},
+          {"ns_coefficients", at::tensor({a, b, c}, at::kDouble)},
+          {"eps", at::scalar_tensor(o.eps(), at::kDouble)},
+          {"ns_steps", at::scalar_tensor(static_cast<double>(o.ns_steps()), at::kDouble)}};
+}
+
+bool set_muon_option(optim::MuonOptions& o, const std::string& name, const at::Tensor& v) {
+  const at::Tensor d = v.to(at::kDouble);
+  if (name == "ns_coefficients") {
+    if (d.numel() == 3) {
+      o.ns_coefficients({d[0].item<double>(), d[1].item<double>(), d[2].item<double>()});
+    }
+    return true;
+  }
+  const double x = d.numel() == 1 ? d.item<double>() : 0.0;
+  if (name == "lr") {
+    o.lr(x);
+  } else if (name == "weight_decay") {
+    o.weight_decay(x);
+  } else if (name == "momentum") {
+    o.momentum(x);
+  } else if (name == "nesterov") {
+    o.nesterov(x != 0);
+  } else if (name == "eps") {
+    o.eps(x);
+  } else if (name == "ns_steps") {
+    o.ns_steps(static_cast<int64_t>(x));
+  } else {
+    return false;
+  }
+  return true;
+}
+
+OptimizerKind muon_kind() {
+  using torch::optim::AdamWOptions;
+  using torch::optim::AdamWParamState;
+  using optim::MuonOptions;
+  using optim::MuonParamState;
+  return {
+      "Muon",
+      [](const torch::optim::Optimizer& o) {
+        return dynamic_cast<const optim::Muon*>(&o) != nullptr;
+      },
+      [](const OptimizerOptions& o) -> std::unique_ptr<OptimizerParamState> {
+        if (adamw_group(o)) {
+          return std::make_unique<AdamWParamState>();
+        }
+        return std::make_unique<MuonParamState>();
+      },
+      [](const OptimizerParamState& s) {
+        if (const auto* m = dynamic_cast<const MuonParamState*>(&s)) {
+          return m->momentum_buffer().defined()
+                     ? Fields{{"momentum_buffer", m->momentum_buffer()}}
+                     : Fields{};
+        }
+        return adam_fields(static_cast<const AdamWParamState&>(s));
+      },
+      [](OptimizerParamState& s, const std::string& f, const at::Tensor& v) {
+        if (auto* m = dynamic_cast<MuonParamState*>(&s)) {
+          if (f == "momentum_buffer") {
+            m->momentum_buffer(v);
+          }
+          return f == "momentum_buffer";
+        }
+        return set_adam_field(static_cast<AdamWParamState&>(s), f, v);
+      },
+      [](const OptimizerOptions& o) {
+        return adamw_group(o) ? adam_options(static_cast<const AdamWOptions&>(o))
+                              : muon_options(static_cast<const MuonOptions&>(o));
+      },
+      [](OptimizerOptions& o, const std::string& n, const at::Tensor& v) {
+        return adamw_group(o) ? set_adam_option(static_cast<AdamWOptions&>(o), n, v)
+                              : set_muon_option(static_cast<MuonOptions&>(o), n, v);
+      },
+      [](const at::Tensor& p, const OptimizerOptions& o) -> std::unique_ptr<OptimizerParamState> {
+        if (adamw_group(o)) {
+          return adam_initial_state<AdamWParamState, AdamWOptions>(p, o);
+        }
+        auto s = std::make_unique<MuonParamState>();
+        s->momentum_buffer(at::zeros_like(p, at::MemoryFormat::Preserve));
+        return s;
+      }};
+}
+
 const std::vector<OptimizerKind>& kinds() {
   using namespace torch::optim;
   static const std::vector<OptimizerKind> table = {
       adam_like<AdamW, AdamWParamState, AdamWOptions>("AdamW"),
       adam_like<Adam, AdamParamState, AdamOptions>("Adam"),
       {"SGD", [](const Optimizer& o) { return dynamic_cast<const SGD*>(&o) != nullptr; },
-       []() -> std::unique_ptr<OptimizerParamState> { return std::make_unique<SGDParamState>(); },
+       [](const OptimizerOptions&) -> std::unique_ptr<OptimizerParamState> {
+         return std::make_unique<SGDParamState>();
+       },
        [](const OptimizerParamState& s) {
          const auto& m = static_cast<const SGDParamState&>(s).momentum_buffer();
          return m.defined() ? Fields{{"momentum_buffer", m}} : Fields{};
@@ -186,6 +289,7 @@ const std::vector<OptimizerKind>& kinds() {
          return set_sgd_option(static_cast<SGDOptions&>(o), n, v);
        },
        sgd_initial_state},
+      muon_kind(),
   };
   return table;
 }
@@ -196,7 +300,7 @@ const OptimizerKind& kind_of(const torch::optim::Optimizer& opt) {
       return k;
     }
   }
-  DTENSOR_FAIL("optimizer state dict: supported optimizers are SGD, Adam and AdamW");
+  DTENSOR_FAIL("optimizer state dict: supported optimizers are SGD, Adam, AdamW and Muon");
 }
 
 // The module's parameters that the optimizer holds, by name, with their group.
@@ -293,7 +397,7 @@ std::vector<Entry> parse(const StateDict& state, const std::vector<NamedParam>& 
   }
   // Field and option names are checked on scratch objects of the optimizer's kind.
   for (const Entry& e : out) {
-    auto scratch_state = kind.new_state();
+    auto scratch_state = kind.new_state(e.param->group->options());
     std::unique_ptr<OptimizerOptions> scratch_options = e.param->group->options().clone();
     const at::Tensor probe = e.field == "betas" ? at::zeros({2}, at::kDouble) : at::zeros({}, at::kDouble);
     const bool known = e.is_state ? kind.set_field(*scratch_state, e.field, probe)
@@ -349,7 +453,7 @@ void set_optimizer_state_dict(torch::nn::Module& module, torch::optim::Optimizer
     }
     auto& slot = optimizer.state()[e.param->param.unsafeGetTensorImpl()];
     if (!slot) {
-      slot = kind.new_state();
+      slot = kind.new_state(e.param->group->options());
     }
     kind.set_field(*slot, e.field,
                    e.field == "step" ? (is_dtensor(e.value) ? DTensor(e.value).full_tensor() : e.value)
