@@ -52,6 +52,8 @@ const std::vector<Key>& keys() {
       {"optimizer.beta2", "--beta2", Kind::Number},
       {"optimizer.eps", "--eps", Kind::Number},
       {"optimizer.weight_decay", "--weight-decay", Kind::Number},
+      {"optimizer.muon_momentum", "--muon-momentum", Kind::Number},
+      {"optimizer.muon_adjust_lr_fn", "--muon-adjust-lr", Kind::String},
       {"lr_scheduler.warmup_steps", "--warmup-steps", Kind::Int},
       {"lr_scheduler.total_steps", "--lr-total-steps", Kind::Int},
       {"lr_scheduler.decay_ratio", "--decay-ratio", Kind::Number},

@@ -460,7 +460,7 @@ int run_llama(int argc, char** argv) {
     parts.split_documents(data.eos_id()); // [Note: document masks]
   }
   const std::vector<at::Tensor> params = parts.parameters();
-  const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(f, params);
+  const std::unique_ptr<torch::optim::Optimizer> optimizer = make_optimizer(f, *model, params);
   torch::optim::Optimizer& opt = *optimizer;
   WarmupStableDecayLR schedule(opt, schedule_options(f));
   int64_t start = 0;

@@ -47,6 +47,9 @@ struct Flags {
   // lr_scheduler.h). decay_ratio nullopt: the decay starts after the warmup.
   std::string optimizer = "AdamW";
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  // Muon (dtensor/muon.h) for the blocks' matrices, AdamW with the settings above for the rest.
+  double muon_momentum = 0.95;
+  std::string muon_adjust_lr = "match_rms_adamw";
   int64_t warmup_steps = 2, lr_total_steps = 0; // 0: --steps
   std::optional<double> decay_ratio = 0.8;
   std::string decay_type = "linear";
@@ -223,7 +226,15 @@ inline FlagTable flag_table(Flags& f) {
              "--batch / (N x data-parallel ranks) microbatches (0: one microbatch)",
              f.local_batch)
       .value("--vocab", "the tokenizer's pieces (128)", f.vocab)
-      .value("--optimizer", "the optimizer (torchtitan's names)", f.optimizer, {"AdamW", "Adam"})
+      .value("--optimizer",
+             "the optimizer (torchtitan's names; Muon: the blocks' matrices by Muon, the "
+             "embeddings, norms and output by AdamW)",
+             f.optimizer, {"AdamW", "Adam", "Muon"})
+      .value("--muon-momentum", "Muon's momentum (0.95)", f.muon_momentum)
+      .value("--muon-adjust-lr",
+             "Muon's learning-rate scaling by matrix shape (match_rms_adamw: the AdamW rate "
+             "and weight decay carry over, as Moonlight)",
+             f.muon_adjust_lr, {"match_rms_adamw", "original", "spectral_unclamped"})
       .value("--lr", "the optimizer's peak learning rate (3e-3)", f.lr)
       .value("--beta1", "Adam's beta1 (0.9)", f.beta1)
       .value("--beta2", "Adam's beta2 (0.95, torchtitan's)", f.beta2)

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 #include "llama_flags.h"
@@ -15,8 +16,11 @@
 
 namespace dtensor::train {
 
-// torchtitan's optimizers by name (Adam, AdamW), every parameter in one group.
+// torchtitan's optimizers by name (Adam, AdamW), every parameter in one group; Muon: the
+// matrices of `model` among `params` (this rank's) by Muon, the rest (embeddings, norms, the
+// output projection) by AdamW with the same learning rate and weight decay.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const Flags& f,
+                                                        const torch::nn::Module& model,
                                                         const std::vector<at::Tensor>& params);
 
 // The learning-rate schedule of the flags (its length: --lr-total-steps, else --steps).

@@ -27,6 +27,7 @@
 #include <dtensor/simulate.h>
 #include <dtensor/checkpoint.h>
 #include <dtensor/diagnostics.h>
+#include <dtensor/muon.h>
 #include <dtensor/optim_state_dict.h>
 #include <dtensor/reduce_op.h>
 #include <dtensor/visualize_sharding.h>

@@ -17,8 +17,12 @@ mean below 0.85 of the first 5's) and the validation loss too (step 39's below s
 Then pipeline parallelism with the other dimensions inside its stages, 3 steps each against the
 same 1-rank runs: Llama, pp 2 x cp 2 x tp 2, and the MoE model, pp 2 x dp_shard 2 x tp 2 with
 ep 4 (the experts' all-to-alls inside each stage), by capacity dispatch in overlapped chunks
-(factor 4 = ep: room for every row, so the same values). Then the pp run's step-20 checkpoint is resumed on 4 ranks as dp_shard 4 (another mesh, other
-data-parallel splits): steps 20-22 must load the same global batches, token for token (equal
+(factor 4 = ep: room for every row, so the same values). Muon (--optimizer Muon) on
+pp 2 x dp_shard 2 x tp 2, and on the MoE model as dp_replicate 2 x dp_shard 2 x tp 2 with ep 4,
+3 steps each against the 1-rank Muon runs, the first saved after step 2 and resumed on 4
+ranks as dp_shard 4 for its third step (the same loss within 1e-4). Then the pp run's
+step-20 checkpoint is resumed on 4 ranks as dp_shard 4 (another mesh, other data-parallel
+splits): steps 20-22 must load the same global batches, token for token (equal
 digests), and their losses equal the pp run's within 1e-4. Last, the MoE model in bf16 mixed
 precision for 3 steps on dp_shard 4 x tp 2 with ep 4 against one rank, within 1e-3.
 """
@@ -100,6 +104,30 @@ def main():
                           "capacity", "--ep-capacity-factor", "4", "--ep-overlap"], moe1)):
         got = run(8, extra, 3)
         ok = check_first_steps(label, got, judge) and len(got) == 3 and ok
+    # Muon (the blocks' matrices, experts included; AdamW for the rest) on pipeline stages of
+    # FSDP x TP, and on the MoE model under HSDP x TP with EP x efsdp: one rank's first losses
+    # (one rank's Muon is judged by torch.optim.Muon in test_muon).
+    # The pp run saves after 2 steps; its third step resumed on dp_shard 4 (the optimizer's
+    # state on another layout) gives the same loss.
+    muon = ["--optimizer", "Muon"]
+    muon_ckpt = os.path.join(out, "ckpt_muon")
+    shutil.rmtree(muon_ckpt, ignore_errors=True)
+    muon_runs = []
+    for label, extra, one in (
+            ("Muon, pp2 x dp_shard2 x tp2",
+             ["--pp", "2", "--mesh", "1x2x2", "--save", muon_ckpt, "--save-every", "2"], []),
+            ("Muon, deepseek-v3 dp_replicate2 x dp_shard2 x tp2, ep4",
+             ["--mesh", "2x2x2", "--ep", "4"], moe_flags)):
+        got = run(8, one + muon + extra, 3)
+        muon_runs.append(got)
+        ok = check_first_steps(label, got, run(1, one + muon, 3)) and len(got) == 3 and ok
+    resumed = run(4, muon + ["--mesh", "1x4x1", "--resume", os.path.join(muon_ckpt, "step-2"),
+                             "--lr-total-steps", "3"], 3)
+    want = muon_runs[0][2]["loss"]
+    close = [r["step"] for r in resumed] == [2] and abs(resumed[0]["loss"] - want) <= 1e-4 * want
+    print(f"Muon resumed on dp_shard 4, step 2: loss {resumed[0]['loss']:.6f} against the pp "
+          f"run's {want:.6f}{'' if close else '  FAIL'}")
+    ok = ok and close
     # The MoE model under fully_shard's mixed precision (bf16 parameters, fp32 reductions; the
     # router's gate upcast to fp32 from the unsharded bf16 weight): 8 ranks against 1.
     bf16 = [f for f in moe_flags] + ["--precision", "bf16"]
