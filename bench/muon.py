@@ -25,11 +25,12 @@ with Muon, alternating, --rounds each: the median step time of steps 2-9.
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
 import time
+
+from bench_util import torchrun_result  # bench/bench_util.py (this script's folder)
 
 
 def shapes(dim, layers):
@@ -122,16 +123,6 @@ def one_process(a):
     return time_steps(torch, optimizers(torch, params, True), a.steps, lambda: None)
 
 
-def launch(torchrun, n, argv):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    out = subprocess.run([torchrun, "--standalone", f"--nproc-per-node={n}"] + argv,
-                         capture_output=True, text=True, env=env, check=True).stdout
-    m = re.search(r"^RESULT (.*)$", out, re.M)
-    if not m:
-        raise RuntimeError("no RESULT line in:\n" + out)
-    return json.loads(m.group(1))
-
-
 def recipe_step(torchrun, train, opt, a, out):
     metrics = os.path.join(out, f"metrics-{opt}.jsonl")
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -190,8 +181,9 @@ def main():
     for n in a.ranks:
         rows = []
         for _ in range(a.rounds):
-            pt = launch(a.torchrun, n, [me, "--worker"] + model)
-            dt = launch(a.torchrun, n, ["--no-python", a.bench] + model + ["--rounds", "1"])
+            pt = torchrun_result(a.torchrun, n, [me, "--worker"] + model)
+            dt = torchrun_result(a.torchrun, n,
+                                 ["--no-python", a.bench] + model + ["--rounds", "1"])
             rows.append((pt, dt))
         d_adamw = [r[1]["adamw_s"][0] for r in rows]
         d_muon = [r[1]["muon_s"][0] for r in rows]

@@ -14,11 +14,11 @@ rounds (spread in parentheses) and the median of the per-round ratios.
 import argparse
 import json
 import os
-import re
 import statistics
-import subprocess
 import sys
 import time
+
+from bench_util import torchrun_result  # bench/bench_util.py (this script's folder)
 
 
 def worker():
@@ -65,16 +65,6 @@ def worker():
     dist.destroy_process_group()
 
 
-def run(torchrun, world, argv):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    out = subprocess.run([torchrun, "--standalone", f"--nproc-per-node={world}"] + argv,
-                         capture_output=True, text=True, env=env, check=True).stdout
-    m = re.search(r"^RESULT (.*)$", out, re.M)
-    if not m:
-        raise RuntimeError("no RESULT line in:\n" + out)
-    return json.loads(m.group(1))
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("torchrun")
@@ -87,8 +77,8 @@ def main():
     for world in args.ranks:
         torch_ms, ours_ms = {}, {}
         for _ in range(args.rounds):
-            t = run(args.torchrun, world, [os.path.abspath(__file__), "--worker"])
-            d = run(args.torchrun, world, ["--no-python", os.path.abspath(args.binary)])
+            t = torchrun_result(args.torchrun, world, [os.path.abspath(__file__), "--worker"])
+            d = torchrun_result(args.torchrun, world, ["--no-python", os.path.abspath(args.binary)])
             for k in t:
                 torch_ms.setdefault(k, []).append(t[k])
                 ours_ms.setdefault(k, []).append(d[k])

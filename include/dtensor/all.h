@@ -29,6 +29,7 @@
 #include <dtensor/diagnostics.h>
 #include <dtensor/muon.h>
 #include <dtensor/optim_state_dict.h>
+#include <dtensor/reshard.h>
 #include <dtensor/reduce_op.h>
 #include <dtensor/visualize_sharding.h>
 #include <dtensor/module_hooks.h>
