@@ -2,11 +2,12 @@
 """A rank that throws, or one that stalls, must make the whole job fail within the timeout.
 
 usage: fail_fast.py TORCHRUN WORKER TEST_PROGRAM NPROC
-Runs WORKER under torchrun in four modes (throw and stall: a collective; pipe-throw and
-pipe-stall: a pipeline schedule whose last stage fails or stalls mid-step), and
+Runs WORKER under torchrun in five modes (throw and stall: a collective; pipe-throw and
+pipe-stall: a pipeline schedule whose last stage fails or stalls mid-step; reshard-kill: a
+source rank of a reshard killed, the others' targets left as they were), and
 TEST_PROGRAM's hidden test case that fails an assertion on rank 1 only; checks the exit
 status, the time it took and the messages (a pipeline's name the rank, stage and action).
-Exits 0 when all five behave.
+Exits 0 when all six behave.
 """
 import concurrent.futures
 import subprocess
@@ -51,6 +52,7 @@ def run(torchrun, worker, nproc, mode):
                        f"stage {last} fails on purpose"],
         "pipe-stall": [f"pipeline rank {last - 1} (pp: ranks", f"action {last - 1}B2"],
         "stall": ["rank 0 error:", "all_reduce(sum, Float[4] on cpu) on group dp"],
+        "reshard-kill": ["rank 0: reshard failed, targets untouched", "rank 0 error:"],
         "assertion": ["'harness self-check: fails on rank 1 only' failed on rank(s) 1",
                       "failed: rank() != 1"],
     }[mode]
@@ -58,8 +60,8 @@ def run(torchrun, worker, nproc, mode):
         if w not in out:
             say(f"FAIL {mode}: output lacks {w!r}")
             ok = False
-    if "completed without" in out:
-        say(f"FAIL {mode}: a collective completed without rank 1")
+    if "completed without" in out or "HALF-WRITTEN" in out:
+        say(f"FAIL {mode}: a collective completed without rank 1, or a target half-written")
         ok = False
     say(f"{'ok' if ok else 'FAIL'} {mode}: exit {p.returncode} after {elapsed:.1f} s")
     if not ok:
@@ -69,7 +71,7 @@ def run(torchrun, worker, nproc, mode):
 
 def main():
     torchrun, worker, test_program, nproc = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    jobs = [(worker, m) for m in ("throw", "stall", "pipe-throw", "pipe-stall")]
+    jobs = [(worker, m) for m in ("throw", "stall", "pipe-throw", "pipe-stall", "reshard-kill")]
     jobs.append((test_program, "assertion"))
     # At once: each job spends most of its time waiting for a timeout or a start-up, and each
     # is its own torchrun (its own store on a free port); the limits hold under the load.
