@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <dtensor/collectives.h>
 #include <dtensor/process_group.h>
