@@ -167,9 +167,10 @@ TEST_CASE("fully_shard: HSDP on a (replicate, shard) mesh matches replicate",
 
 // What [Note: one-rank shard groups alias] (lib/parallel/fsdp/param_group.cpp) promises:
 // over a shard group of one rank no all-gather or reduce-scatter is issued (as PyTorch's
-// FSDP2), HSDP's all-reduce still is (over one replica too, as FSDP2's), and no unit ever holds an unsharded copy: the only
-// buffer is one unit's flat gradient at a time. With a cast (bf16 parameters) the unit
-// holds its cast copy, still without a collective. Values: replicate (DDP) as the judge.
+// FSDP2), HSDP's all-reduce still is (over one replica too, as FSDP2's), and no unit ever
+// holds an unsharded copy: the only buffer is one unit's flat gradient at a time. With a cast
+// (bf16 parameters) the unit holds its cast copy, still without a collective. Values:
+// replicate (DDP) as the judge.
 TEST_CASE("fully_shard: a shard group of one rank aliases the shard and issues nothing over it",
           "[fully_shard][world1][world2][world4]") {
   auto dp = init_device_mesh(device_type(), {world()}, {"dp"});

@@ -38,17 +38,18 @@ const dtensor::StateDict& judge() {
     // Beside this program in the build, as attention_meta_shapes.json.
     const fs::path file =
         fs::read_symlink("/proc/self/exe").parent_path() / "muon_judge.safetensors";
-    const fs::path dir =
-        fs::temp_directory_path() / ("dtensor-muon-judge-" + std::to_string(getpid()));
-    fs::create_directories(dir);
-    fs::remove(dir / "model.safetensors");
+    // A fresh directory of its own (mkdtemp), holding only a link to the judge's file.
+    std::string tmpl = (fs::temp_directory_path() / "dtensor-muon-judge-XXXXXX").string();
+    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+    const fs::path dir = tmpl;
     fs::create_symlink(file, dir / "model.safetensors");
     dtensor::StateDict out;
     for (const auto& info : dtensor::checkpoint::read_metadata(dir.string())) {
       out.insert(info.key, at::empty(info.shape, at::kFloat));
     }
     dtensor::checkpoint::load(out, dir.string());
-    fs::remove_all(dir);
+    fs::remove(dir / "model.safetensors"); // the link, not the judge's file
+    fs::remove(dir);
     return out;
   }();
   return tensors;
@@ -84,6 +85,8 @@ std::vector<OptimizerParamGroup> groups(const std::string& config,
 struct Layout {
   DeviceMesh mesh;
   std::function<Placements(const std::string&)> placements;
+  // The gradients' placements when they differ from the parameters' (redistributed by Muon).
+  std::function<Placements(const std::string&)> grad_placements = nullptr;
   std::vector<std::string> names = {"wide", "tall",    "square_a", "square_b",
                                     "odd",  "experts", "norm",     "embed"};
 };
@@ -110,7 +113,9 @@ Run run(const Layout& layout, const std::string& config) {
   Run out;
   for (int k = 0; k < kSteps; ++k) {
     for (auto& [name, p] : params) {
-      p.mutable_grad() = laid_out(judged("grad." + std::to_string(k) + "." + name), layout, name);
+      Layout g = layout;
+      g.placements = layout.grad_placements ? layout.grad_placements : layout.placements;
+      p.mutable_grad() = laid_out(judged("grad." + std::to_string(k) + "." + name), g, name);
     }
     CommDebugMode mode;
     opt.step();
@@ -177,6 +182,15 @@ TEST_CASE("Muon + AdamW equal PyTorch's on plain tensors and under FSDP and HSDP
       // experts whole on their ranks (dim 0 is their batch): one group, dp.
       const DeviceMesh mesh = init_device_mesh(device_type(), {w}, {"dp"});
       const Run r = run({mesh, [](const std::string&) { return Placements{Shard(0)}; }}, config);
+      REQUIRE(r.all_to_alls == std::vector<int64_t>(kSteps, over(w, 2)));
+    }
+    SECTION("FSDP, Replicate gradients, " + config) {
+      // The gradients' other placements are made the parameters' first (locally: no
+      // communication beyond the exchange's).
+      const DeviceMesh mesh = init_device_mesh(device_type(), {w}, {"dp"});
+      Layout l{mesh, [](const std::string&) { return Placements{Shard(0)}; }};
+      l.grad_placements = [](const std::string&) { return Placements{Replicate()}; };
+      const Run r = run(l, config);
       REQUIRE(r.all_to_alls == std::vector<int64_t>(kSteps, over(w, 2)));
     }
     if (w >= 2) {
