@@ -33,6 +33,7 @@
 #include <models/check.h>
 #include <models/llama3/args.h>
 #include <models/llama3/documents.h>
+#include <models/llama3/kv_cache.h>
 #include <models/llama3/layers.h>
 #include <models/llama3/mla.h>
 #include <models/llama3/rope.h>
@@ -100,12 +101,16 @@ struct Llama3AttentionImpl : torch::nn::Module {
       xq = dtensor::call(q_norm, xq);
       xk = dtensor::call(k_norm, xk);
     }
-    auto [rot_cos, rot_sin] = rope_tables(freqs_cis, seqlen);
-    xq = apply_rotary_emb(xq, rot_cos, rot_sin);
-    xk = apply_rotary_emb(xk, rot_cos, rot_sin);
-    // [bs, heads, seqlen, head_dim]
-    at::Tensor out =
-        dtensor::call(inner_attention, xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2));
+    at::Tensor out; // [bs, heads, seqlen, head_dim]
+    if (cache && cache->active()) { // [Note: the KV cache]
+      out = cache->attend(layer_id, xq, xk, xv, freqs_cis);
+    } else {
+      auto [rot_cos, rot_sin] = rope_tables(freqs_cis, seqlen);
+      xq = apply_rotary_emb(xq, rot_cos, rot_sin);
+      xk = apply_rotary_emb(xk, rot_cos, rot_sin);
+      out = dtensor::call(inner_attention, xq.transpose(1, 2), xk.transpose(1, 2),
+                          xv.transpose(1, 2));
+    }
     return dtensor::call(wo, out.transpose(1, 2).contiguous().view({bs, seqlen, -1}));
   }
   // torchtitan: wq / wk / wv trunc_normal_(std 0.02), wo trunc_normal_(init_std), both with
@@ -129,6 +134,8 @@ struct Llama3AttentionImpl : torch::nn::Module {
   Llama3InnerAttention inner_attention;
   RMSNorm q_norm{nullptr}; // with qk_norm
   RMSNorm k_norm{nullptr};
+  int64_t layer_id = 0; // its block's, the index of its layer in the KV cache
+  KvCachePtr cache;     // the model's ([Note: the KV cache]); inactive outside generation
 };
 TORCH_MODULE(Llama3Attention);
 
@@ -209,6 +216,8 @@ struct Llama3Impl : torch::nn::Module {
         block->mla->inner_attention->documents = documents;
       } else {
         block->attention->inner_attention->documents = documents;
+        block->attention->layer_id = i;
+        block->attention->cache = kv_cache;
       }
       layers->push_back(block);
     }
@@ -216,8 +225,7 @@ struct Llama3Impl : torch::nn::Module {
     output = register_module("output", llama3_detail::linear(args.dim(), args.vocab_size()));
   }
   at::Tensor forward(const at::Tensor& tokens) {
-    DTENSOR_MODEL_CHECK(tokens.size(1) <= freqs_cis.size(0), "Llama3: sequence of ", tokens.size(1),
-                        " tokens is longer than max_seq_len ", freqs_cis.size(0));
+    check_positions(tokens.size(1));
     at::Tensor h = dtensor::call(tok_embeddings, tokens);
     for (const auto& layer : *layers) {
       h = dtensor::call(*layer->as<Llama3BlockImpl>(), h, freqs_cis);
@@ -240,6 +248,24 @@ struct Llama3Impl : torch::nn::Module {
     dtensor::trunc_normal_(output->weight, 0.0, final_out_std, -3.0 * final_out_std,
                            3.0 * final_out_std);
   }
+  // Every position of the next forward's `seqlen` tokens a row (from the KV cache's positions
+  // when one is active) within max_seq_len and the cache.
+  void check_positions(int64_t seqlen) const {
+    const int64_t max_seq = freqs_cis.size(0);
+    if (!kv_cache->active()) {
+      DTENSOR_MODEL_CHECK(seqlen <= max_seq, "Llama3: sequence of ", seqlen,
+                          " tokens is longer than max_seq_len ", max_seq);
+      return;
+    }
+    DTENSOR_MODEL_CHECK(!model_args.mla(),
+                        "Llama3: multi-head latent attention has no KV cache (decode without one)");
+    for (size_t b = 0; b < kv_cache->positions.size(); ++b) {
+      const int64_t end = kv_cache->positions[b] + seqlen;
+      DTENSOR_MODEL_CHECK(end <= max_seq && end <= kv_cache->capacity, "Llama3: row ", b,
+                          " would reach position ", end, ", past max_seq_len ", max_seq,
+                          " or the KV cache's ", kv_cache->capacity, " positions");
+    }
+  }
   // The documents of the next forwards' rows ([Note: document masks]); empty: causal over the
   // whole row.
   void set_documents(std::vector<std::vector<int64_t>> rows) { documents->rows = std::move(rows); }
@@ -251,6 +277,7 @@ struct Llama3Impl : torch::nn::Module {
 
   Llama3Args model_args;
   DocumentsPtr documents = std::make_shared<Documents>(); // shared by every block's attention
+  KvCachePtr kv_cache = std::make_shared<KvCache>(); // generation's ([Note: the KV cache])
   torch::nn::Embedding tok_embeddings;
   at::Tensor freqs_cis;
   torch::nn::ModuleList layers;

@@ -126,6 +126,66 @@ inline dtensor::ParallelizePlan llama3_tp_plan(bool loss_parallel,
   return plan;
 }
 
+// [Note: the generator's plan] Generation runs a few tokens a row per forward: sequence
+// parallelism (a residual stream sharded by position) has nothing to split there, so the
+// generator's plan is Megatron's plain tensor parallelism: every rank holds the whole residual
+// stream (plain tensors), tok_embeddings row-wise and wo / w2 row-wise all-reduced to Replicate,
+// wq / wk / wv / w1 / w3 column-wise (each rank's heads: its KV cache holds only those), the
+// norms plain and whole, output column-wise gathered to Replicate logits, so that every rank
+// samples the same tokens. A forward costs one all-reduce for the embeddings, two a dense block,
+// one all-gather for the logits. Mixture-of-experts layers: their experts sharded over the same
+// ranks by expert parallelism (each rank routes the whole batch, so that every rank gets every
+// token's output), the router and shared experts whole.
+inline dtensor::ParallelizePlan llama3_generator_plan(const Llama3Args& args) {
+  using dtensor::ColwiseParallel;
+  using dtensor::Replicate;
+  using dtensor::RowwiseParallel;
+  DTENSOR_MODEL_CHECK(!args.mla(), "Llama3 generator: multi-head latent attention has no "
+                                   "tensor-parallel generator plan (its KV cache is not built)");
+  // The rotary table joins q / k (DTensors sharded by head) as Replicate, as in training.
+  const auto attention_inputs =
+      dtensor::PrepareModuleInput().more_input_layouts({Replicate()});
+  dtensor::ParallelizePlan plan = {
+      {"tok_embeddings", RowwiseParallel().input_layouts(Replicate())},
+      {"output", ColwiseParallel().output_layouts(Replicate())},
+      {"layers.*.attention", attention_inputs},
+      {"layers.*.attention.w[qkv]", ColwiseParallel()},
+      {"layers.*.attention.wo", RowwiseParallel()},
+  };
+  if (args.qk_norm()) { // per-head norms of q / k sharded by head: their weights Replicate
+    const auto replicated = std::make_shared<ReplicateParallel>();
+    plan.push_back({"layers.*.attention.q_norm", replicated});
+    plan.push_back({"layers.*.attention.k_norm", replicated});
+  }
+  if (!args.moe() || args.n_dense_layers() > 0) {
+    plan.insert(plan.end(), {{"layers.*.feed_forward.w[13]", ColwiseParallel()},
+                             {"layers.*.feed_forward.w2", RowwiseParallel()}});
+  }
+  return plan;
+}
+
+// A generator over the 1-D tp_mesh ([Note: the generator's plan]); the model's KV cache then
+// holds each rank's heads only. Collective over tp_mesh.
+inline void parallelize_llama3_generator(Llama3& model, const dtensor::DeviceMesh& tp_mesh) {
+  const Llama3Args& a = model->model_args;
+  DTENSOR_MODEL_CHECK(a.n_heads() % tp_mesh.size() == 0 && a.kv_heads() % tp_mesh.size() == 0,
+                      "Llama3 generator: n_heads (", a.n_heads(), ") and n_kv_heads (",
+                      a.kv_heads(), ") must be multiples of the tensor-parallel degree ",
+                      tp_mesh.size());
+  dtensor::parallelize_module(*model, tp_mesh, llama3_generator_plan(a));
+  if (!a.moe() || tp_mesh.size() == 1) {
+    return;
+  }
+  DTENSOR_MODEL_CHECK(a.moe()->num_experts() % tp_mesh.size() == 0, "Llama3 generator: ",
+                      a.moe()->num_experts(), " experts do not divide over ", tp_mesh.size(),
+                      " ranks");
+  for (auto* block : llama3_blocks(model)) {
+    if (block->moe) {
+      dtensor::ExpertParallel().apply(*block->moe->experts, tp_mesh);
+    }
+  }
+}
+
 // Parallelizes `model` over the 1-D tp_mesh (collective: every rank of tp_mesh calls it).
 // Heads are sharded: n_heads and n_kv_heads must be multiples of the mesh size, so that
 // inner_attention's local kv heads are those of the local q heads. freqs_cis stays a plain buffer,
