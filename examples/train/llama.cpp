@@ -550,10 +550,9 @@ int run_llama(int argc, char** argv) {
   if (is_simulated()) {
     return 0; // nothing to sample or export from tensors without values
   }
-  parts.for_generation();
-  // Through the whole model on every layout (under --pp stage after stage).
+  // On a tensor-parallel generator resharded from the trained parts, every layout.
   const std::string text =
-      sample(parts, data, data.from_files() ? "The " : "It was the ", 24, f.seq, device);
+      sample(parts, data, data.from_files() ? "The " : "It was the ", 24, device);
   if (!f.export_hf.empty()) {
     parts.export_hf(f.export_hf, models::HfExportOptions()
                                      .max_shard_bytes(shard_size_bytes(f.export_hf_max_shard))

@@ -17,9 +17,11 @@
 #include <dtensor/materialize.h>
 #include <dtensor/pipeline_schedule.h>
 #include <dtensor/random.h>
+#include <dtensor/reshard.h>
 #include <dtensor/tensor_parallel.h>
 
 #include <models/check.h>
+#include <models/llama3/generate.h>
 
 #include "recipe_model.h"
 
@@ -229,14 +231,6 @@ std::pair<at::Tensor, at::Tensor> ModelParts::inputs(const at::Tensor& rows) {
     return {x, y};
   }
   return {cp_shard(x, 1, l, mesh_["cp"]), cp_shard(y, 1, l, mesh_["cp"])};
-}
-
-void ModelParts::for_generation() {
-  docs_.clear(); // a prompt is one document
-  model_->set_documents({});
-  if (cp_) {
-    cp_->set_enabled(false);
-  }
 }
 
 std::string ModelParts::layout() const {
@@ -467,28 +461,35 @@ Group ModelParts::part_group() const {
   return mesh_[inner].flatten("pp_stage_ranks").get_group();
 }
 
+// [Note: the recipe samples with the generator] The closing sample runs on a tensor-parallel
+// generator (models/llama3/generate.h), not on the training layout: a copy of the model over
+// (world / tp, tp) with the generator's plan (parallelize_llama3_generator), filled from the
+// trained parts by dtensor::reshard (each weight's pieces sent where the generator needs them,
+// pipeline stages and expert shards included), then decoded greedily with the KV cache. Every
+// replica group of tp ranks decodes the same prompt, as far as the model's max_seq_len allows.
+// The copy goes when it returns.
 std::string sample(ModelParts& parts, const RecipeData& vocab, const std::string& prompt,
-                   int64_t n, int64_t seq, const at::Device& device) {
-  const int64_t align = parts.window_multiple();
+                   int64_t n, const at::Device& device) {
+  const int64_t tp = parts.tp();
+  const DeviceMesh mesh =
+      init_device_mesh(device.type(), {get_world_size() / tp, tp}, {"replica", "tp"});
+  models::Llama3 generator{nullptr};
+  {
+    MetaDeviceGuard meta;
+    generator = models::Llama3(parts.args());
+  }
+  models::parallelize_llama3_generator(generator, mesh["tp"]);
+  to_empty(*generator, device);
+  reshard(parts.model_state(), get_model_state_dict(*generator), ReshardOptions().what("sample"));
   std::vector<int64_t> ids = vocab.encode(prompt);
-  const auto prompt_len = static_cast<int64_t>(ids.size());
-  while (static_cast<int64_t>(ids.size()) < align) {
-    ids.insert(ids.begin(), ids.front());
+  // No further than the positions the model has (its rotary table).
+  n = std::min(n, parts.args().max_seq_len() - static_cast<int64_t>(ids.size()) + 1);
+  if (n < 1) {
+    return vocab.decode(ids);
   }
-  const auto padded = static_cast<int64_t>(ids.size()) - prompt_len;
-  for (int64_t k = 0; k < n; ++k) {
-    auto len = std::min<int64_t>(static_cast<int64_t>(ids.size()), seq);
-    len -= len % align;
-    std::vector<int64_t> window(ids.end() - len, ids.end());
-    const at::Tensor x = at::tensor(window, at::kLong).view({1, len}).to(device);
-    const at::Tensor next = parts.evaluate(x, 1, [&](const at::Tensor& logits) {
-      // The whole logits (vocab-sharded DTensor under the loss-parallel plan).
-      const at::Tensor whole = is_dtensor(logits) ? DTensor(logits).full_tensor() : logits;
-      return whole[0][len - 1].narrow(0, 0, vocab.vocab_size()).argmax();
-    });
-    ids.push_back(static_cast<int64_t>(next.item<double>()));
-  }
-  ids.erase(ids.begin(), ids.begin() + padded);
+  const auto result = models::generate(
+      generator, {ids}, models::GenerateOptions().max_new_tokens(n).vocab_size(vocab.vocab_size()));
+  ids.insert(ids.end(), result.tokens[0].begin(), result.tokens[0].end());
   return vocab.decode(ids);
 }
 

@@ -61,9 +61,6 @@ class ModelParts {
   void split_documents(int64_t eos) { eos_ = eos; }
   // This rank's positions of a sequence (--seq, or its cp piece).
   int64_t local_len() const;
-  // From now on forwards of whole growing sequences (sampling): context parallelism off, every
-  // cp rank runs the whole sequence.
-  void for_generation();
   // The layout, as the job's first line says it: "pp=2 (1F1B, ...), dp_replicate=1, ...".
   std::string layout() const;
   std::vector<at::Tensor> parameters() const;
@@ -84,9 +81,8 @@ class ModelParts {
   // data-parallel (and cp) ranks: under --pp only the last stage's ranks hold one (zero
   // elsewhere), theirs scaled by pp and averaged over the world. Collective.
   double mean_loss(const at::Tensor& loss) const;
-  // Sampling's windows: a multiple of tp for a mixture-of-experts model (its MoE blocks take
-  // their sequence pieces back without agreeing on uneven sizes), else any length.
-  int64_t window_multiple() const { return args_.moe() ? dims_.tp : 1; }
+  // The tensor-parallel degree (the closing sample's generator has it too).
+  int64_t tp() const { return dims_.tp; }
   // clip_grad_norm_ over every part's gradients (the dense and expert meshes and pp).
   at::Tensor clip_grad_norm(double max_norm);
   // After the optimizer step: the next step's float8 scales (--float8-all-gather).
@@ -133,10 +129,10 @@ class ModelParts {
   int64_t docs_first_ = 0, pp_rows_ = 0;    // the accumulation microbatch's rows; pp's
 };
 
-// Greedy continuation of `prompt` by `n` tokens through the whole model (ModelParts::evaluate;
-// every rank runs the same passes), in windows of at most `seq` tokens and of a multiple of
-// parts.window_multiple() (the prompt's first token repeated before it when shorter).
+// Greedy continuation of `prompt` by `n` tokens on a tensor-parallel generator filled from the
+// trained parts ([Note: the recipe samples with the generator] in model_parts.cpp). Collective
+// over the world; the prompt and its continuation must fit the model's max_seq_len.
 std::string sample(ModelParts& parts, const RecipeData& vocab, const std::string& prompt,
-                   int64_t n, int64_t seq, const at::Device& device);
+                   int64_t n, const at::Device& device);
 
 } // namespace dtensor::train
