@@ -465,7 +465,8 @@ Group ModelParts::part_group() const {
 // generator (models/llama3/generate.h), not on the training layout: a copy of the model over
 // (world / tp, tp) with the generator's plan (parallelize_llama3_generator), filled from the
 // trained parts by dtensor::reshard (each weight's pieces sent where the generator needs them,
-// pipeline stages and expert shards included), then decoded greedily with the KV cache. Every
+// pipeline stages and expert shards included), then decoded greedily with the KV cache (latent
+// attention has none: its tokens recompute the whole sequence). Every
 // replica group of tp ranks decodes the same prompt, as far as the model's max_seq_len allows.
 // The copy goes when it returns.
 std::string sample(ModelParts& parts, const RecipeData& vocab, const std::string& prompt,
@@ -487,8 +488,11 @@ std::string sample(ModelParts& parts, const RecipeData& vocab, const std::string
   if (n < 1) {
     return vocab.decode(ids);
   }
-  const auto result = models::generate(
-      generator, {ids}, models::GenerateOptions().max_new_tokens(n).vocab_size(vocab.vocab_size()));
+  const auto result = models::generate(generator, {ids},
+                                       models::GenerateOptions()
+                                           .max_new_tokens(n)
+                                           .vocab_size(vocab.vocab_size())
+                                           .kv_cache(!parts.args().mla()));
   ids.insert(ids.end(), result.tokens[0].begin(), result.tokens[0].end());
   return vocab.decode(ids);
 }

@@ -135,13 +135,13 @@ inline dtensor::ParallelizePlan llama3_tp_plan(bool loss_parallel,
 // samples the same tokens. A forward costs one all-reduce for the embeddings, two a dense block,
 // one all-gather for the logits. Mixture-of-experts layers: their experts sharded over the same
 // ranks by expert parallelism (each rank routes the whole batch, so that every rank gets every
-// token's output), the router and shared experts whole.
+// token's output), the router and shared experts whole. Latent attention (DeepSeek-V3): its
+// training plan's projections ([Note: latent attention under tensor parallelism]); it has no
+// KV cache, so its generation recomputes.
 inline dtensor::ParallelizePlan llama3_generator_plan(const Llama3Args& args) {
   using dtensor::ColwiseParallel;
   using dtensor::Replicate;
   using dtensor::RowwiseParallel;
-  DTENSOR_MODEL_CHECK(!args.mla(), "Llama3 generator: multi-head latent attention has no "
-                                   "tensor-parallel generator plan (its KV cache is not built)");
   // The rotary table joins q / k (DTensors sharded by head) as Replicate, as in training.
   const auto attention_inputs =
       dtensor::PrepareModuleInput().more_input_layouts({Replicate()});
@@ -149,10 +149,14 @@ inline dtensor::ParallelizePlan llama3_generator_plan(const Llama3Args& args) {
       {"tok_embeddings", RowwiseParallel().input_layouts(Replicate())},
       {"output", ColwiseParallel().output_layouts(Replicate())},
       {"layers.*.attention", attention_inputs},
-      {"layers.*.attention.w[qkv]", ColwiseParallel()},
       {"layers.*.attention.wo", RowwiseParallel()},
   };
-  if (args.qk_norm()) { // per-head norms of q / k sharded by head: their weights Replicate
+  if (args.mla()) { // ([Note: latent attention under tensor parallelism]; no KV cache)
+    add_mla_tp_plan(plan, args);
+  } else {
+    plan.insert(plan.end(), {{"layers.*.attention.w[qkv]", ColwiseParallel()}});
+  }
+  if (args.qk_norm() && !args.mla()) { // per-head norms of q / k sharded by head: Replicate
     const auto replicated = std::make_shared<ReplicateParallel>();
     plan.push_back({"layers.*.attention.q_norm", replicated});
     plan.push_back({"layers.*.attention.k_norm", replicated});
