@@ -69,8 +69,10 @@ void run_reshard_kill() {
     const bool untouched =
         at::equal(dtensor::DTensor(target["w"]).to_local(),
                   at::full_like(dtensor::DTensor(target["w"]).to_local(), -1.0));
-    std::cerr << "rank " << dtensor::get_rank() << ": reshard failed, targets "
-              << (untouched ? "untouched" : "HALF-WRITTEN") << std::endl;
+    // One write, so that the ranks' lines on the shared stderr do not interleave.
+    std::cerr << ("rank " + std::to_string(dtensor::get_rank()) + ": reshard failed, targets " +
+                  (untouched ? "untouched" : "HALF-WRITTEN") + "\n")
+              << std::flush;
     throw;
   }
   std::cout << "rank " << dtensor::get_rank() << ": reshard completed without rank 1?!\n";
@@ -111,8 +113,9 @@ int main(int argc, char** argv) {
     std::cout << "rank " << dtensor::get_rank() << ": collective completed without rank 1?!\n";
     return 0;
   } catch (const std::exception& e) {
-    std::cerr << "rank " << (dtensor::is_initialized() ? dtensor::get_rank() : -1)
-              << " error: " << e.what() << std::endl;
+    std::cerr << ("rank " + std::to_string(dtensor::is_initialized() ? dtensor::get_rank() : -1) +
+                  " error: " + e.what() + "\n")
+              << std::flush; // one write: ranks' lines do not interleave
     return 1;
   }
 }
