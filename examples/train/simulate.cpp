@@ -13,7 +13,8 @@
 // Flags of its own: --simulate WORLD, --mesh LIST, --out DIR (train-out/simulation), --sample N
 // (random ranks beyond the extremes, 8), --jobs N (children at once: the cores), and the time
 // model's --tflops X (achieved, 400), --node N (GPUs per node, 8), --nvlink-gbps X (360),
-// --network-gbps X (45), --p2p-gbps X (0: the links'). The others (--model, --seq, --batch,
+// --network-gbps X (45), --p2p-gbps X (0: the links'), --cluster ROW (collectives by NCCL's
+// algorithms on a row of dtensor/collective_cost.h's table). The others (--model, --seq, --batch,
 // --ac, --precision, ...) go to every simulated rank.
 #include <spawn.h>
 #include <sys/wait.h>
@@ -114,7 +115,12 @@ SimFlags parse_sim(int argc, char** argv) {
       .value("--network-gbps", "inter-node GB/s (45)",
              [&f](const std::string& v) { f.time.inter_node_gbps(FlagTable::parse_double(v)); })
       .value("--p2p-gbps", "a send's GB/s to one peer where below the links' (0: theirs)",
-             [&f](const std::string& v) { f.time.p2p_gbps(FlagTable::parse_double(v)); });
+             [&f](const std::string& v) { f.time.p2p_gbps(FlagTable::parse_double(v)); })
+      .value("--cluster", "collectives by NCCL's algorithms on a row: h100, h200, b200, gb200, cpu",
+             [&f](const std::string& v) {
+               f.time.cluster(cluster_spec(v));
+               f.time.ranks_per_node(f.time.cluster()->gpus_per_node());
+             });
   t.parse(argc, argv, &f.passed);
   if (f.world < 1) {
     sim_usage("--simulate takes the world size, at least 1");
@@ -422,7 +428,8 @@ int run_simulate(int argc, char** argv) {
                           {"inter_node_gbps", f.time.inter_node_gbps()},
                           {"intra_node_latency_us", f.time.intra_node_latency_us()},
                           {"inter_node_latency_us", f.time.inter_node_latency_us()},
-                          {"p2p_gbps", f.time.p2p_gbps()}}},
+                          {"p2p_gbps", f.time.p2p_gbps()},
+                          {"cluster", f.time.cluster() ? f.time.cluster()->name() : "ring"}}},
                         {"meshes", nlohmann::json::array()}};
   bool consistent = true;
   for (const auto& mesh : f.meshes) {

@@ -1,6 +1,7 @@
 #pragma once
 
 // Everything public in dtensor.
+#include <dtensor/collective_cost.h>
 #include <dtensor/collectives.h>
 #include <dtensor/comm_debug_mode.h>
 #include <dtensor/device_mesh.h>

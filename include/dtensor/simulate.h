@@ -6,12 +6,14 @@
 // setting ([Note: simulated worlds] in dtensor/process_group.h).
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
 
+#include <dtensor/collective_cost.h>
 #include <dtensor/comm_debug_mode.h>
 
 namespace torch::optim {
@@ -131,6 +133,11 @@ struct TimeModelOptions {
   // bus bandwidth (a torus: a ring neighbour is one link, a collective uses them all); 0: the
   // link's bandwidth above (NVLink's switch and the network give one peer the same).
   TORCH_ARG(double, p2p_gbps) = 0;
+  // A row of the device / network table (dtensor/collective_cost.h): each collective then costs
+  // what NCCL's tuner predicts for its cheapest algorithm on that cluster (ring, tree, NVLS...;
+  // [Note: collectives by algorithm]), nodes of the row's gpus_per_node, instead of the ring's
+  // alpha-beta above. Unset: the ring.
+  TORCH_ARG(std::optional<ClusterSpec>, cluster) = std::nullopt;
 };
 
 struct PhaseTime {

@@ -34,6 +34,10 @@ double collective_seconds(const CollectiveRecord& c, const TimeModelOptions& o) 
   if (k <= 1) {
     return 0.0;
   }
+  if (o.cluster()) { // NCCL's size: all-gather's output, the input of the others
+    const int64_t bytes = c.kind == CollectiveKind::AllGather ? c.bytes_out : c.bytes_in;
+    return collective_cost(c.kind, bytes, c.ranks, *o.cluster()).seconds;
+  }
   const bool local = within_one_node(c.ranks, o.ranks_per_node());
   const double bw = (local ? o.intra_node_gbps() : o.inter_node_gbps()) * 1e9;
   const double alpha = (local ? o.intra_node_latency_us() : o.inter_node_latency_us()) * 1e-6;
