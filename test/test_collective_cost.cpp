@@ -169,3 +169,58 @@ TEST_CASE("collective_cost: the time model with a cluster row costs each collect
   CHECK(dtensor::collective_seconds(ag, dtensor::TimeModelOptions()) ==
         Approx(7 * 8e-6 + 7.0 / 8 * (1 << 28) / 360e9));
 }
+
+TEST_CASE("redistribute_cost: shortest paths of direct transitions satisfy the triangle "
+          "inequality; a direct all-to-all can cost more than a detour",
+          "[collective_cost][world1]") {
+  using dtensor::Placement;
+  const std::vector<Placement> placements = {Placement::replicate(), Placement::partial(),
+                                             Placement::shard(0), Placement::shard(1)};
+  bool detour_seen = false;
+  for (const std::string name : {"h100", "gb200", "cpu"}) {
+    const auto cluster = cluster_spec(name);
+    for (const int n : {8, 64}) {
+      for (int64_t bytes = 1024; bytes <= (1LL << 30); bytes *= 32) {
+        INFO(name << ", " << n << " ranks, " << bytes << " bytes");
+        const auto cost = [&](const Placement& a, const Placement& b) {
+          return dtensor::redistribute_cost(a, b, 2, bytes, ranks(n), cluster);
+        };
+        for (const auto& a : placements) {
+          for (const auto& c : placements) {
+            const auto ac = cost(a, c);
+            // The path's steps add up to its cost and it ends where asked.
+            double sum = 0;
+            for (size_t i = 0; i + 1 < ac.path.size(); ++i) {
+              sum += dtensor::direct_redistribute_seconds(ac.path[i], ac.path[i + 1], bytes,
+                                                          ranks(n), cluster);
+            }
+            CHECK(near_s(sum, ac.seconds));
+            CHECK(ac.path.front() == a);
+            CHECK(ac.path.back() == c);
+            CHECK(ac.seconds <=
+                  dtensor::direct_redistribute_seconds(a, c, bytes, ranks(n), cluster));
+            for (const auto& b : placements) {
+              CHECK(ac.seconds <= cost(a, b).seconds + cost(b, c).seconds + 1e-15);
+            }
+            detour_seen = detour_seen || ac.path.size() > 2;
+          }
+        }
+      }
+    }
+  }
+  CHECK(detour_seen);
+  // On H100, 1 KiB Shard(0) -> Shard(1) over 8 ranks: the all-to-all of the 128-byte pieces
+  // (8.4 + 3.4 us) costs more than an LL ring's all-gather (6.6 + 7 x 0.6 us) and a free chunk.
+  const auto h100 = cluster_spec("h100");
+  const auto s01 =
+      dtensor::redistribute_cost(Placement::shard(0), Placement::shard(1), 2, 1024, ranks(8), h100);
+  CHECK(s01.path ==
+        std::vector<Placement>{Placement::shard(0), Placement::replicate(), Placement::shard(1)});
+  CHECK(dtensor::direct_redistribute_seconds(Placement::shard(0), Placement::shard(1), 1024,
+                                             ranks(8), h100) > s01.seconds);
+  // Shard -> Partial has no direct way: it goes through Replicate (an all-gather).
+  const auto s0p = dtensor::redistribute_cost(Placement::shard(0), Placement::partial(), 2, 1 << 20,
+                                              ranks(8), h100);
+  CHECK(s0p.path.size() == 3);
+  CHECK(s0p.path[1] == Placement::replicate());
+}

@@ -8,6 +8,7 @@
 
 #include <torch/arg.h>
 
+#include <dtensor/placement.h>
 #include <dtensor/reduce_op.h>
 
 namespace dtensor {
@@ -62,5 +63,28 @@ std::vector<CollectiveCost> collective_costs(CollectiveKind kind, int64_t bytes,
 // NCCL's choice: the cheapest of collective_costs (zero seconds for one rank).
 CollectiveCost collective_cost(CollectiveKind kind, int64_t bytes, const std::vector<int>& ranks,
                                const ClusterSpec& cluster);
+
+// [Note: redistribution costs are a metric] What changing one mesh dimension's placement costs
+// for a tensor of `bytes` (its size over that dimension: the whole tensor on a 1-D mesh) over the
+// dimension's `ranks`, on `cluster`: the cheapest path of direct transitions between
+// Replicate, Partial and Shard(0 .. ndim - 1), each one collective or a local step (Replicate
+// to Shard or Partial: a local chunk or zero fill, free; Shard to Replicate: all-gather;
+// Partial to Replicate: all-reduce; Partial to Shard: reduce-scatter; Shard(i) to Shard(j):
+// all-to-all of the local piece; Shard to Partial: through Replicate). A direct transition
+// can cost more than a detour (on H100 a 1 KiB Shard(0) -> Shard(1) all-to-all costs more
+// than an LL ring's all-gather then a free chunk), and a cost function of direct transitions
+// alone, as PyTorch's redistribute_cost, then breaks the triangle inequality; as shortest
+// paths the costs satisfy cost(a, c) <= cost(a, b) + cost(b, c) for every b, and `path` says
+// which placements the cheapest way passes through ({from, ..., to}).
+struct RedistributeCost {
+  double seconds = 0;
+  std::vector<Placement> path;
+};
+RedistributeCost redistribute_cost(const Placement& from, const Placement& to, int64_t ndim,
+                                   int64_t bytes, const std::vector<int>& ranks,
+                                   const ClusterSpec& cluster);
+// One direct transition's seconds (infinity where there is none: Shard to Partial).
+double direct_redistribute_seconds(const Placement& from, const Placement& to, int64_t bytes,
+                                   const std::vector<int>& ranks, const ClusterSpec& cluster);
 
 } // namespace dtensor
