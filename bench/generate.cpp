@@ -20,6 +20,8 @@
 #include <models/llama3.h>
 #include <models/llama3/generate.h>
 
+#include "bench_util.h"
+
 namespace {
 
 struct Args {
@@ -58,14 +60,6 @@ std::string json_rows(const std::vector<std::vector<int64_t>>& rows) {
       s += (j ? "," : "") + std::to_string(rows[i][j]);
     }
     s += "]";
-  }
-  return s + "]";
-}
-
-std::string json_list(const std::vector<double>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) {
-    s += (i ? "," : "") + std::to_string(v[i]);
   }
   return s + "]";
 }
@@ -128,7 +122,7 @@ int main(int argc, char** argv) {
   if (dtensor::get_rank() == 0) {
     std::printf("RESULT {\"ranks\":%d,\"cached_ms\":%s,\"recompute_ms\":%s,\"prompts\":%s,"
                 "\"tokens\":%s,\"kv_bytes\":%lld}\n",
-                world, json_list(cached_ms).c_str(), json_list(recompute_ms).c_str(),
+                world, bench::json_list(cached_ms).c_str(), bench::json_list(recompute_ms).c_str(),
                 json_rows(prompts).c_str(), json_rows(tokens).c_str(),
                 static_cast<long long>(kv_bytes));
   }
