@@ -93,8 +93,10 @@ inline double peak_resident_mib() {
   return status_mib("VmHWM");
 }
 
-// The recipe (examples/train/llama.cpp; argv without --model) and its planner (simulate.cpp).
+// The recipe (examples/train/llama.cpp; argv without --model), its planner (simulate.cpp) and
+// the layout search (plan.cpp).
 int run_llama(int argc, char** argv);
 int run_simulate(int argc, char** argv);
+int run_plan(int argc, char** argv);
 
 } // namespace dtensor::train

@@ -1,7 +1,7 @@
 // The main job (scripts/demo.sh): `train [--model llama|<flavor>] [flags]` (flavors:
 // recipe_flavors() in llama_flags.h), torchtitan's Llama 3 recipe (examples/train/llama.cpp; `train
 // --help` lists its flags). `--simulate WORLD` plans the recipe on a simulated world
-// (examples/train/simulate.cpp).
+// (examples/train/simulate.cpp); `--plan N` searches the layouts (examples/train/plan.cpp).
 #include <algorithm>
 #include <cstdio>
 #include <exception>
@@ -14,6 +14,19 @@
 #include "llama_flags.h"
 
 int main(int argc, char** argv) {
+  const auto has = [&](const char* flag) {
+    return std::find_if(argv + 1, argv + argc, [flag](const char* a) {
+             return std::string(a) == flag;
+           }) != argv + argc;
+  };
+  if (has("--plan")) { // the layout search names models by shape, recipe flavors or not
+    try {
+      return dtensor::train::run_plan(argc, argv);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "train --plan: %s\n", e.what());
+      return 2;
+    }
+  }
   std::string model = "llama";
   char* model_arg = nullptr;
   std::vector<char*> rest{argv[0]};
@@ -40,8 +53,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    if (std::find_if(argv + 1, argv + argc,
-                     [](const char* a) { return std::string(a) == "--simulate"; }) != argv + argc) {
+    if (has("--simulate")) {
       return dtensor::train::run_simulate(argc, argv); // plans; runs the recipe as children
     }
     return dtensor::train::run_llama(static_cast<int>(rest.size()), rest.data());

@@ -1,0 +1,227 @@
+// `train --plan N --model NAME --world W [--seq S] [--global-batch B] ...`: the layout search
+// (dtensor/layout_planner.h; docs/simulation.md, "Choosing the layout"). Prints the N fastest
+// layouts that fit, each with its time and memory by term and the `train --simulate` flags
+// that check its plan on sampled ranks; `--find` places a given layout in the ranking.
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include <dtensor/layout_planner.h>
+#include <nlohmann/json.hpp>
+
+#include "common.h"
+#include "flags.h"
+
+namespace dtensor::train {
+
+namespace {
+
+struct PlanFlags {
+  int64_t top = 5, world = 0, seq = 8192, global_batch = 0;
+  std::string model, find, json;
+  bool float8 = false;
+  PlannerOptions options;
+};
+
+PlanFlags parse_plan(int argc, char** argv) {
+  PlanFlags f;
+  FlagTable t("train --plan", "examples/train/plan.cpp");
+  t.value("--plan", "how many layouts to print (5)", f.top)
+      .value("--model", "the model's shape: llama3-8b|llama3-70b|llama3-405b|qwen3-30b-a3b|"
+                        "qwen3-235b-a22b|gpt-oss-120b|deepseek-v3-16b|deepseek-v3", f.model)
+      .value("--world", "GPUs", f.world)
+      .value("--seq", "tokens per sequence (8192)", f.seq)
+      .value("--global-batch", "sequences per step (the world)", f.global_batch)
+      .value("--cluster", "a row of the cluster table: h100|h200|b200|gb200|cpu (h100)",
+             [&f](const std::string& v) { f.options.cluster(cluster_spec(v)); })
+      .value("--memory-gib", "device memory a layout may use (the row's)",
+             [&f](const std::string& v) { f.options.memory_gib(FlagTable::parse_double(v)); })
+      .value("--fragmentation", "the allocator's reserve over live bytes (1.1)",
+             [&f](const std::string& v) { f.options.fragmentation(FlagTable::parse_double(v)); })
+      .value("--efficiency", "fraction of the dense peak the kernels achieve (0.404)",
+             [&f](const std::string& v) { f.options.efficiency(FlagTable::parse_double(v)); })
+      .toggle("--float8", "the blocks' products in float8", f.float8)
+      .value("--find", "a layout to place in the ranking, e.g. tp=4,pp=8,v=5 (dp_rep, dp_shard, "
+                       "tp, pp, v, cp, ep; dp_shard: the rest; ac, mb, method: plan exactly that)",
+             f.find)
+      .value("--json", "also write every ranked layout to this file", f.json);
+  t.parse(argc, argv);
+  if (f.model.empty() || f.world < 1) {
+    t.fail("--plan needs --model NAME and --world W");
+  }
+  if (f.global_batch == 0) {
+    f.global_batch = f.world;
+  }
+  return f;
+}
+
+void need(bool ok, const std::string& why) {
+  if (!ok) {
+    throw std::invalid_argument("--find: " + why);
+  }
+}
+
+// "tp=4,pp=8,v=5" on `world` ranks; dp_shard takes what the others leave. `exact` is set when
+// the policy, microbatch or method is given too (ac=, mb=, method=).
+Layout parse_layout(const std::string& text, int64_t world, bool& exact) {
+  Layout l;
+  bool shard_given = false;
+  exact = false;
+  std::istringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const auto eq = item.find('=');
+    need(eq != std::string::npos, "\"" + item + "\" is not key=value");
+    const std::string k = item.substr(0, eq);
+    const std::string value = item.substr(eq + 1);
+    if (k == "ac" || k == "method") {
+      need(k == "method" || value == "none" || value == "selective" || value == "full",
+           "ac takes none, selective or full");
+      k == "method" ? l.cp_method(value)
+                    : l.checkpoint(value == "none"        ? CheckpointPolicy::None
+                                   : value == "selective" ? CheckpointPolicy::Selective
+                                                          : CheckpointPolicy::Full);
+      exact = true;
+      continue;
+    }
+    const int64_t v = FlagTable::parse_int(value);
+    if (k == "mb") {
+      l.microbatch(v);
+      exact = true;
+    } else if (k == "dp_rep") {
+      l.dp_replicate(v);
+    } else if (k == "dp_shard") {
+      l.dp_shard(v);
+      shard_given = true;
+    } else if (k == "tp") {
+      l.tp(v);
+    } else if (k == "pp") {
+      l.pp(v);
+    } else if (k == "v") {
+      l.virtual_stages(v);
+    } else if (k == "cp") {
+      l.cp(v);
+    } else if (k == "ep") {
+      l.ep(v);
+    } else {
+      need(false, "unknown key \"" + k + "\" (dp_rep, dp_shard, tp, pp, v, cp, ep, ac, mb, method)");
+    }
+  }
+  if (!shard_given) {
+    const int64_t rest = l.dp_replicate() * l.tp() * l.pp() * l.cp();
+    need(world % rest == 0,
+         std::to_string(rest) + " ranks do not divide the world " + std::to_string(world));
+    l.dp_shard(world / rest);
+  }
+  need(l.world() == world, "the layout has " + std::to_string(l.world()) + " ranks, the world " +
+                               std::to_string(world));
+  return l.schedule(l.pp() == 1 ? "" : l.virtual_stages() > 1 ? "Interleaved1F1B" : "1F1B");
+}
+
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+
+void print_plan(const std::string& head, const LayoutPlan& p, const PlanFlags& f,
+                const JobShape& job) {
+  const TimeTerms& t = p.time;
+  const MemoryTerms& m = p.memory;
+  std::printf("%s %s: %.0f tok/s/GPU (MFU %.1f%%), step %.2f s\n", head.c_str(),
+              to_string(p.layout).c_str(), t.tokens_per_second_per_gpu, 100 * t.mfu, t.step);
+  std::printf("    time s: compute %.2f, tp %.2f, cp %.2f, ep %.2f, dp %.2f, pp (bubble, sends) %.2f\n",
+              t.compute, t.tp, t.cp, t.ep, t.dp, t.pp);
+  std::printf("    memory GiB: parameters %.1f, gradients %.1f, optimizer %.1f, unsharded %.1f, "
+              "activations %.1f, logits %.1f, buffers %.1f, x %.2f fragmentation = %.1f%s\n",
+              m.parameters / kGiB, m.gradients / kGiB, m.optimizer / kGiB, m.unsharded / kGiB,
+              m.activations / kGiB, m.logits / kGiB, m.buffers / kGiB, f.options.fragmentation(),
+              m.total / kGiB, p.fits ? "" : (" (" + p.why + ")").c_str());
+  std::printf("    check: train --model %s %s\n", f.model.c_str(),
+              simulate_flags(p.layout, job).c_str());
+}
+
+nlohmann::json to_json(const LayoutPlan& p) {
+  const TimeTerms& t = p.time;
+  const MemoryTerms& m = p.memory;
+  return {{"layout", to_string(p.layout)},
+          {"tokens_per_s_per_gpu", t.tokens_per_second_per_gpu},
+          {"mfu", t.mfu},
+          {"time_s", {{"step", t.step}, {"compute", t.compute}, {"tp", t.tp}, {"cp", t.cp},
+                      {"ep", t.ep}, {"dp", t.dp}, {"pp", t.pp}}},
+          {"memory_gib", {{"total", m.total / kGiB}, {"parameters", m.parameters / kGiB},
+                          {"gradients", m.gradients / kGiB}, {"optimizer", m.optimizer / kGiB},
+                          {"unsharded", m.unsharded / kGiB}, {"activations", m.activations / kGiB},
+                          {"logits", m.logits / kGiB}, {"buffers", m.buffers / kGiB}}}};
+}
+
+// Where `wanted` (its mesh and schedule) ranks, and its plan: the search's best variant, or,
+// when none fits or the policy, microbatch or method were given (`exact`), the plan of the
+// layout as given.
+void find_layout(const std::vector<LayoutPlan>& ranked, const Layout& wanted, bool exact,
+                 const TransformerShape& model, const JobShape& job, const PlanFlags& f,
+                 nlohmann::json& out) {
+  for (size_t i = 0; i < ranked.size() && !exact; ++i) {
+    const Layout& l = ranked[i].layout;
+    if (l.dp_replicate() == wanted.dp_replicate() && l.dp_shard() == wanted.dp_shard() &&
+        l.tp() == wanted.tp() && l.pp() == wanted.pp() && l.cp() == wanted.cp() &&
+        l.ep() == wanted.ep() && l.virtual_stages() == wanted.virtual_stages() &&
+        l.schedule() == wanted.schedule()) {
+      print_plan("the layout asked for ranks #" + std::to_string(i + 1) + " of " +
+                     std::to_string(ranked.size()) + ":",
+                 ranked[i], f, job);
+      out["found"] = to_json(ranked[i]);
+      out["found"]["rank"] = i + 1;
+      return;
+    }
+  }
+  const LayoutPlan p = plan_layout(model, job, wanted, f.options);
+  out["found"] = to_json(p);
+  out["found"]["rank"] = nullptr;
+  for (size_t i = 0; i < ranked.size(); ++i) { // where its mesh and schedule rank
+    const Layout& l = ranked[i].layout;
+    if (to_string(Layout(l).checkpoint(wanted.checkpoint()).microbatch(wanted.microbatch())
+                      .cp_method(wanted.cp_method())) == to_string(wanted)) {
+      out["found"]["rank"] = i + 1;
+      print_plan("the layout asked for (its mesh and schedule rank #" + std::to_string(i + 1) +
+                     " of " + std::to_string(ranked.size()) + "):",
+                 p, f, job);
+      return;
+    }
+  }
+  print_plan("the layout asked for is not ranked:", p, f, job);
+}
+
+} // namespace
+
+int run_plan(int argc, char** argv) {
+  const PlanFlags f = parse_plan(argc, argv);
+  const TransformerShape model = transformer_shape(f.model);
+  const JobShape job = JobShape().seq(f.seq).global_batch(f.global_batch).float8(f.float8);
+  int64_t refused = 0;
+  const std::vector<LayoutPlan> ranked = search_layouts(model, job, f.world, f.options, &refused);
+  std::printf("plan: %s (%.2f B parameters) on %lld x %s (%.0f GiB), seq %lld, global batch %lld, "
+              "%s\n",
+              f.model.c_str(), static_cast<double>(model_parameters(model)) / 1e9,
+              static_cast<long long>(f.world), f.options.cluster().name().c_str(),
+              f.options.memory_gib() > 0 ? f.options.memory_gib() : f.options.cluster().memory_gib(),
+              static_cast<long long>(f.seq), static_cast<long long>(f.global_batch),
+              f.float8 ? "float8 products" : "bf16");
+  std::printf("%zu meshes and schedules fit; %lld layouts over memory\n", ranked.size(),
+              static_cast<long long>(refused));
+  nlohmann::json out = {{"model", f.model}, {"world", f.world}, {"ranked", nlohmann::json::array()}};
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    if (static_cast<int64_t>(i) < f.top) {
+      print_plan("#" + std::to_string(i + 1), ranked[i], f, job);
+    }
+    out["ranked"].push_back(to_json(ranked[i]));
+  }
+  if (!f.find.empty()) {
+    bool exact = false;
+    const Layout wanted = parse_layout(f.find, f.world, exact);
+    find_layout(ranked, wanted, exact, model, job, f, out);
+  }
+  if (!f.json.empty()) {
+    std::ofstream(f.json) << out.dump(1) << "\n";
+  }
+  return ranked.empty() ? 1 : 0;
+}
+
+} // namespace dtensor::train
