@@ -79,9 +79,9 @@ Layout parse_layout(const std::string& text, int64_t world, bool& exact) {
       need(k == "method" || value == "none" || value == "selective" || value == "full",
            "ac takes none, selective or full");
       k == "method" ? l.cp_method(value)
-                    : l.checkpoint(value == "none"        ? CheckpointPolicy::None
-                                   : value == "selective" ? CheckpointPolicy::Selective
-                                                          : CheckpointPolicy::Full);
+                    : l.checkpoint(value == "none"        ? CheckpointMode::None
+                                   : value == "selective" ? CheckpointMode::Selective
+                                                          : CheckpointMode::Full);
       exact = true;
       continue;
     }

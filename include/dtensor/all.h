@@ -26,6 +26,7 @@
 #include <dtensor/user_rules.h>
 #include <dtensor/register_sharding.h>
 #include <dtensor/simulate.h>
+#include <dtensor/layout_planner.h>
 #include <dtensor/checkpoint.h>
 #include <dtensor/diagnostics.h>
 #include <dtensor/muon.h>

@@ -49,8 +49,8 @@ std::vector<std::string> transformer_shape_names();
 int64_t block_parameters(const TransformerShape& m, bool moe);
 int64_t model_parameters(const TransformerShape& m);
 
-enum class CheckpointPolicy { None, Selective, Full };
-std::string to_string(CheckpointPolicy policy);
+enum class CheckpointMode { None, Selective, Full };
+std::string to_string(CheckpointMode policy);
 
 // One layout of a world of dp_replicate x dp_shard x cp x tp x pp ranks. fully_shard shards
 // over dp_shard x cp (torchtitan's dp_shard_cp); ep borrows its ranks from dp_shard x cp.
@@ -64,7 +64,7 @@ struct Layout {
   TORCH_ARG(int64_t, cp) = 1;
   TORCH_ARG(std::string, cp_method) = "allgather"; // allgather | ring | ulysses
   TORCH_ARG(int64_t, ep) = 1;
-  TORCH_ARG(CheckpointPolicy, checkpoint) = CheckpointPolicy::Full;
+  TORCH_ARG(CheckpointMode, checkpoint) = CheckpointMode::Full;
   TORCH_ARG(int64_t, microbatch) = 1; // sequences per microbatch
 
  public:

@@ -181,11 +181,11 @@ Block block_costs(const TransformerShape& m, const JobShape& job, const Layout& 
   const double none = 2 * dim / tp + 2 * dim + qkv_el + out_el + 4 * ffn_el + dispatch_el;
   const double selective = dim / tp + qkv_el + out_el + 2 * dim + 2 * ffn_el + dispatch_el / 2;
   b.saved_none = none * t * kBf16;
-  b.saved = (l.checkpoint() == CheckpointPolicy::None        ? none
-             : l.checkpoint() == CheckpointPolicy::Selective ? selective
+  b.saved = (l.checkpoint() == CheckpointMode::None        ? none
+             : l.checkpoint() == CheckpointMode::Selective ? selective
                                                              : dim / tp) *
             t * kBf16;
-  if (l.checkpoint() == CheckpointPolicy::Full) { // the forward again, its collectives too
+  if (l.checkpoint() == CheckpointMode::Full) { // the forward again, its collectives too
     b.bwd += b.fwd;
     b.tp_bwd += b.tp_fwd;
     b.cp_bwd += b.cp_fwd;
@@ -229,7 +229,7 @@ void check_layout(const TransformerShape& m, const JobShape& job, const Layout& 
 }
 
 // The makespan of a schedule in units of one stage's forward (each full backward `ratio`
-// units, to 0.05: the makespan moves by under 2% across that), and the most (stage,
+// units, to 0.05, the makespan then scaled by (1 + ratio) over (1 + the rounded ratio)), and the most (stage,
 // microbatch) activations rank 0 and the last rank hold. Past the warm-up every further round
 // of pp microbatches adds the same time (the steady state), so a schedule of many microbatches
 // is timed at two small counts and extended along that line, which the simulator gives
@@ -237,6 +237,7 @@ void check_layout(const TransformerShape& m, const JobShape& job, const Layout& 
 struct ScheduleShape {
   double makespan = 0;
   int peak_first = 1, peak_last = 1;
+  double ratio = 2; // the rounded ratio it was timed at
 };
 
 ScheduleShape simulate_shape(ScheduleKind kind, int64_t pp, int64_t microbatches,
@@ -246,7 +247,7 @@ ScheduleShape simulate_shape(ScheduleKind kind, int64_t pp, int64_t microbatches
                         static_cast<int>(virtual_stages));
   const ScheduleTimeline t = simulate_schedule(order, static_cast<int>(pp * virtual_stages),
                                                ScheduleCosts().forward(1.0).full_backward(ratio));
-  return {t.makespan, t.peak_activations.front(), t.peak_activations.back()};
+  return {t.makespan, t.peak_activations.front(), t.peak_activations.back(), ratio};
 }
 
 ScheduleShape schedule_shape(const std::string& schedule, int64_t pp, int64_t microbatches,
@@ -328,7 +329,7 @@ Stage stage_costs(const TransformerShape& m, const JobShape& job, const Layout& 
   s.b = s.b_compute + sum(&Block::tp_bwd) + out_tp + sum(&Block::cp_bwd) + sum(&Block::ep_bwd) +
         send;
   s.saved = sum(&Block::saved);
-  s.transient = l.checkpoint() == CheckpointPolicy::Full
+  s.transient = l.checkpoint() == CheckpointMode::Full
                     ? std::max(dense.saved_none, moe.saved_none)
                     : 0;
   s.buffers = std::max(dense.buffers, moe.buffers) + (l.tp() > 1 ? act : 0);
@@ -344,7 +345,8 @@ struct Sharded {
 Sharded rank_parameters(const TransformerShape& m, const Layout& l, const Stage& s) {
   const int64_t v = l.pp() == 1 ? 1 : l.virtual_stages();
   const double routed = static_cast<double>(routed_expert_parameters(m));
-  const double embeddings = (l.pp() == 1 ? 2.0 : 1.0) * static_cast<double>(m.vocab() * m.dim());
+  const double embeddings = // and the final norm
+      (l.pp() == 1 ? 2.0 : 1.0) * static_cast<double>(m.vocab() * m.dim()) + static_cast<double>(m.dim());
   Sharded p;
   p.units = v * (s.dense + s.moe) + (l.pp() == 1 ? 2 : 1);
   p.moe_units = v * s.moe;
@@ -410,7 +412,8 @@ LayoutPlan plan_layout(const TransformerShape& m, const JobShape& job, const Lay
   double makespan = mb * (s.f + s.b);
   if (l.pp() > 1) {
     shape = schedule_shape(l.schedule(), l.pp(), microbatches, l.virtual_stages(), s.b / s.f);
-    makespan = shape.makespan * s.f;
+    // Back from the rounded ratio: exact where the makespan is a multiple of f + b (1F1B).
+    makespan = shape.makespan * s.f * (1 + s.b / s.f) / (1 + shape.ratio);
     t.dp = d.first_gather + std::max(0.0, d.gathers - d.first_gather - v * s.f_compute) +
            d.last_reduce + std::max(0.0, d.reduces - d.last_reduce - v * s.b_compute);
   } else {

@@ -120,8 +120,8 @@ std::vector<LayoutPlan> search_layouts(const TransformerShape& m, const JobShape
           continue; // the schedule cannot take the microbatches
         }
         for (const std::string& method : cp_methods(m, mesh)) {
-          for (const CheckpointPolicy ac :
-               {CheckpointPolicy::None, CheckpointPolicy::Selective, CheckpointPolicy::Full}) {
+          for (const CheckpointMode ac :
+               {CheckpointMode::None, CheckpointMode::Selective, CheckpointMode::Full}) {
             const Layout l = Layout(mesh).microbatch(mb).schedule(schedule).virtual_stages(v)
                                  .cp_method(method).checkpoint(ac);
             LayoutPlan plan = plan_layout(m, job, l, options);

@@ -96,13 +96,13 @@ int64_t model_parameters(const TransformerShape& m) {
          moe_layers * block_parameters(m, true) + 2 * m.vocab() * m.dim() + m.dim();
 }
 
-std::string to_string(CheckpointPolicy policy) {
+std::string to_string(CheckpointMode policy) {
   switch (policy) {
-  case CheckpointPolicy::None:
+  case CheckpointMode::None:
     return "none";
-  case CheckpointPolicy::Selective:
+  case CheckpointMode::Selective:
     return "selective";
-  case CheckpointPolicy::Full:
+  case CheckpointMode::Full:
     return "full";
   }
   return "?";
