@@ -53,7 +53,8 @@ enum class CheckpointMode { None, Selective, Full };
 std::string to_string(CheckpointMode policy);
 
 // One layout of a world of dp_replicate x dp_shard x cp x tp x pp ranks. fully_shard shards
-// over dp_shard x cp (torchtitan's dp_shard_cp); ep borrows its ranks from dp_shard x cp.
+// over dp_shard x cp (torchtitan's dp_shard_cp); ep borrows its ranks from dp_shard x cp, or,
+// a multiple of tp, from dp_shard x cp x tp (the experts then whole on a rank).
 struct Layout {
   TORCH_ARG(int64_t, dp_replicate) = 1;
   TORCH_ARG(int64_t, dp_shard) = 1;

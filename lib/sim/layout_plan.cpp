@@ -34,11 +34,14 @@ namespace {
 //   microbatch (pp: once a step, parameters kept unsharded and gradients accumulated
 //   unsharded between), HSDP's all-reduce of the shards, overlapped with the phase's compute
 //   but the first all-gather and the last reduction;
-// - pp: the busiest stage (ceil(layers / stages) blocks, plus the output and the loss) costs
-//   every stage its time, and the schedule simulator's makespan gives the step; each stage's
-//   output is sent to the next.
+// - pp: the busiest stage (ceil(layers / stages) blocks, and the output and the loss, which the
+//   last rank runs once a microbatch, a 1 / v share on each of its v stages) costs every stage
+//   its time, and the schedule simulator's makespan gives the step; each stage's output is
+//   sent to the next.
 // Groups are those of rank 0 on the mesh (pp, dp_replicate, dp_shard, cp, tp), tp innermost;
-// ep takes the innermost ranks of dp_shard x cp.
+// ep takes the innermost ranks of dp_shard x cp (the experts then split over tp as well), or,
+// when ep does not divide dp_shard x cp, tp's ranks and the innermost of dp_shard x cp
+// (experts whole on a rank: torchtitan's etp 1).
 constexpr double kBf16 = 2;
 constexpr double kFp32 = 4;
 
@@ -50,17 +53,32 @@ std::vector<int> strided(int64_t size, int64_t stride) {
   return r;
 }
 
+bool ep_spans_tp(const Layout& l) {
+  return (l.dp_shard() * l.cp()) % l.ep() != 0;
+}
+
+// What the routed experts' weights are split over: ep, and tp unless ep took tp's ranks.
+int64_t expert_split(const Layout& l) {
+  return ep_spans_tp(l) ? l.ep() : l.ep() * l.tp();
+}
+
+// fully_shard's group for the experts: the rest of dp_shard x cp (x tp where ep spans it).
+int64_t expert_fsdp(const Layout& l) {
+  return l.dp_shard() * l.cp() * (ep_spans_tp(l) ? l.tp() : 1) / l.ep();
+}
+
 struct Groups {
   std::vector<int> tp, cp, fsdp, efsdp, ep, rep, pp;
 };
 
 Groups groups_of(const Layout& l) {
   const int64_t f = l.dp_shard() * l.cp();
+  const bool spans = ep_spans_tp(l);
   return Groups{strided(l.tp(), 1),
                 strided(l.cp(), l.tp()),
                 strided(f, l.tp()),
-                strided(f / l.ep(), l.tp() * l.ep()),
-                strided(l.ep(), l.tp()),
+                strided(expert_fsdp(l), spans ? l.ep() : l.tp() * l.ep()),
+                strided(l.ep(), spans ? 1 : l.tp()),
                 strided(l.dp_replicate(), l.tp() * f),
                 strided(2, l.world() / l.pp())};
 }
@@ -155,7 +173,9 @@ Block block_costs(const TransformerShape& m, const JobShape& job, const Layout& 
     b.buffers += kv_bytes * l.cp();
   } else if (l.cp() > 1 && l.cp_method() == "ring") {
     const double steps = static_cast<double>(l.cp() - 1);
-    const std::vector<int> pair{0, static_cast<int>(l.tp())};
+    // A ring step waits for its slowest transfer: the wrap-around pair, across nodes where the
+    // group spans them.
+    const std::vector<int> pair{g.cp.front(), g.cp.back()};
     const double block = attention / static_cast<double>(l.cp());
     b.cp_fwd = steps * std::max(0.0, cost(CollectiveKind::Send, kv_bytes, pair, c) - block);
     b.cp_bwd = steps * std::max(0.0, cost(CollectiveKind::Send, 2 * kv_bytes, pair, c) - 2 * block);
@@ -206,9 +226,12 @@ void check_layout(const TransformerShape& m, const JobShape& job, const Layout& 
                 "layout {}: {} K/V heads neither split over tp {} nor repeat to it", what, kv,
                 l.tp());
   DTENSOR_CHECK(l.ep() == 1 || m.experts() > 0, "layout {}: ep {} on a dense model", what, l.ep());
-  DTENSOR_CHECK(l.ep() == 1 || (m.experts() % l.ep() == 0 && (l.dp_shard() * l.cp()) % l.ep() == 0),
-                "layout {}: ep {} must divide the {} experts and dp_shard x cp ({})", what, l.ep(),
-                m.experts(), l.dp_shard() * l.cp());
+  const int64_t f = l.dp_shard() * l.cp();
+  DTENSOR_CHECK(l.ep() == 1 || (m.experts() % l.ep() == 0 &&
+                                (f % l.ep() == 0 || (l.ep() % l.tp() == 0 && f % (l.ep() / l.tp()) == 0))),
+                "layout {}: ep {} must divide the {} experts, and dp_shard x cp ({}) or "
+                "dp_shard x cp x tp as a multiple of tp {}",
+                what, l.ep(), m.experts(), f, l.tp());
   const int64_t dp = l.dp_replicate() * l.dp_shard();
   DTENSOR_CHECK(job.global_batch() % (dp * l.microbatch()) == 0,
                 "layout {}: the global batch {} does not split into microbatches of {} over {} "
@@ -315,9 +338,12 @@ Stage stage_costs(const TransformerShape& m, const JobShape& job, const Layout& 
   };
   const double t = static_cast<double>(l.microbatch() * job.seq() / l.cp());
   const double peak = o.efficiency() * c.bf16_tflops() * 1e12;
-  const double out = 2 * t * m.dim() * static_cast<double>(m.vocab()) / l.tp() / peak;
+  // The output and the loss run on the last rank once a microbatch: over its stages, 1 / v a
+  // stage (every rank then costs what the last one does).
+  const double share = 1.0 / static_cast<double>(l.pp() == 1 ? 1 : l.virtual_stages());
+  const double out = share * 2 * t * m.dim() * static_cast<double>(m.vocab()) / l.tp() / peak;
   const double act = t * m.dim() * kBf16;
-  const double out_tp = cost(CollectiveKind::AllGather, act, g.tp, c);
+  const double out_tp = share * cost(CollectiveKind::AllGather, act, g.tp, c);
   const double send = l.pp() > 1 ? cost(CollectiveKind::Send, act / l.tp(), g.pp, c) : 0;
   s.f_compute = sum(&Block::fwd) + out;
   s.b_compute = sum(&Block::bwd) + 2 * out;
@@ -336,7 +362,8 @@ Stage stage_costs(const TransformerShape& m, const JobShape& job, const Layout& 
   return s;
 }
 
-// fully_shard's parameters on a rank: unsharded over tp (experts over tp x ep), in elements.
+// fully_shard's parameters on a rank: unsharded over tp (experts over expert_split), in
+// elements.
 struct Sharded {
   double dense = 0, experts = 0; // unsharded sizes on this rank
   int64_t units = 0, moe_units = 0;
@@ -354,7 +381,7 @@ Sharded rank_parameters(const TransformerShape& m, const Layout& l, const Stage&
              static_cast<double>(v * s.moe) * (static_cast<double>(block_parameters(m, true)) - routed) +
              embeddings) /
             static_cast<double>(l.tp());
-  p.experts = static_cast<double>(v * s.moe) * routed / static_cast<double>(l.tp() * l.ep());
+  p.experts = static_cast<double>(v * s.moe) * routed / static_cast<double>(expert_split(l));
   return p;
 }
 
@@ -379,7 +406,7 @@ DataParallel data_parallel(const Sharded& p, const Layout& l, const Groups& g,
   d.gathers = each(CollectiveKind::AllGather, p.dense * kBf16, p.experts * kBf16, g.fsdp, g.efsdp);
   d.reduces = each(CollectiveKind::ReduceScatter, p.dense * kFp32, p.experts * kFp32, g.fsdp, g.efsdp) +
               each(CollectiveKind::AllReduce, p.dense * kFp32 / f,
-                   p.experts * kFp32 / (f / static_cast<double>(l.ep())), g.rep, g.rep);
+                   p.experts * kFp32 / static_cast<double>(expert_fsdp(l)), g.rep, g.rep);
   d.first_gather = d.gathers / (units + moe);
   d.last_reduce = d.reduces / (units + moe);
   return d;
@@ -448,7 +475,7 @@ LayoutPlan plan_layout(const TransformerShape& m, const JobShape& job, const Lay
 
   MemoryTerms& mem = plan.memory;
   const double fsdp = static_cast<double>(l.dp_shard() * l.cp());
-  const double shards = p.dense / fsdp + p.experts / (fsdp / static_cast<double>(l.ep()));
+  const double shards = p.dense / fsdp + p.experts / static_cast<double>(expert_fsdp(l));
   mem.parameters = shards * kFp32;
   mem.gradients = shards * kFp32;
   mem.optimizer = 2 * shards * kFp32;

@@ -44,8 +44,9 @@ std::vector<Layout> meshes(const TransformerShape& m, const JobShape& job, int64
         const int64_t dp = world / tp / pp / cp;
         for (const int64_t rep : divisors(dp)) {
           const int64_t shard = dp / rep;
-          for (const int64_t ep : divisors(shard * cp)) {
-            if (ep > 1 && (m.experts() == 0 || m.experts() % ep != 0)) {
+          for (const int64_t ep : divisors(shard * cp * tp)) {
+            const bool placed = (shard * cp) % ep == 0 || (ep % tp == 0 && (shard * cp) % (ep / tp) == 0);
+            if (ep > 1 && (m.experts() == 0 || m.experts() % ep != 0 || !placed)) {
               continue;
             }
             out.push_back(
