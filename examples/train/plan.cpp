@@ -20,7 +20,7 @@ namespace {
 struct PlanFlags {
   int64_t top = 5, world = 0, seq = 8192, global_batch = 0;
   std::string model, find, json;
-  bool float8 = false;
+  bool float8 = false, tp_overlap = false, ep_overlap = false;
   PlannerOptions options;
 };
 
@@ -41,6 +41,13 @@ PlanFlags parse_plan(int argc, char** argv) {
              [&f](const std::string& v) { f.options.fragmentation(FlagTable::parse_double(v)); })
       .value("--efficiency", "fraction of the dense peak the kernels achieve (0.404)",
              [&f](const std::string& v) { f.options.efficiency(FlagTable::parse_double(v)); })
+      .value("--attention-efficiency", "attention kernels' fraction of the peak (efficiency's)",
+             [&f](const std::string& v) {
+               f.options.attention_efficiency(FlagTable::parse_double(v));
+             })
+      .toggle("--tp-overlap", "tensor parallelism's collectives under the products",
+              f.tp_overlap)
+      .toggle("--ep-overlap", "the experts' all-to-alls under the block's compute", f.ep_overlap)
       .toggle("--float8", "the blocks' products in float8", f.float8)
       .value("--find", "a layout to place in the ranking, e.g. tp=4,pp=8,v=5 (dp_rep, dp_shard, "
                        "tp, pp, v, cp, ep; dp_shard: the rest; ac, mb, method: plan exactly that)",
@@ -53,6 +60,7 @@ PlanFlags parse_plan(int argc, char** argv) {
   if (f.global_batch == 0) {
     f.global_batch = f.world;
   }
+  f.options.tp_overlap(f.tp_overlap).ep_overlap(f.ep_overlap);
   return f;
 }
 
@@ -204,6 +212,12 @@ int run_plan(int argc, char** argv) {
               f.options.memory_gib() > 0 ? f.options.memory_gib() : f.options.cluster().memory_gib(),
               static_cast<long long>(f.seq), static_cast<long long>(f.global_batch),
               f.float8 ? "float8 products" : "bf16");
+  std::printf("efficiency %.3f (attention %.3f), fragmentation %.2f, tp overlap %s, ep overlap "
+              "%s\n",
+              f.options.efficiency(),
+              f.options.attention_efficiency() > 0 ? f.options.attention_efficiency()
+                                                   : f.options.efficiency(),
+              f.options.fragmentation(), f.tp_overlap ? "on" : "off", f.ep_overlap ? "on" : "off");
   std::printf("%zu meshes and schedules fit; %lld layouts over memory\n", ranked.size(),
               static_cast<long long>(refused));
   nlohmann::json out = {{"model", f.model}, {"world", f.world}, {"ranked", nlohmann::json::array()}};

@@ -90,6 +90,13 @@ struct PlannerOptions {
   // The fraction of the cluster's dense peak the kernels achieve (400 of the H100's 989
   // TFLOP/s: the time model's default); float8 products run at twice the peak, same fraction.
   TORCH_ARG(double, efficiency) = 400.0 / 989.0;
+  // Attention kernels' own fraction of the peak (0: `efficiency`).
+  TORCH_ARG(double, attention_efficiency) = 0;
+  // Tensor parallelism's collectives overlapped with the block's products (asynchronous TP,
+  // Megatron's TP communication overlap), and the experts' all-to-alls with the block's compute
+  // (Megatron's EP overlap); off, as dtensor issues both: blocking.
+  TORCH_ARG(bool, tp_overlap) = false;
+  TORCH_ARG(bool, ep_overlap) = false;
   // Device memory a layout may use (0: the cluster's memory_gib), and the caching allocator's
   // reserve over what is alive (fragmentation), a stated factor.
   TORCH_ARG(double, memory_gib) = 0;

@@ -29,7 +29,8 @@ namespace {
 // - cp: allgather gathers K / V and reduce-scatters their gradients (blocking); ring passes
 //   K / V chunks cp - 1 times (K / V and their gradients backward), each hidden under its
 //   block of attention; ulysses exchanges q / k / v and the output all-to-all (blocking);
-// - ep: the dispatch and combine all-to-alls of T / tp x top-k rows a MoE block each way;
+// - ep: the dispatch and combine all-to-alls of T / tp x top-k rows a MoE block each way
+//   (tp_overlap / ep_overlap: hidden under the block's products / compute where they fit);
 // - dp: fully_shard's bf16 all-gathers (forward and backward) and fp32 reduce-scatters per
 //   microbatch (pp: once a step, parameters kept unsharded and gradients accumulated
 //   unsharded between), HSDP's all-reduce of the shards, overlapped with the phase's compute
@@ -158,8 +159,10 @@ Block block_costs(const TransformerShape& m, const JobShape& job, const Layout& 
                         (moe ? static_cast<double>(routed_expert_parameters(m)) : 0) +
                         (moe ? 3.0 * m.dim() * m.experts_per_token() * m.expert_hidden() : 0);
   const double products = 2 * t * active / tp / (job.float8() ? 2 * peak : peak);
-  const double attention =
-      2 * t * heads * static_cast<double>(d.qk + d.v) * attention_context(m, job.seq()) / peak;
+  const double attention_rate =
+      o.attention_efficiency() > 0 ? o.attention_efficiency() * c.bf16_tflops() * 1e12 : peak;
+  const double attention = 2 * t * heads * static_cast<double>(d.qk + d.v) *
+                           attention_context(m, job.seq()) / attention_rate;
   b.fwd = products + attention;
   b.bwd = 2 * b.fwd;
   const double act = t * m.dim() * kBf16;
@@ -205,6 +208,14 @@ Block block_costs(const TransformerShape& m, const JobShape& job, const Layout& 
              : l.checkpoint() == CheckpointMode::Selective ? selective
                                                              : dim / tp) *
             t * kBf16;
+  if (o.tp_overlap()) { // hidden under the block's products, forward and backward
+    b.tp_fwd = std::max(0.0, b.tp_fwd - products);
+    b.tp_bwd = std::max(0.0, b.tp_bwd - 2 * products);
+  }
+  if (o.ep_overlap()) { // hidden under the block's compute
+    b.ep_fwd = std::max(0.0, b.ep_fwd - b.fwd);
+    b.ep_bwd = std::max(0.0, b.ep_bwd - b.bwd);
+  }
   if (l.checkpoint() == CheckpointMode::Full) { // the forward again, its collectives too
     b.bwd += b.fwd;
     b.tp_bwd += b.tp_fwd;
