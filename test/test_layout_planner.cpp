@@ -50,12 +50,13 @@ TEST_CASE("one layout's terms as written out by hand", "[world1]") {
   CHECK(near(p.memory.gradients, 4 * params / 4));
   CHECK(near(p.memory.optimizer, 8 * params / 4));
   // Per microbatch: products 2 x 32 tokens x 41,088 weights / tp 2 a block; attention 2 x 32 x
-  // 2 heads x (16 + 16) x 16.5 keys on average (causal); the output 2 x 32 x 64 x 256 / 2.
-  // Forward, backward twice forward, the blocks' forward again.
-  const double block = 2 * 32 * 41088 / 2.0 + 2 * 32 * 2 * 32 * 16.5;
-  const double forward = 2 * block + 2 * 32 * 64 * 256 / 2.0;
+  // 2 heads x (16 + 16) x 16.5 keys on average (causal), at its own rate; the output 2 x 32 x
+  // 64 x 256 / 2. Forward, backward twice forward, the blocks' forward again.
   const double rate = o.efficiency() * 989e12;
-  CHECK(near(p.time.compute, 2 * (3 * forward + 2 * block) / rate));
+  const double attention_rate = o.attention_efficiency() * 989e12;
+  const double block = (2 * 32 * 41088 / 2.0) / rate + (2 * 32 * 2 * 32 * 16.5) / attention_rate;
+  const double forward = 2 * block + (2 * 32 * 64 * 256 / 2.0) / rate;
+  CHECK(near(p.time.compute, 2 * (3 * forward + 2 * block)));
   // Tensor parallelism: [32, 64] bf16 gathered and reduce-scattered twice a block each way and in
   // the recomputed forward; the output's input gathered forward, its gradient backward.
   const std::vector<int> tp{0, 1};
@@ -78,8 +79,8 @@ TEST_CASE("1F1B's step is (microbatches + pp - 1) x (f + b)", "[world1]") {
   // One block a stage plus the output; no data-parallel group, so f + b is the whole per-
   // microbatch time of a stage, compute and one send of [32, 64] bf16 each way.
   const double rate = o.efficiency() * 989e12;
-  const double block = 2 * 32 * 41088 + 2 * 32 * 4 * 32 * 16.5;
-  const double f = (block + 2 * 32 * 64 * 256) / rate;
+  const double block = (2 * 32 * 41088) / rate + (2 * 32 * 4 * 32 * 16.5) / (0.2 * 989e12);
+  const double f = block + (2 * 32 * 64 * 256) / rate;
   const double send = seconds(CollectiveKind::Send, 4096, {0, 1});
   CHECK(near(p.time.step, (4 + 2 - 1) * (3 * f + 2 * send)));
   CHECK(near(p.time.compute, 4 * 3 * f));

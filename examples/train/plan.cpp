@@ -41,7 +41,7 @@ PlanFlags parse_plan(int argc, char** argv) {
              [&f](const std::string& v) { f.options.fragmentation(FlagTable::parse_double(v)); })
       .value("--efficiency", "fraction of the dense peak the kernels achieve (0.404)",
              [&f](const std::string& v) { f.options.efficiency(FlagTable::parse_double(v)); })
-      .value("--attention-efficiency", "attention kernels' fraction of the peak (efficiency's)",
+      .value("--attention-efficiency", "attention kernels' fraction of the peak (0.2)",
              [&f](const std::string& v) {
                f.options.attention_efficiency(FlagTable::parse_double(v));
              })

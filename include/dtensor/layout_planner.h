@@ -90,8 +90,10 @@ struct PlannerOptions {
   // The fraction of the cluster's dense peak the kernels achieve (400 of the H100's 989
   // TFLOP/s: the time model's default); float8 products run at twice the peak, same fraction.
   TORCH_ARG(double, efficiency) = 400.0 / 989.0;
-  // Attention kernels' own fraction of the peak (0: `efficiency`).
-  TORCH_ARG(double, attention_efficiency) = 0;
+  // Attention kernels' own fraction of the peak (0: `efficiency`): FlashAttention runs below
+  // the products; 0.2, fitted to torchtitan's 8B row at 32k tokens (docs/simulation.md,
+  // "Choosing the layout"), predicts its 64k-256k rows.
+  TORCH_ARG(double, attention_efficiency) = 0.2;
   // Tensor parallelism's collectives overlapped with the block's products (asynchronous TP,
   // Megatron's TP communication overlap), and the experts' all-to-alls with the block's compute
   // (Megatron's EP overlap); off, as dtensor issues both: blocking.
