@@ -1,10 +1,15 @@
-// layout_planner: the layout search (dtensor/layout_planner.h). Guards the published parameter
-// counts of the Llama 3 shapes, one layout's time and memory terms against values written out
+// layout_planner: the layout search (dtensor/layout_planner.h). Guards every model shape's
+// parameters against transformers' count of the same config (sim/shapes_judge.py at build
+// time) and the Llama 3 model cards, one layout's time and memory terms against values written out
 // here by hand from the model's shapes and the cost of each collective, the pipeline's step
 // against 1F1B's closed form (M + pp - 1) x (f + b), the search's pruning by memory and its
 // ranking, and the refusals' messages. One process, no collectives: a planning computation.
+#include <filesystem>
+#include <fstream>
+
 #include <dtensor/collective_cost.h>
 #include <dtensor/layout_planner.h>
+#include <nlohmann/json.hpp>
 
 #include "support/prelude.h"
 
@@ -37,6 +42,23 @@ TEST_CASE("the shapes' parameters are the published counts", "[world1]") {
   CHECK(block_parameters(tiny(), false) == 2 * 4096 + 2 * 4096 + 3 * 8192 + 128);
   CHECK(model_parameters(tiny()) == 2 * 41088 + 2 * 256 * 64 + 64);
   CHECK_THROWS_WITH(transformer_shape("llama5"), Catch::Matchers::Contains("llama3-8b"));
+}
+
+TEST_CASE("every shape has transformers' parameters, less what it leaves out by name",
+          "[world1]") {
+  namespace fs = std::filesystem;
+  std::ifstream f(fs::read_symlink("/proc/self/exe").parent_path() / "shapes_judge.json");
+  REQUIRE(f.good());
+  const nlohmann::json judge = nlohmann::json::parse(f);
+  REQUIRE(judge.size() == transformer_shape_names().size());
+  for (const std::string& name : transformer_shape_names()) {
+    INFO(name);
+    REQUIRE(judge.contains(name));
+    const auto total = judge[name]["total"].get<int64_t>();
+    const auto left_out = judge[name]["left_out"].get<int64_t>();
+    CHECK(model_parameters(transformer_shape(name)) == total - left_out);
+    CHECK(static_cast<double>(left_out) < 1e-3 * static_cast<double>(total));
+  }
 }
 
 TEST_CASE("one layout's terms as written out by hand", "[world1]") {
