@@ -19,8 +19,15 @@ namespace {
 
 // dim 64, 2 blocks of 4 heads of 16, SwiGLU 128, vocabulary 256.
 TransformerShape tiny() {
-  return TransformerShape().name("tiny").dim(64).layers(2).heads(4).kv_heads(4).head_dim(16)
-      .ffn_hidden(128).vocab(256);
+  return TransformerShape()
+      .name("tiny")
+      .dim(64)
+      .layers(2)
+      .heads(4)
+      .kv_heads(4)
+      .head_dim(16)
+      .ffn_hidden(128)
+      .vocab(256);
 }
 
 bool near(double got, double want) {
@@ -44,8 +51,7 @@ TEST_CASE("the shapes' parameters are the published counts", "[world1]") {
   CHECK_THROWS_WITH(transformer_shape("llama5"), Catch::Matchers::Contains("llama3-8b"));
 }
 
-TEST_CASE("every shape has transformers' parameters, less what it leaves out by name",
-          "[world1]") {
+TEST_CASE("every shape has transformers' parameters, less what it leaves out by name", "[world1]") {
   namespace fs = std::filesystem;
   std::ifstream f(fs::read_symlink("/proc/self/exe").parent_path() / "shapes_judge.json");
   REQUIRE(f.good());
@@ -144,10 +150,8 @@ TEST_CASE("a layout that does not divide the model or the job is refused by name
   const JobShape job = JobShape().seq(32).global_batch(4);
   using Catch::Matchers::Contains;
   CHECK_THROWS_WITH(plan_layout(tiny(), job, Layout().tp(3)), Contains("4 heads"));
-  CHECK_THROWS_WITH(plan_layout(tiny(), job, Layout().dp_shard(2).ep(2)),
-                    Contains("dense model"));
-  CHECK_THROWS_WITH(plan_layout(tiny(), job, Layout().dp_shard(8)),
-                    Contains("global batch 4"));
+  CHECK_THROWS_WITH(plan_layout(tiny(), job, Layout().dp_shard(2).ep(2)), Contains("dense model"));
+  CHECK_THROWS_WITH(plan_layout(tiny(), job, Layout().dp_shard(8)), Contains("global batch 4"));
   CHECK_THROWS_WITH(plan_layout(tiny(), job, Layout().cp(32)), Contains("sequence 32"));
   CHECK_THROWS_WITH(plan_layout(tiny(), job, Layout().pp(2).virtual_stages(2)),
                     Contains("4 stages for 2 layers"));

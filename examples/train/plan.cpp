@@ -28,8 +28,10 @@ PlanFlags parse_plan(int argc, char** argv) {
   PlanFlags f;
   FlagTable t("train --plan", "examples/train/plan.cpp");
   t.value("--plan", "how many layouts to print (5)", f.top)
-      .value("--model", "the model's shape: llama3-8b|llama3-70b|llama3-405b|qwen3-30b-a3b|"
-                        "qwen3-235b-a22b|gpt-oss-120b|deepseek-v3-16b|deepseek-v3", f.model)
+      .value("--model",
+             "the model's shape: llama3-8b|llama3-70b|llama3-405b|qwen3-30b-a3b|"
+             "qwen3-235b-a22b|gpt-oss-120b|deepseek-v3-16b|deepseek-v3",
+             f.model)
       .value("--world", "GPUs", f.world)
       .value("--seq", "tokens per sequence (8192)", f.seq)
       .value("--global-batch", "sequences per step (the world)", f.global_batch)
@@ -45,12 +47,12 @@ PlanFlags parse_plan(int argc, char** argv) {
              [&f](const std::string& v) {
                f.options.attention_efficiency(FlagTable::parse_double(v));
              })
-      .toggle("--tp-overlap", "tensor parallelism's collectives under the products",
-              f.tp_overlap)
+      .toggle("--tp-overlap", "tensor parallelism's collectives under the products", f.tp_overlap)
       .toggle("--ep-overlap", "the experts' all-to-alls under the block's compute", f.ep_overlap)
       .toggle("--float8", "the blocks' products in float8", f.float8)
-      .value("--find", "a layout to place in the ranking, e.g. tp=4,pp=8,v=5 (dp_rep, dp_shard, "
-                       "tp, pp, v, cp, ep; dp_shard: the rest; ac, mb, method: plan exactly that)",
+      .value("--find",
+             "a layout to place in the ranking, e.g. tp=4,pp=8,v=5 (dp_rep, dp_shard, "
+             "tp, pp, v, cp, ep; dp_shard: the rest; ac, mb, method: plan exactly that)",
              f.find)
       .value("--json", "also write every ranked layout to this file", f.json);
   t.parse(argc, argv);
@@ -113,7 +115,8 @@ Layout parse_layout(const std::string& text, int64_t world, bool& exact) {
     } else if (k == "ep") {
       l.ep(v);
     } else {
-      need(false, "unknown key \"" + k + "\" (dp_rep, dp_shard, tp, pp, v, cp, ep, ac, mb, method)");
+      need(false,
+           "unknown key \"" + k + "\" (dp_rep, dp_shard, tp, pp, v, cp, ep, ac, mb, method)");
     }
   }
   if (!shard_given) {
@@ -135,8 +138,9 @@ void print_plan(const std::string& head, const LayoutPlan& p, const PlanFlags& f
   const MemoryTerms& m = p.memory;
   std::printf("%s %s: %.0f tok/s/GPU (MFU %.1f%%), step %.2f s\n", head.c_str(),
               to_string(p.layout).c_str(), t.tokens_per_second_per_gpu, 100 * t.mfu, t.step);
-  std::printf("    time s: compute %.2f, tp %.2f, cp %.2f, ep %.2f, dp %.2f, pp (bubble, sends) %.2f\n",
-              t.compute, t.tp, t.cp, t.ep, t.dp, t.pp);
+  std::printf(
+      "    time s: compute %.2f, tp %.2f, cp %.2f, ep %.2f, dp %.2f, pp (bubble, sends) %.2f\n",
+      t.compute, t.tp, t.cp, t.ep, t.dp, t.pp);
   std::printf("    memory GiB: parameters %.1f, gradients %.1f, optimizer %.1f, unsharded %.1f, "
               "activations %.1f, logits %.1f, buffers %.1f, x %.2f fragmentation = %.1f%s\n",
               m.parameters / kGiB, m.gradients / kGiB, m.optimizer / kGiB, m.unsharded / kGiB,
@@ -152,12 +156,23 @@ nlohmann::json to_json(const LayoutPlan& p) {
   return {{"layout", to_string(p.layout)},
           {"tokens_per_s_per_gpu", t.tokens_per_second_per_gpu},
           {"mfu", t.mfu},
-          {"time_s", {{"step", t.step}, {"compute", t.compute}, {"tp", t.tp}, {"cp", t.cp},
-                      {"ep", t.ep}, {"dp", t.dp}, {"pp", t.pp}}},
-          {"memory_gib", {{"total", m.total / kGiB}, {"parameters", m.parameters / kGiB},
-                          {"gradients", m.gradients / kGiB}, {"optimizer", m.optimizer / kGiB},
-                          {"unsharded", m.unsharded / kGiB}, {"activations", m.activations / kGiB},
-                          {"logits", m.logits / kGiB}, {"buffers", m.buffers / kGiB}}}};
+          {"time_s",
+           {{"step", t.step},
+            {"compute", t.compute},
+            {"tp", t.tp},
+            {"cp", t.cp},
+            {"ep", t.ep},
+            {"dp", t.dp},
+            {"pp", t.pp}}},
+          {"memory_gib",
+           {{"total", m.total / kGiB},
+            {"parameters", m.parameters / kGiB},
+            {"gradients", m.gradients / kGiB},
+            {"optimizer", m.optimizer / kGiB},
+            {"unsharded", m.unsharded / kGiB},
+            {"activations", m.activations / kGiB},
+            {"logits", m.logits / kGiB},
+            {"buffers", m.buffers / kGiB}}}};
 }
 
 // Where `wanted` (its mesh and schedule) ranks, and its plan: the search's best variant, or,
@@ -185,7 +200,9 @@ void find_layout(const std::vector<LayoutPlan>& ranked, const Layout& wanted, bo
   out["found"]["rank"] = nullptr;
   for (size_t i = 0; i < ranked.size(); ++i) { // where its mesh and schedule rank
     const Layout& l = ranked[i].layout;
-    if (to_string(Layout(l).checkpoint(wanted.checkpoint()).microbatch(wanted.microbatch())
+    if (to_string(Layout(l)
+                      .checkpoint(wanted.checkpoint())
+                      .microbatch(wanted.microbatch())
                       .cp_method(wanted.cp_method())) == to_string(wanted)) {
       out["found"]["rank"] = i + 1;
       print_plan("the layout asked for (its mesh and schedule rank #" + std::to_string(i + 1) +
@@ -209,7 +226,8 @@ int run_plan(int argc, char** argv) {
               "%s\n",
               f.model.c_str(), static_cast<double>(model_parameters(model)) / 1e9,
               static_cast<long long>(f.world), f.options.cluster().name().c_str(),
-              f.options.memory_gib() > 0 ? f.options.memory_gib() : f.options.cluster().memory_gib(),
+              f.options.memory_gib() > 0 ? f.options.memory_gib()
+                                         : f.options.cluster().memory_gib(),
               static_cast<long long>(f.seq), static_cast<long long>(f.global_batch),
               f.float8 ? "float8 products" : "bf16");
   std::printf("efficiency %.3f (attention %.3f), fragmentation %.2f, tp overlap %s, ep overlap "
@@ -220,7 +238,8 @@ int run_plan(int argc, char** argv) {
               f.options.fragmentation(), f.tp_overlap ? "on" : "off", f.ep_overlap ? "on" : "off");
   std::printf("%zu meshes and schedules fit; %lld layouts over memory\n", ranked.size(),
               static_cast<long long>(refused));
-  nlohmann::json out = {{"model", f.model}, {"world", f.world}, {"ranked", nlohmann::json::array()}};
+  nlohmann::json out = {
+      {"model", f.model}, {"world", f.world}, {"ranked", nlohmann::json::array()}};
   for (size_t i = 0; i < ranked.size(); ++i) {
     if (static_cast<int64_t>(i) < f.top) {
       print_plan("#" + std::to_string(i + 1), ranked[i], f, job);

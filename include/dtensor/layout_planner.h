@@ -8,7 +8,9 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+
 #include <torch/arg.h>
+
 #include <dtensor/collective_cost.h>
 
 namespace dtensor {

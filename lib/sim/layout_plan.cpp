@@ -1,8 +1,8 @@
 // One layout's step in closed form: compute, each dimension's communication by NCCL's
 // algorithms (dtensor/collective_cost.h), the pipeline's bubble by the schedule simulator, and
 // memory by term ([Note: the planner's step] below; dtensor/layout_planner.h).
-#include <dtensor/pipeline_schedule.h>
 #include <dtensor/layout_planner.h>
+#include <dtensor/pipeline_schedule.h>
 
 #include <fmt/format.h>
 
@@ -94,8 +94,13 @@ double cost(CollectiveKind kind, double bytes, const std::vector<int>& ranks,
   using Key = std::tuple<int, int64_t, size_t, int, std::string, int64_t, double, double>;
   static std::mutex mutex;
   static std::map<Key, double> cache;
-  const Key key{static_cast<int>(kind), static_cast<int64_t>(bytes), ranks.size(),
-                ranks[1] - ranks[0], c.name(), c.gpus_per_node(), c.nvlink_gbps(),
+  const Key key{static_cast<int>(kind),
+                static_cast<int64_t>(bytes),
+                ranks.size(),
+                ranks[1] - ranks[0],
+                c.name(),
+                c.gpus_per_node(),
+                c.nvlink_gbps(),
                 c.network_gbps()};
   std::lock_guard<std::mutex> lock(mutex);
   const auto it = cache.find(key);
@@ -166,8 +171,8 @@ Block block_costs(const TransformerShape& m, const JobShape& job, const Layout& 
   b.fwd = products + attention;
   b.bwd = 2 * b.fwd;
   const double act = t * m.dim() * kBf16;
-  const double tp_pair =
-      cost(CollectiveKind::AllGather, act, g.tp, c) + cost(CollectiveKind::ReduceScatter, act, g.tp, c);
+  const double tp_pair = cost(CollectiveKind::AllGather, act, g.tp, c) +
+                         cost(CollectiveKind::ReduceScatter, act, g.tp, c);
   b.tp_fwd = b.tp_bwd = 2 * tp_pair;
   const double kv_bytes = t * kv * static_cast<double>(d.qk + d.v) * kBf16;
   if (l.cp() > 1 && l.cp_method() == "allgather") {
@@ -186,8 +191,8 @@ Block block_costs(const TransformerShape& m, const JobShape& job, const Layout& 
   } else if (l.cp() > 1) { // ulysses
     const double qkv = t * (heads * d.qk + kv * (d.qk + d.v)) * kBf16;
     const double out = t * heads * d.v * kBf16;
-    b.cp_fwd = b.cp_bwd = cost(CollectiveKind::AllToAll, qkv, g.cp, c) +
-                          cost(CollectiveKind::AllToAll, out, g.cp, c);
+    b.cp_fwd = b.cp_bwd =
+        cost(CollectiveKind::AllToAll, qkv, g.cp, c) + cost(CollectiveKind::AllToAll, out, g.cp, c);
     b.buffers += 2 * qkv;
   }
   const double rows = moe ? t / tp * static_cast<double>(m.experts_per_token()) : 0;
@@ -206,7 +211,7 @@ Block block_costs(const TransformerShape& m, const JobShape& job, const Layout& 
   b.saved_none = none * t * kBf16;
   b.saved = (l.checkpoint() == CheckpointMode::None        ? none
              : l.checkpoint() == CheckpointMode::Selective ? selective
-                                                             : dim / tp) *
+                                                           : dim / tp) *
             t * kBf16;
   if (o.tp_overlap()) { // hidden under the block's products, forward and backward
     b.tp_fwd = std::max(0.0, b.tp_fwd - products);
@@ -238,8 +243,9 @@ void check_layout(const TransformerShape& m, const JobShape& job, const Layout& 
                 l.tp());
   DTENSOR_CHECK(l.ep() == 1 || m.experts() > 0, "layout {}: ep {} on a dense model", what, l.ep());
   const int64_t f = l.dp_shard() * l.cp();
-  DTENSOR_CHECK(l.ep() == 1 || (m.experts() % l.ep() == 0 &&
-                                (f % l.ep() == 0 || (l.ep() % l.tp() == 0 && f % (l.ep() / l.tp()) == 0))),
+  DTENSOR_CHECK(l.ep() == 1 ||
+                    (m.experts() % l.ep() == 0 &&
+                     (f % l.ep() == 0 || (l.ep() % l.tp() == 0 && f % (l.ep() / l.tp()) == 0))),
                 "layout {}: ep {} must divide the {} experts, and dp_shard x cp ({}) or "
                 "dp_shard x cp x tp as a multiple of tp {}",
                 what, l.ep(), m.experts(), f, l.tp());
@@ -263,10 +269,10 @@ void check_layout(const TransformerShape& m, const JobShape& job, const Layout& 
 }
 
 // The makespan of a schedule in units of one stage's forward (each full backward `ratio`
-// units, to 0.05, the makespan then scaled by (1 + ratio) over (1 + the rounded ratio)), and the most (stage,
-// microbatch) activations rank 0 and the last rank hold. Past the warm-up every further round
-// of pp microbatches adds the same time (the steady state), so a schedule of many microbatches
-// is timed at two small counts and extended along that line, which the simulator gives
+// units, to 0.05, the makespan then scaled by (1 + ratio) over (1 + the rounded ratio)), and the
+// most (stage, microbatch) activations rank 0 and the last rank hold. Past the warm-up every
+// further round of pp microbatches adds the same time (the steady state), so a schedule of many
+// microbatches is timed at two small counts and extended along that line, which the simulator gives
 // exactly for 1F1B and Interleaved1F1B. Cached: the search meets each shape many times.
 struct ScheduleShape {
   double makespan = 0;
@@ -276,9 +282,8 @@ struct ScheduleShape {
 
 ScheduleShape simulate_shape(ScheduleKind kind, int64_t pp, int64_t microbatches,
                              int64_t virtual_stages, double ratio) {
-  const PipelineOrder order =
-      generate_schedule(kind, static_cast<int>(pp), static_cast<int>(microbatches),
-                        static_cast<int>(virtual_stages));
+  const PipelineOrder order = generate_schedule(
+      kind, static_cast<int>(pp), static_cast<int>(microbatches), static_cast<int>(virtual_stages));
   const ScheduleTimeline t = simulate_schedule(order, static_cast<int>(pp * virtual_stages),
                                                ScheduleCosts().forward(1.0).full_backward(ratio));
   return {t.makespan, t.peak_activations.front(), t.peak_activations.back(), ratio};
@@ -307,7 +312,8 @@ ScheduleShape schedule_shape(const std::string& schedule, int64_t pp, int64_t mi
     s = simulate_shape(kind, pp, base + pp, virtual_stages, rounded);
     const ScheduleShape low = simulate_shape(kind, pp, base, virtual_stages, rounded);
     const double per_round = s.makespan - low.makespan;
-    s.makespan += per_round * static_cast<double>(microbatches - base - pp) / static_cast<double>(pp);
+    s.makespan +=
+        per_round * static_cast<double>(microbatches - base - pp) / static_cast<double>(pp);
   }
   std::lock_guard<std::mutex> lock(mutex);
   cache[key] = s;
@@ -323,10 +329,10 @@ namespace {
 struct Stage {
   int64_t dense = 0, moe = 0; // blocks of one stage
   double f_compute = 0, b_compute = 0, f = 0, b = 0;
-  double tp = 0, cp = 0, ep = 0;     // both directions
-  double saved = 0;     // activation bytes of one microbatch through the stage
-  double transient = 0; // a recomputed block's activations (full checkpointing)
-  double buffers = 0;   // exchange buffers and the gathered activation (tp)
+  double tp = 0, cp = 0, ep = 0; // both directions
+  double saved = 0;              // activation bytes of one microbatch through the stage
+  double transient = 0;          // a recomputed block's activations (full checkpointing)
+  double buffers = 0;            // exchange buffers and the gathered activation (tp)
 };
 
 Stage stage_costs(const TransformerShape& m, const JobShape& job, const Layout& l,
@@ -345,7 +351,8 @@ Stage stage_costs(const TransformerShape& m, const JobShape& job, const Layout& 
   const Block dense = block_costs(m, job, l, o, g, false);
   const Block moe = is_moe ? block_costs(m, job, l, o, g, true) : dense;
   const auto sum = [&](double Block::*field) {
-    return static_cast<double>(s.dense) * (dense.*field) + static_cast<double>(s.moe) * (moe.*field);
+    return static_cast<double>(s.dense) * (dense.*field) +
+           static_cast<double>(s.moe) * (moe.*field);
   };
   const double t = static_cast<double>(l.microbatch() * job.seq() / l.cp());
   const double peak = o.efficiency() * c.bf16_tflops() * 1e12;
@@ -361,14 +368,13 @@ Stage stage_costs(const TransformerShape& m, const JobShape& job, const Layout& 
   s.tp = sum(&Block::tp_fwd) + sum(&Block::tp_bwd) + 2 * out_tp;
   s.cp = sum(&Block::cp_fwd) + sum(&Block::cp_bwd);
   s.ep = sum(&Block::ep_fwd) + sum(&Block::ep_bwd);
-  s.f = s.f_compute + sum(&Block::tp_fwd) + out_tp + sum(&Block::cp_fwd) + sum(&Block::ep_fwd) +
-        send;
-  s.b = s.b_compute + sum(&Block::tp_bwd) + out_tp + sum(&Block::cp_bwd) + sum(&Block::ep_bwd) +
-        send;
+  s.f =
+      s.f_compute + sum(&Block::tp_fwd) + out_tp + sum(&Block::cp_fwd) + sum(&Block::ep_fwd) + send;
+  s.b =
+      s.b_compute + sum(&Block::tp_bwd) + out_tp + sum(&Block::cp_bwd) + sum(&Block::ep_bwd) + send;
   s.saved = sum(&Block::saved);
-  s.transient = l.checkpoint() == CheckpointMode::Full
-                    ? std::max(dense.saved_none, moe.saved_none)
-                    : 0;
+  s.transient =
+      l.checkpoint() == CheckpointMode::Full ? std::max(dense.saved_none, moe.saved_none) : 0;
   s.buffers = std::max(dense.buffers, moe.buffers) + (l.tp() > 1 ? act : 0);
   return s;
 }
@@ -384,14 +390,16 @@ Sharded rank_parameters(const TransformerShape& m, const Layout& l, const Stage&
   const int64_t v = l.pp() == 1 ? 1 : l.virtual_stages();
   const double routed = static_cast<double>(routed_expert_parameters(m));
   const double embeddings = // and the final norm
-      (l.pp() == 1 ? 2.0 : 1.0) * static_cast<double>(m.vocab() * m.dim()) + static_cast<double>(m.dim());
+      (l.pp() == 1 ? 2.0 : 1.0) * static_cast<double>(m.vocab() * m.dim()) +
+      static_cast<double>(m.dim());
   Sharded p;
   p.units = v * (s.dense + s.moe) + (l.pp() == 1 ? 2 : 1);
   p.moe_units = v * s.moe;
-  p.dense = (static_cast<double>(v * s.dense * block_parameters(m, false)) +
-             static_cast<double>(v * s.moe) * (static_cast<double>(block_parameters(m, true)) - routed) +
-             embeddings) /
-            static_cast<double>(l.tp());
+  p.dense =
+      (static_cast<double>(v * s.dense * block_parameters(m, false)) +
+       static_cast<double>(v * s.moe) * (static_cast<double>(block_parameters(m, true)) - routed) +
+       embeddings) /
+      static_cast<double>(l.tp());
   p.experts = static_cast<double>(v * s.moe) * routed / static_cast<double>(expert_split(l));
   return p;
 }
@@ -415,9 +423,10 @@ DataParallel data_parallel(const Sharded& p, const Layout& l, const Groups& g,
     return total;
   };
   d.gathers = each(CollectiveKind::AllGather, p.dense * kBf16, p.experts * kBf16, g.fsdp, g.efsdp);
-  d.reduces = each(CollectiveKind::ReduceScatter, p.dense * kFp32, p.experts * kFp32, g.fsdp, g.efsdp) +
-              each(CollectiveKind::AllReduce, p.dense * kFp32 / f,
-                   p.experts * kFp32 / static_cast<double>(expert_fsdp(l)), g.rep, g.rep);
+  d.reduces =
+      each(CollectiveKind::ReduceScatter, p.dense * kFp32, p.experts * kFp32, g.fsdp, g.efsdp) +
+      each(CollectiveKind::AllReduce, p.dense * kFp32 / f,
+           p.experts * kFp32 / static_cast<double>(expert_fsdp(l)), g.rep, g.rep);
   d.first_gather = d.gathers / (units + moe);
   d.last_reduce = d.reduces / (units + moe);
   return d;
@@ -432,7 +441,8 @@ LayoutPlan plan_layout(const TransformerShape& m, const JobShape& job, const Lay
   if (l.pp() == 1) {
     l.virtual_stages(1).schedule("");
   }
-  DTENSOR_CHECK(l.pp() == 1 || l.virtual_stages() == 1 || !is_single_stage(schedule_kind(l.schedule())),
+  DTENSOR_CHECK(l.pp() == 1 || l.virtual_stages() == 1 ||
+                    !is_single_stage(schedule_kind(l.schedule())),
                 "layout {}: {} runs one stage per rank", to_string(l), l.schedule());
   const ClusterSpec& c = o.cluster();
   const Groups g = groups_of(l);
@@ -455,9 +465,9 @@ LayoutPlan plan_layout(const TransformerShape& m, const JobShape& job, const Lay
     t.dp = d.first_gather + std::max(0.0, d.gathers - d.first_gather - v * s.f_compute) +
            d.last_reduce + std::max(0.0, d.reduces - d.last_reduce - v * s.b_compute);
   } else {
-    t.dp = mb * (d.first_gather + std::max(0.0, d.gathers - d.first_gather - s.f_compute) +
-                 d.last_reduce +
-                 std::max(0.0, d.gathers + d.reduces - d.last_reduce - s.b_compute));
+    t.dp =
+        mb * (d.first_gather + std::max(0.0, d.gathers - d.first_gather - s.f_compute) +
+              d.last_reduce + std::max(0.0, d.gathers + d.reduces - d.last_reduce - s.b_compute));
   }
   t.compute = mb * v * (s.f_compute + s.b_compute);
   t.tp = mb * v * s.tp;
@@ -477,11 +487,11 @@ LayoutPlan plan_layout(const TransformerShape& m, const JobShape& job, const Lay
                       3.0 * m.dim() * m.experts_per_token() * m.expert_hidden()
                 : 0);
   };
-  const double per_token =
-      6 * (static_cast<double>(m.layers() - moe_layers) * active(false) +
-           static_cast<double>(moe_layers) * active(true) + static_cast<double>(m.dim() * m.vocab())) +
-      6 * static_cast<double>(m.layers() * m.heads() * (dm.qk + dm.v)) *
-          attention_context(m, job.seq());
+  const double per_token = 6 * (static_cast<double>(m.layers() - moe_layers) * active(false) +
+                                static_cast<double>(moe_layers) * active(true) +
+                                static_cast<double>(m.dim() * m.vocab())) +
+                           6 * static_cast<double>(m.layers() * m.heads() * (dm.qk + dm.v)) *
+                               attention_context(m, job.seq());
   t.mfu = t.tokens_per_second_per_gpu * per_token / (c.bf16_tflops() * 1e12);
 
   MemoryTerms& mem = plan.memory;
@@ -494,8 +504,8 @@ LayoutPlan plan_layout(const TransformerShape& m, const JobShape& job, const Lay
       std::max({p.dense / static_cast<double>(p.units),
                 static_cast<double>(m.vocab() * m.dim()) / static_cast<double>(l.tp())}) +
       (p.moe_units > 0 ? p.experts / static_cast<double>(p.moe_units) : 0);
-  mem.unsharded = l.pp() == 1 ? largest_unit * (2 * kBf16 + kFp32)
-                              : (p.dense + p.experts) * (kBf16 + kFp32);
+  mem.unsharded =
+      l.pp() == 1 ? largest_unit * (2 * kBf16 + kFp32) : (p.dense + p.experts) * (kBf16 + kFp32);
   const double logits = static_cast<double>(l.microbatch() * job.seq() / l.cp()) *
                         static_cast<double>(m.vocab()) / static_cast<double>(l.tp()) *
                         (kBf16 + 2 * kFp32);
@@ -508,7 +518,8 @@ LayoutPlan plan_layout(const TransformerShape& m, const JobShape& job, const Lay
   const double alive = mem.parameters + mem.gradients + mem.optimizer + mem.unsharded +
                        mem.activations + mem.logits + mem.buffers;
   mem.total = alive * o.fragmentation();
-  const double limit = (o.memory_gib() > 0 ? o.memory_gib() : c.memory_gib()) * 1024.0 * 1024 * 1024;
+  const double limit =
+      (o.memory_gib() > 0 ? o.memory_gib() : c.memory_gib()) * 1024.0 * 1024 * 1024;
   plan.fits = mem.total <= limit;
   if (!plan.fits) {
     plan.why = fmt::format("needs {:.1f} GiB of {:.1f}", mem.total / (1024.0 * 1024 * 1024),

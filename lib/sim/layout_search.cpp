@@ -1,7 +1,7 @@
 // The layout search: every layout of a world planned in closed form, pruned by memory, ranked
 // by tokens/s ([Note: the layout search] in dtensor/layout_planner.h).
-#include <dtensor/pipeline_schedule.h>
 #include <dtensor/layout_planner.h>
+#include <dtensor/pipeline_schedule.h>
 
 #include <algorithm>
 #include <map>
@@ -45,12 +45,12 @@ std::vector<Layout> meshes(const TransformerShape& m, const JobShape& job, int64
         for (const int64_t rep : divisors(dp)) {
           const int64_t shard = dp / rep;
           for (const int64_t ep : divisors(shard * cp * tp)) {
-            const bool placed = (shard * cp) % ep == 0 || (ep % tp == 0 && (shard * cp) % (ep / tp) == 0);
+            const bool placed =
+                (shard * cp) % ep == 0 || (ep % tp == 0 && (shard * cp) % (ep / tp) == 0);
             if (ep > 1 && (m.experts() == 0 || m.experts() % ep != 0 || !placed)) {
               continue;
             }
-            out.push_back(
-                Layout().dp_replicate(rep).dp_shard(shard).tp(tp).pp(pp).cp(cp).ep(ep));
+            out.push_back(Layout().dp_replicate(rep).dp_shard(shard).tp(tp).pp(pp).cp(cp).ep(ep));
           }
         }
       }
@@ -86,11 +86,12 @@ std::vector<std::string> cp_methods(const TransformerShape& m, const Layout& l) 
 
 // A layout's identity in the ranking: its mesh and schedule (the best checkpointing policy,
 // microbatch and context-parallel method stand for it).
-using MeshKey = std::tuple<int64_t, int64_t, int64_t, int64_t, std::string, int64_t, int64_t, int64_t>;
+using MeshKey =
+    std::tuple<int64_t, int64_t, int64_t, int64_t, std::string, int64_t, int64_t, int64_t>;
 
 MeshKey key_of(const Layout& l) {
-  return {l.dp_replicate(), l.dp_shard(), l.tp(), l.pp(), l.schedule(), l.virtual_stages(), l.cp(),
-          l.ep()};
+  return {l.dp_replicate(), l.dp_shard(),       l.tp(), l.pp(),
+          l.schedule(),     l.virtual_stages(), l.cp(), l.ep()};
 }
 
 // Faster first; where the steps tie (communication hidden alike), the smaller memory.
@@ -117,14 +118,19 @@ std::vector<LayoutPlan> search_layouts(const TransformerShape& m, const JobShape
       }
       const int64_t microbatches = job.global_batch() / dp / mb;
       for (const auto& [schedule, v] : schedules(m, mesh.pp())) {
-        if (mesh.pp() > 1 && (microbatches < mesh.pp() || (v > 1 && microbatches % mesh.pp() != 0))) {
+        if (mesh.pp() > 1 &&
+            (microbatches < mesh.pp() || (v > 1 && microbatches % mesh.pp() != 0))) {
           continue; // the schedule cannot take the microbatches
         }
         for (const std::string& method : cp_methods(m, mesh)) {
           for (const CheckpointMode ac :
                {CheckpointMode::None, CheckpointMode::Selective, CheckpointMode::Full}) {
-            const Layout l = Layout(mesh).microbatch(mb).schedule(schedule).virtual_stages(v)
-                                 .cp_method(method).checkpoint(ac);
+            const Layout l = Layout(mesh)
+                                 .microbatch(mb)
+                                 .schedule(schedule)
+                                 .virtual_stages(v)
+                                 .cp_method(method)
+                                 .checkpoint(ac);
             LayoutPlan plan = plan_layout(m, job, l, options);
             if (!plan.fits) {
               ++over;

@@ -26,24 +26,64 @@ const std::map<std::string, TransformerShape>& shapes() {
     const auto llama = TransformerShape().vocab(128256).kv_heads(8).head_dim(128);
     t["llama3-8b"] = TransformerShape(llama).dim(4096).layers(32).heads(32).ffn_hidden(14336);
     t["llama3-70b"] = TransformerShape(llama).dim(8192).layers(80).heads(64).ffn_hidden(28672);
-    t["llama3-405b"] =
-        TransformerShape(llama).dim(16384).layers(126).heads(128).ffn_hidden(53248);
-    const auto qwen3 = TransformerShape().vocab(151936).head_dim(128).experts(128).experts_per_token(8);
-    t["qwen3-30b-a3b"] = TransformerShape(qwen3).dim(2048).layers(48).heads(32).kv_heads(4)
-                             .ffn_hidden(6144).expert_hidden(768);
-    t["qwen3-235b-a22b"] = TransformerShape(qwen3).dim(4096).layers(94).heads(64).kv_heads(4)
-                               .ffn_hidden(12288).expert_hidden(1536);
-    t["gpt-oss-120b"] = TransformerShape().dim(2880).layers(36).heads(64).kv_heads(8)
-                            .head_dim(64).ffn_hidden(2880).vocab(201088).experts(128)
-                            .experts_per_token(4).expert_hidden(2880).sliding_window(128);
-    const auto mla = TransformerShape().head_dim(128).qk_rope_head_dim(64).v_head_dim(128)
-                         .kv_lora_rank(512).dense_layers(1);
-    t["deepseek-v3-16b"] = TransformerShape(mla).dim(2048).layers(27).heads(16).kv_heads(16)
-                               .ffn_hidden(10944).vocab(102400).experts(64)
-                               .experts_per_token(6).expert_hidden(1408).shared_experts(2);
-    t["deepseek-v3"] = TransformerShape(mla).dim(7168).layers(61).heads(128).kv_heads(128)
-                           .ffn_hidden(18432).vocab(129280).experts(256).experts_per_token(8)
-                           .expert_hidden(2048).shared_experts(1).dense_layers(3)
+    t["llama3-405b"] = TransformerShape(llama).dim(16384).layers(126).heads(128).ffn_hidden(53248);
+    const auto qwen3 =
+        TransformerShape().vocab(151936).head_dim(128).experts(128).experts_per_token(8);
+    t["qwen3-30b-a3b"] = TransformerShape(qwen3)
+                             .dim(2048)
+                             .layers(48)
+                             .heads(32)
+                             .kv_heads(4)
+                             .ffn_hidden(6144)
+                             .expert_hidden(768);
+    t["qwen3-235b-a22b"] = TransformerShape(qwen3)
+                               .dim(4096)
+                               .layers(94)
+                               .heads(64)
+                               .kv_heads(4)
+                               .ffn_hidden(12288)
+                               .expert_hidden(1536);
+    t["gpt-oss-120b"] = TransformerShape()
+                            .dim(2880)
+                            .layers(36)
+                            .heads(64)
+                            .kv_heads(8)
+                            .head_dim(64)
+                            .ffn_hidden(2880)
+                            .vocab(201088)
+                            .experts(128)
+                            .experts_per_token(4)
+                            .expert_hidden(2880)
+                            .sliding_window(128);
+    const auto mla = TransformerShape()
+                         .head_dim(128)
+                         .qk_rope_head_dim(64)
+                         .v_head_dim(128)
+                         .kv_lora_rank(512)
+                         .dense_layers(1);
+    t["deepseek-v3-16b"] = TransformerShape(mla)
+                               .dim(2048)
+                               .layers(27)
+                               .heads(16)
+                               .kv_heads(16)
+                               .ffn_hidden(10944)
+                               .vocab(102400)
+                               .experts(64)
+                               .experts_per_token(6)
+                               .expert_hidden(1408)
+                               .shared_experts(2);
+    t["deepseek-v3"] = TransformerShape(mla)
+                           .dim(7168)
+                           .layers(61)
+                           .heads(128)
+                           .kv_heads(128)
+                           .ffn_hidden(18432)
+                           .vocab(129280)
+                           .experts(256)
+                           .experts_per_token(8)
+                           .expert_hidden(2048)
+                           .shared_experts(1)
+                           .dense_layers(3)
                            .q_lora_rank(1536);
     for (auto& [name, shape] : t) {
       shape.name(name);
