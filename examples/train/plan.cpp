@@ -150,10 +150,11 @@ void print_plan(const std::string& head, const LayoutPlan& p, const PlanFlags& f
               simulate_flags(p.layout, job).c_str());
 }
 
-nlohmann::json to_json(const LayoutPlan& p) {
+nlohmann::json to_json(const LayoutPlan& p, const JobShape& job) {
   const TimeTerms& t = p.time;
   const MemoryTerms& m = p.memory;
   return {{"layout", to_string(p.layout)},
+          {"simulate", simulate_flags(p.layout, job)},
           {"tokens_per_s_per_gpu", t.tokens_per_second_per_gpu},
           {"mfu", t.mfu},
           {"time_s",
@@ -190,13 +191,13 @@ void find_layout(const std::vector<LayoutPlan>& ranked, const Layout& wanted, bo
       print_plan("the layout asked for ranks #" + std::to_string(i + 1) + " of " +
                      std::to_string(ranked.size()) + ":",
                  ranked[i], f, job);
-      out["found"] = to_json(ranked[i]);
+      out["found"] = to_json(ranked[i], job);
       out["found"]["rank"] = i + 1;
       return;
     }
   }
   const LayoutPlan p = plan_layout(model, job, wanted, f.options);
-  out["found"] = to_json(p);
+  out["found"] = to_json(p, job);
   out["found"]["rank"] = nullptr;
   for (size_t i = 0; i < ranked.size(); ++i) { // where its mesh and schedule rank
     const Layout& l = ranked[i].layout;
@@ -244,7 +245,7 @@ int run_plan(int argc, char** argv) {
     if (static_cast<int64_t>(i) < f.top) {
       print_plan("#" + std::to_string(i + 1), ranked[i], f, job);
     }
-    out["ranked"].push_back(to_json(ranked[i]));
+    out["ranked"].push_back(to_json(ranked[i], job));
   }
   if (!f.find.empty()) {
     bool exact = false;

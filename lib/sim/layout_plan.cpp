@@ -434,29 +434,33 @@ DataParallel data_parallel(const Sharded& p, const Layout& l, const Groups& g,
 
 } // namespace
 
-LayoutPlan plan_layout(const TransformerShape& m, const JobShape& job, const Layout& layout,
-                       const PlannerOptions& o) {
-  check_layout(m, job, layout);
-  Layout l = layout;
-  if (l.pp() == 1) {
-    l.virtual_stages(1).schedule("");
-  }
-  DTENSOR_CHECK(l.pp() == 1 || l.virtual_stages() == 1 ||
-                    !is_single_stage(schedule_kind(l.schedule())),
-                "layout {}: {} runs one stage per rank", to_string(l), l.schedule());
-  const ClusterSpec& c = o.cluster();
-  const Groups g = groups_of(l);
-  const Stage s = stage_costs(m, job, l, o, g);
-  const Sharded p = rank_parameters(m, l, s);
-  const DataParallel d = data_parallel(p, l, g, c);
-  const int64_t dp = l.dp_replicate() * l.dp_shard();
-  const int64_t microbatches = job.global_batch() / dp / l.microbatch();
+namespace {
+
+// Model FLOPs per token: three times the forward's (causal attention's work), as MFU counts.
+double model_flops_per_token(const TransformerShape& m, int64_t seq) {
+  const Dims d = dims_of(m);
+  const int64_t moe_layers = m.experts() > 0 ? m.layers() - m.dense_layers() : 0;
+  const auto active = [&](bool moe) {
+    return static_cast<double>(block_parameters(m, moe)) -
+           (moe ? static_cast<double>(routed_expert_parameters(m)) -
+                      3.0 * m.dim() * m.experts_per_token() * m.expert_hidden()
+                : 0);
+  };
+  return 6 * (static_cast<double>(m.layers() - moe_layers) * active(false) +
+              static_cast<double>(moe_layers) * active(true) +
+              static_cast<double>(m.dim() * m.vocab())) +
+         6 * static_cast<double>(m.layers() * m.heads() * (d.qk + d.v)) * attention_context(m, seq);
+}
+
+// The step: the schedule's makespan (pp) or the microbatches one after another, and
+// fully_shard's traffic beyond what compute hides. `shape` receives the schedule's shape.
+TimeTerms time_terms(const JobShape& job, const Layout& l, const Stage& s, const DataParallel& d,
+                     ScheduleShape& shape) {
+  const int64_t microbatches =
+      job.global_batch() / (l.dp_replicate() * l.dp_shard()) / l.microbatch();
   const double v = static_cast<double>(l.virtual_stages());
   const double mb = static_cast<double>(microbatches);
-  LayoutPlan plan;
-  plan.layout = l;
-  TimeTerms& t = plan.time;
-  ScheduleShape shape;
+  TimeTerms t;
   double makespan = mb * (s.f + s.b);
   if (l.pp() > 1) {
     shape = schedule_shape(l.schedule(), l.pp(), microbatches, l.virtual_stages(), s.b / s.f);
@@ -477,24 +481,15 @@ LayoutPlan plan_layout(const TransformerShape& m, const JobShape& job, const Lay
   t.step = makespan + t.dp;
   const double tokens = static_cast<double>(job.global_batch() * job.seq());
   t.tokens_per_second_per_gpu = tokens / t.step / static_cast<double>(l.world());
-  // Model FLOPs per token: three times the forward's (causal attention's work), as MFU counts.
-  const Dims dm = dims_of(m);
-  const bool is_moe = m.experts() > 0;
-  const int64_t moe_layers = is_moe ? m.layers() - m.dense_layers() : 0;
-  const auto active = [&](bool moe) {
-    return static_cast<double>(block_parameters(m, moe)) -
-           (moe ? static_cast<double>(routed_expert_parameters(m)) -
-                      3.0 * m.dim() * m.experts_per_token() * m.expert_hidden()
-                : 0);
-  };
-  const double per_token = 6 * (static_cast<double>(m.layers() - moe_layers) * active(false) +
-                                static_cast<double>(moe_layers) * active(true) +
-                                static_cast<double>(m.dim() * m.vocab())) +
-                           6 * static_cast<double>(m.layers() * m.heads() * (dm.qk + dm.v)) *
-                               attention_context(m, job.seq());
-  t.mfu = t.tokens_per_second_per_gpu * per_token / (c.bf16_tflops() * 1e12);
+  return t;
+}
 
-  MemoryTerms& mem = plan.memory;
+// The busiest rank's bytes by term: the first pipeline rank (the most microbatches in flight)
+// or the last (the logits), whichever holds more.
+MemoryTerms memory_terms(const TransformerShape& m, const JobShape& job, const Layout& l,
+                         const Stage& s, const Sharded& p, const ScheduleShape& shape,
+                         double fragmentation) {
+  MemoryTerms mem;
   const double fsdp = static_cast<double>(l.dp_shard() * l.cp());
   const double shards = p.dense / fsdp + p.experts / static_cast<double>(expert_fsdp(l));
   mem.parameters = shards * kFp32;
@@ -515,15 +510,40 @@ LayoutPlan plan_layout(const TransformerShape& m, const JobShape& job, const Lay
   mem.activations = (last_heavier ? last : first) + s.transient;
   mem.logits = last_heavier ? logits : 0;
   mem.buffers = s.buffers;
-  const double alive = mem.parameters + mem.gradients + mem.optimizer + mem.unsharded +
-                       mem.activations + mem.logits + mem.buffers;
-  mem.total = alive * o.fragmentation();
-  const double limit =
-      (o.memory_gib() > 0 ? o.memory_gib() : c.memory_gib()) * 1024.0 * 1024 * 1024;
-  plan.fits = mem.total <= limit;
+  mem.total = (mem.parameters + mem.gradients + mem.optimizer + mem.unsharded + mem.activations +
+               mem.logits + mem.buffers) *
+              fragmentation;
+  return mem;
+}
+
+} // namespace
+
+LayoutPlan plan_layout(const TransformerShape& m, const JobShape& job, const Layout& layout,
+                       const PlannerOptions& o) {
+  check_layout(m, job, layout);
+  Layout l = layout;
+  if (l.pp() == 1) {
+    l.virtual_stages(1).schedule("");
+  }
+  DTENSOR_CHECK(l.pp() == 1 || l.virtual_stages() == 1 ||
+                    !is_single_stage(schedule_kind(l.schedule())),
+                "layout {}: {} runs one stage per rank", to_string(l), l.schedule());
+  const ClusterSpec& c = o.cluster();
+  const Groups g = groups_of(l);
+  const Stage s = stage_costs(m, job, l, o, g);
+  const Sharded p = rank_parameters(m, l, s);
+  LayoutPlan plan;
+  plan.layout = l;
+  ScheduleShape shape;
+  plan.time = time_terms(job, l, s, data_parallel(p, l, g, c), shape);
+  plan.time.mfu = plan.time.tokens_per_second_per_gpu * model_flops_per_token(m, job.seq()) /
+                  (c.bf16_tflops() * 1e12);
+  plan.memory = memory_terms(m, job, l, s, p, shape, o.fragmentation());
+  const double gib = 1024.0 * 1024 * 1024;
+  const double limit = (o.memory_gib() > 0 ? o.memory_gib() : c.memory_gib()) * gib;
+  plan.fits = plan.memory.total <= limit;
   if (!plan.fits) {
-    plan.why = fmt::format("needs {:.1f} GiB of {:.1f}", mem.total / (1024.0 * 1024 * 1024),
-                           limit / (1024.0 * 1024 * 1024));
+    plan.why = fmt::format("needs {:.1f} GiB of {:.1f}", plan.memory.total / gib, limit / gib);
   }
   return plan;
 }

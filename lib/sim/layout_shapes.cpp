@@ -169,10 +169,12 @@ std::string simulate_flags(const Layout& l, const JobShape& job) {
   std::string s =
       fmt::format("--simulate {} --mesh {}x{}x{} --seq {} --batch {}", l.world(), l.dp_replicate(),
                   l.dp_shard(), l.tp(), job.seq(), job.global_batch());
+  const int64_t local = job.global_batch() / (l.dp_replicate() * l.dp_shard());
   if (l.pp() > 1) {
-    const int64_t local = job.global_batch() / (l.dp_replicate() * l.dp_shard());
     s += fmt::format(" --pp {} --pp-schedule {} --microbatches {}", l.pp(), l.schedule(),
                      local / l.microbatch());
+  } else if (l.microbatch() < local) { // gradient accumulation
+    s += fmt::format(" --local-batch {}", l.microbatch());
   }
   if (l.cp() > 1) {
     s += fmt::format(" --cp {} --cp-method {}", l.cp(), l.cp_method());

@@ -29,6 +29,9 @@ usage: recipe_sim.py TORCHRUN TRAIN TORCH_ESTIMATE
 5. The driver with --pp 2 (a later stage's input shape through DTENSOR_SIMULATE_P2P, the bubble
    of 1F1B with 4 microbatches on 2 stages: 1/5, the step 5/4 of the rank's own), --cp 2 and a
    DeepSeek-V3-style MoE with --ep 8 (even routing): every plan consistent, bytes over pp, cp, ep.
+6. The layout search (`train --plan`) on 8 ranks: the ranking in order, `--find` where the
+   ranking puts the layout, the best layout's --simulate flags planned by the driver and
+   consistent, an unknown model refused by name.
 """
 import json
 import math
@@ -301,4 +304,28 @@ with tempfile.TemporaryDirectory() as tmp:
     print(f"driver: ep 8 by capacity dispatch planned on meta ranks, {ratio:.3f} x the variable "
           f"dispatch's bytes, float8 rows {ep_bytes['float8'] / ep_bytes['capacity']:.3f} x")
     print("driver: pp 2 (bubble 1/5 of 1F1B with 4 microbatches), cp 2 and ep 8 planned, consistent")
-print("recipe: simulated == real on 1, 2, 4, 8 ranks; 8B / 70B as the formulas; driver checked with pp, cp, ep")
+
+# 6. The layout search (`train --plan`): its ranking in order, the asked-for layout where the
+# ranking puts it, the best layout's printed --simulate flags a plan the recipe runs and finds
+# consistent, and a model it does not know refused by name.
+with tempfile.TemporaryDirectory() as tmp:
+    out = os.path.join(tmp, "plan.json")
+    run([train, "--plan", "3", "--model", "llama3-8b", "--world", "8", "--seq", "8192",
+         "--global-batch", "16", "--find", "dp_shard=8", "--json", out])
+    plan = json.load(open(out))
+    steps = [r["time_s"]["step"] for r in plan["ranked"]]
+    assert steps == sorted(steps) and len(steps) > 3, steps
+    found = plan["found"]
+    assert plan["ranked"][found["rank"] - 1]["layout"] == found["layout"], found
+    best = plan["ranked"][0]
+    text = run([train, "--model", "llama3-8b", "--out", os.path.join(tmp, "sim")] +
+               best["simulate"].split())
+    m = json.load(open(os.path.join(tmp, "sim", "simulation.json")))["meshes"][0]
+    assert m["plan_mismatches"] == [], m
+    p = subprocess.run([train, "--plan", "1", "--model", "llama5", "--world", "8"], env=ENV,
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "llama3-8b" in p.stderr, (p.returncode, p.stderr)
+    print(f"plan: {len(steps)} layouts of 8 ranks ranked; the best ({best['layout']}) simulated, "
+          "consistent")
+print("recipe: simulated == real on 1, 2, 4, 8 ranks; 8B / 70B as the formulas; driver checked "
+      "with pp, cp, ep; the layout search's best simulated")
