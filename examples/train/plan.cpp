@@ -4,6 +4,8 @@
 // that check its plan on sampled ranks; `--find` places a given layout in the ranking.
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <sstream>
 #include <stdexcept>
 
@@ -19,7 +21,7 @@ namespace {
 
 struct PlanFlags {
   int64_t top = 5, world = 0, seq = 8192, global_batch = 0;
-  std::string model, find, json;
+  std::string model, shape, find, json;
   bool float8 = false, tp_overlap = false, ep_overlap = false;
   PlannerOptions options;
 };
@@ -32,6 +34,10 @@ PlanFlags parse_plan(int argc, char** argv) {
              "the model's shape: llama3-8b|llama3-70b|llama3-405b|qwen3-30b-a3b|"
              "qwen3-235b-a22b|gpt-oss-120b|deepseek-v3-16b|deepseek-v3",
              f.model)
+      .value("--shape",
+             "the model's fields by name over --model's (or the defaults'), e.g. "
+             "dim=256,layers=4,heads=8,kv_heads=4,head_dim=32,ffn=704,vocab=2048",
+             f.shape)
       .value("--world", "GPUs", f.world)
       .value("--seq", "tokens per sequence (8192)", f.seq)
       .value("--global-batch", "sequences per step (the world)", f.global_batch)
@@ -56,8 +62,8 @@ PlanFlags parse_plan(int argc, char** argv) {
              f.find)
       .value("--json", "also write every ranked layout to this file", f.json);
   t.parse(argc, argv);
-  if (f.model.empty() || f.world < 1) {
-    t.fail("--plan needs --model NAME and --world W");
+  if ((f.model.empty() && f.shape.empty()) || f.world < 1) {
+    t.fail("--plan needs --model NAME (or --shape) and --world W");
   }
   if (f.global_batch == 0) {
     f.global_batch = f.world;
@@ -70,6 +76,41 @@ void need(bool ok, const std::string& why) {
   if (!ok) {
     throw std::invalid_argument("--find: " + why);
   }
+}
+
+// --model's shape (the defaults' without it) with --shape's "key=value,..." over it.
+TransformerShape parse_shape(const PlanFlags& f) {
+  TransformerShape m = f.model.empty() ? TransformerShape() : transformer_shape(f.model);
+  if (f.shape.empty()) {
+    return m;
+  }
+  const std::map<std::string, std::function<void(int64_t)>> fields{
+      {"dim", [&](int64_t v) { m.dim(v); }},
+      {"layers", [&](int64_t v) { m.layers(v); }},
+      {"heads", [&](int64_t v) { m.heads(v); }},
+      {"kv_heads", [&](int64_t v) { m.kv_heads(v); }},
+      {"head_dim", [&](int64_t v) { m.head_dim(v); }},
+      {"ffn", [&](int64_t v) { m.ffn_hidden(v); }},
+      {"vocab", [&](int64_t v) { m.vocab(v); }},
+      {"experts", [&](int64_t v) { m.experts(v); }},
+      {"experts_per_token", [&](int64_t v) { m.experts_per_token(v); }},
+      {"expert_hidden", [&](int64_t v) { m.expert_hidden(v); }},
+      {"shared_experts", [&](int64_t v) { m.shared_experts(v); }},
+      {"dense_layers", [&](int64_t v) { m.dense_layers(v); }}};
+  std::istringstream in(f.shape);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const auto eq = item.find('=');
+    const auto it = fields.find(item.substr(0, eq));
+    if (eq == std::string::npos || it == fields.end()) {
+      throw std::invalid_argument("--shape: \"" + item +
+                                  "\" is not key=value with a key of dim, layers, heads, "
+                                  "kv_heads, head_dim, ffn, vocab, experts, experts_per_token, "
+                                  "expert_hidden, shared_experts, dense_layers");
+    }
+    it->second(FlagTable::parse_int(item.substr(eq + 1)));
+  }
+  return m.name("custom");
 }
 
 // "tp=4,pp=8,v=5" on `world` ranks; dp_shard takes what the others leave. `exact` is set when
@@ -132,6 +173,16 @@ Layout parse_layout(const std::string& text, int64_t world, bool& exact) {
 
 constexpr double kGiB = 1024.0 * 1024 * 1024;
 
+// The recipe's flags for the model planned: its flavor, or a --shape's dimensions.
+std::string recipe_model_flags(const PlanFlags& f) {
+  if (f.shape.empty()) {
+    return "--model " + f.model;
+  }
+  const TransformerShape m = parse_shape(f);
+  return "--dim " + std::to_string(m.dim()) + " --layers " + std::to_string(m.layers()) +
+         " --heads " + std::to_string(m.heads()) + " --kv-heads " + std::to_string(m.kv_heads());
+}
+
 void print_plan(const std::string& head, const LayoutPlan& p, const PlanFlags& f,
                 const JobShape& job) {
   const TimeTerms& t = p.time;
@@ -146,7 +197,7 @@ void print_plan(const std::string& head, const LayoutPlan& p, const PlanFlags& f
               m.parameters / kGiB, m.gradients / kGiB, m.optimizer / kGiB, m.unsharded / kGiB,
               m.activations / kGiB, m.logits / kGiB, m.buffers / kGiB, f.options.fragmentation(),
               m.total / kGiB, p.fits ? "" : (" (" + p.why + ")").c_str());
-  std::printf("    check: train --model %s %s\n", f.model.c_str(),
+  std::printf("    check: train %s %s\n", recipe_model_flags(f).c_str(),
               simulate_flags(p.layout, job).c_str());
 }
 
@@ -219,13 +270,13 @@ void find_layout(const std::vector<LayoutPlan>& ranked, const Layout& wanted, bo
 
 int run_plan(int argc, char** argv) {
   const PlanFlags f = parse_plan(argc, argv);
-  const TransformerShape model = transformer_shape(f.model);
+  const TransformerShape model = parse_shape(f);
   const JobShape job = JobShape().seq(f.seq).global_batch(f.global_batch).float8(f.float8);
   int64_t refused = 0;
   const std::vector<LayoutPlan> ranked = search_layouts(model, job, f.world, f.options, &refused);
   std::printf("plan: %s (%.2f B parameters) on %lld x %s (%.0f GiB), seq %lld, global batch %lld, "
               "%s\n",
-              f.model.c_str(), static_cast<double>(model_parameters(model)) / 1e9,
+              model.name().c_str(), static_cast<double>(model_parameters(model)) / 1e9,
               static_cast<long long>(f.world), f.options.cluster().name().c_str(),
               f.options.memory_gib() > 0 ? f.options.memory_gib()
                                          : f.options.cluster().memory_gib(),
