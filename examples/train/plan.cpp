@@ -274,9 +274,9 @@ int run_plan(int argc, char** argv) {
   const JobShape job = JobShape().seq(f.seq).global_batch(f.global_batch).float8(f.float8);
   int64_t refused = 0;
   const std::vector<LayoutPlan> ranked = search_layouts(model, job, f.world, f.options, &refused);
-  std::printf("plan: %s (%.2f B parameters) on %lld x %s (%.0f GiB), seq %lld, global batch %lld, "
+  std::printf("plan: %s (%.4g M parameters) on %lld x %s (%.0f GiB), seq %lld, global batch %lld, "
               "%s\n",
-              model.name().c_str(), static_cast<double>(model_parameters(model)) / 1e9,
+              model.name().c_str(), static_cast<double>(model_parameters(model)) / 1e6,
               static_cast<long long>(f.world), f.options.cluster().name().c_str(),
               f.options.memory_gib() > 0 ? f.options.memory_gib()
                                          : f.options.cluster().memory_gib(),
