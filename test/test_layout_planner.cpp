@@ -150,6 +150,8 @@ TEST_CASE("a layout that does not divide the model or the job is refused by name
   const JobShape job = JobShape().seq(32).global_batch(4);
   using Catch::Matchers::Contains;
   CHECK_THROWS_WITH(plan_layout(tiny(), job, Layout().tp(3)), Contains("4 heads"));
+  CHECK_THROWS_WITH(plan_layout(TransformerShape(tiny()).kv_heads(2), job, Layout().tp(4)),
+                    Contains("2 K/V heads"));
   CHECK_THROWS_WITH(plan_layout(tiny(), job, Layout().dp_shard(2).ep(2)), Contains("dense model"));
   CHECK_THROWS_WITH(plan_layout(tiny(), job, Layout().dp_shard(8)), Contains("global batch 4"));
   CHECK_THROWS_WITH(plan_layout(tiny(), job, Layout().cp(32)), Contains("sequence 32"));

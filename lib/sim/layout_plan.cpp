@@ -156,7 +156,7 @@ Block block_costs(const TransformerShape& m, const JobShape& job, const Layout& 
   const double t = static_cast<double>(l.microbatch() * job.seq() / l.cp());
   const double tp = static_cast<double>(l.tp());
   const Dims d = dims_of(m);
-  const double kv = std::max(1.0, static_cast<double>(d.kv_heads) / tp);
+  const double kv = static_cast<double>(d.kv_heads) / tp;
   const double heads = static_cast<double>(m.heads()) / tp;
   const double peak = o.efficiency() * c.bf16_tflops() * 1e12;
   Block b;
@@ -238,9 +238,10 @@ void check_layout(const TransformerShape& m, const JobShape& job, const Layout& 
   DTENSOR_CHECK(m.heads() % l.tp() == 0, "layout {}: {} heads do not split over tp {}", what,
                 m.heads(), l.tp());
   const int64_t kv = dims_of(m).kv_heads;
-  DTENSOR_CHECK(kv % l.tp() == 0 || l.tp() % kv == 0,
-                "layout {}: {} K/V heads neither split over tp {} nor repeat to it", what, kv,
-                l.tp());
+  DTENSOR_CHECK(kv % l.tp() == 0,
+                "layout {}: {} K/V heads do not split over tp {} (dtensor's tensor parallelism "
+                "shards K / V by head)",
+                what, kv, l.tp());
   DTENSOR_CHECK(l.ep() == 1 || m.experts() > 0, "layout {}: ep {} on a dense model", what, l.ep());
   const int64_t f = l.dp_shard() * l.cp();
   DTENSOR_CHECK(l.ep() == 1 ||

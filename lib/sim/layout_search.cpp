@@ -30,7 +30,7 @@ std::vector<Layout> meshes(const TransformerShape& m, const JobShape& job, int64
   std::vector<Layout> out;
   const int64_t kv = m.kv_lora_rank() > 0 ? m.heads() : m.kv_heads();
   for (const int64_t tp : divisors(world)) {
-    if (tp > c.gpus_per_node() || m.heads() % tp != 0 || (kv % tp != 0 && tp % kv != 0)) {
+    if (tp > c.gpus_per_node() || m.heads() % tp != 0 || kv % tp != 0) {
       continue;
     }
     for (const int64_t pp : divisors(world / tp)) {
