@@ -304,7 +304,11 @@ int run_plan(int argc, char** argv) {
     find_layout(ranked, wanted, exact, model, job, f, out);
   }
   if (!f.json.empty()) {
-    std::ofstream(f.json) << out.dump(1) << "\n";
+    std::ofstream file(f.json);
+    file << out.dump(1) << "\n";
+    if (!file.flush()) {
+      throw std::runtime_error("--json: cannot write " + f.json);
+    }
   }
   return ranked.empty() ? 1 : 0;
 }
