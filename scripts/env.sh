@@ -9,6 +9,14 @@ export CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1
 # [Note: precompiled headers] in meson.build: ccache caches units that use one only with
 # this sloppiness (the header's own __DATE__/__TIME__ and its -D flags are checked by GCC).
 export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros}
+# [Note: Python's bytecode] Every torchrun and every judge imports torch: from source, that
+# costs about 2 s of CPU more than from bytecode, and the suites start Python some hundreds of
+# times. Environments that set PYTHONDONTWRITEBYTECODE (container images do) never keep the
+# bytecode, and set-up installs with --no-compile (compiling all of torch takes a minute), so
+# the scripts let Python write what it imports, into one folder inside the venv (not beside the
+# sources: nothing outside what set-up made is written).
+export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-$venv/pycache}
+unset PYTHONDONTWRITEBYTECODE
 # One intra-op thread per rank: several ranks share the cores of one machine.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 

@@ -70,8 +70,9 @@ install_venv() {
   fi
   [[ -x $dir/bin/python ]] || { log "creating venv $dir"; "$python" -m venv "$dir"; }
   log "installing $* into $dir from $wheelhouse"
-  # --no-compile: Python writes the bytecode of what is imported when it is first imported;
-  # compiling all of torch's files at install took about a minute per venv.
+  # --no-compile: compiling all of torch's files at install took about a minute per venv; the
+  # scripts have Python write the bytecode of what is imported instead ([Note: Python's
+  # bytecode] in env.sh).
   "$dir/bin/python" -m pip install -q --no-compile --no-index --find-links "$wheelhouse" "$@"
   touch "$stamp"
 }
