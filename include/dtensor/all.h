@@ -16,6 +16,7 @@
 #include <dtensor/comm_hooks.h>
 #include <dtensor/replicate.h>
 #include <dtensor/fully_shard.h>
+#include <dtensor/fsdp_extension.h>
 #include <dtensor/grad_hooks.h>
 #include <dtensor/materialize.h>
 #include <dtensor/state_dict.h>

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -175,9 +176,15 @@ class FSDPModule {
   // with the last reduce-scatter in flight ([Note: overlap]); the handle's wait() completes it.
   GradientReductionHandle finalize_backward(bool async_op = false);
   // dtensor::clip_grad_norm_ over every parameter of the module (root units only: a
-  // nested unit would clip a part of the model with a partial norm).
+  // nested unit would clip a part of the model with a partial norm). Defined with
+  // clip_grad_norm_ (include/dtensor/clip_grad.h, linked from the same library).
   at::Tensor clip_grad_norm_(double max_norm, double norm_type = 2.0,
                              bool error_if_nonfinite = false);
+  // The unit's module's name (as in messages).
+  std::string name() const;
+  // Every parameter of the unit's module(s), each once, in module order (FSDP2's
+  // nn.Module.parameters()).
+  std::vector<at::Tensor> parameters() const;
 
   const DeviceMesh& mesh() const;
   bool is_root() const; // no enclosing fully_shard unit

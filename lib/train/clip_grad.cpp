@@ -10,6 +10,7 @@
 
 #include <dtensor/collectives.h>
 #include <dtensor/dtensor.h>
+#include <dtensor/fully_shard.h>
 #include <dtensor/process_group.h>
 
 #include "internal/check.h"
@@ -430,6 +431,16 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max
       detail::total_norm(grads, meshes, pipeline, norm_type, error_if_nonfinite, dtype);
   clip_grads_with_norm_(parameters, max_norm, total);
   return total;
+}
+
+// fully_shard's member lives here, beside what it calls: lib/parallel/ sits below lib/train/
+// and includes nothing of it (docs/architecture.md, "Layers (bottom up)").
+at::Tensor FSDPModule::clip_grad_norm_(double max_norm, double norm_type, bool error_if_nonfinite) {
+  DTENSOR_CHECK(is_root(),
+                "clip_grad_norm_ should only be called on the root FSDP instance; unit '{}' is "
+                "nested in another",
+                name());
+  return dtensor::clip_grad_norm_(parameters(), max_norm, norm_type, error_if_nonfinite);
 }
 
 } // namespace dtensor

@@ -8,8 +8,8 @@
 #include <dtensor/user_rules.h>
 
 #include "internal/check.h"
+#include "parallel/float8/float8_all_gather.h"
 #include "parallel/float8/float8_mm.h"
-#include "parallel/fsdp/float8_all_gather.h"
 #include "parallel/module_ptr.h"
 
 namespace dtensor {
@@ -64,7 +64,7 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at
     return float8_linear_plain(x, weight, bias, at::Tensor(), recipe);
   }
   // Gathered in float8 by fully_shard: cast again with the scale it was gathered with.
-  const at::Tensor scale = detail::fsdp_float8_scale(weight);
+  const at::Tensor scale = detail::float8_all_gather_scale(weight);
   // A fully_shard parameter: inside local_map, its local value is the unit's unsharded value
   // ([Note: local regions] in lib/tensor/dispatch/interceptors.h).
   const LocalFn local = local_map(
@@ -163,7 +163,7 @@ std::vector<std::string> convert_to_float8_training(torch::nn::Module& module,
   std::vector<std::string> converted;
   for (const auto& [name, linear] : float8_targets(*owner, options, filter)) {
     if (options.enable_fsdp_float8_all_gather()) {
-      detail::mark_float8_all_gather(linear->weight, name);
+      set_all_gather_extension(linear->weight, detail::float8_all_gather_extension(name));
     }
     register_module_hooks(
         *linear, ModuleHooks()

@@ -9,7 +9,7 @@
 
 #include "internal/check.h"
 #include "parallel/float8/float8_mm.h"
-#include "parallel/fsdp/float8_all_gather.h"
+#include "parallel/float8/float8_all_gather.h"
 #include "parallel/tp/tensor_parallel.h"
 #include "tensor/dispatch/interceptors.h"
 
@@ -150,7 +150,7 @@ at::Tensor float8_linear_tp(const at::Tensor& x_in, const at::Tensor& weight,
     w_local = DTensor(weight).to_local(l.w_grad);
   }
   // Gathered in float8 by fully_shard (tp over one rank only): its scale, the whole weight's.
-  const at::Tensor scale = fsdp_float8_scale(weight);
+  const at::Tensor scale = float8_all_gather_scale(weight);
   DTENSOR_CHECK(!scale.defined() || (l.sharding->w_rows.empty() && l.sharding->w_cols.empty()),
                 "float8_linear: fully_shard gathers this weight in float8 and tensor parallelism "
                 "shards it ({}); the float8 all-gather does not compose with tensor parallelism "

@@ -6,7 +6,6 @@
 
 #include "internal/check.h"
 #include "mesh/collectives_internal.h"
-#include "parallel/fsdp/float8_all_gather.h"
 
 namespace dtensor::detail {
 
@@ -76,15 +75,16 @@ void all_gather_flat(FSDPParamGroup& group, PendingGather& pending, const Group&
                      bool background, bool may_gather_in_place) {
   if (over.size() == 1) {
     // One rank's gather is its input: no collective (as PyTorch's FSDP2), only the copy-out
-    // (a cast or float8's dequantization; without either the unit aliases and never gets
+    // (a cast or an extension's rebuilding; without either the unit aliases and never gets
     // here, [Note: one-rank shard groups alias] in param_group.cpp).
     pending.buffer.emplace(pending.input);
     return;
   }
-  if (pending.bytes) {
+  if (pending.extension) {
     DTENSOR_CHECK(!group.custom_all_gather.call,
-                  "fully_shard unit '{}': a custom all-gather cannot gather float8 weights "
-                  "(convert_to_float8_training's enable_fsdp_float8_all_gather)",
+                  "fully_shard unit '{}': a custom all-gather cannot gather parameters with an "
+                  "all-gather extension (float8's: convert_to_float8_training's "
+                  "enable_fsdp_float8_all_gather)",
                   group.name);
     pending.buffer.emplace(at::empty({over.size() * pending.input.numel()},
                                      at::TensorOptions(at::kByte).device(group.device)));
@@ -115,8 +115,8 @@ void all_gather_copy_out(FSDPParamGroup& group, PendingGather& pending) {
   }
   at::NoGradGuard no_grad;
   allocate_storage(group.unsharded_flat);
-  if (pending.bytes) {
-    float8_copy_out(group, pending.buffer->tensor);
+  if (pending.extension) {
+    extension_copy_out(group, *pending.extension, pending.buffer->tensor);
     return;
   }
   for (const FSDPParam& fp : group.params) {

@@ -12,6 +12,7 @@
 
 #include <dtensor/collectives.h>
 
+#include "parallel/fsdp/all_gather_extension.h"
 #include "parallel/fsdp/fsdp_param_group.h"
 #include "parallel/fsdp/memory.h"
 #include "parallel/grad_reduce.h"
@@ -24,7 +25,8 @@ struct PendingGather {
   explicit PendingGather(at::Tensor in) : input(std::move(in)) {}
   at::Tensor input;
   std::optional<CommBuffer> buffer; // the gathered shards, to be copied out (not in place)
-  bool bytes = false; // the input is float8_all_gather_input's bytes (float8_all_gather.h)
+  // The input is bytes laid out by the unit's all-gather extensions (all_gather_extension.h).
+  std::shared_ptr<ExtensionGather> extension;
   Work work;
 };
 

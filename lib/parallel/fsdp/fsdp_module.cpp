@@ -7,7 +7,6 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
-#include <dtensor/clip_grad.h>
 
 #include "internal/check.h"
 #include "parallel/fsdp/fsdp_state.h"
@@ -178,16 +177,17 @@ bool FSDPModule::has_comm_hook() const {
   return group_of(unit_).comm_hook.has_value();
 }
 
-at::Tensor FSDPModule::clip_grad_norm_(double max_norm, double norm_type, bool error_if_nonfinite) {
-  DTENSOR_CHECK(group_of(unit_).fsdp_state().is_root(),
-                "clip_grad_norm_ should only be called on the root FSDP instance; unit '{}' is "
-                "nested in another",
-                group_of(unit_).name);
+std::string FSDPModule::name() const {
+  return group_of(unit_).name;
+}
+
+std::vector<at::Tensor> FSDPModule::parameters() const {
   std::vector<at::Tensor> params;
   std::unordered_set<const c10::TensorImpl*> seen; // a grouped unit's modules may share some
   for (const auto& weak : group_of(unit_).fsdp_state().modules) {
     auto module = weak.lock();
-    DTENSOR_CHECK(module != nullptr, "clip_grad_norm_: a module of unit '{}' no longer exists",
+    DTENSOR_CHECK(module != nullptr,
+                  "FSDPModule::parameters: a module of unit '{}' no longer exists",
                   group_of(unit_).name);
     for (const auto& p : module->parameters()) {
       if (seen.insert(p.unsafeGetTensorImpl()).second) {
@@ -195,7 +195,7 @@ at::Tensor FSDPModule::clip_grad_norm_(double max_norm, double norm_type, bool e
       }
     }
   }
-  return dtensor::clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite);
+  return params;
 }
 
 // [Note: finalize_backward] Each backward already ends with its root's end-of-backward

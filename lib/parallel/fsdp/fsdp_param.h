@@ -17,6 +17,10 @@
 #include "parallel/tp/tensor_parallel.h"
 #include "tensor/dtensor_impl.h"
 
+namespace dtensor {
+class AllGatherExtension;
+} // namespace dtensor
+
 namespace dtensor::detail {
 
 struct FSDPParamGroup;
@@ -69,10 +73,9 @@ struct FSDPParam {
   std::optional<DTensorSpec> tp_spec;
   std::shared_ptr<const TpTag> tp_tag;
   at::Tensor unsharded; // view of the unsharded buffer (param dtype)
-  // Gathered as float8 with one scale for the whole weight ([Note: float8 all-gather] in
-  // float8_all_gather.cpp); the scale, valid while the unit's float8_scales_valid.
-  bool float8 = false;
-  at::Tensor float8_scale;
+  // What the unit's all-gather sends for it and how it is rebuilt, when not its values in the
+  // parameter dtype ([Note: the all-gather extension] in all_gather_extension.cpp).
+  std::shared_ptr<AllGatherExtension> extension;
   at::Tensor unsharded_grad;
   bool grad_received = false; // in the current backward
   compat::NodePtr grad_node;

@@ -64,7 +64,6 @@ struct FSDPParamGroup : FSDPModule::Unit {
   // in param_group.cpp): a one-rank shard group without a cast.
   bool aliased = false;
   ShardState state = ShardState::Sharded;
-  bool float8_scales_valid = false;      // [Note: float8 all-gather] in float8_all_gather.cpp
   std::shared_ptr<PendingGather> gather; // while Unsharding
   bool forward_used = false;             // touched by forward since it was last resharded
   bool backward_used = false;            // touched by the current backward

@@ -8,7 +8,6 @@
 #include <ATen/Context.h>
 #include <torch/nn/module.h>
 
-#include <dtensor/clip_grad.h>
 #include <dtensor/dtensor.h>
 #include <dtensor/module_hooks.h>
 #include <dtensor/process_group.h>

@@ -14,7 +14,7 @@
 
 #include "internal/check.h"
 #include "mesh/collectives_internal.h"
-#include "parallel/fsdp/float8_all_gather.h"
+#include "parallel/fsdp/all_gather_extension.h"
 #include "parallel/fsdp/fsdp_collectives.h"
 #include "parallel/fsdp/fsdp_state.h"
 #include "parallel/tp/tensor_parallel.h"
@@ -120,7 +120,7 @@ std::shared_ptr<FSDPParamGroup> FSDPParamGroup::shared() const {
 // [Note: one-rank shard groups alias]
 // Over a shard group of one rank the flat shard is every parameter whole, laid out as the
 // unsharded buffer is (no padding: each parameter's chunk is all of its rows). When the
-// forward's dtype is the stored one (no mixed precision, no float8 all-gather) and the shard
+// forward's dtype is the stored one (no mixed precision, no all-gather extension) and the shard
 // lives on the device (no offload), the unsharded buffer is the flat shard itself: unshard
 // and reshard move and free nothing, no all-gather is issued, and the parameters hold no
 // second copy. The gradients skip their reduce-scatter too (reduce_scatter_flat): the
@@ -131,12 +131,7 @@ bool FSDPParamGroup::aliases_shard() const {
   if (shard_size != 1 || param_dtype != orig_dtype || options.offload_policy().offload_to_cpu()) {
     return false;
   }
-  for (const FSDPParam& fp : params) {
-    if (fp.float8) {
-      return false;
-    }
-  }
-  return true;
+  return !has_all_gather_extension(*this);
 }
 
 // The flat shard (zeros: padding stays zero) and the unsharded buffer, unallocated, with
@@ -246,11 +241,11 @@ void FSDPParamGroup::init_sharded(std::vector<std::pair<std::string, at::Tensor>
                   name, fqn, c10::toString(p.scalar_type()), first_fqn,
                   c10::toString(first.scalar_type()));
     params.emplace_back(fqn, p, values.back(), offset, shard_placement(p), shard_info(), name);
-    params.back().float8 = take_float8_all_gather_mark(p);
-    DTENSOR_CHECK(!params.back().float8 || !tp_meta || tp_meta->spec.mesh.size() == 1,
-                  "fully_shard({}): '{}' is to be gathered in float8, which tensor parallelism "
-                  "over more than one rank does not support yet",
-                  name, fqn);
+    params.back().extension = take_all_gather_extension(p);
+    DTENSOR_CHECK(!params.back().extension || !tp_meta || tp_meta->spec.mesh.size() == 1,
+                  "fully_shard({}): '{}' has an all-gather extension ('{}'), which tensor "
+                  "parallelism over more than one rank does not support yet",
+                  name, fqn, params.back().extension ? params.back().extension->name() : "");
     offset += params.back().segment_numel();
   }
   shard_numel = offset;
@@ -282,13 +277,19 @@ void FSDPParamGroup::unshard(bool async, bool explicit_background) {
   // From the piece kept after forward, over its k ranks ([Note: reshard to a smaller
   // group] in post_forward.cpp), or from the flat shard over the shard group.
   const bool post_forward = state == ShardState::ShardedPostForward;
-  // The piece kept after forward holds unsharded (dequantized) values: gathered as they are.
-  const bool float8 = !post_forward && gathers_float8(*this);
-  auto pending =
-      std::make_shared<PendingGather>(post_forward ? take_post_forward_piece()
-                                                   : (float8 ? float8_all_gather_input(*this)
-                                                             : flat_shard.to(device, param_dtype)));
-  pending->bytes = float8;
+  // The piece kept after forward holds unsharded (rebuilt) values: gathered as they are.
+  std::shared_ptr<ExtensionGather> extension;
+  at::Tensor input;
+  if (post_forward) {
+    input = take_post_forward_piece();
+  } else if (has_all_gather_extension(*this)) {
+    extension = std::make_shared<ExtensionGather>();
+    input = extension_all_gather_input(*this, *extension);
+  } else {
+    input = flat_shard.to(device, param_dtype);
+  }
+  auto pending = std::make_shared<PendingGather>(std::move(input));
+  pending->extension = std::move(extension);
   const bool background = async && (overlap || explicit_background);
   all_gather_flat(*this, *pending, post_forward ? post_forward_group : shard_group, background,
                   /*may_gather_in_place=*/!post_forward);

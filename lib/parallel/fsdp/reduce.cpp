@@ -54,7 +54,7 @@ void FSDPParamGroup::drop_backward_state() {
 }
 
 void FSDPParamGroup::end_backward() {
-  float8_scales_valid = false; // the optimizer step comes: [Note: float8 all-gather]
+  extensions_after_backward(*this); // the optimizer step comes
   if (requires_gradient_sync && has_pending_grads()) {
     reduce_grads();
   }
