@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,6 +29,8 @@
 #include <models/fsdp_models.h>
 #include <support/cpu_memory.h>
 
+#include "flags.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -37,44 +38,27 @@ using Clock = std::chrono::steady_clock;
 struct Flags {
   std::string ac = "none";
   int64_t dim = 256, layers = 4, seq = 128, batch = 8;
-  int steps = 5, warmup = 2;
+  int64_t steps = 5, warmup = 2;
   bool overlap = true;
   bool floor = false;
 };
 
 Flags parse(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string k = argv[i];
-    if (k == "--floor") {
-      f.floor = true;
-      --i;
-      continue;
-    }
-    if (i + 1 == argc) {
-      std::fprintf(stderr, "bench_activation_checkpoint: %s needs a value\n", k.c_str());
-      std::exit(2);
-    }
-    const char* v = argv[i + 1];
-    if (k == "--ac") {
-      f.ac = v;
-    } else if (k == "--overlap") {
-      f.overlap = std::string(v) != "off";
-    } else if (k == "--dim" || k == "--layers" || k == "--seq" || k == "--batch") {
-      int64_t& x = k == "--dim"      ? f.dim
-                   : k == "--layers" ? f.layers
-                   : k == "--seq"    ? f.seq
-                                     : f.batch;
-      x = std::atoll(v);
-    } else if (k == "--steps") {
-      f.steps = std::atoi(v);
-    } else if (k == "--warmup") {
-      f.warmup = std::atoi(v);
-    } else {
-      std::fprintf(stderr, "bench_activation_checkpoint: unknown flag %s\n", k.c_str());
-      std::exit(2);
-    }
-  }
+  std::string overlap = "on";
+  dtensor::cli::FlagTable("bench_activation_checkpoint", "bench/activation_checkpoint.cpp")
+      .value("--ac", "activation checkpointing of each block (none)", f.ac,
+             {"none", "full", "selective"})
+      .value("--dim", "model width (256)", f.dim)
+      .value("--layers", "transformer blocks (4)", f.layers)
+      .value("--seq", "sequence length (128)", f.seq)
+      .value("--batch", "sequences per rank (8)", f.batch)
+      .value("--steps", "timed steps (5)", f.steps)
+      .value("--warmup", "untimed steps before them (2)", f.warmup)
+      .value("--overlap", "FSDP's communication overlap (on)", overlap, {"on", "off"})
+      .toggle("--floor", "the compute floor: no fully_shard, forward and backward only", f.floor)
+      .parse(argc, argv);
+  f.overlap = overlap == "on";
   return f;
 }
 
@@ -87,12 +71,7 @@ std::optional<dtensor::ActivationCheckpointOptions> ac_options(const std::string
         dtensor::save_ops({"aten::mm", "aten::addmm", "aten::bmm",
                            "aten::_scaled_dot_product_flash_attention_for_cpu"}));
   }
-  if (mode != "none") {
-    std::fprintf(stderr, "bench_activation_checkpoint: --ac none|full|selective, not %s\n",
-                 mode.c_str());
-    std::exit(2);
-  }
-  return std::nullopt;
+  return std::nullopt; // "none" (--ac takes only these three)
 }
 
 } // namespace

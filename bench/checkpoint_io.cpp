@@ -4,17 +4,21 @@
 // State: MB megabytes of float32 in 16 MB tensors [4096, 1024], Shard(0) over all ranks, plus
 // one replicated 1 MB tensor. Prints one line: "save_s load_s bytes" (rank 0), each time the
 // slowest rank's, from a barrier to the end of the call (fsync included).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <string>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <dtensor/all.h>
 #include <dtensor/checkpoint.h>
+
+#include "flags.h"
 
 namespace {
 
@@ -31,14 +35,30 @@ double timed(const std::function<void()>& body) {
 } // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 3) {
-    std::fprintf(stderr, "usage: bench_checkpoint_io DIR MB\n");
-    return 2;
+  // No flags: the arguments are positional, DIR MB [no-hash].
+  dtensor::cli::FlagTable table("bench_checkpoint_io", "bench/checkpoint_io.cpp");
+  table.set_epilogue("arguments: DIR MB [no-hash] (the checkpoint's directory, its megabytes; "
+                     "no-hash: no chunk hashes written or verified)\n");
+  std::vector<std::string> args;
+  table.parse(argc, argv, &args);
+  for (const std::string& a : args) {
+    if (a.rfind("--", 0) == 0) {
+      table.fail("unknown flag " + a);
+    }
+  }
+  if (args.size() != 2 && !(args.size() == 3 && args[2] == "no-hash")) {
+    table.fail("takes DIR MB [no-hash]");
+  }
+  int64_t mb = 0;
+  try {
+    mb = dtensor::cli::FlagTable::parse_int(args[1]);
+  } catch (const std::exception&) {
+    table.fail("MB takes an integer, not '" + args[1] + "'");
   }
   at::set_num_threads(1);
   dtensor::init_process_group();
-  const std::string dir = argv[1];
-  const int64_t tensors = std::max<int64_t>(1, std::atoll(argv[2]) / 16);
+  const std::string dir = args[0];
+  const int64_t tensors = std::max<int64_t>(1, mb / 16);
   auto mesh = dtensor::init_device_mesh(c10::DeviceType::CPU, {dtensor::get_world_size()});
   dtensor::StateDict state;
   dtensor::StateDict target;
@@ -56,7 +76,7 @@ int main(int argc, char** argv) {
   bytes += 512 * 512 * 4;
   // Optional third argument "no-hash": save without hashes, load without verifying them
   // (what PyTorch's readers and writers do).
-  const bool hash = !(argc > 3 && std::string(argv[3]) == "no-hash");
+  const bool hash = args.size() < 3;
   const double save_s = timed([&] {
     dtensor::checkpoint::save(state, dir, dtensor::checkpoint::SaveOptions().checksums(hash));
   });

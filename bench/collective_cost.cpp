@@ -6,10 +6,8 @@
 //   torchrun --standalone --nproc-per-node 2 --no-python build/bench/bench_collective_cost
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <numeric>
-#include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -18,6 +16,7 @@
 #include <dtensor/all.h>
 
 #include "bench_util.h"
+#include "flags.h"
 
 using dtensor::CollectiveKind;
 
@@ -41,8 +40,11 @@ double median_ms(int64_t reps, const std::function<void()>& body) {
 } // namespace
 
 int main(int argc, char** argv) {
+  int64_t reps = 20;
+  dtensor::cli::FlagTable("bench_collective_cost", "bench/collective_cost.cpp")
+      .value("--reps", "timed calls per collective and size (20)", reps)
+      .parse(argc, argv);
   at::set_num_threads(1);
-  const int64_t reps = argc > 2 && std::string(argv[1]) == "--reps" ? std::atoll(argv[2]) : 20;
   dtensor::init_process_group();
   const auto& group = dtensor::world_group();
   const int world = dtensor::get_world_size();

@@ -22,7 +22,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -31,6 +30,7 @@
 #include <torch/nn/functional/loss.h>
 
 #include "bench_util.h"
+#include "flags.h"
 #include <dtensor/all.h>
 #include <models/llama3.h>
 
@@ -49,42 +49,31 @@ struct Flags {
   int64_t layers = 1;
   int64_t heads = 4;
   int64_t kv_heads = 2;
-  int steps = 3;
-  int warmup = 1;
+  int64_t steps = 3;
+  int64_t warmup = 1;
 };
 
 Flags parse(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    const std::string v = argv[i + 1];
-    if (k == "--method") {
-      f.method = v;
-    } else if (k == "--balance") {
-      f.balance = v;
-    } else if (k == "--ulysses-degree") {
-      f.ulysses_degree = std::stoll(v);
-    } else if (k == "--documents") {
-      f.documents = v == "1";
-    } else if (k == "--seq") {
-      f.seq = std::stoll(v);
-    } else if (k == "--dim") {
-      f.dim = std::stoll(v);
-    } else if (k == "--layers") {
-      f.layers = std::stoll(v);
-    } else if (k == "--heads") {
-      f.heads = std::stoll(v);
-    } else if (k == "--kv-heads") {
-      f.kv_heads = std::stoll(v);
-    } else if (k == "--steps") {
-      f.steps = std::stoi(v);
-    } else if (k == "--warmup") {
-      f.warmup = std::stoi(v);
-    } else {
-      std::fprintf(stderr, "bench_context_parallel: unknown flag %s\n", k.c_str());
-      std::exit(2);
-    }
-  }
+  std::string documents = "0";
+  dtensor::cli::FlagTable("bench_context_parallel", "bench/context_parallel.cpp")
+      .value("--method", "the layout: none (1 rank), dp, or a cp method over every rank", f.method,
+             {"none", "dp", "allgather", "ring", "ulysses", "hierarchical"})
+      .value("--balance", "how the sequence is cut over the cp ranks (headtail)", f.balance,
+             {"headtail", "documents", "none"})
+      .value("--ulysses-degree", "ranks in each of hierarchical's all-to-all groups (2)",
+             f.ulysses_degree)
+      .value("--documents", "1: packed documents of mixed lengths, document-masked (0)", documents,
+             {"0", "1"})
+      .value("--seq", "sequence length (1024)", f.seq)
+      .value("--dim", "model width (64)", f.dim)
+      .value("--layers", "transformer blocks (1)", f.layers)
+      .value("--heads", "attention heads (4)", f.heads)
+      .value("--kv-heads", "key/value heads (2)", f.kv_heads)
+      .value("--steps", "timed steps (3)", f.steps)
+      .value("--warmup", "untimed steps before them (1)", f.warmup)
+      .parse(argc, argv);
+  f.documents = documents == "1";
   return f;
 }
 
@@ -136,11 +125,6 @@ int main(int argc, char** argv) {
   const int world = dtensor::get_world_size();
   const bool cp = f.method == "allgather" || f.method == "ring" || f.method == "ulysses" ||
                   f.method == "hierarchical";
-  if (!cp && f.method != "none" && f.method != "dp") {
-    std::fprintf(stderr,
-                 "bench_context_parallel: --method none|dp|allgather|ring|ulysses|hierarchical\n");
-    return 2;
-  }
   auto args = dtensor::models::llama3_tiny_args()
                   .dim(f.dim)
                   .n_layers(f.layers)

@@ -24,6 +24,7 @@
 #include <torch/optim/adamw.h>
 
 #include "bench_util.h"
+#include "flags.h"
 #include <dtensor/all.h>
 #include <models/llama3/layers.h>
 
@@ -38,43 +39,25 @@ using dtensor::models::RMSNorm;
 
 struct Flags {
   int64_t dim = 256, hidden = 512, layers = 2, tokens = 256;
-  int steps = 8, warmup = 3;
+  int64_t steps = 8, warmup = 3;
   std::string float8 = "none";
   bool all_gather = false;
 };
 
 Flags parse(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (k == "--float8-all-gather") {
-      f.all_gather = true;
-      continue;
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "bench_float8: %s needs a value\n", k.c_str());
-      std::exit(2);
-    }
-    const std::string v = argv[++i];
-    if (k == "--float8") {
-      f.float8 = v;
-    } else if (k == "--dim") {
-      f.dim = std::stoll(v);
-    } else if (k == "--hidden") {
-      f.hidden = std::stoll(v);
-    } else if (k == "--layers") {
-      f.layers = std::stoll(v);
-    } else if (k == "--tokens") {
-      f.tokens = std::stoll(v);
-    } else if (k == "--steps") {
-      f.steps = std::stoi(v);
-    } else if (k == "--warmup") {
-      f.warmup = std::stoi(v);
-    } else {
-      std::fprintf(stderr, "bench_float8: unknown flag %s\n", k.c_str());
-      std::exit(2);
-    }
-  }
+  dtensor::cli::FlagTable("bench_float8", "bench/float8.cpp")
+      .value("--float8", "the float8 recipe of every Linear, or none (none)", f.float8,
+             {"none", "tensorwise", "rowwise", "rowwise_with_gw_hp"})
+      .toggle("--float8-all-gather", "with --float8: fully_shard all-gathers the weights in float8",
+              f.all_gather)
+      .value("--dim", "model width (256)", f.dim)
+      .value("--hidden", "the feed-forward's hidden width (512)", f.hidden)
+      .value("--layers", "blocks (2)", f.layers)
+      .value("--tokens", "rows per rank (256)", f.tokens)
+      .value("--steps", "timed steps (8)", f.steps)
+      .value("--warmup", "untimed steps before them (3)", f.warmup)
+      .parse(argc, argv);
   return f;
 }
 

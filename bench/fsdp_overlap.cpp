@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -26,6 +25,8 @@
 
 #include <models/fsdp_models.h>
 
+#include "flags.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -33,31 +34,23 @@ using Clock = std::chrono::steady_clock;
 struct Flags {
   std::string model = "mlp";
   int64_t dim = 64;
-  int steps = 10;
-  int warmup = 3;
+  int64_t steps = 10;
+  int64_t warmup = 3;
   bool overlap = true;
 };
 
 Flags parse(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    const char* v = argv[i + 1];
-    if (k == "--model") {
-      f.model = v;
-    } else if (k == "--dim") {
-      f.dim = std::atoll(v);
-    } else if (k == "--steps") {
-      f.steps = std::atoi(v);
-    } else if (k == "--warmup") {
-      f.warmup = std::atoi(v);
-    } else if (k == "--overlap") {
-      f.overlap = std::atoi(v) != 0;
-    } else {
-      std::fprintf(stderr, "bench_fsdp_overlap: unknown flag %s\n", k.c_str());
-      std::exit(2);
-    }
-  }
+  std::string overlap = "1";
+  dtensor::cli::FlagTable("bench_fsdp_overlap", "bench/fsdp_overlap.cpp")
+      .value("--model", "the model: the MLP blocks or the tensor-parallel Transformer (mlp)",
+             f.model, {"mlp", "tp"})
+      .value("--dim", "model width (64)", f.dim)
+      .value("--steps", "timed steps (10)", f.steps)
+      .value("--warmup", "untimed steps before them (3)", f.warmup)
+      .value("--overlap", "FSDP's communication overlap, 0 or 1 (1)", overlap, {"0", "1"})
+      .parse(argc, argv);
+  f.overlap = overlap == "1";
   return f;
 }
 

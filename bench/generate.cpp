@@ -9,7 +9,6 @@
 // the prompts, the tokens of the first cached round and the KV cache's bytes per rank.
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -21,6 +20,7 @@
 #include <models/llama3/generate.h>
 
 #include "bench_util.h"
+#include "flags.h"
 
 namespace {
 
@@ -32,23 +32,18 @@ struct Args {
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    const std::string v = argv[i + 1];
-    if (k == "--hf") {
-      a.hf = v;
-      continue;
-    }
-    (k == "--dim"        ? a.dim
-     : k == "--layers"   ? a.layers
-     : k == "--heads"    ? a.heads
-     : k == "--kv-heads" ? a.kv_heads
-     : k == "--vocab"    ? a.vocab
-     : k == "--batch"    ? a.batch
-     : k == "--prompt"   ? a.prompt
-     : k == "--new"      ? a.new_tokens
-                         : a.rounds) = std::atoll(v.c_str());
-  }
+  dtensor::cli::FlagTable("bench_generate", "bench/generate.cpp")
+      .value("--dim", "model width (256)", a.dim)
+      .value("--layers", "transformer blocks (4)", a.layers)
+      .value("--heads", "attention heads (8)", a.heads)
+      .value("--kv-heads", "key/value heads (4)", a.kv_heads)
+      .value("--vocab", "vocabulary size (2048)", a.vocab)
+      .value("--batch", "prompts (4)", a.batch)
+      .value("--prompt", "the longest prompt's tokens; the others down to half (32)", a.prompt)
+      .value("--new", "tokens generated per prompt (64)", a.new_tokens)
+      .value("--rounds", "timed rounds of each way, cached and recomputed (3)", a.rounds)
+      .value("--hf", "also export the model here as a Hugging Face folder (one rank)", a.hf)
+      .parse(argc, argv);
   return a;
 }
 

@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -28,37 +27,26 @@
 #include <models/fsdp_models.h>
 #include <support/cpu_memory.h>
 
+#include "flags.h"
+
 namespace {
 
 struct Flags {
   int64_t vocab = 32000, dim = 256, layers = 2, seq = 128, batch = 4;
-  int steps = 3, warmup = 1;
+  int64_t steps = 3, warmup = 1;
 };
 
 Flags parse(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    const int64_t v = std::atoll(argv[i + 1]);
-    if (k == "--vocab") {
-      f.vocab = v;
-    } else if (k == "--dim") {
-      f.dim = v;
-    } else if (k == "--layers") {
-      f.layers = v;
-    } else if (k == "--seq") {
-      f.seq = v;
-    } else if (k == "--batch") {
-      f.batch = v;
-    } else if (k == "--steps") {
-      f.steps = static_cast<int>(v);
-    } else if (k == "--warmup") {
-      f.warmup = static_cast<int>(v);
-    } else {
-      std::fprintf(stderr, "bench_loss_parallel: unknown flag %s\n", k.c_str());
-      std::exit(2);
-    }
-  }
+  dtensor::cli::FlagTable("bench_loss_parallel", "bench/loss_parallel.cpp")
+      .value("--vocab", "vocabulary size (32000)", f.vocab)
+      .value("--dim", "model width (256)", f.dim)
+      .value("--layers", "transformer blocks (2)", f.layers)
+      .value("--seq", "sequence length (128)", f.seq)
+      .value("--batch", "sequences per step (4)", f.batch)
+      .value("--steps", "timed steps (3)", f.steps)
+      .value("--warmup", "untimed steps before them (1)", f.warmup)
+      .parse(argc, argv);
   return f;
 }
 

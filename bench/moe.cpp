@@ -30,6 +30,7 @@
 #include <torch/optim/adamw.h>
 
 #include "bench_util.h"
+#include "flags.h"
 #include <dtensor/all.h>
 #include <models/moe/moe.h>
 #include <models/moe/parallelize.h>
@@ -46,7 +47,7 @@ using dtensor::models::RMSNorm;
 
 struct Flags {
   int64_t dim = 128, hidden = 128, experts = 8, top_k = 2, layers = 2, tokens = 256, ep = 2;
-  int steps = 10, warmup = 3;
+  int64_t steps = 10, warmup = 3;
   bool early_exchange = true;
   double capacity_factor = 0; // > 0: capacity dispatch with this factor (docs/moe.md)
   bool float8_dispatch = false;
@@ -55,52 +56,24 @@ struct Flags {
 
 Flags parse(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (k == "--no-early-exchange") {
-      f.early_exchange = false;
-      continue;
-    }
-    if (k == "--float8-dispatch") {
-      f.float8_dispatch = true;
-      continue;
-    }
-    if (k == "--overlap") {
-      f.overlap = true;
-      continue;
-    }
-    if (k == "--capacity-factor" && i + 1 < argc) {
-      f.capacity_factor = std::stod(argv[++i]);
-      continue;
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "bench_moe: %s needs a value\n", k.c_str());
-      std::exit(2);
-    }
-    const int64_t v = std::stoll(argv[++i]);
-    if (k == "--dim") {
-      f.dim = v;
-    } else if (k == "--hidden") {
-      f.hidden = v;
-    } else if (k == "--experts") {
-      f.experts = v;
-    } else if (k == "--top-k") {
-      f.top_k = v;
-    } else if (k == "--layers") {
-      f.layers = v;
-    } else if (k == "--tokens") {
-      f.tokens = v;
-    } else if (k == "--ep") {
-      f.ep = v;
-    } else if (k == "--steps") {
-      f.steps = static_cast<int>(v);
-    } else if (k == "--warmup") {
-      f.warmup = static_cast<int>(v);
-    } else {
-      std::fprintf(stderr, "bench_moe: unknown flag %s\n", k.c_str());
-      std::exit(2);
-    }
-  }
+  bool late_exchange = false;
+  dtensor::cli::FlagTable("bench_moe", "bench/moe.cpp")
+      .value("--dim", "model width (128)", f.dim)
+      .value("--hidden", "each expert's hidden width (128)", f.hidden)
+      .value("--experts", "routed experts (8)", f.experts)
+      .value("--top-k", "experts per token (2)", f.top_k)
+      .value("--layers", "blocks (2)", f.layers)
+      .value("--tokens", "rows per rank (256)", f.tokens)
+      .value("--ep", "expert-parallel degree (2)", f.ep)
+      .value("--steps", "timed steps (10)", f.steps)
+      .value("--warmup", "untimed steps before them (3)", f.warmup)
+      .toggle("--no-early-exchange", "the router does not start the counts exchange", late_exchange)
+      .value("--capacity-factor", "> 0: capacity dispatch with this factor (0)", f.capacity_factor)
+      .toggle("--overlap", "with --capacity-factor: its buffers in two overlapped chunks",
+              f.overlap)
+      .toggle("--float8-dispatch", "the dispatched rows as float8", f.float8_dispatch)
+      .parse(argc, argv);
+  f.early_exchange = !late_exchange;
   return f;
 }
 

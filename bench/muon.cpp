@@ -6,7 +6,6 @@
 // (JSON) with the medians, the all-to-alls and bytes (mean over ranks) of one Muon step.
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -16,6 +15,7 @@
 #include <dtensor/all.h>
 
 #include "bench_util.h"
+#include "flags.h"
 
 namespace {
 
@@ -25,11 +25,12 @@ struct Args {
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    const int64_t v = std::atoll(argv[i + 1]);
-    (k == "--dim" ? a.dim : k == "--layers" ? a.layers : k == "--steps" ? a.steps : a.rounds) = v;
-  }
+  dtensor::cli::FlagTable("bench_muon", "bench/muon.cpp")
+      .value("--dim", "model width (256)", a.dim)
+      .value("--layers", "blocks (2)", a.layers)
+      .value("--steps", "timed steps of each optimizer per round (5)", a.steps)
+      .value("--rounds", "rounds (3)", a.rounds)
+      .parse(argc, argv);
   return a;
 }
 

@@ -23,7 +23,9 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -32,6 +34,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include "bench_util.h"
+#include "flags.h"
 #include <dtensor/all.h>
 
 namespace {
@@ -47,34 +50,36 @@ struct Flags {
   int64_t dim = 256;
   int layers = 8;
   int64_t batch = 32;
-  int steps = 10;
-  int warmup = 3;
+  int64_t steps = 10;
+  int64_t warmup = 3;
 };
 
 Flags parse(int argc, char** argv) {
+  using dtensor::cli::FlagTable;
   Flags f;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    const char* v = argv[i + 1];
-    if (k == "--schedule") {
-      f.schedule = v;
-    } else if (k == "--microbatches") {
-      f.microbatches = std::atoi(v);
-    } else if (k == "--dim") {
-      f.dim = std::atoll(v);
-    } else if (k == "--layers") {
-      f.layers = std::atoi(v);
-    } else if (k == "--batch") {
-      f.batch = std::atoll(v);
-    } else if (k == "--steps") {
-      f.steps = std::atoi(v);
-    } else if (k == "--warmup") {
-      f.warmup = std::atoi(v);
-    } else {
-      std::fprintf(stderr, "bench_pipeline: unknown flag %s\n", k.c_str());
-      std::exit(2);
-    }
-  }
+  // The schedule's counts are int (generate_schedule, PipelineSchedule).
+  auto int_value = [](int& target) {
+    return [&target](const std::string& v) {
+      const int64_t n = FlagTable::parse_int(v);
+      if (!std::in_range<int>(n)) {
+        throw std::out_of_range("out of range");
+      }
+      target = static_cast<int>(n);
+    };
+  };
+  FlagTable("bench_pipeline", "bench/pipeline.cpp")
+      .value("--schedule", "PyTorch's schedule class name without \"Schedule\" (1F1B)",
+             [&f](const std::string& v) {
+               dtensor::schedule_kind(v); // throws on an unknown name
+               f.schedule = v;
+             })
+      .value("--microbatches", "microbatches per step (8)", int_value(f.microbatches))
+      .value("--dim", "model width (256)", f.dim)
+      .value("--layers", "blocks, split evenly over the stages (8)", int_value(f.layers))
+      .value("--batch", "samples per step, split into the microbatches (32)", f.batch)
+      .value("--steps", "timed steps (10)", f.steps)
+      .value("--warmup", "untimed steps before them (3)", f.warmup)
+      .parse(argc, argv);
   return f;
 }
 

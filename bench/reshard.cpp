@@ -8,7 +8,6 @@
 // ranks; for save-then-load, the files written).
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -21,6 +20,7 @@
 #include <dtensor/reshard.h>
 
 #include "bench_util.h"
+#include "flags.h"
 
 namespace {
 
@@ -31,18 +31,13 @@ struct Args {
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    const std::string v = argv[i + 1];
-    if (k == "--dir") {
-      a.dir = v;
-    } else {
-      (k == "--tensors" ? a.tensors
-       : k == "--rows"  ? a.rows
-       : k == "--cols"  ? a.cols
-                        : a.rounds) = std::atoll(v.c_str());
-    }
-  }
+  dtensor::cli::FlagTable("bench_reshard", "bench/reshard.cpp")
+      .value("--tensors", "weights moved (8)", a.tensors)
+      .value("--rows", "rows of each weight (1024)", a.rows)
+      .value("--cols", "columns of each weight (1024)", a.cols)
+      .value("--rounds", "timed rounds of each way (5)", a.rounds)
+      .value("--dir", "save-then-load's checkpoint directory (/tmp/dtensor-bench-reshard)", a.dir)
+      .parse(argc, argv);
   return a;
 }
 

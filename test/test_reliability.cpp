@@ -3,8 +3,11 @@
 // left waiting in a collective).
 #include <torch/nn/modules/linear.h>
 
+#include <dtensor/flight_recorder.h>
+
 #include <cmath>
 #include <functional>
+#include <regex>
 
 #include "mesh/agree.h"
 #include "support/prelude.h"
@@ -455,6 +458,41 @@ TEST_CASE("reliability 8: local sizes that differ between ranks are one error on
     REQUIRE(same(gathered, at::ones({2 * n, 2}, cpu)));
     REQUIRE(mode.total_count() == 2); // full_tensor's all-gather and the explicit one
   }
+}
+
+// One entry per collective (include/dtensor/collectives.h): CollectiveOptions::agree_sizes
+// (false), as the library's own calls pass it, issues the collective alone, where the default
+// first issues the agreement's all-gather (the flight recorder's last ids show both); the
+// functional forms refuse async_op by name.
+TEST_CASE("reliability 8: agree_sizes(false) issues the collective without the agreement",
+          "[reliability][world2]") {
+  const auto g = dtensor::world_group();
+  auto last_id = [] {
+    const std::string json = dtensor::flight_record_json();
+    int64_t last = -1;
+    static const std::regex id("\"id\": *([0-9]+)");
+    for (auto it = std::sregex_iterator(json.begin(), json.end(), id); it != std::sregex_iterator();
+         ++it) {
+      last = std::max<int64_t>(last, std::stoll((*it)[1].str()));
+    }
+    return last;
+  };
+  at::Tensor t = at::ones({3});
+  int64_t before = last_id();
+  dtensor::all_reduce_(t, ReduceOp::Sum, g);
+  CHECK(last_id() - before == 2);
+  before = last_id();
+  dtensor::all_reduce_(t, ReduceOp::Sum, g, dtensor::CollectiveOptions().agree_sizes(false));
+  CHECK(last_id() - before == 1);
+  CHECK(same(t, at::full({3}, 2.0 * world())));
+  before = last_id();
+  const at::Tensor gathered =
+      dtensor::all_gather_tensor(t, 0, g, dtensor::CollectiveOptions().agree_sizes(false));
+  CHECK(last_id() - before == 1);
+  CHECK(gathered.size(0) == 3 * world());
+  CHECK_THROWS_WITH(
+      dtensor::all_reduce(t, ReduceOp::Sum, g, dtensor::CollectiveOptions().async_op(true)),
+      contains("all_reduce: the functional form waits for its result"));
 }
 
 // Run by agree-off-w2 with DTENSOR_AGREE_SIZES=0 (not by the [worldN] runs): the agreement on

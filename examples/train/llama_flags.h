@@ -20,6 +20,8 @@
 
 namespace dtensor::train {
 
+using cli::FlagTable;
+
 struct Flags {
   std::vector<int64_t> mesh; // empty: from the world size (over the ranks of one cp group)
   // Named degrees instead of --mesh (0: not given; dp_shard -1: the ranks left).

@@ -17,6 +17,8 @@
 
 namespace dtensor::train {
 
+using cli::FlagTable;
+
 namespace {
 
 struct PlanFlags {

@@ -47,6 +47,8 @@ extern char** environ;
 
 namespace dtensor::train {
 
+using cli::FlagTable;
+
 namespace {
 
 struct SimFlags {

@@ -26,17 +26,22 @@ namespace dtensor {
 // exact collective counts.
 //
 // The sizes a caller passes may differ between ranks by mistake. On Gloo groups of two or
-// more ranks every function below except barrier first agrees on them: one small all-gather
-// of a fingerprint per call, not counted by CommDebugMode, after which a mismatch (other
-// shapes, dtypes, reduce ops or split sizes, or another collective altogether) raises the same
-// dtensor::Error on every rank, naming each rank's tensor, before any data moves ([Note:
-// agreeing on sizes] in lib/mesh/size_check.cpp). The library's own collectives, whose sizes
-// agree by construction, skip it.
+// more ranks every function below except barrier, send and recv first agrees on them: one
+// small all-gather of a fingerprint per call, not counted by CommDebugMode, after which a
+// mismatch (other shapes, dtypes, reduce ops or split sizes, or another collective altogether)
+// raises the same dtensor::Error on every rank, naming each rank's tensor, before any data
+// moves ([Note: agreeing on sizes] in lib/mesh/size_check.cpp). Callers whose sizes agree by
+// construction (the library's own: a DTensor's checked global shape, fully_shard's flat
+// buffers, a bucket) skip it with CollectiveOptions::agree_sizes(false). Each collective has
+// this one entry.
 
 struct CollectiveOptions {
   // Return at once with a pending Work instead of waiting for completion. The tensors
-  // must not be read or freed before Work::wait().
+  // must not be read or freed before Work::wait(). The functional forms (returning a tensor)
+  // wait: they refuse it.
   TORCH_ARG(bool, async_op) = false;
+  // Agree on the sizes first (above); false when every rank's sizes agree by construction.
+  TORCH_ARG(bool, agree_sizes) = true;
 };
 
 // A pending collective. wait() blocks until it completes (or throws dtensor::Error naming
@@ -69,14 +74,16 @@ class Work {
 Work all_reduce_(at::Tensor& tensor, ReduceOp op, const Group& group,
                  const CollectiveOptions& options = {});
 // Functional form: returns the reduced tensor, leaves `tensor` alone.
-at::Tensor all_reduce(const at::Tensor& tensor, ReduceOp op, const Group& group);
+at::Tensor all_reduce(const at::Tensor& tensor, ReduceOp op, const Group& group,
+                      const CollectiveOptions& options = {});
 
 // `output` (size(0) == group.size() * input.size(0), same trailing shape) receives every
 // rank's `input`, stacked along dim 0 in group-rank order.
 Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const Group& group,
                             const CollectiveOptions& options = {});
 // Functional form: concatenates every rank's `input` along `gather_dim`.
-at::Tensor all_gather_tensor(const at::Tensor& input, int64_t gather_dim, const Group& group);
+at::Tensor all_gather_tensor(const at::Tensor& input, int64_t gather_dim, const Group& group,
+                             const CollectiveOptions& options = {});
 
 // `input` (size(0) == group.size() * output.size(0)) is reduced over the group and group
 // rank r keeps slice r along dim 0 in `output`.
@@ -85,12 +92,13 @@ Work reduce_scatter_tensor_into(at::Tensor& output, const at::Tensor& input, Red
 // Functional form: reduces, then keeps this rank's slice along `scatter_dim` (whose size
 // must be divisible by the group size).
 at::Tensor reduce_scatter_tensor(const at::Tensor& input, ReduceOp op, int64_t scatter_dim,
-                                 const Group& group);
+                                 const Group& group, const CollectiveOptions& options = {});
 
 // Rank r sends rows input[in_splits[0..j-1] sum .. +in_splits[j]) to group rank j and
 // receives out_splits[j] rows from it. Empty splits mean equal splits along dim 0.
 at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>& out_splits,
-                             const std::vector<int64_t>& in_splits, const Group& group);
+                             const std::vector<int64_t>& in_splits, const Group& group,
+                             const CollectiveOptions& options = {});
 
 // In place: every rank's `tensor` becomes group rank `src`'s.
 Work broadcast_(at::Tensor& tensor, int src, const Group& group,

@@ -10,6 +10,7 @@
 #include <dtensor/collectives.h>
 
 #include "internal/check.h"
+#include "mesh/collective_calls.h"
 #include "mesh/collectives_internal.h"
 #include "mesh/flight_recorder.h"
 #include "mesh/rank_device.h"
@@ -25,7 +26,7 @@ at::Device device_of(const Group& group) {
 
 at::Tensor gather_lengths(const std::string& mine, const Group& group) {
   const at::Tensor len = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
-  return detail::all_gather_tensor(len.to(device_of(group)), 0, group).cpu();
+  return detail::unagreed::all_gather_tensor(len.to(device_of(group)), 0, group).cpu();
 }
 
 // Every rank's string, given every rank's length (`lens`, on the CPU).
@@ -35,7 +36,7 @@ std::vector<std::string> gather_padded(const std::string& mine, const at::Tensor
   at::Tensor bytes = at::zeros({longest}, at::kByte);
   std::memcpy(bytes.data_ptr(), mine.data(), mine.size());
   const at::Tensor all =
-      detail::all_gather_tensor(bytes.to(device), 0, group).cpu().view({-1, longest});
+      detail::unagreed::all_gather_tensor(bytes.to(device), 0, group).cpu().view({-1, longest});
   std::vector<std::string> out;
   for (int64_t r = 0; r < all.size(0); ++r) {
     out.emplace_back(reinterpret_cast<const char*>(all[r].data_ptr()),
@@ -138,7 +139,9 @@ void agree_on_sizes(const std::string& what, const std::vector<int64_t>& fingerp
   const at::Tensor row = row_of(fingerprint, description);
   at::Tensor rows;
   try {
-    rows = detail::all_gather_tensor(row.to(device_of(group)), 0, group).cpu().view({group.size(), -1});
+    rows = detail::unagreed::all_gather_tensor(row.to(device_of(group)), 0, group)
+               .cpu()
+               .view({group.size(), -1});
   } catch (const Error& e) { // a peer that failed or stalls: name the caller's collective
     DTENSOR_FAIL("{} on group {} failed while the ranks agreed on its sizes: {}", description,
                  group.to_string(), e.what());
@@ -157,7 +160,7 @@ void agree_on_sizes(const std::string& what, const std::vector<int64_t>& fingerp
   for (int64_t d = mesh.ndim() - 1; d >= 0; --d) {
     const Group group = mesh.get_group(d);
     try {
-      rows = detail::all_gather_tensor(rows.to(device_of(group)).unsqueeze(0), 0, group)
+      rows = detail::unagreed::all_gather_tensor(rows.to(device_of(group)).unsqueeze(0), 0, group)
                  .cpu()
                  .view({-1, rows.size(1)});
     } catch (const Error& e) {

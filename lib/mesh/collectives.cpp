@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "internal/check.h"
+#include "mesh/collective_calls.h"
 #include "mesh/collectives_internal.h"
 #include "mesh/comm_debug.h"
 #include "mesh/flight_recorder.h"
@@ -278,11 +279,11 @@ void Work::wait() {
 
 namespace detail {
 
-// The collectives themselves, without agreeing on sizes first (collectives_internal.h); the
-// public functions of dtensor/collectives.h check, then call these (size_check.cpp).
+// The collectives themselves, without agreeing on sizes first (collective_calls.h): the
+// public entries of dtensor/collectives.h agree when asked, then call these (size_check.cpp).
 
-Work all_reduce_(at::Tensor& tensor, ReduceOp op, const Group& group,
-                 const CollectiveOptions& options) {
+Work unagreed::all_reduce_(at::Tensor& tensor, ReduceOp op, const Group& group,
+                           const CollectiveOptions& options) {
   const char* what = "all_reduce";
   check_group(what, group);
   check_tensor(what, "tensor", tensor, group);
@@ -301,14 +302,14 @@ Work all_reduce_(at::Tensor& tensor, ReduceOp op, const Group& group,
       [&](c10d::Backend& b) { return b.allreduce(tensors, opts); }, std::move(finish));
 }
 
-at::Tensor all_reduce(const at::Tensor& tensor, ReduceOp op, const Group& group) {
+at::Tensor unagreed::all_reduce(const at::Tensor& tensor, ReduceOp op, const Group& group) {
   at::Tensor out = tensor.clone(at::MemoryFormat::Contiguous);
-  detail::all_reduce_(out, op, group);
+  unagreed::all_reduce_(out, op, group);
   return out;
 }
 
-Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const Group& group,
-                            const CollectiveOptions& options) {
+Work unagreed::all_gather_into_tensor(at::Tensor& output, const at::Tensor& input,
+                                      const Group& group, const CollectiveOptions& options) {
   const char* what = "all_gather_into_tensor";
   check_group(what, group);
   check_tensor(what, "input", input, group);
@@ -390,7 +391,8 @@ bool reduce_scatter_input_free_at_issue(const Group& group, ReduceOp op) {
   return group.backend_type() == BackendType::Gloo && !by_all_to_all;
 }
 
-at::Tensor all_gather_tensor(const at::Tensor& input, int64_t gather_dim, const Group& group) {
+at::Tensor unagreed::all_gather_tensor(const at::Tensor& input, int64_t gather_dim,
+                                       const Group& group) {
   const char* what = "all_gather_tensor";
   check_group(what, group);
   int64_t dim = normalize_dim(what, gather_dim, input);
@@ -398,15 +400,15 @@ at::Tensor all_gather_tensor(const at::Tensor& input, int64_t gather_dim, const 
   std::vector<int64_t> shape = in.sizes().vec();
   shape[0] *= group.size();
   at::Tensor out = at::empty(shape, in.options());
-  detail::all_gather_into_tensor(out, in, group);
+  unagreed::all_gather_into_tensor(out, in, group);
   if (dim == 0) {
     return out;
   }
   return at::cat(out.chunk(group.size(), 0), dim);
 }
 
-Work reduce_scatter_tensor_into(at::Tensor& output, const at::Tensor& input, ReduceOp op,
-                                const Group& group, const CollectiveOptions& options) {
+Work unagreed::reduce_scatter_tensor_into(at::Tensor& output, const at::Tensor& input, ReduceOp op,
+                                          const Group& group, const CollectiveOptions& options) {
   const char* what = "reduce_scatter_tensor";
   check_group(what, group);
   check_tensor(what, "input", input, group);
@@ -436,8 +438,8 @@ Work reduce_scatter_tensor_into(at::Tensor& output, const at::Tensor& input, Red
       [&](c10d::Backend& b) { return b._reduce_scatter_base(out, in, opts); }, std::move(finish));
 }
 
-at::Tensor reduce_scatter_tensor(const at::Tensor& input, ReduceOp op, int64_t scatter_dim,
-                                 const Group& group) {
+at::Tensor unagreed::reduce_scatter_tensor(const at::Tensor& input, ReduceOp op,
+                                           int64_t scatter_dim, const Group& group) {
   const char* what = "reduce_scatter_tensor";
   check_group(what, group);
   int64_t dim = normalize_dim(what, scatter_dim, input);
@@ -451,7 +453,7 @@ at::Tensor reduce_scatter_tensor(const at::Tensor& input, ReduceOp op, int64_t s
   at::Tensor out = at::empty(shape, in.options());
   // Chunks along `dim` were stacked along dim 0, so this rank's slice already has the
   // result's shape.
-  detail::reduce_scatter_tensor_into(out, in, op, group);
+  unagreed::reduce_scatter_tensor_into(out, in, op, group);
   return out;
 }
 
@@ -523,8 +525,9 @@ Work all_to_all_single_into(at::Tensor& output, const at::Tensor& input,
              });
 }
 
-at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>& out_splits,
-                             const std::vector<int64_t>& in_splits, const Group& group) {
+at::Tensor unagreed::all_to_all_single(const at::Tensor& input,
+                                       const std::vector<int64_t>& out_splits,
+                                       const std::vector<int64_t>& in_splits, const Group& group) {
   const char* what = "all_to_all_single";
   check_group(what, group);
   at::Tensor in = input.contiguous();
@@ -536,7 +539,8 @@ at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>
   return out;
 }
 
-Work broadcast_(at::Tensor& tensor, int src, const Group& group, const CollectiveOptions& options) {
+Work unagreed::broadcast_(at::Tensor& tensor, int src, const Group& group,
+                          const CollectiveOptions& options) {
   const char* what = "broadcast";
   check_group(what, group);
   check_tensor(what, "tensor", tensor, group);

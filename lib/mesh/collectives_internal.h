@@ -10,28 +10,18 @@
 
 namespace dtensor::detail {
 
-// The collectives of dtensor/collectives.h without their agreement on sizes ([Note: agreeing
-// on sizes] in size_check.cpp): for the library's own callers, whose sizes are agreed by
-// construction (a DTensor's checked global shape, fully_shard's flat buffers, a bucket).
-// Call them qualified (detail::all_reduce_): the public ones share their names.
-Work all_reduce_(at::Tensor& tensor, ReduceOp op, const Group& group,
-                 const CollectiveOptions& options = {});
-at::Tensor all_reduce(const at::Tensor& tensor, ReduceOp op, const Group& group);
-Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const Group& group,
-                            const CollectiveOptions& options = {});
-at::Tensor all_gather_tensor(const at::Tensor& input, int64_t gather_dim, const Group& group);
-Work reduce_scatter_tensor_into(at::Tensor& output, const at::Tensor& input, ReduceOp op,
-                                const Group& group, const CollectiveOptions& options = {});
-at::Tensor reduce_scatter_tensor(const at::Tensor& input, ReduceOp op, int64_t scatter_dim,
-                                 const Group& group);
-at::Tensor all_to_all_single(const at::Tensor& input, const std::vector<int64_t>& out_splits,
-                             const std::vector<int64_t>& in_splits, const Group& group);
+// Options for the library's own collectives, whose sizes agree by construction (a DTensor's
+// checked global shape, fully_shard's flat buffers, a bucket): no agreement on sizes ([Note:
+// agreeing on sizes] in size_check.cpp).
+inline CollectiveOptions known_sizes(bool async_op = false) {
+  return CollectiveOptions().async_op(async_op).agree_sizes(false);
+}
+
+// The exchange behind all_to_all_single, into a given output (token dispatch's buffers).
 Work all_to_all_single_into(at::Tensor& output, const at::Tensor& input,
                             const std::vector<int64_t>& out_splits,
                             const std::vector<int64_t>& in_splits, const Group& group,
                             const CollectiveOptions& options = {});
-Work broadcast_(at::Tensor& tensor, int src, const Group& group,
-                const CollectiveOptions& options = {});
 
 // "Float[4, 2] on cpu": how the choke point names a tensor in its messages.
 std::string describe(const at::Tensor& t);

@@ -71,13 +71,14 @@ void divide_if_needed(at::Tensor& t, double factor) {
 
 void default_all_reduce(const CommHookState& state, at::Tensor& bucket) {
   divide_if_needed(bucket, state.gradient_predivide_factor);
-  detail::all_reduce_(bucket, ReduceOp::Sum, state.group);
+  dtensor::all_reduce_(bucket, ReduceOp::Sum, state.group, detail::known_sizes());
   divide_if_needed(bucket, state.gradient_postdivide_factor);
 }
 
 void default_reduce_scatter(const CommHookState& state, at::Tensor& grad, at::Tensor& output) {
   divide_if_needed(grad, state.gradient_predivide_factor);
-  detail::reduce_scatter_tensor_into(output, grad, ReduceOp::Sum, state.group);
+  dtensor::reduce_scatter_tensor_into(output, grad, ReduceOp::Sum, state.group,
+                                      detail::known_sizes());
   divide_if_needed(output, state.gradient_postdivide_factor);
 }
 

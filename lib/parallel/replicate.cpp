@@ -85,7 +85,7 @@ void ReplicateState::reduce_flat(at::Tensor& flat) {
   if (f.pre != 1) {
     flat.div_(f.pre);
   }
-  detail::all_reduce_(flat, f.all_reduce_op, group);
+  dtensor::all_reduce_(flat, f.all_reduce_op, group, detail::known_sizes());
   if (f.post != 1) {
     flat.div_(f.post);
   }

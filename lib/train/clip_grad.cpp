@@ -195,7 +195,7 @@ Reduced reduce_partial(const std::vector<at::Tensor>& tensors,
       // A one-rank dimension holds its total already ([Note: one-rank mesh dimensions
       // communicate nothing], transitions.cpp).
       if (reduced[static_cast<size_t>(d)] && red.mesh.size(d) > 1) {
-        detail::all_reduce_(acc, op, red.mesh.get_group(d));
+        dtensor::all_reduce_(acc, op, red.mesh.get_group(d), detail::known_sizes());
       }
     }
   }
@@ -348,7 +348,7 @@ at::Tensor total_norm_by_group(const std::vector<NormGroup>& groups, const Devic
                                             : ReduceOp::Sum;
     acc = acc.to(detail::rank_device(pipeline.device_type())).contiguous();
     if (pipeline.size() > 1) {
-      detail::all_reduce_(acc, op, pipeline.get_group(0));
+      dtensor::all_reduce_(acc, op, pipeline.get_group(0), detail::known_sizes());
     }
   }
   at::Tensor total = c == Combine::Sum && p != 0 && p != 1 ? acc.pow(1.0 / p) : acc;

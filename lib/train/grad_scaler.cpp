@@ -67,7 +67,7 @@ void agree_found_inf(at::Tensor& found, const Agreement& a) {
                         .contiguous();
   for (int64_t d = 0; d < u.mesh.ndim(); ++d) {
     if (reduce[static_cast<size_t>(d)]) {
-      detail::all_reduce_(wire, ReduceOp::Max, u.mesh.get_group(d));
+      dtensor::all_reduce_(wire, ReduceOp::Max, u.mesh.get_group(d), detail::known_sizes());
     }
   }
   found = wire.to(home);

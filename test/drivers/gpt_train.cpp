@@ -36,9 +36,11 @@
 #include <models/fsdp_models.h> // common_dtensor's Transformer (also used by the tests)
 
 #include "common.h" // examples/train: the text, muted output, memory figures
-#include "flags.h"  // examples/train: the flag table
+#include "flags.h"  // examples/common: the flag table
 
 namespace dtensor::train {
+
+using cli::FlagTable;
 
 namespace {
 

@@ -356,7 +356,7 @@ void check_overflow(const char* when) {
     for (const auto& r : mine) {
       rows.push_back(at::cat({r.overflow, r.counts, r.rows_and_counted}));
     }
-    at::Tensor all = detail::all_gather_tensor(at::stack(rows), 0, group);
+    at::Tensor all = dtensor::all_gather_tensor(at::stack(rows), 0, group, detail::known_sizes());
     refuse_first(mine, all, when);
   }
 }

@@ -62,8 +62,9 @@ struct Float8AllToAllFn : torch::autograd::Function<Float8AllToAllFn> {
       head_rows = header.size(1);
       bytes = at::cat({header, bytes.view({ep, -1, w})}, 1).flatten(0, 1);
     }
-    at::Tensor got = detail::all_to_all_single(bytes.contiguous(), state->out_splits,
-                                               state->in_splits, state->group);
+    at::Tensor got =
+        dtensor::all_to_all_single(bytes.contiguous(), state->out_splits, state->in_splits,
+                                   state->group, detail::known_sizes());
     at::Tensor head = at::empty({0}, got.options());
     if (with_header) {
       at::Tensor blocks = got.view({ep, -1, w});
@@ -81,8 +82,8 @@ struct Float8AllToAllFn : torch::autograd::Function<Float8AllToAllFn> {
       return {at::Tensor(), at::Tensor(), at::Tensor()};
     }
     // What was received goes back to where it came from, in x's dtype: the splits swapped.
-    return {detail::all_to_all_single(grads[0].contiguous(), state->in_splits, state->out_splits,
-                                      state->group),
+    return {dtensor::all_to_all_single(grads[0].contiguous(), state->in_splits, state->out_splits,
+                                       state->group, detail::known_sizes()),
             at::Tensor(), at::Tensor()};
   }
 };

@@ -44,10 +44,11 @@ struct AllToAllState : torch::CustomClassHolder {
 struct AllToAllFn : torch::autograd::Function<AllToAllFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input,
                             c10::intrusive_ptr<AllToAllState> state, bool checked) {
-    at::Tensor out = checked ? dtensor::all_to_all_single(input.contiguous(), state->out_splits,
-                                                          state->in_splits, state->group)
-                             : detail::all_to_all_single(input.contiguous(), state->out_splits,
-                                                         state->in_splits, state->group);
+    at::Tensor out =
+        checked ? dtensor::all_to_all_single(input.contiguous(), state->out_splits,
+                                             state->in_splits, state->group)
+                : dtensor::all_to_all_single(input.contiguous(), state->out_splits,
+                                             state->in_splits, state->group, detail::known_sizes());
     ctx->saved_data["a2a"] = c10::IValue::make_capsule(std::move(state));
     return out;
   }
@@ -58,8 +59,9 @@ struct AllToAllFn : torch::autograd::Function<AllToAllFn> {
       return {at::Tensor(), at::Tensor(), at::Tensor()};
     }
     // What was received goes back to where it came from: the splits swapped.
-    at::Tensor g = detail::all_to_all_single(grads[0].contiguous(), state->in_splits,
-                                             state->out_splits, state->group);
+    at::Tensor g =
+        dtensor::all_to_all_single(grads[0].contiguous(), state->in_splits, state->out_splits,
+                                   state->group, detail::known_sizes());
     return {g, at::Tensor(), at::Tensor()};
   }
 };

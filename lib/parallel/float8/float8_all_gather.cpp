@@ -78,7 +78,7 @@ class Float8AllGather final : public AllGatherExtension {
                                        : at::zeros({}, local.options().dtype(at::kFloat)));
     }
     at::Tensor all = at::stack(amax);
-    detail::all_reduce_(all, ReduceOp::Max, shard_group);
+    dtensor::all_reduce_(all, ReduceOp::Max, shard_group, detail::known_sizes());
     for (size_t k = 0; k < weights.size(); ++k) {
       Float8AllGather* f = weights[k].first;
       f->scale_ = float8_amax_to_scale(all[static_cast<int64_t>(k)], at::kFloat8_e4m3fn, false);

@@ -129,7 +129,7 @@ std::vector<Fp8> to_float8(const std::vector<Operand>& ops, bool pow2) {
       }
     }
     at::Tensor flat = at::cat(parts);
-    detail::all_reduce_(flat, ReduceOp::Max, g);
+    dtensor::all_reduce_(flat, ReduceOp::Max, g, detail::known_sizes());
     int64_t offset = 0;
     for (size_t i : idx) {
       const int64_t n = amax[i].numel();

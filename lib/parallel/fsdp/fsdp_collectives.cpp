@@ -88,8 +88,8 @@ void all_gather_flat(FSDPParamGroup& group, PendingGather& pending, const Group&
                   group.name);
     pending.buffer.emplace(at::empty({over.size() * pending.input.numel()},
                                      at::TensorOptions(at::kByte).device(group.device)));
-    pending.work = detail::all_gather_into_tensor(pending.buffer->tensor, pending.input, over,
-                                                  CollectiveOptions().async_op(background));
+    pending.work = dtensor::all_gather_into_tensor(pending.buffer->tensor, pending.input, over,
+                                                   detail::known_sizes(background));
     return;
   }
   if (may_gather_in_place && !background && gathers_in_place(group)) {
@@ -103,8 +103,8 @@ void all_gather_flat(FSDPParamGroup& group, PendingGather& pending, const Group&
   if (group.custom_all_gather.call) {
     group.custom_all_gather.call(gathered, pending.input, over);
   } else {
-    pending.work = detail::all_gather_into_tensor(gathered, pending.input, over,
-                                                  CollectiveOptions().async_op(background));
+    pending.work = dtensor::all_gather_into_tensor(gathered, pending.input, over,
+                                                   detail::known_sizes(background));
   }
 }
 
@@ -233,9 +233,9 @@ void reduce_scatter_flat(FSDPParamGroup& group, PendingReduce& pending) {
     custom.call(pending.output, input, group.shard_group, f.reduce_scatter_op);
     return;
   }
-  pending.work = detail::reduce_scatter_tensor_into(pending.output, input, f.reduce_scatter_op,
-                                                    group.shard_group,
-                                                    CollectiveOptions().async_op(group.overlap));
+  pending.work =
+      dtensor::reduce_scatter_tensor_into(pending.output, input, f.reduce_scatter_op,
+                                          group.shard_group, detail::known_sizes(group.overlap));
   if (reduce_scatter_input_free_at_issue(group.shard_group, f.reduce_scatter_op)) {
     pending.input.reset(); // one unit less in flight at the start of backward
   }
@@ -255,7 +255,8 @@ bool finish_reduce_scatter(FSDPParamGroup& group, PendingReduce& pending) {
   }
   const DivideFactors& f = pending.factors;
   if (group.replicate_group) {
-    detail::all_reduce_(pending.output, f.all_reduce_op, *group.replicate_group);
+    dtensor::all_reduce_(pending.output, f.all_reduce_op, *group.replicate_group,
+                         detail::known_sizes());
   }
   run_all_reduce_hook(group, pending.output);
   if (f.post != 1) {

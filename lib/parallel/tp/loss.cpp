@@ -146,7 +146,7 @@ at::Tensor wrap(const at::Tensor& local, const DeviceMesh& mesh, const Placement
 // All-reduce over the class group; a group of one rank has nothing to add.
 void reduce_over(at::Tensor& t, ReduceOp op, const Group& group) {
   if (group.size() > 1) {
-    detail::all_reduce_(t, op, group);
+    dtensor::all_reduce_(t, op, group, detail::known_sizes());
   }
 }
 

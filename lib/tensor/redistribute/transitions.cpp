@@ -56,7 +56,8 @@ at::Tensor gather_apply(const at::Tensor& local, const TransformStep& step, cons
   int64_t k = mesh.size(step.mesh_dim);
   int64_t full = step.logical_shape[static_cast<size_t>(d)];
   int64_t padded = (full + k - 1) / k;
-  at::Tensor gathered = detail::all_gather_tensor(pad_to(local, d, padded), d, mesh.get_group(step.mesh_dim));
+  at::Tensor gathered = dtensor::all_gather_tensor(
+      pad_to(local, d, padded), d, mesh.get_group(step.mesh_dim), detail::known_sizes());
   return gathered.size(d) == full ? gathered : gathered.narrow(d, 0, full).contiguous();
 }
 
@@ -72,7 +73,8 @@ at::Tensor reduce_apply(const at::Tensor& local, const TransformStep& step, cons
   if (powered) {
     t = t.pow(q);
   }
-  detail::all_reduce_(t, partial_collective_op(p), mesh.get_group(step.mesh_dim));
+  dtensor::all_reduce_(t, partial_collective_op(p), mesh.get_group(step.mesh_dim),
+                       detail::known_sizes());
   return powered ? t.pow(1.0 / q) : t;
 }
 
@@ -86,8 +88,9 @@ at::Tensor reduce_scatter_apply(const at::Tensor& local, const TransformStep& st
   int64_t k = mesh.size(step.mesh_dim);
   int64_t full = step.logical_shape[static_cast<size_t>(d)];
   int64_t padded = (full + k - 1) / k;
-  at::Tensor out = detail::reduce_scatter_tensor(pad_to(local, d, padded * k), step.src.reduce_op(), d,
-                                         mesh.get_group(step.mesh_dim));
+  at::Tensor out =
+      dtensor::reduce_scatter_tensor(pad_to(local, d, padded * k), step.src.reduce_op(), d,
+                                     mesh.get_group(step.mesh_dim), detail::known_sizes());
   int64_t mine = chunk_size(full, k, coord(mesh, step.mesh_dim));
   return mine == padded ? out : out.narrow(d, 0, mine).contiguous();
 }
@@ -103,7 +106,8 @@ at::Tensor all_to_all_apply(const at::Tensor& local, const TransformStep& step, 
   int64_t k = mesh.size(step.mesh_dim);
   // Row j of `send` is the piece of our chunk that rank j keeps along `to`.
   at::Tensor send = at::stack(local.chunk(k, to), 0).contiguous();
-  at::Tensor recv = detail::all_to_all_single(send, {}, {}, mesh.get_group(step.mesh_dim));
+  at::Tensor recv = dtensor::all_to_all_single(send, {}, {}, mesh.get_group(step.mesh_dim),
+                                               detail::known_sizes());
   // Row j of `recv` is rank j's chunk along `from` of our piece: concatenate along `from`.
   return at::cat(recv.unbind(0), from).contiguous();
 }

@@ -1,7 +1,9 @@
 #pragma once
 
-// The command line of examples/train: one table of flags per recipe, each bound to the field
-// it sets, with its help line; parsing, value checks and the usage text come from the table.
+// The command line of every program here (examples/, bench/, test/drivers/): one table of
+// flags, each bound to the field it sets, with its help line; parsing, value checks and the
+// usage text come from the table. Hand-written rather than a library (CLI11, cxxopts): the
+// recipe's job files set the same flags by name through set(), with the same checks.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -11,7 +13,7 @@
 #include <string>
 #include <vector>
 
-namespace dtensor::train {
+namespace dtensor::cli {
 
 class FlagTable {
  public:
@@ -176,4 +178,4 @@ class FlagTable {
   std::vector<Flag> flags_;
 };
 
-} // namespace dtensor::train
+} // namespace dtensor::cli
