@@ -10,7 +10,11 @@
 
 #include <dtensor/all.h>
 
-int main() {
+#include "flags.h"
+
+int main(int argc, char** argv) {
+  // No flags: --help prints the usage line, anything else is refused.
+  dtensor::cli::FlagTable("bench_clip_grad_norm", "bench/clip_grad_norm.cpp").parse(argc, argv);
   at::set_num_threads(1);
   dtensor::init_process_group();
   const int world = dtensor::get_world_size();

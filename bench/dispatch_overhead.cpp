@@ -11,6 +11,8 @@
 
 #include <dtensor/all.h>
 
+#include "flags.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -31,7 +33,10 @@ double best_us_per_op(int reps, int iters, F&& f) {
 
 } // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // No flags: --help prints the usage line, anything else is refused.
+  dtensor::cli::FlagTable("bench_dispatch_overhead", "bench/dispatch_overhead.cpp")
+      .parse(argc, argv);
   at::set_num_threads(1);
   dtensor::init_process_group();
   auto mesh = dtensor::init_device_mesh(c10::kCPU, {dtensor::get_world_size()}, {"x"});

@@ -17,6 +17,8 @@
 
 #include <models/fsdp_models.h>
 
+#include "flags.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -123,7 +125,9 @@ void run(const Size& sz, int steps) {
 
 } // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // No flags: --help prints the usage line, anything else is refused.
+  dtensor::cli::FlagTable("bench_fsdp_step", "bench/fsdp_step.cpp").parse(argc, argv);
   at::set_num_threads(1);
   dtensor::init_process_group();
   if (dtensor::get_rank() == 0) {

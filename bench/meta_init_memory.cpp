@@ -26,6 +26,8 @@
 #include "support/cpu_memory.h"
 #include "support/transformer_tp.h"
 
+#include "flags.h"
+
 namespace {
 
 using dtensor::DeviceMesh;
@@ -173,7 +175,9 @@ void run(const Layout& l, dtensor::testing::CountingCPUAllocator& memory) {
 
 } // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // No flags: --help prints the usage line, anything else is refused.
+  dtensor::cli::FlagTable("bench_meta_init_memory", "bench/meta_init_memory.cpp").parse(argc, argv);
   at::set_num_threads(1);
   auto& memory = dtensor::testing::CountingCPUAllocator::install();
   dtensor::init_process_group();

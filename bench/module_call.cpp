@@ -12,6 +12,8 @@
 
 #include <dtensor/module_hooks.h>
 
+#include "flags.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -29,7 +31,9 @@ double us_per_call(F&& f) {
 
 } // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // No flags: --help prints the usage line, anything else is refused.
+  dtensor::cli::FlagTable("bench_module_call", "bench/module_call.cpp").parse(argc, argv);
   at::set_num_threads(1);
   torch::NoGradGuard no_grad; // the call's cost, not autograd's
   torch::nn::Linear plain(8, 8), hooked(8, 8);

@@ -20,7 +20,11 @@
 
 #include <dtensor/all.h>
 
-int main() {
+#include "flags.h"
+
+int main(int argc, char** argv) {
+  // No flags: --help prints the usage line, anything else is refused.
+  dtensor::cli::FlagTable("bench_reduce_scatter", "bench/reduce_scatter.cpp").parse(argc, argv);
   at::set_num_threads(1);
   dtensor::init_process_group();
   const int64_t world = dtensor::get_world_size();

@@ -2,6 +2,7 @@
 #include <dtensor/device_mesh.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -42,6 +43,10 @@ struct DeviceMesh::State {
   std::vector<int> ranks;
   std::vector<int64_t> coord; // this rank's coordinate
   std::vector<Group> groups;  // this rank's group per dimension
+  // [Note: the mesh's hash, once] Every DTensor op's decision key holds its meshes' hashes
+  // (lib/tensor/dispatch/decision.cpp), and hashing walks every rank: computed on first use
+  // and kept, as nothing above changes once the mesh is made (0: not yet computed).
+  mutable std::atomic<size_t> hash{0};
 };
 
 namespace {
@@ -340,6 +345,9 @@ size_t DeviceMesh::hash() const {
   if (!state_) {
     return 0;
   }
+  if (size_t known = state_->hash.load(std::memory_order_relaxed); known != 0) {
+    return known;
+  }
   size_t h = std::hash<int>()(static_cast<int>(device_type()));
   auto mix = [&h](size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
   for (int64_t s : state_->shape) {
@@ -351,6 +359,7 @@ size_t DeviceMesh::hash() const {
   for (const auto& n : state_->names) {
     mix(std::hash<std::string>()(n));
   }
+  state_->hash.store(h, std::memory_order_relaxed); // [Note: the mesh's hash, once]
   return h;
 }
 

@@ -16,7 +16,7 @@
 #include "mesh/rank_device.h"
 #include "tensor/dispatch/interceptors.h"
 #include "tensor/dtensor_impl.h"
-#include "tensor/ops/sharding.h"
+#include "tensor/placement_helpers.h"
 #include "tensor/redistribute/redistribute.h"
 
 namespace dtensor {

@@ -1,12 +1,14 @@
 // Making DTensors and finding their state.
 #include "tensor/dtensor_impl.h"
 
+#include <typeinfo>
+
 #include <ATen/ATen.h>
 
 #include "internal/check.h"
 #include "internal/torch_compat.h"
 #include "mesh/dispatch_keys.h"
-#include "tensor/ops/sharding.h"
+#include "tensor/placement_helpers.h"
 
 namespace dtensor::detail {
 
@@ -59,26 +61,53 @@ DTensorSpec make_spec(const DeviceMesh& mesh, const Placements& placements,
   return spec;
 }
 
-at::Tensor make_dtensor(const at::Tensor& local, DTensorSpec spec) {
+namespace {
+
+void check_local(const at::Tensor& local, const DTensorSpec& spec, bool check_shape) {
   DTENSOR_CHECK(local.defined(), "DTensor: undefined local tensor for {}", spec.to_string());
   DTENSOR_CHECK(dtensor_meta(local) == nullptr, "DTensor: the local tensor of {} is itself a DTensor",
                 spec.to_string());
-  auto expected = spec.local_shape();
-  DTENSOR_CHECK(local.sizes().vec() == expected,
-                "DTensor: local tensor of shape {} on rank {} does not match {}, whose local shape "
-                "here is {}",
-                local.sizes(), get_rank(), spec.to_string(), expected);
+  if (check_shape) {
+    const std::vector<int64_t> expected = spec.local_shape();
+    DTENSOR_CHECK(local.sizes() == c10::IntArrayRef(expected),
+                  "DTensor: local tensor of shape {} on rank {} does not match {}, whose local "
+                  "shape here is {}",
+                  local.sizes(), get_rank(), spec.to_string(), expected);
+  }
   DTENSOR_CHECK(local.scalar_type() == spec.dtype, "DTensor: local tensor is {} but {} says {}",
                 c10::toString(local.scalar_type()), spec.to_string(), c10::toString(spec.dtype));
+}
+
+// `local` must not require grad and must be the caller's to give (checked by the callers).
+at::Tensor wrap_checked(at::Tensor local, DTensorSpec spec) {
   auto t = at::detail::make_tensor<c10::TensorImpl>(dtensor_key_set(local.device()), local.dtype(),
                                                     local.device());
   c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   impl->set_sizes_and_strides(spec.shape, spec.stride);
   auto meta = c10::make_intrusive<DTensorMeta>();
-  meta->local = local.detach();
+  meta->local = std::move(local);
   meta->spec = std::move(spec);
   impl->set_backend_meta(meta);
   return t;
+}
+
+} // namespace
+
+at::Tensor make_dtensor(const at::Tensor& local, DTensorSpec spec) {
+  check_local(local, spec, true);
+  return wrap_checked(local.detach(), std::move(spec));
+}
+
+at::Tensor make_dtensor_from_result(at::Tensor local, DTensorSpec spec, bool check_shape) {
+  check_local(local, spec, check_shape);
+  // [Note: results are not detached] A result the handler alone holds, outside autograd,
+  // becomes the local tensor as it is: detaching would allocate a second TensorImpl for
+  // nothing. One that something else also holds (an op that returns its input's local
+  // tensor) is detached, so that no two DTensors share a TensorImpl.
+  if (local.requires_grad() || local.use_count() != 1) {
+    local = local.detach();
+  }
+  return wrap_checked(std::move(local), std::move(spec));
 }
 
 DTensorMeta* mutable_dtensor_meta(const at::Tensor& t) {
@@ -89,7 +118,11 @@ DTensorMeta* mutable_dtensor_meta(const at::Tensor& t) {
   if (!impl->key_set().has_backend(kDTensorBackend)) {
     return nullptr;
   }
-  return dynamic_cast<DTensorMeta*>(impl->get_backend_meta());
+  // [Note: the meta's type] Every op on a DTensor asks this for each argument: a type_info
+  // comparison (DTensorMeta is final) instead of a dynamic_cast's walk of the hierarchy.
+  c10::BackendMeta* meta = impl->get_backend_meta();
+  return meta != nullptr && typeid(*meta) == typeid(DTensorMeta) ? static_cast<DTensorMeta*>(meta)
+                                                                 : nullptr;
 }
 
 const DTensorMeta* dtensor_meta(const at::Tensor& t) {

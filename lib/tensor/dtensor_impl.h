@@ -24,7 +24,7 @@ const void* extension_key() {
 // The state of a DTensor, kept in its TensorImpl's BackendMeta so that shallow copies
 // (set_data, detach, .data(), autograd's saved variables) carry it along. See
 // [Note: a DTensor is an at::Tensor] in include/dtensor/dtensor.h.
-struct DTensorMeta : c10::BackendMeta {
+struct DTensorMeta final : c10::BackendMeta {
   at::Tensor local; // plain tensor on the local device, never requires grad
   DTensorSpec spec;
 
@@ -56,6 +56,10 @@ struct DTensorMeta : c10::BackendMeta {
 
 // A new DTensor over `local` (which must have spec.local_shape() and spec.dtype).
 at::Tensor make_dtensor(const at::Tensor& local, DTensorSpec spec);
+// The same for an op's result that the caller gives up (the handler's outputs), not detached
+// when nothing else holds it ([Note: results are not detached]). `check_shape` false skips
+// comparing its shape with spec.local_shape(), for a decision already checked on this rank.
+at::Tensor make_dtensor_from_result(at::Tensor local, DTensorSpec spec, bool check_shape);
 
 // The state of `t`, or nullptr when `t` is not a DTensor. The mutable form is for setting
 // extensions: the state belongs to the TensorImpl, which every handle to it shares.

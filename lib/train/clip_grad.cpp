@@ -17,7 +17,7 @@
 #include "mesh/collectives_internal.h"
 #include "mesh/rank_device.h"
 #include "tensor/dtensor_impl.h"
-#include "tensor/ops/sharding.h"
+#include "tensor/placement_helpers.h"
 #include "tensor/redistribute/redistribute.h"
 #include "train/mesh_union.h"
 

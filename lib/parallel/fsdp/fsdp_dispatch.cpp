@@ -8,7 +8,6 @@
 #include "parallel/tp/tensor_parallel.h"
 #include "tensor/dispatch/interceptors.h"
 #include "tensor/dispatch/op_args.h"
-#include "tensor/ops/sharding.h"
 
 namespace dtensor::detail {
 

@@ -9,7 +9,7 @@
 
 #include "internal/check.h"
 #include "tensor/dtensor_impl.h"
-#include "tensor/ops/sharding.h"
+#include "tensor/placement_helpers.h"
 #include "tensor/redistribute/redistribute.h"
 
 namespace dtensor::detail {

@@ -18,7 +18,6 @@
 #include "parallel/fsdp/fsdp_collectives.h"
 #include "parallel/fsdp/fsdp_state.h"
 #include "parallel/tp/tensor_parallel.h"
-#include "tensor/ops/sharding.h"
 
 namespace dtensor::detail {
 

@@ -11,7 +11,6 @@
 #include "tensor/dispatch/interceptors.h"
 #include "tensor/dispatch/op_args.h"
 #include "tensor/dtensor_impl.h"
-#include "tensor/ops/sharding.h"
 #include "tensor/redistribute/redistribute.h"
 
 namespace dtensor::detail {

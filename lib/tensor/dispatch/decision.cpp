@@ -9,6 +9,7 @@
 #include "tensor/dispatch/decompose.h"
 #include "tensor/dispatch/handler.h"
 #include "tensor/dispatch/op_args.h"
+#include "tensor/ops/registry.h"
 
 namespace dtensor::detail {
 
@@ -185,7 +186,7 @@ bool returns_tensors(const c10::FunctionSchema& schema) {
   return false;
 }
 
-// [Note: shape arguments] (lib/tensor/ops/sharding.h): the size (and stride) argument of a
+// [Note: shape arguments] (lib/tensor/ops/registry.h): the size (and stride) argument of a
 // table op becomes this rank's local shape of its output.
 void localize_shape_args(const OpInfo& info, Cached& c) {
   const ShapeArgs* args = shape_args_of(info.op->schema().name());

@@ -4,12 +4,13 @@
 // shardings, the outputs' global geometry and the input redistribution plans, cached by
 // op and argument specs ([Note: decision keys] in decision.cpp); the output geometry helpers
 // in output_geometry.cpp.
+#include <atomic>
 #include <memory>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 
-#include "tensor/ops/sharding.h"
+#include "tensor/ops/rule.h"
 #include "tensor/redistribute/redistribute.h"
 
 namespace dtensor::detail {
@@ -29,6 +30,9 @@ struct Cached { // one decision
   // Per argument: the redistribution plan to the placements the rule wants (empty: none),
   // a function of the decision's key, so kept with it: a hit looks up nothing else.
   std::vector<std::vector<TransformStep>> input_plans;
+  // Set once this rank's local results of the decision matched their specs' local shapes:
+  // the same key gives the same local shapes, so later hits skip the check (wrap_outputs).
+  mutable std::atomic<bool> outputs_checked{false};
 };
 
 // The decision for `info`: from the cache, or made (rule, shapes, plans) and cached.

@@ -3,19 +3,20 @@
 // decision.cpp, the outputs' global geometry in output_geometry.cpp.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/SmallVector.h>
 #include <c10/util/accumulate.h>
 
 #include "internal/check.h"
 #include "mesh/comm_debug.h"
+#include "tensor/debug/torch_repr.h"
 #include "tensor/dispatch/decision.h"
 #include "tensor/dispatch/decompose.h"
 #include "tensor/dispatch/handler.h"
 #include "tensor/dispatch/interceptors.h"
 #include "tensor/dispatch/op_args.h"
 #include "tensor/dtensor_impl.h"
-#include "tensor/ops/sharding.h"
+#include "tensor/ops/rule.h"
 #include "tensor/redistribute/redistribute.h"
-#include "tensor/debug/torch_repr.h"
 
 namespace dtensor::detail {
 
@@ -123,19 +124,22 @@ void wrap_outputs(const c10::OperatorHandle& op, const OpInfo& info, const Cache
   const auto& schema = op.schema();
   const size_t nret = schema.returns().size();
   const size_t rbase = stack->size() - nret;
-  auto wrap = [&](size_t r, size_t element, const at::Tensor& local) {
+  // Results whose global shapes come from the decision have their local shapes checked on
+  // its first use only; those taken from the local results, every time.
+  const bool check =
+      decision.shapes_from_local || !decision.outputs_checked.load(std::memory_order_relaxed);
+  auto wrap = [&](size_t r, size_t element, at::Tensor local) {
     DTensorSpec spec = output_spec(info, decision, r, element, local);
     // [Note: empty shards] Some kernels return an input with no elements as it is
     // (pixel_unshuffle on an empty batch shard): no values are lost by giving it the shape
     // the output's spec says this rank holds, also empty.
-    at::Tensor piece = local;
     if (local.numel() == 0) {
       const std::vector<int64_t> want = spec.local_shape();
-      if (want != local.sizes().vec() && c10::multiply_integers(want) == 0) {
-        piece = at::empty(want, local.options());
+      if (local.sizes() != c10::IntArrayRef(want) && c10::multiply_integers(want) == 0) {
+        local = at::empty(want, local.options());
       }
     }
-    at::Tensor out = make_dtensor(piece, std::move(spec));
+    at::Tensor out = make_dtensor_from_result(std::move(local), std::move(spec), check);
     for (const auto& finish : finishers) {
       finish(out);
     }
@@ -153,16 +157,17 @@ void wrap_outputs(const c10::OperatorHandle& op, const OpInfo& info, const Cache
         }
       }
     } else if (slot.isTensor() && slot.toTensor().defined()) {
-      slot = wrap(r, 0, slot.toTensor());
+      slot = wrap(r, 0, std::move(slot).toTensor());
     } else if (slot.isTensorList()) {
       c10::List<at::Tensor> wrapped;
       size_t e = 0;
-      for (const at::Tensor& t : slot.toTensorVector()) {
-        wrapped.push_back(wrap(r, e++, t));
+      for (at::Tensor t : slot.toTensorVector()) { // held by the list too: detached
+        wrapped.push_back(wrap(r, e++, std::move(t)));
       }
       slot = wrapped;
     }
   }
+  decision.outputs_checked.store(true, std::memory_order_relaxed);
 }
 
 // [Note: module attribution] CommDebugMode lists DTensor operations per module as PyTorch's
@@ -232,12 +237,14 @@ void handler(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     return;
   }
   // The arguments as they came (the stack's slots are rewritten with local tensors below;
-  // this copy keeps the DTensors, whose specs info.specs points into, alive).
-  torch::jit::Stack args(stack->begin() + static_cast<std::ptrdiff_t>(a.base), stack->end());
+  // this copy keeps the DTensors, whose specs info.specs points into, alive), held inline for
+  // ops of up to eight arguments: no allocation.
+  const c10::SmallVector<c10::IValue, 8> args(stack->begin() + static_cast<std::ptrdiff_t>(a.base),
+                                              stack->end());
   OpInfo info;
   info.op = &op;
   info.name = op_full_name(op);
-  info.args = &args;
+  info.args = args;
   collect_specs(info, a);
   if (comm_debug_active()) {
     record_for_comm_debug(op, info);

@@ -5,7 +5,7 @@
 
 #include "mesh/comm_debug.h"
 #include "tensor/dtensor_impl.h"
-#include "tensor/ops/sharding.h"
+#include "tensor/placement_helpers.h"
 
 namespace dtensor::detail {
 

@@ -14,7 +14,7 @@
 #include "mesh/dispatch_keys.h"
 #include "tensor/dispatch/handler.h"
 #include "tensor/dtensor_impl.h"
-#include "tensor/ops/sharding.h"
+#include "tensor/ops/registry.h"
 
 namespace dtensor::detail {
 

@@ -10,7 +10,7 @@
 // - otherwise everything is gathered.
 // Output shapes follow the convolution arithmetic (no meta kernel run).
 #include "internal/check.h"
-#include "tensor/ops/sharding.h"
+#include "tensor/ops/registry.h"
 
 namespace dtensor::detail {
 

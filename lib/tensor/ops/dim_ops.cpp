@@ -7,7 +7,7 @@
 #include <c10/util/accumulate.h>
 
 #include "internal/check.h"
-#include "tensor/ops/sharding.h"
+#include "tensor/ops/registry.h"
 
 namespace dtensor::detail {
 

@@ -3,7 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "internal/check.h"
-#include "tensor/ops/sharding.h"
+#include "tensor/ops/registry.h"
 
 namespace dtensor::detail {
 

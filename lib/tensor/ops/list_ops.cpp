@@ -1,6 +1,6 @@
 // Ops over lists of tensors: cat, stack, split / split_with_sizes, unbind.
 #include "internal/check.h"
-#include "tensor/ops/sharding.h"
+#include "tensor/ops/registry.h"
 
 namespace dtensor::detail {
 

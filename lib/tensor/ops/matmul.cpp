@@ -10,7 +10,7 @@
 #include <limits>
 
 #include "internal/check.h"
-#include "tensor/ops/sharding.h"
+#include "tensor/ops/registry.h"
 
 namespace dtensor::detail {
 

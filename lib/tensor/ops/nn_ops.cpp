@@ -1,7 +1,7 @@
 // Neural-network ops: softmax / log_softmax, layer norm, nll_loss (what
 // cross_entropy decomposes to), and their backward kernels.
 #include "internal/check.h"
-#include "tensor/ops/sharding.h"
+#include "tensor/ops/registry.h"
 
 namespace dtensor::detail {
 

@@ -1,6 +1,6 @@
 // Pointwise ops (unary, binary, ternary; in-place and out= variants) with broadcasting.
 #include "internal/check.h"
-#include "tensor/ops/sharding.h"
+#include "tensor/ops/registry.h"
 
 namespace dtensor::detail {
 

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "internal/check.h"
-#include "tensor/ops/sharding.h"
+#include "tensor/ops/registry.h"
 
 namespace dtensor::detail {
 

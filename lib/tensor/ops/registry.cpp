@@ -1,9 +1,9 @@
-// The sharding-rule registry and helpers shared by the op families.
+// The sharding-rule registry, the shape-argument table and the helpers rules share.
 #include <mutex>
 #include <unordered_map>
 
 #include "internal/check.h"
-#include "tensor/ops/sharding.h"
+#include "tensor/ops/registry.h"
 
 namespace dtensor::detail {
 
@@ -71,10 +71,6 @@ void register_builtin_rules() {
   register_random_ops();
 }
 
-Placements replicate_all(int64_t mesh_ndim) {
-  return Placements(static_cast<size_t>(mesh_ndim), Placement::replicate());
-}
-
 const ShapeArgs* shape_args_of(const std::string& schema_name) {
   static const std::unordered_map<std::string, ShapeArgs> table = {
       {"aten::view", {1, -1}},           {"aten::_unsafe_view", {1, -1}},
@@ -105,29 +101,6 @@ OpSharding all_replicate(const OpInfo& info) {
   return s;
 }
 
-Placements normalize_placements(const Placements& placements, const std::vector<int64_t>& shape,
-                                const char* what) {
-  const auto ndim = static_cast<int64_t>(shape.size());
-  Placements out;
-  for (const auto& p : placements) {
-    DTENSOR_CHECK(!p.is_shard() || (p.dim() >= -ndim && p.dim() < ndim),
-                  "{}: placement {} in {} is out of range for a tensor of shape {}", what,
-                  p.to_string(), to_string(placements), shape);
-    out.push_back(p.normalized(ndim));
-  }
-  return out;
-}
-
-Placements keep_other_shards(const DTensorSpec& in, const std::vector<bool>& whole) {
-  Placements want = in.placements;
-  for (auto& p : want) {
-    if (p.is_partial() || (p.is_shard() && whole[static_cast<size_t>(p.dim())])) {
-      p = Placement::replicate();
-    }
-  }
-  return want;
-}
-
 OpSharding single_input(const OpInfo& info, const Placements& want, const Placements& out,
                         size_t num_outputs) {
   OpSharding s;
@@ -140,23 +113,6 @@ OpSharding single_input(const OpInfo& info, const Placements& want, const Placem
   }
   s.outputs.assign(num_outputs, out);
   return s;
-}
-
-Placements without_partial(const Placements& p) {
-  Placements out;
-  for (const auto& x : p) {
-    out.push_back(x.is_partial() ? Placement::replicate() : x);
-  }
-  return out;
-}
-
-std::vector<int64_t> local_shape_of(const DeviceMesh& mesh, const Placements& placements,
-                                    const std::vector<int64_t>& shape) {
-  DTensorSpec spec;
-  spec.mesh = mesh;
-  spec.placements = placements;
-  spec.shape = shape;
-  return spec.local_shape();
 }
 
 std::string describe_args(const OpInfo& info) {

@@ -1,6 +1,6 @@
 // Ops that keep their input's layout: copies, detach, *_like factories, fills, casts, item.
 #include "internal/check.h"
-#include "tensor/ops/sharding.h"
+#include "tensor/ops/registry.h"
 
 namespace dtensor::detail {
 

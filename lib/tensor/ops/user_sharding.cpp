@@ -8,7 +8,8 @@
 #include <c10/util/accumulate.h>
 
 #include "internal/check.h"
-#include "tensor/ops/sharding.h"
+#include "tensor/dispatch/handler.h"
+#include "tensor/ops/registry.h"
 
 namespace dtensor {
 
@@ -90,7 +91,7 @@ double moved_elements(const OpInfo& info, const AcceptableSharding& s, size_t i)
 OpSharding user_sharding_rule(const OpInfo& info) {
   ShardingFn fn = find_fn(info);
   ShardingArgs args;
-  args.values.assign(info.args->begin(), info.args->end());
+  args.values.assign(info.args.begin(), info.args.end());
   args.specs.reserve(info.specs.size());
   for (const SpecRef& spec : info.specs) {
     args.specs.push_back(spec ? std::optional<DTensorSpec>(*spec) : std::nullopt);

@@ -4,7 +4,7 @@
 #include <ATen/ops/squeeze.h>
 
 #include "internal/check.h"
-#include "tensor/ops/sharding.h"
+#include "tensor/ops/registry.h"
 
 namespace dtensor::detail {
 

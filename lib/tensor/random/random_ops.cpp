@@ -9,7 +9,7 @@
 #include <dtensor/random.h>
 
 #include "internal/check.h"
-#include "tensor/ops/sharding.h"
+#include "tensor/ops/registry.h"
 #include "tensor/random/rng_state.h"
 #include "tensor/random/sample.h"
 

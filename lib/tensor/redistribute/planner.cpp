@@ -5,7 +5,8 @@
 #include <dtensor/diagnostics.h>
 
 #include "internal/check.h"
-#include "tensor/ops/sharding.h"
+#include "tensor/dispatch/handler.h"
+#include "tensor/placement_helpers.h"
 #include "tensor/redistribute/redistribute.h"
 #include "tensor/redistribute/transitions.h"
 
