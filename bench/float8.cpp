@@ -8,6 +8,8 @@
 //   --float8 none|tensorwise|rowwise|rowwise_with_gw_hp: every Linear converted
 //          (convert_to_float8_training); --float8-all-gather: fully_shard gathers them in
 //          float8, their scales precomputed after each optimizer step;
+//   --overlap on|off: fully_shard's communication overlap (off: each collective completes
+//          where it is issued, the schedule PyTorch FSDP2 has on CPU, where there are no streams);
 //   step: --tokens rows per rank, loss sum(out * g) / rows, backward, AdamW.
 // Rank 0 prints "RESULT <json>": the median step time (ms), the all-gathered bytes and the
 // all-reduces of the last step (this rank's, the precompute included), and, under LD_PRELOAD
@@ -42,6 +44,7 @@ struct Flags {
   int64_t steps = 8, warmup = 3;
   std::string float8 = "none";
   bool all_gather = false;
+  std::string overlap = "on";
 };
 
 Flags parse(int argc, char** argv) {
@@ -57,6 +60,10 @@ Flags parse(int argc, char** argv) {
       .value("--tokens", "rows per rank (256)", f.tokens)
       .value("--steps", "timed steps (8)", f.steps)
       .value("--warmup", "untimed steps before them (3)", f.warmup)
+      .value("--overlap",
+             "fully_shard's communication overlap (on; off: PyTorch FSDP2's CPU "
+             "schedule)",
+             f.overlap, {"on", "off"})
       .parse(argc, argv);
   return f;
 }
@@ -110,7 +117,7 @@ int main(int argc, char** argv) {
   for (auto& b : model->blocks) {
     dtensor::fully_shard(*b, options);
   }
-  dtensor::fully_shard(*model, options);
+  dtensor::fully_shard(*model, options).set_communication_overlap(f.overlap == "on");
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
   at::manual_seed(1 + dtensor::get_rank());
   const at::Tensor x = at::randn({f.tokens, f.dim});

@@ -5,10 +5,11 @@ casts back to fp32), so the figures that carry over to GPUs are bytes: what the 
 move and the live peak; step times show the emulation's cost, not float8's speed.
 
 Driver:  python bench/float8.py TORCHRUN BENCH_BIN [--ranks 4] [--rounds 2]
-                 [--live-bytes build/bench/liblive_bytes.so] [model flags]
+                 [--live-bytes build/bench/liblive_bytes.so] [--variants V ...] [model flags]
 Worker:  torchrun ... bench/float8.py --worker --variant V [model flags]   (PyTorch's side)
 
-The model (both sides): --layers blocks x + FFN(RMSNorm(x)), SwiGLU w1 / w3 [hidden, dim],
+The model (both sides): --layers blocks x + FFN(RMSNorm(x)) (the RMSNorm computed in fp32 and
+cast back, as dtensor's model computes it: tools/torch_llama3.py), SwiGLU w1 / w3 [hidden, dim],
 w2 [dim, hidden], no biases, fp32 parameters; fully_shard of each block and the root over the
 world with bf16 parameters and fp32 reduction. Variants: bf16 (no float8), tensorwise,
 tensorwise with the float8 all-gather (scales precomputed after each optimizer step, torchao's
@@ -18,7 +19,10 @@ time is the median of the timed steps, the table the median over rounds (min-max
 bytes: what this rank hands to the all-gathers in one step (PyTorch's counted at
 dist.all_gather_single); all-reduces: per step, the precompute's included (PyTorch's from
 CommDebugMode). Live peak (with --live-bytes): one more run of each side, preloaded: the
-largest rank's peak of live tensor bytes over the timed steps (bench/live_bytes.cpp).
+largest rank's peak of live tensor bytes over the timed steps (bench/live_bytes.cpp), and a
+third run of dtensor's side with fully_shard's communication overlap off (--overlap off: each
+collective completes where it is issued, the schedule FSDP2 has on CPU, where there are no
+streams).
 """
 import argparse
 import dataclasses
@@ -57,10 +61,16 @@ def worker(a):
 
     dist.all_gather_single = counting_all_gather
 
+    # The same RMSNorm as dtensor's model (computed in fp32, cast back: models/llama3/layers.h),
+    # not nn.RMSNorm, which computes in the input's dtype and so saves bf16 activations where
+    # this saves fp32 ones: the live peaks compare the same model.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+    from torch_llama3 import RMSNorm  # noqa: PLC0415 (the recipe benchmark's layers)
+
     class Block(nn.Module):
         def __init__(self):
             super().__init__()
-            self.norm = nn.RMSNorm(a.dim, eps=1e-5)
+            self.norm = RMSNorm(a.dim)
             self.w1 = nn.Linear(a.dim, a.hidden, bias=False)
             self.w2 = nn.Linear(a.hidden, a.dim, bias=False)
             self.w3 = nn.Linear(a.dim, a.hidden, bias=False)
@@ -141,7 +151,8 @@ def fmt(xs, digits=1):
 def driver(a):
     model = ["--dim", str(a.dim), "--hidden", str(a.hidden), "--layers", str(a.layers),
              "--tokens", str(a.tokens), "--steps", str(a.steps), "--warmup", str(a.warmup)]
-    live = ["PyTorch live peak MB", "dtensor live peak MB"] if a.live_bytes else []
+    live = (["PyTorch live peak MB", "dtensor live peak MB", "dtensor live peak MB, overlap off"]
+            if a.live_bytes else [])
     cols = ["variant", "PyTorch ms", "dtensor ms", "dtensor / PyTorch",
             "PyTorch all-gather KB", "dtensor all-gather KB", "PyTorch all-reduces",
             "dtensor all-reduces", *live]
@@ -150,7 +161,8 @@ def driver(a):
     print("| " + " | ".join(cols) + " |")
     print("| --- |" + " ---: |" * (len(cols) - 1))
     tr = [a.torchrun, "--standalone", "--nproc-per-node", str(a.ranks)]
-    for variant, flags in VARIANTS.items():
+    for variant in a.variants:
+        flags = VARIANTS[variant]
         theirs = tr + [__file__, "--worker", "--variant", variant] + model
         mine = tr + ["--no-python", a.binary] + flags + model
         t, d = [], []
@@ -160,7 +172,8 @@ def driver(a):
         mem = ""
         if a.live_bytes:
             mem = (f" {run(theirs, a.live_bytes)['live_peak_mb']:.2f} |"
-                   f" {run(mine, a.live_bytes)['live_peak_mb']:.2f} |")
+                   f" {run(mine, a.live_bytes)['live_peak_mb']:.2f} |"
+                   f" {run(mine + ['--overlap', 'off'], a.live_bytes)['live_peak_mb']:.2f} |")
         ratio = statistics.median(y["ms"] / x["ms"] for x, y in zip(t, d))
         print(f"| {variant} | {fmt([r['ms'] for r in t])} | {fmt([r['ms'] for r in d])} "
               f"| {ratio:.2f}x | {t[0]['all_gather_bytes'] / 1024:.1f} "
@@ -177,6 +190,8 @@ def main():
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--live-bytes", default=None)
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
+                   metavar="V", help="which variants (default: all): " + ", ".join(VARIANTS))
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=2)
