@@ -12,7 +12,14 @@
 // blocks beyond it are not counted and counted in live_bytes_dropped().
 // With LIVE_BYTES_HISTOGRAM set, the live blocks at the last peak (since the last reset),
 // counted by size, are printed to stderr at exit ("live_bytes at peak: SIZE x COUNT"): where
-// two processes' peaks differ, the sizes whose counts differ say which tensors.
+// two processes' peaks differ, the sizes whose counts differ say which tensors. Two more,
+// with it, say where they come from (glibc's backtrace; addr2line or c++filt resolve the frames):
+//   LIVE_BYTES_BACKTRACE=1   the call stack of the allocation that set the last peak;
+//   LIVE_BYTES_TRACE_SIZE=N  the call stacks of the blocks of N bytes live at the last peak
+//                            (up to 64 such blocks at once are followed).
+// LIVE_BYTES_DIR=DIR writes each process's report to DIR/live_bytes.PID.txt instead of stderr,
+// where the reports of several ranks would interleave.
+#include <execinfo.h>
 #include <pthread.h>
 #include <unistd.h>
 
@@ -56,6 +63,18 @@ struct SizeCount {
 };
 SizeCount sizes[kSizes], at_peak[kSizes];
 int histogram = -1; // -1: LIVE_BYTES_HISTOGRAM not read yet
+// LIVE_BYTES_BACKTRACE: the call stack of the allocation that set the last peak.
+void* peak_frames[64];
+int peak_depth = 0;
+// LIVE_BYTES_TRACE_SIZE: the blocks of that size followed, and a copy taken at each new peak.
+struct Traced {
+  uintptr_t ptr;
+  int depth;
+  void* frames[32];
+};
+constexpr int kTraced = 64;
+Traced traced[kTraced], traced_at_peak[kTraced];
+size_t trace_size = 0;
 
 void count_size(size_t size, int64_t delta) {
   if (histogram < 0) {
@@ -76,15 +95,41 @@ void count_size(size_t size, int64_t delta) {
   }
 }
 
+__attribute__((constructor)) void read_trace_size() {
+  if (const char* v = std::getenv("LIVE_BYTES_TRACE_SIZE")) {
+    trace_size = std::strtoull(v, nullptr, 10);
+  }
+}
+
 __attribute__((destructor)) void print_histogram() {
   if (histogram != 1) {
     return;
+  }
+  if (const char* dir = std::getenv("LIVE_BYTES_DIR")) { // one file per process
+    char path[4096];
+    std::snprintf(path, sizeof(path), "%s/live_bytes.%d.txt", dir, static_cast<int>(getpid()));
+    if (std::freopen(path, "w", stderr) == nullptr) {
+      return;
+    }
   }
   for (const SizeCount& e : at_peak) {
     if (e.count != 0) {
       std::fprintf(stderr, "live_bytes at peak (pid %d): %zu x %lld\n", static_cast<int>(getpid()),
                    e.size, static_cast<long long>(e.count));
     }
+  }
+  for (const Traced& t : traced_at_peak) {
+    if (t.ptr != 0) {
+      std::fprintf(stderr, "live_bytes block of %zu bytes at peak (pid %d)%s\n", trace_size,
+                   static_cast<int>(getpid()), t.depth == 0 ? ", its stack not taken yet" : ":");
+      std::fflush(stderr); // backtrace_symbols_fd writes to the descriptor itself
+      backtrace_symbols_fd(t.frames, t.depth, fileno(stderr));
+    }
+  }
+  if (peak_depth > 0) {
+    std::fprintf(stderr, "live_bytes peak stack (pid %d):\n", static_cast<int>(getpid()));
+    std::fflush(stderr);
+    backtrace_symbols_fd(peak_frames, peak_depth, fileno(stderr));
   }
 }
 
@@ -93,6 +138,7 @@ size_t slot_of(uintptr_t p) {
 }
 
 void insert(uintptr_t p, size_t size) {
+  bool new_peak = false;
   pthread_mutex_lock(&lock);
   if (used + 1 >= kSlots / 2) {
     dropped += 1;
@@ -110,10 +156,44 @@ void insert(uintptr_t p, size_t size) {
       peak = live;
       if (histogram == 1) {
         std::memcpy(at_peak, sizes, sizeof(sizes));
+        std::memcpy(traced_at_peak, traced, sizeof(traced));
+        new_peak = true;
+      }
+    }
+  }
+  int slot = -1; // a block to follow: its slot, taken under the lock
+  if (trace_size != 0 && size == trace_size) {
+    for (int k = 0; k < kTraced; ++k) {
+      if (traced[k].ptr == 0) {
+        traced[k].ptr = p;
+        traced[k].depth = 0;
+        slot = k;
+        break;
       }
     }
   }
   pthread_mutex_unlock(&lock);
+  // The stacks are taken outside the lock (backtrace may free on its first call) and stored
+  // under it, if the block or the peak is still the one they belong to.
+  static const bool with_stack = std::getenv("LIVE_BYTES_BACKTRACE") != nullptr;
+  if (new_peak && with_stack) {
+    void* frames[64];
+    const int depth = backtrace(frames, 64);
+    pthread_mutex_lock(&lock);
+    std::memcpy(peak_frames, frames, sizeof(frames));
+    peak_depth = depth;
+    pthread_mutex_unlock(&lock);
+  }
+  if (slot >= 0) {
+    void* frames[32];
+    const int depth = backtrace(frames, 32);
+    pthread_mutex_lock(&lock);
+    if (traced[slot].ptr == p) {
+      std::memcpy(traced[slot].frames, frames, sizeof(frames));
+      traced[slot].depth = depth;
+    }
+    pthread_mutex_unlock(&lock);
+  }
 }
 
 void erase(uintptr_t p) {
@@ -123,6 +203,13 @@ void erase(uintptr_t p) {
     i = (i + 1) & (kSlots - 1);
   }
   if (table[i].ptr == p) {
+    if (trace_size != 0 && table[i].size == trace_size) {
+      for (Traced& slot : traced) {
+        if (slot.ptr == p) {
+          slot.ptr = 0;
+        }
+      }
+    }
     live -= static_cast<int64_t>(table[i].size);
     count_size(table[i].size, -1);
     used -= 1;
