@@ -105,31 +105,39 @@ __attribute__((destructor)) void print_histogram() {
   if (histogram != 1) {
     return;
   }
+  const int pid = static_cast<int>(getpid());
+  FILE* out = stderr;
   if (const char* dir = std::getenv("LIVE_BYTES_DIR")) { // one file per process
     char path[4096];
-    std::snprintf(path, sizeof(path), "%s/live_bytes.%d.txt", dir, static_cast<int>(getpid()));
-    if (std::freopen(path, "w", stderr) == nullptr) {
-      return;
+    std::snprintf(path, sizeof(path), "%s/live_bytes.%d.txt", dir, pid);
+    if (FILE* f = std::fopen(path, "w")) {
+      out = f;
+    } else {
+      std::fprintf(stderr, "live_bytes: cannot write %s (%s); reporting here\n", path,
+                   std::strerror(errno));
     }
   }
   for (const SizeCount& e : at_peak) {
     if (e.count != 0) {
-      std::fprintf(stderr, "live_bytes at peak (pid %d): %zu x %lld\n", static_cast<int>(getpid()),
-                   e.size, static_cast<long long>(e.count));
+      std::fprintf(out, "live_bytes at peak (pid %d): %zu x %lld\n", pid, e.size,
+                   static_cast<long long>(e.count));
     }
   }
   for (const Traced& t : traced_at_peak) {
     if (t.ptr != 0) {
-      std::fprintf(stderr, "live_bytes block of %zu bytes at peak (pid %d)%s\n", trace_size,
-                   static_cast<int>(getpid()), t.depth == 0 ? ", its stack not taken yet" : ":");
-      std::fflush(stderr); // backtrace_symbols_fd writes to the descriptor itself
-      backtrace_symbols_fd(t.frames, t.depth, fileno(stderr));
+      std::fprintf(out, "live_bytes block of %zu bytes at peak (pid %d)%s\n", trace_size, pid,
+                   t.depth == 0 ? ", its stack not taken yet" : ":");
+      std::fflush(out); // backtrace_symbols_fd writes to the descriptor itself
+      backtrace_symbols_fd(t.frames, t.depth, fileno(out));
     }
   }
   if (peak_depth > 0) {
-    std::fprintf(stderr, "live_bytes peak stack (pid %d):\n", static_cast<int>(getpid()));
-    std::fflush(stderr);
-    backtrace_symbols_fd(peak_frames, peak_depth, fileno(stderr));
+    std::fprintf(out, "live_bytes peak stack (pid %d):\n", pid);
+    std::fflush(out);
+    backtrace_symbols_fd(peak_frames, peak_depth, fileno(out));
+  }
+  if (out != stderr) {
+    std::fclose(out);
   }
 }
 
