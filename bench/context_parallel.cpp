@@ -16,7 +16,9 @@
 // per step (user + system of the whole process, Gloo's threads included: what CP's exchanges
 // cost the CPU too), each rank's bytes handed to collectives per step (CommDebugMode), the
 // K/V bytes the attention calls held at once (cp_stats), and, under LD_PRELOAD of
-// bench/live_bytes.cpp, each rank's peak of live tensor bytes over the timed steps.
+// bench/live_bytes.cpp, each rank's peak of live tensor bytes over the timed steps; with
+// --documents 1 also the documents and every rank's positions (the driver's formula for the
+// all-gather method, which then moves only the rows the mask leaves needed).
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -203,10 +205,29 @@ int main(int argc, char** argv) {
   at::Tensor wall = at::tensor({ms[ms.size() / 2]}, at::kDouble);
   dtensor::all_reduce_(wall, dtensor::ReduceOp::Max, dtensor::world_group());
   if (dtensor::get_rank() == 0) {
+    // Under the document mask the all-gather method moves the rows each rank needs: the
+    // documents and every rank's positions let the driver count them from the mask.
+    auto list = [](const int64_t* v, int64_t n) {
+      std::string out = "[";
+      for (int64_t i = 0; i < n; ++i) {
+        out += (i > 0 ? ", " : "") + std::to_string(v[i]);
+      }
+      return out + "]";
+    };
+    std::string positions = "[";
+    for (int64_t r = 0; f.documents && r < layout.cp(); ++r) {
+      const at::Tensor pos = layout.positions(r).contiguous();
+      positions += (r > 0 ? ", " : "") + list(pos.data_ptr<int64_t>(), pos.numel());
+    }
+    positions += "]";
+    const std::string documents =
+        docs.empty() ? "[]" : list(docs[0].data(), static_cast<int64_t>(docs[0].size()));
     std::printf("RESULT {\"step_ms\": %f, \"cpu_ms\": %s, \"bytes_in\": %s, \"peak_kv_bytes\": %s, "
-                "\"live_peak_mb\": %s, \"local_len\": %lld}\n",
+                "\"live_peak_mb\": %s, \"local_len\": %lld, \"documents\": %s, "
+                "\"positions\": %s}\n",
                 wall.item<double>(), cpu_ms.c_str(), sent.c_str(), kv_bytes.c_str(),
-                live_mb.c_str(), static_cast<long long>(layout.local_len()));
+                live_mb.c_str(), static_cast<long long>(layout.local_len()), documents.c_str(),
+                positions.c_str());
     std::fflush(stdout);
   }
   return 0;

@@ -44,11 +44,36 @@ def run(torchrun, binary, nproc, args, env):
     sys.exit(f"{' '.join(cmd)}: no RESULT line:\n{out.stdout[-2000:]}")
 
 
-def formula(method, cp, seq, a):
+def needed_formula(result, cp, a):
+    """The all-gather method under the causal document mask (batch 1): rank r receives the rows
+    of rank s that some query of r may attend to (a key k is needed when r holds a query p >= k
+    of k's document), and sends their gradients back; the most any rank hands over, in bytes.
+    Counted from the documents and positions alone, not from the library's block plan."""
+    doc = [i for i, n in enumerate(result["documents"]) for _ in range(n)]
+    pos = result["positions"]
+    top = []  # top[r][d]: the last position of document d among rank r's queries
+    for r in range(cp):
+        t = {}
+        for p in pos[r]:
+            t[doc[p]] = max(t.get(doc[p], -1), p)
+        top.append(t)
+
+    def need(r, s):
+        return sum(1 for k in pos[s] if k <= top[r].get(doc[k], -1))
+
+    row = 2 * a.kv_heads * (a.dim // a.heads) * 4  # a row of K and V, fp32
+    per_rank = [sum(need(o, me) + need(me, o) for o in range(cp) if o != me) * row
+                for me in range(cp)]
+    return max(per_rank) * a.layers
+
+
+def formula(method, cp, seq, a, result=None):
     """Bytes a rank hands to collectives per step by the method's formula (fp32, batch 1):
     K_b = this rank's K and V bytes, Q_b its q's (or the output's)."""
     if method not in ("allgather", "ring", "ulysses", "hierarchical") or cp == 1:
         return 0
+    if method == "allgather" and result and result.get("documents"):
+        return needed_formula(result, cp, a)
     head_rows = (seq // cp) * (a.dim // a.heads) * 4  # one head's rows on this rank, bytes
     kb, qb = 2 * a.kv_heads * head_rows, a.heads * head_rows
     ring = cp // a.ulysses_degree
@@ -131,7 +156,7 @@ def main():
                 layout = "document mask, 1 rank"
             print(f"| {layout} | {n} | {balance} | {step:.0f} ({steps[0]:.0f}-{steps[-1]:.0f}) | "
                   f"{cpu:.0f} | {cpu / (n if method == 'dp' else 1) / base_cpu:.2f} | {skew:.2f} | {sent} | "
-                  f"{formula(method, n, seq, a)} | {kv} | {live:.1f} |")
+                  f"{formula(method, n, seq, a, rs[0])} | {kv} | {live:.1f} |")
         sys.stdout.flush()
 
 

@@ -233,6 +233,70 @@ TEST_CASE("cp attention counts per call: all-gather 1 AG + 1 RS, ring cp-1 + 2(c
   }
 }
 
+TEST_CASE("cp all-gather under a document mask: one all-to-all each way, moving only the rows "
+          "some query of the receiving rank may attend to",
+          "[world2][world4]") {
+  // [Note: only the rows a rank needs] in lib/parallel/cp/methods.cpp. What rank r needs of
+  // rank s is read off the explicit mask the reference uses, not off the library's block plan.
+  DeviceMesh mesh = cp_mesh_of_world();
+  const int64_t cp = world(), seq = 32, kv_heads = 2, me = rank();
+  const int64_t row_bytes = 2 * kBatch * kv_heads * kDim * 4; // a row of K and V, fp32
+  int64_t moved = 0, gathered = 0; // rows this rank sent, and what an all-gather sends
+  for (const LayoutCase& lc : layout_cases(cp)) {
+    if (lc.docs.empty()) {
+      continue; // without documents: one all-gather and one reduce-scatter (above)
+    }
+    for (bool causal : {true, false}) {
+      CpLayout layout(seq, cp, lc.balance, lc.docs);
+      INFO(layout.describe() << (causal ? " causal" : ""));
+      // [S, S]: may query p attend to key k in some batch row
+      const at::Tensor allowed = (mask_of(seq, causal, lc.docs, kBatch).squeeze(1) == 0).any(0);
+      auto needed = [&](int64_t r, int64_t s) { // rows of s some query of r attends to
+        return allowed.index_select(0, layout.positions(r))
+            .index_select(1, layout.positions(s))
+            .any(0)
+            .sum()
+            .item<int64_t>();
+      };
+      int64_t sends = 0, receives = 0;
+      for (int64_t other = 0; other < cp; ++other) {
+        if (other != me) {
+          sends += needed(other, me);
+          receives += needed(me, other);
+        }
+      }
+      Inputs in = inputs(seq, kv_heads, 13);
+      auto shard = [&](const at::Tensor& t) {
+        return dtensor::cp_shard(t, 2, layout, mesh).requires_grad_();
+      };
+      at::Tensor q = shard(in.q), k = shard(in.k), v = shard(in.v), out;
+      const auto opts = ContextParallelOptions().method(CpMethod::AllGather).causal(causal);
+      {
+        CommDebugMode mode;
+        out = dtensor::context_parallel_attention(q, k, v, mesh, layout, opts);
+        CHECK(counts_text(mode.comm_counts()) == counts_text({{CollectiveKind::AllToAll, 1}}));
+        CHECK(mode.bytes_in(CollectiveKind::AllToAll) == sends * row_bytes);
+      }
+      {
+        CommDebugMode mode;
+        (out * dtensor::cp_shard(in.g, 2, layout, mesh)).sum().backward();
+        CHECK(counts_text(mode.comm_counts()) == counts_text({{CollectiveKind::AllToAll, 1}}));
+        CHECK(mode.bytes_in(CollectiveKind::AllToAll) == receives * row_bytes); // fp32 dK/dV
+      }
+      const Reference want = reference(in.q, in.k, in.v, in.g, causal, lc.docs);
+      auto whole = [&](const at::Tensor& t) {
+        return dtensor::cp_unshard(t.detach(), 2, layout, mesh);
+      };
+      CHECK(near(whole(out), want.out));
+      CHECK(near(whole(k.grad()), want.dk));
+      CHECK(near(whole(v.grad()), want.dv));
+      moved += sends;
+      gathered += (cp - 1) * layout.local_len();
+    }
+  }
+  CHECK(moved < gathered); // the documents leave rows no other rank needs
+}
+
 TEST_CASE("cp ring: K/V held per rank O(S/cp), twice the local block at 32 and 64 rows; "
           "all-gather holds the whole sequence's",
           "[world2][world4]") {

@@ -134,7 +134,10 @@ def main():
     tokens = sum(len(d) for d in train_docs) * 256
     print(f"peak resident memory: {small_peak:.0f} MiB on {tokens // 256} tokens, {big_peak:.0f} MiB "
           f"on {tokens} (in memory as int64 with their document ids: {tokens * 16 >> 20} MiB)")
-    ok = ok and big_peak - small_peak < 24
+    # 17-24 MiB apart on a 2-core machine, the small run's peak varying by several MiB with
+    # the load beside it (the suite runs programs side by side); loading the big corpus into
+    # memory would add 282 MiB.
+    ok = ok and big_peak - small_peak < 40
     # Ids another tokenizer wrote (beyond the 256 of this one) are named, not embedded.
     wide = os.path.join(out, "wide")
     write_indexed(wide, [np.arange(300) % 300] * 64, np.int32)

@@ -25,7 +25,8 @@ namespace dtensor {
 //    way back: Partial -> Shard, one reduce-scatter, through dtensor's own redistribution. The
 //    whole sequence's K/V is saved for backward: O(S) per rank. Per call: forward one
 //    all-gather, backward one reduce-scatter (PyTorch's SDPA path: forward one all-gather,
-//    backward one all-gather and cp all-to-alls; its flex path two and two).
+//    backward one all-gather and cp all-to-alls; its flex path two and two). Under a document
+//    mask the rows move by need instead ([Note: only the rows a rank needs]).
 //  - Ring: each rank passes the K/V block it holds to the next rank and receives the previous
 //    one's, cp - 1 times; each exchange is posted before the kernels of the block in hand run, so
 //    the transfer overlaps the compute (Gloo progresses point-to-point on its own threads).
@@ -122,6 +123,122 @@ struct AllGatherFn : torch::autograd::Function<AllGatherFn> {
                                   dv);
     }
     return {dq.to(q.scalar_type()), dkv.to(kv.scalar_type()), at::Tensor()};
+  }
+};
+
+// [Note: only the rows a rank needs]
+// Under a document mask most of another rank's keys are in documents none of this rank's
+// queries belong to. The all-gather method then moves by need: source rank s sends rank r
+// the rows of its K/V that some block of r's plan against s reads (plan_blocks: a block
+// covers only (query, key) pairs the mask leaves, so every row it reads is needed and no
+// other is), all pairs in one all-to-all with split sizes; r places them in a zero-filled
+// buffer of the whole sequence, where the blocks read them as from the all-gather's. The
+// batch rows share the rows sent (a row some batch row needs goes for all). Backward sends
+// each source the gradients of the rows it sent, in the reverse all-to-all, and the source
+// adds them in rank order in fp32 (its own rows' in their place), as the reduce-scatter it
+// replaces adds them. Every rank computes the split sizes from the layout alone, so they
+// agree by construction. Per call: forward one all-to-all, backward one, each moving what the
+// mask needs (PyTorch's all-gather moves every row).
+struct NeededRows : torch::CustomClassHolder {
+  std::vector<at::Tensor> to;   // to[r]: this rank's local rows rank r needs (int64)
+  std::vector<at::Tensor> from; // from[s]: rank s's local rows this rank needs
+  std::vector<int64_t> to_sizes, from_sizes;
+};
+
+// The local rows of `src` that some block of `rank`'s plan against it reads.
+at::Tensor rows_needed(const CpLayout& layout, int64_t rank, int64_t src, int64_t batch,
+                       bool causal) {
+  std::vector<char> needed(static_cast<size_t>(layout.local_len()), 0);
+  for (const detail::cp::Block& b : plan_blocks(layout, rank, src, batch, causal).blocks) {
+    std::fill_n(needed.begin() + b.kv_begin, b.kv_len, char{1});
+  }
+  std::vector<int64_t> rows;
+  for (size_t i = 0; i < needed.size(); ++i) {
+    if (needed[i] != 0) {
+      rows.push_back(static_cast<int64_t>(i));
+    }
+  }
+  return at::tensor(rows, at::kLong);
+}
+
+c10::intrusive_ptr<NeededRows> needed_rows(const CallState& st, int64_t batch) {
+  auto n = c10::make_intrusive<NeededRows>();
+  for (int64_t r = 0; r < st.layout.cp(); ++r) {
+    const bool other = r != st.rank();
+    n->to.push_back(other ? rows_needed(st.layout, r, st.rank(), batch, st.causal)
+                          : at::empty({0}, at::kLong));
+    n->from.push_back(other ? rows_needed(st.layout, st.rank(), r, batch, st.causal)
+                            : at::empty({0}, at::kLong));
+    n->to_sizes.push_back(n->to.back().numel());
+    n->from_sizes.push_back(n->from.back().numel());
+  }
+  return n;
+}
+
+// The rows index[i] + i * stride of `t` along dim 3, one entry after another, as one
+// [rows, 2, B, H, d] tensor (what an all-to-all sends, rank by rank).
+at::Tensor rows_out(const at::Tensor& t, const std::vector<at::Tensor>& index, int64_t stride) {
+  std::vector<at::Tensor> pieces;
+  for (size_t i = 0; i < index.size(); ++i) {
+    const at::Tensor rows = index[i].to(t.device()) + static_cast<int64_t>(i) * stride;
+    pieces.push_back(t.index_select(3, rows).movedim(3, 0));
+  }
+  return at::cat(pieces).contiguous();
+}
+
+struct NeededKvFn : torch::autograd::Function<NeededKvFn> {
+  // kv [2, B, Hkv, L, d] -> [2, B, Hkv, cp * L, d], rank-major, zero where not needed.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& kv,
+                            c10::intrusive_ptr<CallState> state) {
+    const CallState& st = *state;
+    auto need = needed_rows(st, kv.size(1));
+    const int64_t len = st.layout.local_len(), me = st.rank();
+    const at::Tensor received =
+        all_to_all_single(rows_out(kv, need->to, 0), need->from_sizes, need->to_sizes,
+                          st.mesh.get_group(), CollectiveOptions().agree_sizes(false));
+    std::vector<int64_t> shape = kv.sizes().vec();
+    shape[3] = st.layout.seq_len();
+    at::Tensor full = at::zeros(shape, kv.options());
+    full.narrow(3, me * len, len).copy_(kv);
+    int64_t at_row = 0;
+    for (int64_t s = 0; s < st.layout.cp(); ++s) {
+      const int64_t n = need->from_sizes[static_cast<size_t>(s)];
+      if (n > 0) {
+        full.index_copy_(3, need->from[static_cast<size_t>(s)].to(kv.device()) + s * len,
+                         received.narrow(0, at_row, n).movedim(0, 3));
+      }
+      at_row += n;
+    }
+    save_state(ctx, std::move(state));
+    ctx->saved_data["need"] = c10::IValue::make_capsule(std::move(need));
+    return full;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const CallState& st = saved_state(ctx);
+    const auto& need =
+        *c10::static_intrusive_pointer_cast<NeededRows>(ctx->saved_data["need"].toCapsule());
+    const at::Tensor& grad = grads[0];
+    const int64_t len = st.layout.local_len(), me = st.rank();
+    const at::Tensor back =
+        all_to_all_single(rows_out(grad, need.from, len), need.to_sizes, need.from_sizes,
+                          st.mesh.get_group(), CollectiveOptions().agree_sizes(false));
+    std::vector<int64_t> shape = grad.sizes().vec();
+    shape[3] = len;
+    at::Tensor dkv = at::zeros(shape, grad.options().dtype(at::kFloat));
+    int64_t at_row = 0;
+    for (int64_t r = 0; r < st.layout.cp(); ++r) { // rank order, as the reduce-scatter adds
+      if (r == me) {
+        dkv.add_(grad.narrow(3, me * len, len));
+        continue;
+      }
+      const int64_t n = need.to_sizes[static_cast<size_t>(r)];
+      if (n > 0) {
+        dkv.index_add_(3, need.to[static_cast<size_t>(r)].to(grad.device()),
+                       back.narrow(0, at_row, n).movedim(0, 3));
+      }
+      at_row += n;
+    }
+    return {dkv.to(grad.scalar_type()), at::Tensor()};
   }
 };
 
@@ -410,11 +527,16 @@ at::Tensor context_parallel_attention(const at::Tensor& q, const at::Tensor& k, 
     r = RingFn::apply(q, k, v, std::move(state));
   } else {
     at::Tensor kv = at::stack({k, v}); // [2, B, Hkv, L, d]
-    std::vector<int64_t> shape = kv.sizes().vec();
-    shape[3] = layout.seq_len();
-    at::Tensor gathered = DTensor::from_local(kv, cp_mesh, {Placement::shard(3)}, shape)
-                              .redistribute(cp_mesh, {Placement::replicate()})
-                              .to_local(Placements{Placement::partial()});
+    at::Tensor gathered;
+    if (!layout.documents().empty()) { // [Note: only the rows a rank needs]
+      gathered = NeededKvFn::apply(kv, state);
+    } else {
+      std::vector<int64_t> shape = kv.sizes().vec();
+      shape[3] = layout.seq_len();
+      gathered = DTensor::from_local(kv, cp_mesh, {Placement::shard(3)}, shape)
+                     .redistribute(cp_mesh, {Placement::replicate()})
+                     .to_local(Placements{Placement::partial()});
+    }
     r = AllGatherFn::apply(q, gathered, std::move(state));
   }
   if (lse != nullptr) {
