@@ -43,9 +43,8 @@ def largest(folder):
 def name(binary, symbol, offset, build):
     if symbol:
         return subprocess.run(["c++filt", symbol], capture_output=True, text=True).stdout.strip()
-    local = os.path.join(build, os.path.relpath(binary, build)) if binary.startswith(build) else ""
-    if offset and local and os.path.exists(local):
-        out = subprocess.run(["addr2line", "-f", "-C", "-e", local, offset],
+    if offset and binary.startswith(build) and os.path.exists(binary):
+        out = subprocess.run(["addr2line", "-f", "-C", "-e", binary, offset],
                              capture_output=True, text=True).stdout.splitlines()
         return f"{out[0]} ({os.path.basename(out[1])})" if len(out) == 2 else ""
     return ""
