@@ -117,6 +117,7 @@ TEST_CASE("cp documents by cost: head-tail's order without documents, equal rows
         }
       }
       work.push_back(w);
+      CHECK(layout.work(r) == static_cast<int64_t>(w)); // the library's count, the same pairs
     }
     const double mean = std::accumulate(work.begin(), work.end(), 0.0) / static_cast<double>(cp);
     const double worst = *std::max_element(work.begin(), work.end());

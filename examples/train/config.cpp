@@ -86,6 +86,11 @@ const std::vector<Key>& keys() {
        Kind::String,
        {{"allgather", "allgather"}, {"alltoall", "ring"}}},
       {"parallelism.context_parallel_method", "--cp-method", Kind::String},
+      // torchtitan's PTRR (processing-time round robin) is the by-cost layout.
+      {"parallelism.context_parallel_load_balancer",
+       "--cp-balance",
+       Kind::String,
+       {{"headtail", "headtail"}, {"ptrr", "cost"}}},
       {"parallelism.context_parallel_ulysses_degree", "--cp-ulysses-degree", Kind::Int},
       {"parallelism.pipeline_parallel_degree", "--pp", Kind::Int},
       {"parallelism.expert_parallel_degree", "--ep", Kind::Int},

@@ -44,7 +44,6 @@ const std::vector<std::string>& torchtitan_only_keys() {
       "parallelism.pipeline_parallel_schedule_csv",
       "parallelism.pipeline_parallel_microbatch_size",
       "parallelism.pipeline_parallel_expert_parallel_overlap",
-      "parallelism.context_parallel_load_balancer",
       "parallelism.expert_tensor_parallel_degree",
       "parallelism.expert_parallel_comm_backend",
       "checkpoint.enable_ft_dataloader_checkpoints",
@@ -108,7 +107,8 @@ const std::vector<std::string>& torchtitan_only_keys() {
 // local_batch_size 8 when it gives no global_batch_size either (with a global batch and no
 // local one, the global batch runs as one microbatch per data-parallel rank: the gradient is
 // the same; torchtitan would split it into microbatches of 8 rows). model.attn_mask_type is
-// "causal", the default of torchtitan's SDPA flavors (the flag's is documents).
+// "causal", the default of torchtitan's SDPA flavors (the flag's is documents), and
+// context_parallel_load_balancer "headtail" (the flag's is cost).
 // activation_checkpoint.mode "selective" (every 2nd block) is in resolve_keys, with the option
 // that goes with it.
 std::vector<ConfigEntry> torchtitan_file_defaults(const KeyLookup& get) {
@@ -121,6 +121,7 @@ std::vector<ConfigEntry> torchtitan_file_defaults(const KeyLookup& get) {
       {"training.steps", "--steps", "10000"},
       {"metrics.log_freq", "--log-every", "10"},
       {"parallelism.data_parallel_shard_degree", "--dp-shard", "-1"},
+      {"parallelism.context_parallel_load_balancer", "--cp-balance", "headtail"},
   };
   std::vector<ConfigEntry> out;
   for (const ConfigEntry& e : table) {

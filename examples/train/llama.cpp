@@ -141,7 +141,7 @@ struct Loop {
     double sum = 0;
     model->eval();
     for (int64_t k = 0; k < data.validation_batches(); ++k) {
-      auto [x, y] = parts.inputs(data.validation_rows(k));
+      auto [x, y] = parts.inputs(data.validation_rows(k), /*whole=*/true);
       at::Tensor loss = parts.evaluate(x, 1, [&y](const at::Tensor& logits) {
         LossParallel vocab_parallel; // the logits stay vocab-sharded ([Note] in loss.cpp)
         at::Tensor l =
@@ -212,6 +212,9 @@ struct Loop {
   // loss on the steps it is computed (--val-every, and the last).
   nlohmann::json data_metrics(int64_t s) {
     nlohmann::json j{{"batch_digest", global_digest()}};
+    if (f.cp > 1 && !is_simulated()) {
+      j["cp_imbalance"] = parts.cp_imbalance(); // rank 0's cp group
+    }
     if (data.from_files()) {
       j["data_position"] = data.position();
     }

@@ -29,6 +29,7 @@ struct Flags {
   std::string config; // --config: the TOML job file the flags were read from first
   int64_t cp = 1;     // context parallelism: the sequence sharded over cp ranks
   std::string cp_method = "allgather";
+  std::string cp_balance = "cost";
   std::string attn_mask = "documents"; // packed data: attention inside each document
   int64_t cp_ulysses_degree = 0; // hierarchical: the all-to-all groups' ranks
   int64_t pp = 1; // pipeline parallelism: the blocks cut into stages over pp ranks
@@ -139,13 +140,19 @@ inline FlagTable flag_table(Flags& f) {
              "which override it",
              f.config)
       .value("--cp",
-             "context parallelism: each sequence sharded over N ranks (1), head-tail "
-             "balanced; the world is dp_replicate x dp_shard x cp x tp",
+             "context parallelism: each sequence sharded over N ranks (1), balanced by "
+             "--cp-balance; the world is dp_replicate x dp_shard x cp x tp",
              f.cp)
       .value("--cp-method",
              "how attention reaches the other cp ranks' keys: allgather, ring, ulysses (the "
              "heads, after tp, a multiple of cp), hierarchical (docs/context_parallel.md)",
              f.cp_method, {"allgather", "ring", "ulysses", "hierarchical"})
+      .value("--cp-balance",
+             "the rows each cp rank holds: cost (chunks of every row dealt by attention cost "
+             "under the document mask, documents of any length; without documents head-tail's "
+             "order), headtail (chunks r and 2cp-1-r whatever the documents), none (pieces in "
+             "order)",
+             f.cp_balance, {"cost", "headtail", "none"})
       .value("--cp-ulysses-degree",
              "hierarchical: the cp ranks of each all-to-all group (a node's), a divisor of --cp; "
              "the groups ring",
@@ -241,8 +248,7 @@ inline FlagTable flag_table(Flags& f) {
       .value("--beta1", "Adam's beta1 (0.9)", f.beta1)
       .value("--beta2", "Adam's beta2 (0.95, torchtitan's)", f.beta2)
       .value("--eps", "Adam's epsilon (1e-8)", f.eps)
-      .value("--weight-decay", "decoupled (AdamW) or L2 (Adam) weight decay (0.1)",
-             f.weight_decay)
+      .value("--weight-decay", "decoupled (AdamW) or L2 (Adam) weight decay (0.1)", f.weight_decay)
       .value("--warmup-steps", "linear warmup steps of the learning rate, from lr / N (2)",
              f.warmup_steps)
       .value("--lr-total-steps", "the schedule's length (0: --steps)", f.lr_total_steps)
@@ -323,8 +329,7 @@ inline FlagTable flag_table(Flags& f) {
               "the save at the end holds the model only (not resumed from; torchtitan's default)",
               f.last_save_model_only)
       .toggle("--last-save-hf",
-              "the save at the end as a Hugging Face model folder (the model only)",
-              f.last_save_hf)
+              "the save at the end as a Hugging Face model folder (the model only)", f.last_save_hf)
       .value("--export-dtype",
              "the model-only last save's dtype: float32, bfloat16, float16 (float32)",
              f.export_dtype)

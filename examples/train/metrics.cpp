@@ -64,6 +64,7 @@ std::vector<std::pair<std::string, double>> tensorboard_scalars(const nlohmann::
       {"memory_num_alloc_retries", "memory/num_alloc_retries"},
       {"memory_num_ooms", "memory/num_ooms"},
       {"val_loss", "validation_metrics/loss"},
+      {"cp_imbalance", "cp/imbalance"},
   };
   std::vector<std::pair<std::string, double>> out;
   for (const auto& [key, tag] : tags) {

@@ -91,6 +91,9 @@ ModelParts::ModelParts(const Flags& f, const ParallelDims& dims, const DeviceMes
                           ": ", heads, " query heads and ", kv, " key / value heads per tp rank "
                           "must both be multiples of ", degree, " (the all-to-all's ranks)");
     }
+    balance_ = f.cp_balance == "headtail" ? CpBalance::HeadTail
+               : f.cp_balance == "none"   ? CpBalance::None
+                                          : CpBalance::Documents;
     cp_.emplace(ContextParallelOptions().method(method).ulysses_degree(degree));
     cp_->set_layout(cp_layout()); // each step's documents, when split, in use_documents
   }
@@ -178,8 +181,22 @@ void ModelParts::build_pipeline(const FullyShardOptions& fsdp,
 
 // Without --cp a one-rank layout that cuts nothing (any --seq): the whole sequence.
 CpLayout ModelParts::cp_layout() const {
-  return cp_ ? CpLayout(f_.seq, dims_.cp, CpBalance::HeadTail)
-             : CpLayout(f_.seq, 1, CpBalance::None);
+  return cp_ ? CpLayout(f_.seq, dims_.cp, balance_) : CpLayout(f_.seq, 1, CpBalance::None);
+}
+
+// [Note: a layout per microbatch] Under --cp-balance cost the rows a cp rank holds follow the
+// documents: each forward's rows (an accumulation microbatch's, under --pp a pipeline
+// microbatch's) get the layout of their own documents, the balance that counts being each
+// call's (its ranks wait on the busiest), as torchtitan shards each microbatch. inputs()
+// shards the step's rows unit by unit with those layouts, and use_documents() sets the same
+// layout before each unit's forward and backward: the rotary positions and the attention's
+// mask follow it. Head-tail and none do not depend on the documents: one layout for the step.
+CpLayout ModelParts::layout_of(int64_t first, int64_t count) const {
+  std::vector<std::vector<int64_t>> mine;
+  if (!docs_.empty()) {
+    mine.assign(docs_.begin() + first, docs_.begin() + first + count);
+  }
+  return CpLayout(f_.seq, dims_.cp, balance_, std::move(mine));
 }
 
 int64_t ModelParts::local_len() const {
@@ -215,13 +232,12 @@ void ModelParts::use_documents(int64_t first, int64_t count) {
     mine.assign(docs_.begin() + first, docs_.begin() + first + count);
   }
   model_->set_documents(mine);
-  if (cp_) { // head-tail positions do not depend on the documents: the step's sharding holds
-    cp_->set_layout(CpLayout(f_.seq, dims_.cp, CpBalance::HeadTail, mine));
+  if (cp_) {
+    cp_->set_layout(layout_of(first, count));
   }
 }
 
-std::pair<at::Tensor, at::Tensor> ModelParts::inputs(const at::Tensor& rows) {
-  const CpLayout l = cp_layout();
+std::pair<at::Tensor, at::Tensor> ModelParts::inputs(const at::Tensor& rows, bool whole) {
   at::Tensor x = rows.narrow(1, 0, f_.seq).to(device_);
   at::Tensor y = rows.narrow(1, 1, f_.seq).to(device_);
   docs_ = eos_ >= 0 ? documents_of(rows.narrow(1, 0, f_.seq), eos_)
@@ -230,7 +246,27 @@ std::pair<at::Tensor, at::Tensor> ModelParts::inputs(const at::Tensor& rows) {
   if (!cp_) {
     return {x, y};
   }
-  return {cp_shard(x, 1, l, mesh_["cp"]), cp_shard(y, 1, l, mesh_["cp"])};
+  // The rows of each forward: an accumulation microbatch's, a pipeline microbatch's under --pp.
+  const int64_t unit =
+      whole ? x.size(0) : x.size(0) / f_.accumulation / (schedule_ ? pipeline_microbatches(f_) : 1);
+  const DeviceMesh cp_mesh = mesh_["cp"];
+  std::vector<at::Tensor> xs, ys;
+  int64_t busiest = 0, total = 0;
+  for (int64_t first = 0; first < x.size(0); first += unit) {
+    const CpLayout l = layout_of(first, unit); // [Note: a layout per microbatch]
+    xs.push_back(cp_shard(x.narrow(0, first, unit), 1, l, cp_mesh));
+    ys.push_back(cp_shard(y.narrow(0, first, unit), 1, l, cp_mesh));
+    int64_t most = 0;
+    for (int64_t r = 0; r < dims_.cp; ++r) {
+      most = std::max(most, l.work(r));
+      total += l.work(r);
+    }
+    busiest += most;
+  }
+  if (!whole) {
+    imbalance_ = static_cast<double>(busiest * dims_.cp) / static_cast<double>(total);
+  }
+  return {at::cat(xs), at::cat(ys)};
 }
 
 std::string ModelParts::layout() const {
@@ -239,7 +275,7 @@ std::string ModelParts::layout() const {
   s += "dp_replicate=" + std::to_string(dims_.dp_replicate) +
        ", dp_shard=" + std::to_string(dims_.dp_shard) + ", ";
   if (dims_.cp_enabled()) {
-    s += "cp=" + std::to_string(dims_.cp) + " " + f_.cp_method + ", ";
+    s += "cp=" + std::to_string(dims_.cp) + " " + f_.cp_method + " (" + name_of(balance_) + "), ";
   }
   s += "tp=" + std::to_string(dims_.tp);
   if (dims_.ep > 1) {

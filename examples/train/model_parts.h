@@ -52,9 +52,14 @@ class ModelParts {
 
   const std::vector<ModelPart>& parts() const { return parts_; }
   // A step's inputs and targets from this rank's rows of tokens (seq + 1 each): under --cp
-  // its positions of them (head-tail balanced; every rank of a cp group loads the same rows).
+  // its positions of them (--cp-balance; every rank of a cp group loads the same rows).
   // With split_documents, the rows' documents too, for the forwards that follow.
-  std::pair<at::Tensor, at::Tensor> inputs(const at::Tensor& rows);
+  // `whole`: every row under one layout (a forward of them all at once, evaluate's);
+  // otherwise each forward's rows under their own ([Note: a layout per microbatch]).
+  std::pair<at::Tensor, at::Tensor> inputs(const at::Tensor& rows, bool whole = false);
+  // Under --cp, the last inputs' attention work on the busiest cp rank of each forward, summed,
+  // over the mean rank's (1: balanced; CpLayout::work).
+  double cp_imbalance() const { return imbalance_; }
   // --attn-mask documents on packed data: a document ends after each `eos` of a row's inputs
   // (torchtitan's block_causal mask), and attention stays inside documents in every layout
   // ([Note: document masks] in models/llama3/documents.h; with cp, the layout's documents).
@@ -108,6 +113,8 @@ class ModelParts {
   void init_values();
 
   CpLayout cp_layout() const;
+  // The layout of the step's rows [first, first + count), from their documents.
+  CpLayout layout_of(int64_t first, int64_t count) const;
   // The documents of this rank's rows [first, first + count) of the step, on the model and
   // the cp layout, for the forwards that follow.
   void use_documents(int64_t first, int64_t count);
@@ -127,6 +134,8 @@ class ModelParts {
   int64_t eos_ = -1;                        // split_documents
   std::vector<std::vector<int64_t>> docs_;  // this rank's rows' documents, this step
   int64_t docs_first_ = 0, pp_rows_ = 0;    // the accumulation microbatch's rows; pp's
+  CpBalance balance_ = CpBalance::HeadTail; // --cp-balance
+  double imbalance_ = 1.0;                  // cp_imbalance
 };
 
 // Greedy continuation of `prompt` by `n` tokens on a tensor-parallel generator filled from the

@@ -145,7 +145,7 @@ ParallelDims resolve_parallel_dims(Flags& f, int64_t world) {
   if (f.cp > 1 && f.seq % (2 * f.cp * f.mesh[2]) != 0) {
     usage("--seq " + std::to_string(f.seq) +
           " is not a multiple of 2 x cp x tp = " + std::to_string(2 * f.cp * f.mesh[2]) +
-          " (head-tail balancing, then sequence parallelism over tp)");
+          " (2 x cp chunks or more for --cp-balance, then sequence parallelism over tp)");
   }
   resolve_accumulation(f);
   if (f.batch % (f.mesh[0] * f.mesh[1] * f.accumulation * pipeline_microbatches(f)) != 0) {

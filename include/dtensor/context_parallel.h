@@ -91,6 +91,11 @@ class CpLayout {
   CpLayout grouped(int64_t size) const;
   // The same as an int64 tensor of local_len() positions (positions for rotary embeddings).
   at::Tensor positions(int64_t rank) const;
+  // Causal attention's work on `rank`'s rows: the (query, key) pairs its queries attend to under
+  // the document mask (a query sees the keys of its document up to its own position), summed
+  // over the batch rows (one document per row without documents). Its maximum over the ranks
+  // against the mean is what the ranks of a call wait on (the balance).
+  int64_t work(int64_t rank) const;
   std::string describe() const;
 
  private:

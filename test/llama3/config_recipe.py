@@ -20,8 +20,8 @@ usage: config_recipe.py TORCHRUN TRAIN CONFIGS FORTUNES_DIR OUTDIR
   over both ranks, local batch 8, AdamW lr 8e-4 after 2 warmup steps: 4e-4 then 8e-4, AC on
   every 2nd block); the documents and their tokens are those `tokenizers` counts; the loss falls.
 - A job file's omitted keys take torchtitan's defaults (lr 8e-4, warmup 200, no decay ratio,
-  seq_len 2048, local batch 8, FSDP over every rank, every 2nd block checkpointed), shown by the
-  job's start-up line.
+  seq_len 2048, local batch 8, FSDP over the ranks left, head-tail cp balancing, every 2nd
+  block checkpointed), shown by the job's start-up line.
 - FLOPs per token in the metrics equal torchtitan's own formula
   (torchtitan.models.utils.get_dense_model_nparams_and_flops, the venv's torchtitan) on
   PyTorch's Llama 3 of tools/torch_llama3.py with the same shape, for the small default model
@@ -32,7 +32,7 @@ usage: config_recipe.py TORCHRUN TRAIN CONFIGS FORTUNES_DIR OUTDIR
   another seed other ones.
 - Refusals, each naming the file and the key, before anything runs (exit 2): an unknown key
   (with the section's known keys), a value of the wrong type, a value outside the flag's
-  choices, a TOML syntax error (with its line), an unknown `--section.key`, keep_latest_k 1,
+  choices (torchtitan's ones where its key has its own: context_parallel_load_balancer), a TOML syntax error (with its line), an unknown `--section.key`, keep_latest_k 1,
   a selective_ac_option that is neither "op" nor a number, a reduction dtype other than
   float32, a dataset torchtitan does not name (and c4 without its path), a model.name
   this recipe lacks, a capacity factor of 0 for expert parallelism's capacity dispatch,
@@ -300,21 +300,23 @@ def torchtitan_debug_model(torchrun, train, out, fortunes):
 
 
 def file_defaults(torchrun, train, out):
-    """A job file that gives the steps, the sequence and the local batch only (kept small):
-    the rest is torchtitan's, read off the job's start-up line and its learning rates (lr 8e-4
+    """A job file that gives the steps, the sequence, the local batch and cp 2 only (kept
+    small): the rest is torchtitan's (FSDP over the ranks left, head-tail cp balancing), read off the job's start-up line and its learning rates (lr 8e-4
     with a warmup of 200 steps, clamped to the run's 3 steps, and no decay: 8e-4 x 1/3, 2/3, 1;
     the flags' defaults would give 3e-3 x 1/2, then 1, then decay)."""
     path = os.path.join(out, "defaults.toml")
     with open(path, "w") as f:
-        f.write("[training]\nsteps = 3\nseq_len = 32\nlocal_batch_size = 2\n")
+        f.write("[training]\nsteps = 3\nseq_len = 32\nlocal_batch_size = 2\n"
+                "[parallelism]\ncontext_parallel_degree = 2\n")
     metrics = os.path.join(out, "defaults.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
     p = launch(torchrun, train, 2, ["--config", path, "--metrics", metrics,
                                     "--peak-tflops", "0.05"])
     head = next((line for line in p.stdout.splitlines() if line.startswith("dtensor train")), "")
-    wants = ["(dp_replicate=1, dp_shard=2, tp=1)", "dim 256, 6 layers, 16/16 heads",
-             "batch 4 x 32", "AC full on 1 block in 2", "lr 0.0008"]
+    wants = ["(dp_replicate=1, dp_shard=1, cp=2 allgather (head-tail), tp=1)",
+             "dim 256, 6 layers, 16/16 heads", "batch 2 x 32", "AC full on 1 block in 2",
+             "lr 0.0008"]
     rows = [json.loads(line) for line in open(metrics)] if p.returncode == 0 else []
     lrs = [r["lr"] for r in rows]
     want = [8e-4 / 3, 16e-4 / 3, 8e-4]
@@ -423,6 +425,10 @@ def main():
                   ["training.steps: expected an integer, got a string"])
     ok &= refused(train, out, "bad_choice", "[activation_checkpoint]\nmode = \"half\"\n",
                   ["activation_checkpoint.mode", "--ac takes full|selective|none"])
+    ok &= refused(train, out, "load_balancer",
+                  "[parallelism]\ncontext_parallel_load_balancer = \"round\"\n",
+                  ["parallelism.context_parallel_load_balancer: \"round\" is not one of "
+                   "\"headtail\", \"ptrr\""])
     ok &= refused(train, out, "bad_precision", "[training]\nmixed_precision_param = \"fp8\"\n",
                   ["training.mixed_precision_param: \"fp8\" is not one of \"bfloat16\""])
     ok &= refused(train, out, "syntax", "[training]\nsteps = = 3\n", ["syntax.toml:2:"])

@@ -39,8 +39,10 @@ def main():
     print(f"{'ok' if differs else 'FAIL'} the mask matters: causal losses "
           f"{[round(r['loss'], 5) for r in causal]} against {[round(r['loss'], 5) for r in want]}")
     ok = differs
+    runs = {}
     for label, nproc, extra in (
-            ("cp 2 all-gather x tp 2 x dp_shard 2", 8, ["--cp", "2", "--mesh", "1x2x2"]),
+            ("cp 2 all-gather x tp 2 x dp_shard 2, 2 microbatches of 2 rows", 8,
+             ["--cp", "2", "--mesh", "1x2x2", "--local-batch", "2"]),
             ("cp 4 ring x dp_shard 2", 8, ["--cp", "4", "--cp-method", "ring", "--mesh", "1x2x1"]),
             ("cp 2 Ulysses x dp_shard 4", 8, ["--cp", "2", "--cp-method", "ulysses", "--mesh",
                                               "1x4x1"]),
@@ -52,6 +54,17 @@ def main():
              ["--mesh", "2x2x2", "--local-batch", "1"])):
         got = run(nproc, *extra)
         ok = compare(label, got, want) and ok and len(got) == 3
+        runs[label] = got
+    # The rows of the cp 4 ring run, held head-tail: the same values; the busiest rank's
+    # attention work (metrics' cp_imbalance, over the mean rank's) no lower than by cost.
+    label = "cp 4 ring x dp_shard 2, head-tail"
+    got = run(8, "--cp", "4", "--cp-method", "ring", "--mesh", "1x2x1", "--cp-balance", "headtail")
+    ok = compare(label, got, want) and ok and len(got) == 3
+    for a, b in zip(runs["cp 4 ring x dp_shard 2"], got):
+        better = 1.0 <= a["cp_imbalance"] <= b["cp_imbalance"]
+        print(f"{'ok' if better else 'FAIL'} step {a['step']}: the busiest cp rank's work "
+              f"{a['cp_imbalance']:.4f} x the mean by cost, {b['cp_imbalance']:.4f} head-tail")
+        ok = ok and better
     sys.exit(0 if ok else 1)
 
 

@@ -238,6 +238,28 @@ at::Tensor CpLayout::positions(int64_t rank) const {
   return at::cat(parts);
 }
 
+int64_t CpLayout::work(int64_t rank) const {
+  const std::vector<std::vector<int64_t>> rows =
+      documents_.empty() ? std::vector<std::vector<int64_t>>{{seq_len_}} : documents_;
+  int64_t total = 0;
+  for (const auto& row : rows) {
+    std::vector<int64_t> starts{0}; // each document's first position, then the row's end
+    for (int64_t len : row) {
+      starts.push_back(starts.back() + len);
+    }
+    size_t doc = 0;
+    for (const Run& run : runs(rank)) { // runs ascend: the document index only moves forward
+      for (int64_t p = run.start; p < run.start + run.length; ++p) {
+        while (starts[doc + 1] <= p) {
+          ++doc;
+        }
+        total += p - starts[doc] + 1;
+      }
+    }
+  }
+  return total;
+}
+
 std::string CpLayout::describe() const {
   std::string docs;
   if (!documents_.empty()) {
