@@ -9,7 +9,7 @@ kernel), so the judge of each row is the 1-rank plain model: CP must split its w
 repeat it.
 
     python bench/context_parallel.py TORCHRUN build/bench/bench_context_parallel \\
-        --seqs 1024 4096 16384 --rounds 2 [--live-bytes build/bench/liblive_bytes.so]
+        --seqs 1024 4096 16384 --rounds 2 [--steps 3 --warmup 1] [--live-bytes build/bench/liblive_bytes.so]
 
 Each round runs every row once, in order; a row's figures are medians over the rounds.
 Printed per sequence length, markdown:
@@ -103,6 +103,8 @@ def main():
     p.add_argument("--methods", nargs="+", default=["allgather", "ring"],
                    help="cp methods: allgather ring ulysses hierarchical")
     p.add_argument("--ulysses-degree", type=int, default=2)
+    p.add_argument("--steps", type=int, default=3, help="timed steps per run")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps before them")
     p.add_argument("--documents", action="store_true",
                    help="packed documents of mixed lengths under the document mask, balanced "
                         "by cost and by head-tail; the 1-rank row the block engine's")
@@ -125,7 +127,7 @@ def main():
     if a.unbalanced:
         rows.append(("ring", max(a.cps), "none"))
     model += ["--ulysses-degree", str(a.ulysses_degree), "--documents",
-              "1" if a.documents else "0"]
+              "1" if a.documents else "0", "--steps", str(a.steps), "--warmup", str(a.warmup)]
     for seq in a.seqs:
         got = {r: [] for r in rows}
         for _ in range(a.rounds):
