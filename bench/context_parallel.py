@@ -9,7 +9,8 @@ kernel), so the judge of each row is the 1-rank plain model: CP must split its w
 repeat it.
 
     python bench/context_parallel.py TORCHRUN build/bench/bench_context_parallel \\
-        --seqs 1024 4096 16384 --rounds 2 [--steps 3 --warmup 1] [--live-bytes build/bench/liblive_bytes.so]
+        --seqs 1024 4096 16384 --rounds 2 [--steps 3 --warmup 1] \\
+        [--live-bytes build/bench/liblive_bytes.so]
 
 Each round runs every row once, in order; a row's figures are medians over the rounds.
 Printed per sequence length, markdown:

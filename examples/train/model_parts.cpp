@@ -192,11 +192,14 @@ CpLayout ModelParts::cp_layout() const {
 // layout before each unit's forward and backward: the rotary positions and the attention's
 // mask follow it. Head-tail and none do not depend on the documents: one layout for the step.
 CpLayout ModelParts::layout_of(int64_t first, int64_t count) const {
-  std::vector<std::vector<int64_t>> mine;
-  if (!docs_.empty()) {
-    mine.assign(docs_.begin() + first, docs_.begin() + first + count);
+  return CpLayout(f_.seq, dims_.cp, balance_, documents(first, count));
+}
+
+std::vector<std::vector<int64_t>> ModelParts::documents(int64_t first, int64_t count) const {
+  if (docs_.empty()) {
+    return {};
   }
-  return CpLayout(f_.seq, dims_.cp, balance_, std::move(mine));
+  return {docs_.begin() + first, docs_.begin() + first + count};
 }
 
 int64_t ModelParts::local_len() const {
@@ -227,11 +230,7 @@ std::vector<std::vector<int64_t>> documents_of(const at::Tensor& x, int64_t eos)
 } // namespace
 
 void ModelParts::use_documents(int64_t first, int64_t count) {
-  std::vector<std::vector<int64_t>> mine;
-  if (!docs_.empty()) {
-    mine.assign(docs_.begin() + first, docs_.begin() + first + count);
-  }
-  model_->set_documents(mine);
+  model_->set_documents(documents(first, count));
   if (cp_) {
     cp_->set_layout(layout_of(first, count));
   }

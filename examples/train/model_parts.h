@@ -115,6 +115,8 @@ class ModelParts {
   CpLayout cp_layout() const;
   // The layout of the step's rows [first, first + count), from their documents.
   CpLayout layout_of(int64_t first, int64_t count) const;
+  // The documents of the step's rows [first, first + count) (none without split_documents).
+  std::vector<std::vector<int64_t>> documents(int64_t first, int64_t count) const;
   // The documents of this rank's rows [first, first + count) of the step, on the model and
   // the cp layout, for the forwards that follow.
   void use_documents(int64_t first, int64_t count);

@@ -32,8 +32,9 @@ usage: config_recipe.py TORCHRUN TRAIN CONFIGS FORTUNES_DIR OUTDIR
   another seed other ones.
 - Refusals, each naming the file and the key, before anything runs (exit 2): an unknown key
   (with the section's known keys), a value of the wrong type, a value outside the flag's
-  choices (torchtitan's ones where its key has its own: context_parallel_load_balancer), a TOML syntax error (with its line), an unknown `--section.key`, keep_latest_k 1,
-  a selective_ac_option that is neither "op" nor a number, a reduction dtype other than
+  choices (torchtitan's where its key has its own: context_parallel_load_balancer), a TOML
+  syntax error (with its line), an unknown `--section.key`, keep_latest_k 1, a
+  selective_ac_option that is neither "op" nor a number, a reduction dtype other than
   float32, a dataset torchtitan does not name (and c4 without its path), a model.name
   this recipe lacks, a capacity factor of 0 for expert parallelism's capacity dispatch,
   overlapped chunks without capacity dispatch.
