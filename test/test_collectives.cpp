@@ -215,6 +215,47 @@ TEST_CASE("all_gather in every dtype, asynchronous, its input dropped by the cal
   }
 }
 
+// Guards [Note: Gloo's all-gather by point-to-point] (and the two-rank exchange): an
+// all-gather receives straight into the caller's output, where ProcessGroupGloo's own holds a
+// flat temporary of the whole output while in flight; two in flight on one group at once
+// keep apart (each its own tags).
+TEST_CASE("all_gather on CPU ranks holds no temporary of the output's size; two in flight",
+          "[collectives][world2][world4]") {
+  if (device_type() != at::kCPU) {
+    WARN("host memory is counted on CPU ranks only: not checked on " << device_type());
+    return;
+  }
+  dtensor::count_host_memory();
+  for (const auto& g : groups_under_test()) {
+    const int64_t n = g.size();
+    if (n < 2) {
+      continue; // nothing moves
+    }
+    INFO(g.to_string());
+    const int64_t rows = 4096; // 1 MiB of fp32 per rank
+    at::Tensor a = at::full({rows, 64}, static_cast<double>(g.rank() + 1), options());
+    at::Tensor b = a * 10;
+    at::Tensor out_a = at::empty({rows * n, 64}, options()), out_b = at::empty_like(out_a);
+    dtensor::reset_peak_host_memory();
+    const int64_t before = dtensor::host_memory_stats().live_bytes;
+    const auto async = dtensor::CollectiveOptions().async_op(true);
+    auto wa = dtensor::all_gather_into_tensor(out_a, a, g, async);
+    auto wb = dtensor::all_gather_into_tensor(out_b, b, g, async);
+    wb.wait();
+    wa.wait();
+    const int64_t extra = dtensor::host_memory_stats().max_live_bytes - before;
+    INFO("bytes allocated beyond the outputs while in flight: " << extra);
+    CHECK(extra < static_cast<int64_t>(out_a.nbytes()) / 8);
+    std::vector<at::Tensor> want_a, want_b;
+    for (int64_t r = 0; r < n; ++r) {
+      want_a.push_back(at::full({rows, 64}, static_cast<double>(r + 1), options()));
+      want_b.push_back(want_a.back() * 10);
+    }
+    CHECK(same(out_a, at::cat(want_a)));
+    CHECK(same(out_b, at::cat(want_b)));
+  }
+}
+
 TEST_CASE("all_to_all_single with equal and uneven splits", "[collectives][world1][world2][world4]") {
   for (const auto& g : groups_under_test()) {
     INFO(g.to_string());

@@ -2,6 +2,7 @@
 // built as c10d's ProcessGroupWrapper is: every other call goes to the wrapped backend. The
 // collective choke point (collectives.cpp) stays generic: it calls the c10d::Backend API and
 // never asks which backend it talks to.
+#include <atomic>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -47,6 +48,61 @@ namespace {
 //    input's size); the finish adds the two, in rank order (the same sum either way: a + b ==
 //    b + a in floating point).
 // Wire bytes and CommDebugMode's records are those of the collective named.
+//
+// [Note: Gloo's all-gather by point-to-point]
+// Over more ranks ProcessGroupGloo's allgather still receives into a flat temporary of the
+// whole output and copies it out: while a prefetched all-gather is in flight, one more
+// output's size is alive (the MoE benchmark's peak held one). Here each rank sends its rows
+// to every peer and receives each peer's rows straight into their place in the output
+// (ProcessGroupGloo's send / recv read and write the callers' memory): the same bytes on the
+// wire ((n - 1) x the input, as the ring), no temporary, no copy, all transfers posted at
+// once. Point-to-point messages match by (peer, tag), so every all-gather of the group takes
+// the next tag of its own range ([kAllGatherTag, + 0x10000), a counter per group: collectives
+// are issued in the same order on every rank of a group); dtensor's other point-to-point
+// tags (the ring's, the pipeline's) lie outside it.
+
+constexpr int kAllGatherTag = 0x61670000;
+
+// Several transfers as one Work: done when every one is.
+class AllOfWork : public c10d::Work {
+ public:
+  AllOfWork(std::vector<c10::intrusive_ptr<c10d::Work>> works, c10d::OpType type)
+      : c10d::Work(-1, type), works_(std::move(works)) {}
+  bool isCompleted() override {
+    for (auto& w : works_) {
+      if (!w->isCompleted()) {
+        return false;
+      }
+    }
+    return true;
+  }
+  bool isSuccess() const override {
+    for (const auto& w : works_) {
+      if (!w->isSuccess()) {
+        return false;
+      }
+    }
+    return true;
+  }
+  std::exception_ptr exception() const override {
+    for (const auto& w : works_) {
+      if (std::exception_ptr e = w->exception()) {
+        return e;
+      }
+    }
+    return nullptr;
+  }
+  bool wait(std::chrono::milliseconds timeout) override {
+    bool done = true;
+    for (auto& w : works_) {
+      done = w->wait(timeout) && done;
+    }
+    return done;
+  }
+
+ private:
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+};
 
 // A collective whose result needs a last local step once the transfer is done: `finish` runs
 // once, in the first wait(), after the wrapped Work's.
@@ -83,8 +139,11 @@ class GlooFastPaths : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& out, at::Tensor& in,
                                                  const c10d::AllgatherOptions& opts) override {
-    if (size_ != 2 || in.numel() == 0) {
+    if (in.numel() == 0) {
       return gloo_->_allgather_base(out, in, opts);
+    }
+    if (size_ > 2) {
+      return all_gather_point_to_point(out, in);
     }
     const int64_t rows = in.size(0);
     out.narrow(0, rank_ * rows, rows).copy_(in);
@@ -196,6 +255,22 @@ class GlooFastPaths : public c10d::Backend {
     return gloo_->alltoall_base(receive, send, out_splits, in_splits, c10d::AllToAllOptions());
   }
 
+  // [Note: Gloo's all-gather by point-to-point]
+  c10::intrusive_ptr<c10d::Work> all_gather_point_to_point(at::Tensor& out, at::Tensor& in) {
+    const int64_t rows = in.size(0);
+    const int tag = kAllGatherTag + static_cast<int>(all_gathers_++ % 0x10000);
+    out.narrow(0, rank_ * rows, rows).copy_(in);
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (int step = 1; step < size_; ++step) { // each rank starts with its next peer
+      const int to = (rank_ + step) % size_, from = (rank_ - step + size_) % size_;
+      std::vector<at::Tensor> receive{out.narrow(0, from * rows, rows)};
+      works.push_back(gloo_->recv(receive, from, tag));
+      std::vector<at::Tensor> send{in};
+      works.push_back(gloo_->send(send, to, tag));
+    }
+    return c10::make_intrusive<AllOfWork>(std::move(works), c10d::OpType::_ALLGATHER_BASE);
+  }
+
   c10::intrusive_ptr<c10d::Work> reduce_scatter_with_peer(const at::Tensor& out,
                                                           const at::Tensor& in) {
     const int64_t me = rank_;
@@ -230,6 +305,7 @@ class GlooFastPaths : public c10d::Backend {
   }
 
   c10::intrusive_ptr<c10d::Backend> gloo_;
+  std::atomic<uint64_t> all_gathers_{0}; // [Note: Gloo's all-gather by point-to-point]
 };
 
 } // namespace
