@@ -142,8 +142,9 @@ class GlooFastPaths : public c10d::Backend {
     if (in.numel() == 0) {
       return gloo_->_allgather_base(out, in, opts);
     }
-    if (size_ > 2) {
-      return all_gather_point_to_point(out, in);
+    if (size_ > 2) { // Gloo's point-to-point moves CPU memory
+      return in.is_cpu() && out.is_cpu() ? all_gather_point_to_point(out, in)
+                                         : gloo_->_allgather_base(out, in, opts);
     }
     const int64_t rows = in.size(0);
     out.narrow(0, rank_ * rows, rows).copy_(in);
