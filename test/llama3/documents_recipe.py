@@ -6,11 +6,14 @@ The recipe trains 3 steps in fp32 on Debian's fortunes (each fortune a document,
 rows of 64 tokens with bos / eos: rows hold several documents). With --attn-mask documents (the
 default) a token attends only inside its document (torchtitan's block_causal; the model's mask
 is judged against each document run alone in test_llama3). On 8 ranks, every context-parallel
-method (all-gather on cp 2 x tp 2 x dp_shard 2, ring on cp 4 x dp_shard 2, Ulysses on cp 2 x
-dp_shard 4, hierarchical on cp 4 with all-to-all pairs x dp_shard 2), pipeline stages with cp
-(pp 2 x cp 2 x dp_shard 2, 1F1B: each pipeline microbatch's documents) and gradient
-accumulation (2 x 2 x 2, two microbatches of a row): every step's loss and gradient norm
-equal the 1-rank run's within 2e-4 (relative). The 1-rank run with --attn-mask causal differs
+method under the by-cost layout (--cp-balance cost, each forward's rows sharded by their own
+documents: all-gather on cp 2 x tp 2 x dp_shard 2 with two accumulation microbatches, ring on
+cp 4 x dp_shard 2, Ulysses on cp 2 x dp_shard 4, hierarchical on cp 4 with all-to-all pairs x
+dp_shard 2), pipeline stages with cp (pp 2 x cp 2 x dp_shard 2, 1F1B: each pipeline
+microbatch's documents and layout), gradient accumulation (2 x 2 x 2, two microbatches of a
+row) and the ring on cp 4 head-tail: every step's loss and gradient norm equal the 1-rank
+run's within 2e-4 (relative); the by-cost layout's cp_imbalance (the busiest rank's attention
+work over the mean's) is never above head-tail's on the same rows. The 1-rank run with --attn-mask causal differs
 from it (the rows do hold several documents).
 """
 import os
