@@ -257,8 +257,9 @@ std::pair<at::Tensor, at::Tensor> ModelParts::inputs(const at::Tensor& rows, boo
     ys.push_back(cp_shard(y.narrow(0, first, unit), 1, l, cp_mesh));
     int64_t most = 0;
     for (int64_t r = 0; r < dims_.cp; ++r) {
-      most = std::max(most, l.work(r));
-      total += l.work(r);
+      const int64_t w = l.work(r);
+      most = std::max(most, w);
+      total += w;
     }
     busiest += most;
   }
