@@ -256,6 +256,53 @@ TEST_CASE("all_gather on CPU ranks holds no temporary of the output's size; two 
   }
 }
 
+// Guards [Note: Gloo's reduce-scatter as an all-to-all] (and the two-rank exchange): the
+// chunks go from the caller's input, the first peer's lands in the output, and only the other
+// n - 2 peers' chunks take a buffer, where gloo::alltoall received the whole input's size; two
+// in flight on one group at once keep apart (each its own tags) and sum in rank order.
+TEST_CASE("reduce_scatter on CPU ranks buffers n - 2 chunks; two in flight",
+          "[collectives][world2][world4]") {
+  if (device_type() != at::kCPU) {
+    WARN("host memory is counted on CPU ranks only: not checked on " << device_type());
+    return;
+  }
+  dtensor::count_host_memory();
+  for (const auto& g : groups_under_test()) {
+    const int64_t n = g.size();
+    if (n < 2) {
+      continue; // nothing moves
+    }
+    INFO(g.to_string());
+    const int64_t rows = 4096; // 1 MiB of fp32 per output chunk
+    auto input_of = [&](int64_t r) {
+      return at::arange(rows * n * 64, options())
+          .remainder(1000)
+          .add_(1)
+          .mul_(r + 1)
+          .view({rows * n, 64});
+    };
+    at::Tensor a = input_of(g.rank()), b = a * 10;
+    at::Tensor out_a = at::empty({rows, 64}, options()), out_b = at::empty_like(out_a);
+    dtensor::reset_peak_host_memory();
+    const int64_t before = dtensor::host_memory_stats().live_bytes;
+    const auto async = dtensor::CollectiveOptions().async_op(true);
+    auto wa = dtensor::reduce_scatter_tensor_into(out_a, a, ReduceOp::Sum, g, async);
+    auto wb = dtensor::reduce_scatter_tensor_into(out_b, b, ReduceOp::Sum, g, async);
+    wb.wait();
+    wa.wait();
+    const int64_t extra = dtensor::host_memory_stats().max_live_bytes - before;
+    const int64_t chunk = static_cast<int64_t>(out_a.nbytes());
+    INFO("bytes allocated beyond the outputs while in flight: " << extra);
+    CHECK(extra < 2 * (n - 2) * chunk + chunk / 8);
+    at::Tensor want = input_of(0).chunk(n)[g.rank()].clone();
+    for (int64_t r = 1; r < n; ++r) {
+      want.add_(input_of(r).chunk(n)[g.rank()]);
+    }
+    CHECK(same(out_a, want));
+    CHECK(same(out_b, want * 10));
+  }
+}
+
 TEST_CASE("all_to_all_single with equal and uneven splits", "[collectives][world1][world2][world4]") {
   for (const auto& g : groups_under_test()) {
     INFO(g.to_string());

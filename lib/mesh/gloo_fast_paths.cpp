@@ -24,11 +24,18 @@ namespace {
 // sum of the n chunks received is the rank's shard: half the traffic and no clone, which on
 // loopback TCP measured 1.5-2.4x faster (2 and 4 ranks, 3 and 12 MiB; bench/reduce_scatter,
 // docs/benchmarks.md).
-// The sum runs when the collective is waited on, over the chunks in rank order, so every rank
-// adds in the same order. SUM only (an average is a SUM divided afterwards by the choke point,
-// [Note: emulated average] in collectives.cpp); other ops keep Gloo's reduce-scatter.
+// The all-to-all is made of point-to-point transfers (ProcessGroupGloo's send / recv read and
+// write the callers' memory), all posted at issue, so that nothing is received that is not
+// needed: each chunk goes from the input itself, this rank's own chunk never moves, and the
+// first peer's chunk lands in the output. Only the other n - 2 peers' chunks need a buffer
+// (gloo::alltoall would receive the whole input's size). The tags are the all-gather's
+// scheme ([Note: Gloo's all-gather by point-to-point]) over a range of their own.
+// The sum runs when the collective is waited on: the chunks one add at a time in rank order,
+// so every rank adds in the same order (and the result is a function of the inputs alone).
+// SUM only (an average is a SUM divided afterwards by the choke point, [Note: emulated
+// average] in collectives.cpp); other ops keep Gloo's reduce-scatter.
 // CommDebugMode still records one reduce-scatter (the choke point records what it asked for).
-// Gloo reads the input until the all-to-all completes: the Work holds it until then.
+// Gloo reads the input until the sends complete: the Work holds it until then.
 // Two ranks exchange only the peer's chunk ([Note: two Gloo ranks by split sizes]).
 // Under TORCH_DISTRIBUTED_DEBUG=DETAIL no group is decorated: c10d's wrapper compares every
 // rank's shapes before a reduce-scatter or an all-gather, never before an all-to-all (uneven
@@ -43,10 +50,9 @@ namespace {
 //    rows arrive in theirs. ProcessGroupGloo's allgather receives into a flat temporary of
 //    the whole output and copies it out: one output's size of memory while in flight (a
 //    prefetch, [Note: overlap] in lib/parallel/fsdp/fsdp_state.cpp) and a copy, both gone.
-//  - reduce-scatter: the peer's chunk is sent, the peer's half of this rank's shard received
-//    into a buffer of the output's size (half the input, where the n-rank path receives the
-//    input's size); the finish adds the two, in rank order (the same sum either way: a + b ==
-//    b + a in floating point).
+//  - reduce-scatter: the peer's chunk is sent and the peer's half of this rank's shard is
+//    received into the output itself; the finish adds this rank's half to it (the sum of the
+//    rank order: a + b == b + a in floating point).
 // Wire bytes and CommDebugMode's records are those of the collective named.
 //
 // [Note: Gloo's all-gather by point-to-point]
@@ -62,6 +68,7 @@ namespace {
 // tags (the ring's, the pipeline's) lie outside it.
 
 constexpr int kAllGatherTag = 0x61670000;
+constexpr int kReduceScatterTag = 0x72730000; // [Note: Gloo's reduce-scatter as an all-to-all]
 
 // Several transfers as one Work: done when every one is.
 class AllOfWork : public c10d::Work {
@@ -158,8 +165,11 @@ class GlooFastPaths : public c10d::Backend {
     if (opts.reduceOp != c10d::ReduceOp::SUM) {
       return gloo_->_reduce_scatter_base(out, in, opts);
     }
-    return size_ == 2 && in.numel() > 0 ? reduce_scatter_with_peer(out, in)
-                                        : reduce_scatter_by_all_to_all(out, in);
+    if (in.numel() == 0 || !in.is_cpu() || !out.is_cpu() || !in.is_contiguous() ||
+        !out.is_contiguous()) { // Gloo's point-to-point moves contiguous CPU memory
+      return reduce_scatter_by_all_to_all(out, in);
+    }
+    return size_ == 2 ? reduce_scatter_with_peer(out, in) : reduce_scatter_point_to_point(out, in);
   }
 
   // The rest as the wrapped backend does it.
@@ -277,16 +287,48 @@ class GlooFastPaths : public c10d::Backend {
     const int64_t me = rank_;
     const int64_t rows = out.size(0);
     at::Tensor send = in.narrow(0, (1 - me) * rows, rows);
-    at::Tensor received = at::empty_like(out);
+    at::Tensor received = out; // the peer's half arrives in the output
     auto work = exchange_with_peer(received, send);
-    auto finish = [shard = out, mine = in.narrow(0, me * rows, rows), received, me]() mutable {
-      if (me == 0) {
-        at::add_out(shard, mine, received);
-      } else {
-        at::add_out(shard, received, mine);
-      }
+    auto finish = [shard = out, mine = in.narrow(0, me * rows, rows)]() mutable {
+      at::add_out(shard, shard, mine);
     };
     return c10::make_intrusive<FinishingWork>(std::move(work), std::move(finish),
+                                              c10d::OpType::_REDUCE_SCATTER_BASE);
+  }
+
+  // [Note: Gloo's reduce-scatter as an all-to-all]
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_point_to_point(const at::Tensor& out,
+                                                               const at::Tensor& in) {
+    const int n = size_, me = rank_;
+    const int tag = kReduceScatterTag + static_cast<int>(reduce_scatters_++ % 0x10000);
+    at::Tensor flat = out.view({-1});
+    std::vector<at::Tensor> chunks = in.view({n, -1}).unbind(0);
+    const int first = me == 0 ? 1 : 0; // the first peer in rank order: into the output
+    at::Tensor buffers = at::empty({n - 2, flat.numel()}, flat.options());
+    std::vector<at::Tensor> received(static_cast<size_t>(n));
+    received[static_cast<size_t>(me)] = chunks[static_cast<size_t>(me)];
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    int64_t slot = 0;
+    for (int step = 1; step < n; ++step) { // each rank starts with its next peer
+      const int to = (me + step) % n, from = (me - step + n) % n;
+      std::vector<at::Tensor> send{chunks[static_cast<size_t>(to)]};
+      works.push_back(gloo_->send(send, to, tag));
+      at::Tensor into = from == first ? flat : buffers[slot++];
+      received[static_cast<size_t>(from)] = into;
+      std::vector<at::Tensor> receive{into};
+      works.push_back(gloo_->recv(receive, from, tag));
+    }
+    auto all = c10::make_intrusive<AllOfWork>(std::move(works), c10d::OpType::_REDUCE_SCATTER_BASE);
+    auto finish = [flat, received = std::move(received), first]() mutable {
+      // flat holds chunk `first`; the rest are added one at a time in rank order
+      if (first == 1) {
+        at::add_out(flat, received[0], flat);
+      }
+      for (size_t r = static_cast<size_t>(first) + 1; r < received.size(); ++r) {
+        at::add_out(flat, flat, received[r]);
+      }
+    };
+    return c10::make_intrusive<FinishingWork>(std::move(all), std::move(finish),
                                               c10d::OpType::_REDUCE_SCATTER_BASE);
   }
 
@@ -307,6 +349,7 @@ class GlooFastPaths : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Backend> gloo_;
   std::atomic<uint64_t> all_gathers_{0}; // [Note: Gloo's all-gather by point-to-point]
+  std::atomic<uint64_t> reduce_scatters_{0}; // [Note: Gloo's reduce-scatter as an all-to-all]
 };
 
 } // namespace
