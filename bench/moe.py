@@ -40,6 +40,10 @@ import time
 from bench_util import live_bytes  # bench/bench_util.py (this script's folder)
 
 
+# The matrix-product kernels (torch._grouped_mm on CPU loops over aten::mm per group).
+PRODUCTS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::_grouped_mm"}
+
+
 def worker(a):
     import torch
     import torch.distributed as dist
@@ -151,18 +155,29 @@ def worker(a):
         reset_live()
     waited[0] = 0.0
     ms = []
+    profiler = None
+    if a.products:  # the products' own time: self CPU time of the matrix-product kernels
+        profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        profiler.__enter__()
     for _ in range(a.steps):
         dist.barrier()
         t0 = time.perf_counter()
         step()
         ms.append((time.perf_counter() - t0) * 1e3)
+    products_ms = -1.0
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+        products_ms = sum(e.self_cpu_time_total for e in profiler.key_averages()
+                          if e.key in PRODUCTS) / 1e3 / a.steps
     figures = torch.tensor([live_peak() / 1e6 if live_peak else -1.0,
-                            waited[0] * 1e6 / (a.steps * a.layers)], dtype=torch.float64)
+                            waited[0] * 1e6 / (a.steps * a.layers), products_ms],
+                           dtype=torch.float64)
     dist.all_reduce(figures, op=dist.ReduceOp.MAX)
     if rank == 0:
         print("RESULT " + json.dumps({"ms": statistics.median(ms), "step_ms": ms,
                                       "live_peak_mb": float(figures[0]),
-                                      "wait_us": float(figures[1])}), flush=True)
+                                      "wait_us": float(figures[1]),
+                                      "products_ms": float(figures[2])}), flush=True)
     dist.destroy_process_group()
 
 
@@ -247,6 +262,27 @@ def dispatch_driver(a):
               + " | ".join(ratios) + " | " + " | ".join(kb) + " |", flush=True)
 
 
+def products_driver(a):
+    """--products: how much of PyTorch's step its matrix products take (self CPU time of the
+    product kernels, profiled in a separate run, the largest rank's), beside both sides'
+    unprofiled steps. Both sides run the same products on the same shapes (the same model,
+    the same rows per rank, the same aten kernels), so products / PyTorch step is the lowest
+    dtensor / PyTorch ratio that runtime overhead alone can reach."""
+    cols = ["ranks", "ep", "PyTorch ms", "dtensor ms", "dtensor / PyTorch",
+            "PyTorch products ms (profiled)", "products / PyTorch step"]
+    for ranks, ep, theirs, mine in layouts(a, cols):
+        t, d, prod = [], [], []
+        for _ in range(a.rounds):
+            t.append(run(theirs))
+            d.append(run(mine))
+            prod.append(run(theirs + ["--products"]))
+        ratio = statistics.median(x["ms"] / y["ms"] for x, y in zip(d, t))
+        floor = statistics.median(p["products_ms"] / y["ms"] for p, y in zip(prod, t))
+        print(f"| {ranks} | {ep} | {fmt([r['ms'] for r in t])} | {fmt([r['ms'] for r in d])} "
+              f"| {ratio:.2f}x | {fmt([r['products_ms'] for r in prod])} | {floor:.2f} |",
+              flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("torchrun", nargs="?")
@@ -266,11 +302,15 @@ def main():
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--products", action="store_true",
+                   help="how much of PyTorch's step its matrix products take")
     a = p.parse_args()
     if a.worker:
         worker(a)
     elif a.dispatch:
         dispatch_driver(a)
+    elif a.products:
+        products_driver(a)
     else:
         driver(a)
 
