@@ -164,20 +164,24 @@ def worker(a):
         t0 = time.perf_counter()
         step()
         ms.append((time.perf_counter() - t0) * 1e3)
-    products_ms = -1.0
+    products_ms, aten_ms = -1.0, -1.0
     if profiler is not None:
         profiler.__exit__(None, None, None)
-        products_ms = sum(e.self_cpu_time_total for e in profiler.key_averages()
+        events = profiler.key_averages()
+        products_ms = sum(e.self_cpu_time_total for e in events
                           if e.key in PRODUCTS) / 1e3 / a.steps
+        aten_ms = sum(e.self_cpu_time_total for e in events
+                      if e.key.startswith("aten::")) / 1e3 / a.steps
     figures = torch.tensor([live_peak() / 1e6 if live_peak else -1.0,
-                            waited[0] * 1e6 / (a.steps * a.layers), products_ms],
+                            waited[0] * 1e6 / (a.steps * a.layers), products_ms, aten_ms],
                            dtype=torch.float64)
     dist.all_reduce(figures, op=dist.ReduceOp.MAX)
     if rank == 0:
         print("RESULT " + json.dumps({"ms": statistics.median(ms), "step_ms": ms,
                                       "live_peak_mb": float(figures[0]),
                                       "wait_us": float(figures[1]),
-                                      "products_ms": float(figures[2])}), flush=True)
+                                      "products_ms": float(figures[2]),
+                                      "aten_ms": float(figures[3])}), flush=True)
     dist.destroy_process_group()
 
 
@@ -263,24 +267,28 @@ def dispatch_driver(a):
 
 
 def products_driver(a):
-    """--products: how much of PyTorch's step its matrix products take (self CPU time of the
-    product kernels, profiled in a separate run, the largest rank's), beside both sides'
-    unprofiled steps. Both sides run the same products on the same shapes (the same model,
-    the same rows per rank, the same aten kernels), so products / PyTorch step is the lowest
-    dtensor / PyTorch ratio that runtime overhead alone can reach."""
+    """--products: how much of PyTorch's step its kernels take, from a separate profiled run
+    (self CPU time, the largest rank's): the matrix products, and every aten op (the products,
+    the elementwise kernels, the copies, each with its own dispatch), beside both sides'
+    unprofiled steps. Both sides run the same kernels on the same shapes (the same model, the
+    same rows per rank, the same aten kernels), so each figure over PyTorch's step bounds the
+    dtensor / PyTorch ratio that a runtime can reach with no overhead and no communication."""
     cols = ["ranks", "ep", "PyTorch ms", "dtensor ms", "dtensor / PyTorch",
-            "PyTorch products ms (profiled)", "products / PyTorch step"]
+            "PyTorch products ms", "products / PyTorch step", "PyTorch aten ops ms",
+            "aten ops / PyTorch step"]
     for ranks, ep, theirs, mine in layouts(a, cols):
-        t, d, prod = [], [], []
+        t, d, prof = [], [], []
         for _ in range(a.rounds):
             t.append(run(theirs))
             d.append(run(mine))
-            prod.append(run(theirs + ["--products"]))
+            prof.append(run(theirs + ["--products"]))
         ratio = statistics.median(x["ms"] / y["ms"] for x, y in zip(d, t))
-        floor = statistics.median(p["products_ms"] / y["ms"] for p, y in zip(prod, t))
+        share = {k: statistics.median(p[k] / y["ms"] for p, y in zip(prof, t))
+                 for k in ("products_ms", "aten_ms")}
         print(f"| {ranks} | {ep} | {fmt([r['ms'] for r in t])} | {fmt([r['ms'] for r in d])} "
-              f"| {ratio:.2f}x | {fmt([r['products_ms'] for r in prod])} | {floor:.2f} |",
-              flush=True)
+              f"| {ratio:.2f}x | {fmt([r['products_ms'] for r in prof])} "
+              f"| {share['products_ms']:.2f} | {fmt([r['aten_ms'] for r in prof])} "
+              f"| {share['aten_ms']:.2f} |", flush=True)
 
 
 def main():
