@@ -284,4 +284,46 @@ TEST_CASE("time model: a timeline of issue points, a stream per group, full-dupl
   // Two asynchronous all-gathers of 0.75 s each in one group queue on its stream: 1.5 s.
   CHECK(off({record(CollectiveKind::AllGather, 1'500'000'000, true, 0),
               record(CollectiveKind::AllGather, 1'500'000'000, true, 0)}, 1.5) < 1e-9);
+  // Waits recorded ([Note: waits on the timeline]): the 0.5 s all-gather waited for at 0.25 s
+  // stalls compute until 0.5 s, then 0.75 s of compute remain: 1.25 s. Waited at 0.75 s it
+  // hides: 1 s.
+  auto waited = record(CollectiveKind::AllGather, 1'000'000'000, true, 0);
+  waited.waited_at = 250'000'000'000;
+  CHECK(off({waited}, 1.25) < 1e-9);
+  waited.waited_at = 750'000'000'000;
+  CHECK(off({waited}, 1.0) < 1e-9);
+  // The next of its kind does not wait for one whose wait is recorded: two 0.5 s all-gathers
+  // issued at 0 s and 0.1 s queue on the stream (done at 0.5 s and 1 s); both waited at
+  // 0.9 s, compute stalls there until 1 s and has 0.1 s left: 1.1 s (waiting for the first
+  // at 0.1 s, as without waits, would give 1.4 s).
+  auto second = record(CollectiveKind::AllGather, 1'000'000'000, true, 100'000'000'000);
+  waited.waited_at = -1;
+  CHECK(off({waited, second}, 1.4) < 1e-9);
+  waited.waited_at = second.waited_at = 900'000'000'000;
+  CHECK(off({waited, second}, 1.1) < 1e-9);
+}
+
+// Guards [Note: waits on the timeline]: an asynchronous collective's record carries the work
+// done on its thread when it was waited for; a synchronous one, and one waited after its
+// phase, carry none.
+TEST_CASE("a recorded asynchronous collective is stamped with its wait", "[world2]") {
+  const dtensor::Group group = cp_mesh_of_world().get_group();
+  const auto async = dtensor::CollectiveOptions().async_op(true);
+  at::Tensor a = at::ones({8, 8}), b = at::ones({8, 4}), t = at::ones({4});
+  dtensor::StepRecorder rec;
+  rec.phase("p");
+  at::Tensor first = at::mm(a, b); // 512 FLOPs before the issue
+  auto work = dtensor::all_reduce_(t, dtensor::ReduceOp::Sum, group, async);
+  at::Tensor second = at::mm(a, b).mm(b.t()); // 512 + 512 more before the wait
+  work.wait();
+  dtensor::all_reduce_(t, dtensor::ReduceOp::Sum, group); // synchronous
+  auto late = dtensor::all_reduce_(t, dtensor::ReduceOp::Sum, group, async);
+  const dtensor::RankReport r = rec.finish({}, nullptr);
+  late.wait(); // after the phase
+  const auto& cs = r.phases.at(0).collectives;
+  REQUIRE(cs.size() == 3);
+  CHECK(cs[0].issued_at == 512);
+  CHECK(cs[0].waited_at == 512 + 1024);
+  CHECK(cs[1].waited_at == -1);
+  CHECK(cs[2].waited_at == -1);
 }

@@ -33,6 +33,11 @@ struct CollectiveRecord {
   // counted in its phase by then (0 outside one). The time model's overlap windows ([Note:
   // the time model] in dtensor/simulate.h).
   int64_t issued_at = 0;
+  // Where, in the same count, the issuing thread waited for an asynchronous collective, when
+  // the wait came while this record's CommDebugMode still recorded (a StepRecorder's phase);
+  // -1 otherwise: synchronous, waited after the phase, or never waited before being read
+  // ([Note: waits on the timeline] in lib/mesh/comm_debug_mode.cpp).
+  int64_t waited_at = -1;
 };
 
 // [Note: CommDebugMode]

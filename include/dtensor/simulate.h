@@ -117,9 +117,9 @@ std::vector<int> ranks_to_simulate(const std::vector<int64_t>& mesh_shape, int64
 // time). Overlap as the schedule issues it, on a timeline: compute runs from one collective's
 // issue point (CollectiveRecord::issued_at) to the next; each group's collectives queue on
 // its own stream (NCCL's stream per process group); a synchronous collective stalls compute
-// until it is done; an asynchronous one runs beside compute until the next collective of its
-// kind in its group is issued, where compute waits for it (fully_shard's prefetched
-// all-gather waits at the next prefetch, a ring step's transfer at the next step's), or
+// until it is done; an asynchronous one runs beside compute until its wait
+// (CollectiveRecord::waited_at, where the recorder saw Work::wait), or, without one, until
+// the next collective of its kind in its group is issued, where compute waits for it, or
 // until the phase ends.
 // Defaults: an H100 SXM node of 8 with NVLink and 400 Gb/s per GPU across nodes.
 struct TimeModelOptions {

@@ -106,6 +106,11 @@ template <typename Issue>
 Work run(const std::string& what, const Group& group, const CollectiveOptions& options,
          Issue&& issue, std::function<void()> finish = {}) {
   const int64_t id = detail::flight_issued(what, group);
+  // [Note: waits on the timeline]: the records report() just made, stamped at the wait.
+  std::vector<detail::RecordMark> marks = detail::take_record_marks();
+  if (!options.async_op()) {
+    marks.clear();
+  }
   // Named in profiler traces ("dtensor::all_reduce", over the wait of a blocking call); the
   // name is built only while a profiler records. It outlives the scope that refers to it.
   std::string scope_name;
@@ -132,7 +137,8 @@ Work run(const std::string& what, const Group& group, const CollectiveOptions& o
     DTENSOR_FAIL("{}", message);
   }
   // Completion is recorded when the Work is waited on (a failure: in Work::wait).
-  auto done = [id, finish = std::move(finish)] {
+  auto done = [id, finish = std::move(finish), marks = std::move(marks)] {
+    detail::record_wait(marks);
     detail::flight_completed(id);
     if (finish) {
       finish();

@@ -2,6 +2,7 @@
 
 // The choke point's side of CommDebugMode (include/dtensor/comm_debug_mode.h), and the hooks
 // the layers above report modules and DTensor operations through: not for users.
+#include <memory>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -20,6 +21,16 @@ void record_collective(const CollectiveRecord& rec);
 // while it counts, nullptr clears it).
 using IssueStamp = int64_t (*)();
 void set_issue_stamp(IssueStamp stamp);
+// [Note: waits on the timeline] The records the last record_collective on this thread added
+// (one per active CommDebugMode), taken by the choke point for an asynchronous collective,
+// and stamped with the issue stamp when its Work is waited on.
+struct RecordMark {
+  std::weak_ptr<CommDebugMode::Log> log;
+  size_t index = 0;
+  int64_t issued_at = 0;
+};
+std::vector<RecordMark> take_record_marks();
+void record_wait(const std::vector<RecordMark>& marks);
 
 // --- [Note: module attribution] -----------------------------------------------------------
 // A module's forward begins (the attribution hooks of the module seam): its name as PyTorch prints

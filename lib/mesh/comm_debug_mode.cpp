@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <utility>
 
 #include <c10/util/ThreadLocalDebugInfo.h>
 
@@ -106,7 +107,17 @@ std::atomic<IssueStamp> issue_stamp{nullptr};
 
 void set_issue_stamp(IssueStamp stamp) { issue_stamp.store(stamp); }
 
+// [Note: waits on the timeline]
+// The time model overlaps an asynchronous collective with the compute between its issue and
+// its wait. The choke point takes the marks of the records it just made (thread-local: the
+// issuing thread's own, taken before it returns) and stamps them in Work::wait, on the
+// waiting thread, only while that thread still records into the same log (a wait after the
+// StepRecorder's phase ended is the phase's end, where the model waits for every stream
+// anyway). A mark whose record went (a reset) is skipped.
+thread_local std::vector<RecordMark> last_marks;
+
 void record_collective(const CollectiveRecord& rec) {
+  last_marks.clear();
   if (const ActiveScopes* scopes = active_scopes()) {
     const bool backward = in_autograd_backward();
     const IssueStamp stamp = issue_stamp.load();
@@ -116,6 +127,28 @@ void record_collective(const CollectiveRecord& rec) {
       log->records.push_back(rec);
       log->records.back().issued_at = issued_at;
       log->modules.attribution.emplace_back(log->modules.current, backward);
+      last_marks.push_back({log, log->records.size() - 1, issued_at});
+    }
+  }
+}
+
+std::vector<RecordMark> take_record_marks() { return std::exchange(last_marks, {}); }
+
+void record_wait(const std::vector<RecordMark>& marks) {
+  const ActiveScopes* scopes = active_scopes();
+  if (scopes == nullptr || marks.empty()) {
+    return;
+  }
+  const IssueStamp stamp = issue_stamp.load();
+  const int64_t at = stamp != nullptr ? stamp() : 0;
+  for (const auto& mark : marks) {
+    const auto log = mark.log.lock();
+    if (!log || std::find(scopes->logs.begin(), scopes->logs.end(), log) == scopes->logs.end()) {
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(log->mutex);
+    if (mark.index < log->records.size() && log->records[mark.index].issued_at == mark.issued_at) {
+      log->records[mark.index].waited_at = at;
     }
   }
 }

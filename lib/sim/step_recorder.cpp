@@ -178,7 +178,8 @@ nlohmann::json record_json(const CollectiveRecord& c) {
           {"bytes_in", c.bytes_in},
           {"bytes_out", c.bytes_out},
           {"async", c.async},
-          {"issued_at", c.issued_at}};
+          {"issued_at", c.issued_at},
+          {"waited_at", c.waited_at}};
 }
 
 CollectiveRecord record_from(const nlohmann::json& j) {
@@ -200,6 +201,7 @@ CollectiveRecord record_from(const nlohmann::json& j) {
   c.bytes_out = j.at("bytes_out").get<int64_t>();
   c.async = j.at("async").get<bool>();
   c.issued_at = j.value("issued_at", int64_t{0});
+  c.waited_at = j.value("waited_at", int64_t{-1});
   return c;
 }
 

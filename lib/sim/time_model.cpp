@@ -71,17 +71,24 @@ class Timeline {
   explicit Timeline(const TimeModelOptions& o) : o_(o), rate_(o.achieved_tflops() * 1e12) {}
 
   void issue(const CollectiveRecord& c, PhaseTime& pt) {
+    wait_until(c.issued_at);
     advance_to(c.issued_at);
     const double seconds = collective_seconds(c, o_);
+    // Its wait recorded ([Note: waits on the timeline]): compute waits there. Else at the
+    // next collective of its kind in its group.
+    const bool waited = c.async && c.waited_at >= 0;
     Pending& last = pending_[{c.group, kind_class(c.kind)}];
-    if (last.issued_at < c.issued_at) { // the batch before is waited for here
+    if (!waited && last.issued_at < c.issued_at) { // the batch before is waited for here
       clock_ = std::max(clock_, last.done);
       last = Pending{};
     }
     double& stream = stream_free_[c.group];
     const double done = std::max(clock_, stream) + seconds;
     stream = done;
-    if (c.async) {
+    if (waited) {
+      pt.async_comm_s += seconds;
+      waits_.emplace(c.waited_at, done);
+    } else if (c.async) {
       pt.async_comm_s += seconds;
       last.issued_at = c.issued_at;
       last.done = std::max(last.done, done);
@@ -92,6 +99,7 @@ class Timeline {
   }
 
   double finish(int64_t work) {
+    wait_until(work);
     advance_to(work);
     double end = clock_;
     for (const auto& [group, free] : stream_free_) {
@@ -112,6 +120,15 @@ class Timeline {
                                      : static_cast<int>(k);
   }
 
+  // The recorded waits up to work `at`, in order; a wait at an issue point comes first.
+  void wait_until(int64_t at) {
+    while (!waits_.empty() && waits_.begin()->first <= at) {
+      advance_to(waits_.begin()->first);
+      clock_ = std::max(clock_, waits_.begin()->second);
+      waits_.erase(waits_.begin());
+    }
+  }
+
   void advance_to(int64_t at) {
     if (at > at_) {
       clock_ += static_cast<double>(at - at_) / rate_;
@@ -125,6 +142,7 @@ class Timeline {
   int64_t at_ = 0;   // work FLOPs done by then
   std::map<std::pair<std::string, int>, Pending> pending_;
   std::map<std::string, double> stream_free_;
+  std::multimap<int64_t, double> waits_; // work at the wait -> when the collective is done
 };
 
 } // namespace
