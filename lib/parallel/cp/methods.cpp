@@ -19,14 +19,14 @@ namespace dtensor {
 // Both compute, for this rank's query rows, attention over every rank's key rows, block by
 // block ([Note: the block plan] in blocks.cpp), merging the blocks' outputs by their
 // log-sum-exp in fp32; they differ in how the keys and values get there.
-//  - All-gather: K and V, stacked into one tensor, are a Shard DTensor on the cp mesh,
-//    redistributed to Replicate (one all-gather) and taken local with Partial gradients, so
-//    that backward, where each rank's dK/dV is only its own queries' share, sums them on their
-//    way back: Partial -> Shard, one reduce-scatter, through dtensor's own redistribution. The
-//    whole sequence's K/V is saved for backward: O(S) per rank. Per call: forward one
-//    all-gather, backward one reduce-scatter (PyTorch's SDPA path: forward one all-gather,
-//    backward one all-gather and cp all-to-alls; its flex path two and two). Under a document
-//    mask the rows move by need instead ([Note: only the rows a rank needs]).
+//  - All-gather: K and V, stacked into one tensor, are gathered from every rank (one
+//    all-gather) and backward, where each rank's dK/dV is only its own queries' share, sums
+//    them on their way back (one reduce-scatter), each overlapped with the rank's own block
+//    ([Note: the all-gather beside the own block]). The whole sequence's K/V is saved for
+//    backward: O(S) per rank. Per call: forward one all-gather, backward one reduce-scatter
+//    (PyTorch's SDPA path: forward one all-gather, backward one all-gather and cp
+//    all-to-alls; its flex path two and two). Under a document mask the rows move by need
+//    instead ([Note: only the rows a rank needs]).
 //  - Ring: each rank passes the K/V block it holds to the next rank and receives the previous
 //    one's, cp - 1 times; each exchange is posted before the kernels of the block in hand run, so
 //    the transfer overlaps the compute (Gloo progresses point-to-point on its own threads).
@@ -123,6 +123,83 @@ struct AllGatherFn : torch::autograd::Function<AllGatherFn> {
                                   dv);
     }
     return {dq.to(q.scalar_type()), dkv.to(kv.scalar_type()), at::Tensor()};
+  }
+};
+
+// [Note: the all-gather beside the own block]
+// Forward starts the K/V all-gather asynchronously and runs this rank's queries against its
+// own keys (the block it needs no transfer for; under a causal mask the diagonal, the
+// largest) while the other ranks' rows travel, then the rest. Backward runs the other
+// sources' blocks first, starts the reduce-scatter of their dK/dV (this rank's own slot
+// zero) and runs the own block beside it, adding its gradient to the reduced shard in fp32.
+// The collectives and bytes are the redistribution's (Shard -> Replicate forward, Partial ->
+// Shard backward, in K/V's dtype); the gathered K/V stays rank-major ([cp, 2, B, Hkv, L, d],
+// no reordering copy). The merge takes the own block first, so the output rounds differently
+// from rank order (within the kernels' tolerance).
+struct GatheredKvFn : torch::autograd::Function<GatheredKvFn> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& kv,
+                               c10::intrusive_ptr<CallState> state) {
+    const CallState& st = *state;
+    const int64_t cp = st.layout.cp(), me = st.rank();
+    const at::Tensor local = kv.contiguous(); // [2, B, Hkv, L, d]
+    at::Tensor gathered = at::empty(by_rank_shape(local, cp), local.options());
+    at::Tensor flat = gathered.view(flat_shape(local, cp));
+    Work work = all_gather_into_tensor(flat, local, st.mesh.get_group(), overlapped());
+    Accumulator acc(q);
+    for (int64_t i = 0; i < cp; ++i) { // the own block first, the others once gathered
+      const int64_t src = (me + i) % cp;
+      if (i == 1) {
+        work.wait();
+      }
+      const at::Tensor block = i == 0 ? local : gathered[src];
+      Plan plan = plan_blocks(st.layout, me, src, q.size(0), st.causal);
+      detail::cp::forward_blocks(acc, plan, q, block[0], block[1], st.scale);
+    }
+    work.wait();
+    note_kv_bytes(bytes_of(gathered));
+    return finish_forward(ctx, acc, q, {q, gathered}, std::move(state));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const CallState& st = saved_state(ctx);
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &gathered = saved[1], &out = saved[2], &lse = saved[3];
+    const int64_t cp = st.layout.cp(), me = st.rank();
+    at::Tensor dq = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
+    at::Tensor dkv = at::zeros(gathered.sizes(), gathered.options().dtype(at::kFloat));
+    auto run_block = [&](int64_t src, at::Tensor dk, at::Tensor dv) {
+      Plan plan = plan_blocks(st.layout, me, src, q.size(0), st.causal);
+      detail::cp::backward_blocks(plan, grads[0], q, gathered[src][0], gathered[src][1], out, lse,
+                                  st.scale, dq, dk, dv);
+    };
+    for (int64_t src = 0; src < cp; ++src) {
+      if (src != me) {
+        run_block(src, dkv[src][0], dkv[src][1]);
+      }
+    }
+    const at::Tensor local = gathered[me];
+    const at::Tensor send = dkv.to(local.scalar_type()).view(flat_shape(local, cp));
+    at::Tensor shard = at::empty(local.sizes(), local.options());
+    Work work =
+        reduce_scatter_tensor_into(shard, send, ReduceOp::Sum, st.mesh.get_group(), overlapped());
+    at::Tensor own = at::zeros_like(dkv[me]); // not dkv's slot: `send` may be dkv itself
+    run_block(me, own[0], own[1]);
+    work.wait();
+    return {dq.to(q.scalar_type()), own.add_(shard).to(local.scalar_type()), at::Tensor()};
+  }
+
+ private:
+  static std::vector<int64_t> by_rank_shape(const at::Tensor& local, int64_t cp) {
+    std::vector<int64_t> shape = local.sizes().vec();
+    shape.insert(shape.begin(), cp);
+    return shape;
+  }
+  static std::vector<int64_t> flat_shape(const at::Tensor& local, int64_t cp) {
+    std::vector<int64_t> shape = local.sizes().vec();
+    shape[0] *= cp;
+    return shape;
+  }
+  static CollectiveOptions overlapped() { // sizes agree by construction
+    return CollectiveOptions().async_op(true).agree_sizes(false);
   }
 };
 
@@ -527,17 +604,12 @@ at::Tensor context_parallel_attention(const at::Tensor& q, const at::Tensor& k, 
     r = RingFn::apply(q, k, v, std::move(state));
   } else {
     at::Tensor kv = at::stack({k, v}); // [2, B, Hkv, L, d]
-    at::Tensor gathered;
     if (!layout.documents().empty()) { // [Note: only the rows a rank needs]
-      gathered = NeededKvFn::apply(kv, state);
-    } else {
-      std::vector<int64_t> shape = kv.sizes().vec();
-      shape[3] = layout.seq_len();
-      gathered = DTensor::from_local(kv, cp_mesh, {Placement::shard(3)}, shape)
-                     .redistribute(cp_mesh, {Placement::replicate()})
-                     .to_local(Placements{Placement::partial()});
+      const at::Tensor gathered = NeededKvFn::apply(kv, state);
+      r = AllGatherFn::apply(q, gathered, std::move(state));
+    } else { // [Note: the all-gather beside the own block]
+      r = GatheredKvFn::apply(q, kv, std::move(state));
     }
-    r = AllGatherFn::apply(q, gathered, std::move(state));
   }
   if (lse != nullptr) {
     *lse = r[1];
