@@ -176,8 +176,12 @@ Block block_costs(const TransformerShape& m, const JobShape& job, const Layout& 
   b.tp_fwd = b.tp_bwd = 2 * tp_pair;
   const double kv_bytes = t * kv * static_cast<double>(d.qk + d.v) * kBf16;
   if (l.cp() > 1 && l.cp_method() == "allgather") {
-    b.cp_fwd = cost(CollectiveKind::AllGather, kv_bytes * l.cp(), g.cp, c);
-    b.cp_bwd = cost(CollectiveKind::ReduceScatter, kv_bytes * l.cp(), g.cp, c);
+    // Each beside the rank's own block ([Note: the all-gather beside the own block] in
+    // lib/parallel/cp/methods.cpp).
+    const double own = attention / static_cast<double>(l.cp());
+    b.cp_fwd = std::max(0.0, cost(CollectiveKind::AllGather, kv_bytes * l.cp(), g.cp, c) - own);
+    b.cp_bwd =
+        std::max(0.0, cost(CollectiveKind::ReduceScatter, kv_bytes * l.cp(), g.cp, c) - 2 * own);
     b.buffers += kv_bytes * l.cp();
   } else if (l.cp() > 1 && l.cp_method() == "ring") {
     const double steps = static_cast<double>(l.cp() - 1);
