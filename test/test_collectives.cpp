@@ -215,35 +215,56 @@ TEST_CASE("all_gather in every dtype, asynchronous, its input dropped by the cal
   }
 }
 
-// Guards [Note: Gloo's all-gather by point-to-point] (and the two-rank exchange): an
-// all-gather receives straight into the caller's output, where ProcessGroupGloo's own holds a
-// flat temporary of the whole output while in flight; two in flight on one group at once
-// keep apart (each its own tags).
-TEST_CASE("all_gather on CPU ranks holds no temporary of the output's size; two in flight",
-          "[collectives][world2][world4]") {
+namespace {
+
+// Runs `check(group)` on every group under test of two ranks or more while host memory is
+// counted; on CPU ranks only (the counter sees host allocations).
+template <typename Check>
+void on_groups_counting_host_memory(Check&& check) {
   if (device_type() != at::kCPU) {
     WARN("host memory is counted on CPU ranks only: not checked on " << device_type());
     return;
   }
   dtensor::count_host_memory();
   for (const auto& g : groups_under_test()) {
-    const int64_t n = g.size();
-    if (n < 2) {
+    if (g.size() < 2) {
       continue; // nothing moves
     }
     INFO(g.to_string());
+    check(g);
+  }
+}
+
+// The host bytes allocated beyond those alive before while `in_flight` runs.
+template <typename F>
+int64_t extra_host_bytes(F&& in_flight) {
+  dtensor::reset_peak_host_memory();
+  const int64_t before = dtensor::host_memory_stats().live_bytes;
+  in_flight();
+  return dtensor::host_memory_stats().max_live_bytes - before;
+}
+
+} // namespace
+
+// Guards [Note: Gloo's all-gather by point-to-point] (and the two-rank exchange): an
+// all-gather receives straight into the caller's output, where ProcessGroupGloo's own holds a
+// flat temporary of the whole output while in flight; two in flight on one group at once
+// keep apart (each its own tags).
+TEST_CASE("all_gather on CPU ranks holds no temporary of the output's size; two in flight",
+          "[collectives][world2][world4]") {
+  on_groups_counting_host_memory([](const dtensor::Group& g) {
+    const int64_t n = g.size();
     const int64_t rows = 4096; // 1 MiB of fp32 per rank
     at::Tensor a = at::full({rows, 64}, static_cast<double>(g.rank() + 1), options());
     at::Tensor b = a * 10;
     at::Tensor out_a = at::empty({rows * n, 64}, options()), out_b = at::empty_like(out_a);
-    dtensor::reset_peak_host_memory();
-    const int64_t before = dtensor::host_memory_stats().live_bytes;
-    const auto async = dtensor::CollectiveOptions().async_op(true);
-    auto wa = dtensor::all_gather_into_tensor(out_a, a, g, async);
-    auto wb = dtensor::all_gather_into_tensor(out_b, b, g, async);
-    wb.wait();
-    wa.wait();
-    const int64_t extra = dtensor::host_memory_stats().max_live_bytes - before;
+    const int64_t extra = extra_host_bytes([&] {
+      const auto async = dtensor::CollectiveOptions().async_op(true);
+      auto wa = dtensor::all_gather_into_tensor(out_a, a, g, async);
+      auto wb = dtensor::all_gather_into_tensor(out_b, b, g, async);
+      wb.wait();
+      wa.wait();
+    });
     INFO("bytes allocated beyond the outputs while in flight: " << extra);
     CHECK(extra < static_cast<int64_t>(out_a.nbytes()) / 8);
     std::vector<at::Tensor> want_a, want_b;
@@ -253,7 +274,7 @@ TEST_CASE("all_gather on CPU ranks holds no temporary of the output's size; two 
     }
     CHECK(same(out_a, at::cat(want_a)));
     CHECK(same(out_b, at::cat(want_b)));
-  }
+  });
 }
 
 // Guards [Note: Gloo's reduce-scatter as an all-to-all] (and the two-rank exchange): the
@@ -262,17 +283,8 @@ TEST_CASE("all_gather on CPU ranks holds no temporary of the output's size; two 
 // in flight on one group at once keep apart (each its own tags) and sum in rank order.
 TEST_CASE("reduce_scatter on CPU ranks buffers n - 2 chunks; two in flight",
           "[collectives][world2][world4]") {
-  if (device_type() != at::kCPU) {
-    WARN("host memory is counted on CPU ranks only: not checked on " << device_type());
-    return;
-  }
-  dtensor::count_host_memory();
-  for (const auto& g : groups_under_test()) {
+  on_groups_counting_host_memory([](const dtensor::Group& g) {
     const int64_t n = g.size();
-    if (n < 2) {
-      continue; // nothing moves
-    }
-    INFO(g.to_string());
     const int64_t rows = 4096; // 1 MiB of fp32 per output chunk
     auto input_of = [&](int64_t r) {
       return at::arange(rows * n * 64, options())
@@ -283,14 +295,13 @@ TEST_CASE("reduce_scatter on CPU ranks buffers n - 2 chunks; two in flight",
     };
     at::Tensor a = input_of(g.rank()), b = a * 10;
     at::Tensor out_a = at::empty({rows, 64}, options()), out_b = at::empty_like(out_a);
-    dtensor::reset_peak_host_memory();
-    const int64_t before = dtensor::host_memory_stats().live_bytes;
-    const auto async = dtensor::CollectiveOptions().async_op(true);
-    auto wa = dtensor::reduce_scatter_tensor_into(out_a, a, ReduceOp::Sum, g, async);
-    auto wb = dtensor::reduce_scatter_tensor_into(out_b, b, ReduceOp::Sum, g, async);
-    wb.wait();
-    wa.wait();
-    const int64_t extra = dtensor::host_memory_stats().max_live_bytes - before;
+    const int64_t extra = extra_host_bytes([&] {
+      const auto async = dtensor::CollectiveOptions().async_op(true);
+      auto wa = dtensor::reduce_scatter_tensor_into(out_a, a, ReduceOp::Sum, g, async);
+      auto wb = dtensor::reduce_scatter_tensor_into(out_b, b, ReduceOp::Sum, g, async);
+      wb.wait();
+      wa.wait();
+    });
     const int64_t chunk = static_cast<int64_t>(out_a.nbytes());
     INFO("bytes allocated beyond the outputs while in flight: " << extra);
     CHECK(extra < 2 * (n - 2) * chunk + chunk / 8);
@@ -300,7 +311,7 @@ TEST_CASE("reduce_scatter on CPU ranks buffers n - 2 chunks; two in flight",
     }
     CHECK(same(out_a, want));
     CHECK(same(out_b, want * 10));
-  }
+  });
 }
 
 TEST_CASE("all_to_all_single with equal and uneven splits", "[collectives][world1][world2][world4]") {
