@@ -31,7 +31,8 @@ namespace {
 // (gloo::alltoall would receive the whole input's size). The tags are the all-gather's
 // scheme ([Note: Gloo's all-gather by point-to-point]) over a range of their own.
 // The sum runs when the collective is waited on: the chunks one add at a time in rank order,
-// so every rank adds in the same order (and the result is a function of the inputs alone).
+// so every rank adds in the same order (and the result is a function of the inputs alone);
+// each add rounds to the tensor's dtype, as NCCL's ring and Gloo's own sums do.
 // SUM only (an average is a SUM divided afterwards by the choke point, [Note: emulated
 // average] in collectives.cpp); other ops keep Gloo's reduce-scatter.
 // CommDebugMode still records one reduce-scatter (the choke point records what it asked for).
