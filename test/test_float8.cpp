@@ -18,7 +18,8 @@
 //  - world2 / world4: fully_shard's float8 all-gather, with an even (64 rows), an uneven and,
 //    on 4 ranks, an empty shard (3 rows): outputs and gradients equal the float8 model without
 //    it, bit for bit, over two optimizer steps; all-gather bytes exactly half the bf16 run's;
-//    without precompute one amax all-reduce per unit, with it exactly one per step.
+//    without precompute one amax all-reduce per unit, with it exactly one per step; the
+//    unsharded weight kept as the gathered float8 bits (a byte an element).
 #include <dtensor/activation_checkpoint.h>
 #include <dtensor/expert_parallel.h>
 #include <dtensor/float8.h>
@@ -181,12 +182,14 @@ struct Step {
   int64_t all_gathers = 0;
   int64_t all_gather_bytes = 0;
   int64_t all_reduces = 0;
+  int64_t unsharded_after_forward = 0; // fully_shard's unsharded bytes (the root's)
 };
 
 Step step(TwoLinears& m, const at::Tensor& x, const at::Tensor& g) {
   Step out;
   CommDebugMode mode;
   out.y = dtensor::call(m, x);
+  out.unsharded_after_forward = dtensor::fsdp_memory_stats().unsharded_bytes;
   (out.y * g).sum().backward();
   out.all_gathers = mode.count(CollectiveKind::AllGather);
   out.all_gather_bytes = mode.bytes_in(CollectiveKind::AllGather);
@@ -228,6 +231,11 @@ TEST_CASE("float8 all-gather: values equal float8 without it; bytes half of bf16
     // of 16 elements: no alignment padding).
     CHECK(b.all_gathers == c.all_gathers);
     CHECK(2 * b.all_gather_bytes == c.all_gather_bytes);
+    // After forward the root unit holds the head's weight (3 x 64) unsharded: kept as the
+    // gathered float8 bits, a byte an element, where bf16 takes two and fp32 four.
+    CHECK(b.unsharded_after_forward == 3 * 64);
+    CHECK(c.unsharded_after_forward == 3 * 64 * 2);
+    CHECK(a.unsharded_after_forward == 3 * 64 * 4);
     // The scales: step 0 all-reduces each unit's amaxes as it first unshards; step 1 uses the
     // precomputed ones.
     CHECK(b.all_reduces == (s == 0 ? 2 : 0));

@@ -8,11 +8,17 @@
 //    the same int8 rows (straight-through gradients); the all-gathers are as many as without
 //    the extension and carry exactly the int8 bytes and scales instead of fp32 (16-byte
 //    aligned pieces); each gather prepares once with both weights; metadata comes back.
+//  - the same kept as gathered (keeps_gathered), as torchao's float8 weight is: w3's product
+//    reads the kept int8 rows and scales itself (gathered_unsharded, its gradient to the
+//    parameter), w1's Linear gets the value the extension makes from them; the same values and
+//    bytes on the wire, no post_all_gather, and while the unit is unsharded it holds exactly
+//    the int8 rows and scales (3,600 bytes where fp32 takes 12,800).
 //  - world2: refusals, the same on every rank: an extension registered on a parameter
 //    fully_shard manages, and an extension that rebuilds the wrong shape, each by name.
 #include <dtensor/fsdp_extension.h>
 #include <dtensor/fully_shard.h>
 
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
@@ -36,17 +42,26 @@ at::Tensor int8_round_trip(const at::Tensor& w) {
 }
 
 struct Int8Stats {
+  bool keep = false; // the extensions keep what they gather
   int64_t prepares = 0;
   int64_t prepared_params = 0;
   int64_t pre = 0;
   int64_t post = 0;
+  int64_t values = 0; // unsharded_value calls (kept)
   bool metadata_ok = true;
   int64_t after_backward = 0;
+  int64_t unsharded_bytes = -1; // fsdp_memory_stats() in w3's kept product
 };
 
 class Int8AllGather final : public AllGatherExtension {
  public:
   explicit Int8AllGather(std::shared_ptr<Int8Stats> stats) : stats_(std::move(stats)) {}
+  bool keeps_gathered() const override { return stats_->keep; }
+  at::Tensor unsharded_value(const std::vector<at::Tensor>& kept,
+                             const AllGatherParam& param) override {
+    ++stats_->values;
+    return (kept.at(0).to(at::kFloat) * kept.at(1)).to(param.param_dtype);
+  }
   std::string name() const override { return "int8 rows"; }
   void
   prepare(const std::vector<std::pair<AllGatherExtension*, AllGatherParam>>& same_type) override {
@@ -71,16 +86,42 @@ class Int8AllGather final : public AllGatherExtension {
   std::shared_ptr<Int8Stats> stats_;
 };
 
-// A gated feed-forward unit (w1, w3: 32 -> 50) and an output Linear (50 -> 10).
+// A consumer of a weight kept as int8 rows and scales, as float8's linear is of its bits: x w^T
+// from the kept tensors, the gradient to the parameter (straight through the rounding).
+struct Int8LinearFn : torch::autograd::Function<Int8LinearFn> {
+  static at::Tensor weight(const at::Tensor& param) {
+    const std::vector<at::Tensor> kept = dtensor::gathered_unsharded(param);
+    REQUIRE(kept.size() == 2);
+    REQUIRE(kept[0].scalar_type() == at::kChar);
+    return kept[0].to(at::kFloat) * kept[1];
+  }
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& param, std::shared_ptr<Int8Stats> stats) {
+    ctx->save_for_backward({x, param});
+    stats->unsharded_bytes = dtensor::fsdp_memory_stats().unsharded_bytes;
+    return at::linear(x, weight(param));
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    return {grads[0].mm(weight(saved[1])), grads[0].t().mm(saved[0]), at::Tensor()};
+  }
+};
+
+// A gated feed-forward unit (w1, w3: 32 -> 50) and an output Linear (50 -> 10). With `stats`
+// keeping, w3's product is Int8LinearFn's.
 struct GatedImpl : torch::nn::Module {
   GatedImpl()
       : w1(register_module("w1", torch::nn::Linear(torch::nn::LinearOptions(32, 50).bias(false)))),
         w3(register_module("w3", torch::nn::Linear(torch::nn::LinearOptions(32, 50).bias(false)))) {
   }
   at::Tensor forward(const at::Tensor& x) {
-    return at::relu(dtensor::call(w1, x)) * dtensor::call(w3, x);
+    const at::Tensor h3 =
+        stats && stats->keep ? Int8LinearFn::apply(x, w3->weight, stats) : dtensor::call(w3, x);
+    return at::relu(dtensor::call(w1, x)) * h3;
   }
   torch::nn::Linear w1, w3;
+  std::shared_ptr<Int8Stats> stats;
 };
 TORCH_MODULE(Gated);
 
@@ -104,6 +145,7 @@ Model seeded() {
 Model sharded(const DeviceMesh& mesh, const std::shared_ptr<Int8Stats>& stats) {
   Model m = seeded();
   if (stats) {
+    m->ffn->stats = stats;
     dtensor::set_all_gather_extension(m->ffn->w1->weight, std::make_shared<Int8AllGather>(stats));
     dtensor::set_all_gather_extension(m->ffn->w3->weight, std::make_shared<Int8AllGather>(stats));
   }
@@ -141,8 +183,9 @@ int64_t aligned16(int64_t bytes) {
   return (bytes + 15) / 16 * 16;
 }
 
-void check_against_plain(const DeviceMesh& mesh, int64_t shard_size) {
+void check_against_plain(const DeviceMesh& mesh, int64_t shard_size, bool keep) {
   auto stats = std::make_shared<Int8Stats>();
+  stats->keep = keep;
   Model ext = sharded(mesh, stats);
   Model fp32 = sharded(mesh, nullptr);
   Model plain = seeded();
@@ -180,7 +223,12 @@ void check_against_plain(const DeviceMesh& mesh, int64_t shard_size) {
     fp32->zero_grad();
   }
   CHECK(close(full_value(ext->ffn->w1->weight), plain->ffn->w1->weight));
-  CHECK(stats->post == stats->pre);
+  CHECK(stats->post == (keep ? 0 : stats->pre));
+  CHECK((stats->values > 0) == keep); // w1's Linear reads the value made from the kept tensors
+  if (keep) {
+    // The root's fp32 output weight (10 x 50) and the ffn's kept int8 rows and fp32 scales.
+    CHECK(stats->unsharded_bytes == 10 * 50 * 4 + 2 * (50 * 32 + 50 * 4));
+  }
   CHECK(stats->prepared_params == 2 * stats->prepares);
   CHECK(stats->prepares * 2 == stats->pre);
   CHECK(stats->metadata_ok);
@@ -192,13 +240,17 @@ void check_against_plain(const DeviceMesh& mesh, int64_t shard_size) {
 TEST_CASE("fsdp extension: an int8 all-gather from outside equals the plain model with int8 "
           "weights and sends int8 bytes",
           "[world2][world4]") {
-  SECTION("FSDP") {
-    check_against_plain(init_device_mesh(device_type(), {world()}, {"dp"}), world());
-  }
-  if (world() >= 4) {
-    SECTION("HSDP") {
-      check_against_plain(init_device_mesh(device_type(), {2, world() / 2}, {"replicate", "shard"}),
-                          world() / 2);
+  for (const bool keep : {false, true}) {
+    INFO("kept as gathered: " << keep);
+    DYNAMIC_SECTION("FSDP" << (keep ? ", kept" : "")) {
+      check_against_plain(init_device_mesh(device_type(), {world()}, {"dp"}), world(), keep);
+    }
+    if (world() >= 4) {
+      DYNAMIC_SECTION("HSDP" << (keep ? ", kept" : "")) {
+        check_against_plain(
+            init_device_mesh(device_type(), {2, world() / 2}, {"replicate", "shard"}), world() / 2,
+            keep);
+      }
     }
   }
 }

@@ -70,7 +70,28 @@ class AllGatherExtension {
                                      const AllGatherInputs& sent, const AllGatherParam& param) = 0;
   // The unit's backward ended: an optimizer step may change the shard before the next gather.
   virtual void after_backward() {}
+
+  // Optional: the unsharded parameter kept as what was gathered (FSDP2's unsharded tensor
+  // subclass over its all-gather outputs; torchao's float8 weight is its gathered bytes).
+  // When true, every tensor pre_all_gather sends has `padded`'s rows along shard_dim (and its
+  // number of dims); the unit keeps every rank's own rows of each, whole (the sent shape with
+  // the parameter's rows, the sent dtype), frees them when it reshards, and never rebuilds the
+  // parameter in param_dtype. The extension's own consumer
+  // reads them with gathered_unsharded(); any other op of forward or backward on the parameter
+  // runs on unsharded_value(kept), made for that use. A unit resharding after forward to a
+  // smaller group (an int reshard_after_forward) rebuilds with post_all_gather instead.
+  virtual bool keeps_gathered() const { return false; }
+  // With keeps_gathered: the parameter's value ([unsharded_shape], param_dtype) from the kept
+  // tensors. The default refuses, naming the extension.
+  virtual at::Tensor unsharded_value(const std::vector<at::Tensor>& kept,
+                                     const AllGatherParam& param);
 };
+
+// The tensors fully_shard keeps as `param`'s unsharded value when its extension keeps what was
+// gathered (keeps_gathered), one per tensor it sends, its unit unsharded first if it is not (as
+// for any op of forward or backward). Empty when `param` is not kept so (a plain parameter, no
+// such extension, an int reshard_after_forward).
+std::vector<at::Tensor> gathered_unsharded(const at::Tensor& param);
 
 // `param`, a module's parameter that fully_shard does not manage yet, is to be gathered by
 // `extension` in the unit that takes it (null: by nothing). Kept while the parameter lives.

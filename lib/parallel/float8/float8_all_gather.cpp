@@ -22,15 +22,19 @@ namespace dtensor::detail {
 // A converted weight's shard is cast to e4m3 with one scale for the whole weight (max(e4m3) /
 // the amax of every rank's shard: one MAX all-reduce over the shard group for every float8
 // weight of the unit, in prepare, or precompute_float8_dynamic_scale_for_fsdp's) and gathered
-// as bytes: one byte an element where bf16 takes two. The gathered float8 values are
-// dequantized (x8 / scale) into the unsharded parameter, and the float8 linear casts the
-// weight again with the same scale: x8 / scale * scale is within an fp32 (or bf16) rounding of
-// x8, which e4m3's 3 mantissa bits round back to x8, so the products see exactly the gathered
-// bits while autograd, the gradient's reduce-scatter and everything else keep the ordinary
-// unsharded parameter. As in torchao the cast is from the sharded (master) values; unlike
-// torchao#3982, uneven and empty shards (an empty shard's amax is 0) are ordinary. A scale
-// stays valid from its computation until the unit's backward ends: forward and backward
-// gather the same bits.
+// as bytes: one byte an element where bf16 takes two. As torchao's unsharded weight is the
+// gathered float8 data, the unit keeps the gathered bits as the weight (keeps_gathered): one
+// byte an element while it is unsharded, where a rebuilt bf16 weight takes two and its cast
+// in each product one more. The float8 linear's products read the bits (float8_mm_kept); its
+// gradient goes to the parameter as any op's does, so the gradient's reduce-scatter and the
+// optimizer see the ordinary parameter. Any other op on the weight gets x8 / scale in the
+// parameter dtype, made for it. Where the unit rebuilds instead (an int reshard_after_forward)
+// the dequantized x8 / scale is the unsharded parameter and the linear casts it again with the
+// same scale: x8 / scale * scale is within an fp32 (or bf16) rounding of x8, which e4m3's 3
+// mantissa bits round back to x8, so the products see exactly the gathered bits either way.
+// As in torchao the cast is from the sharded (master) values; unlike torchao#3982, uneven and
+// empty shards (an empty shard's amax is 0) are ordinary. A scale stays valid from its
+// computation until the unit's backward ends: forward and backward gather the same bits.
 
 namespace {
 
@@ -64,6 +68,13 @@ class Float8AllGather final : public AllGatherExtension {
   }
 
   void after_backward() override { valid_ = false; }
+
+  bool keeps_gathered() const override { return true; }
+
+  at::Tensor unsharded_value(const std::vector<at::Tensor>& kept,
+                             const AllGatherParam& param) override {
+    return (kept.at(0).to(at::kFloat) / scale_).to(param.param_dtype);
+  }
 
   const at::Tensor& scale() const { return scale_; }
 
@@ -101,6 +112,10 @@ std::shared_ptr<AllGatherExtension> float8_all_gather_extension(const std::strin
 at::Tensor float8_all_gather_scale(const at::Tensor& weight) {
   const auto f = std::dynamic_pointer_cast<Float8AllGather>(all_gather_extension(weight));
   return f ? f->scale() : at::Tensor();
+}
+
+bool float8_weight_kept(const at::Tensor& weight) {
+  return !gathered_unsharded(weight).empty();
 }
 
 } // namespace dtensor::detail

@@ -17,5 +17,8 @@ std::shared_ptr<AllGatherExtension> float8_all_gather_extension(const std::strin
 // The scale fully_shard gathers `weight` (a fully_shard parameter) with; undefined when it is
 // not gathered in float8.
 at::Tensor float8_all_gather_scale(const at::Tensor& weight);
+// Whether fully_shard keeps `weight` as its gathered float8 bits (not resharded after forward
+// to a smaller group); its unit is unsharded then, as for any use in forward or backward.
+bool float8_weight_kept(const at::Tensor& weight);
 
 } // namespace dtensor::detail

@@ -63,8 +63,13 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const at
   if (!is_dtensor(weight) && !(bias.defined() && is_dtensor(bias))) {
     return float8_linear_plain(x, weight, bias, at::Tensor(), recipe);
   }
-  // Gathered in float8 by fully_shard: cast again with the scale it was gathered with.
+  // Gathered in float8 by fully_shard: the products read the bits its unit keeps, or, where
+  // the unit rebuilt the weight in high precision, cast it again with the same scale.
   const at::Tensor scale = detail::float8_all_gather_scale(weight);
+  if (scale.defined() && detail::float8_weight_kept(weight)) {
+    const at::Tensor y = detail::float8_mm_kept(x, weight, scale, recipe);
+    return bias.defined() ? y + bias.to(y.scalar_type()) : y;
+  }
   // A fully_shard parameter: inside local_map, its local value is the unit's unsharded value
   // ([Note: local regions] in lib/tensor/dispatch/interceptors.h).
   const LocalFn local = local_map(

@@ -8,6 +8,8 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <dtensor/fsdp_extension.h>
+
 #include "internal/check.h"
 #include "mesh/collectives_internal.h"
 #include "parallel/float8/float8_cast.h"
@@ -199,12 +201,17 @@ const Float8Sharding& sharding_of(const c10::intrusive_ptr<Float8Sharding>& s) {
 // reduces (x and go per row of the batch for grad_input, per column for grad_weight). A
 // tensorwise weight scale is saved instead (the same bits as casting again, without a second
 // amax all-reduce for a sharded weight).
+// With `kept`, the weight is a fully_shard parameter kept as its gathered float8 bits
+// ([Note: float8 all-gather] in float8_all_gather.cpp): both products read those bits, and its
+// gradient goes to the parameter, as any op's on it does.
 struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             const at::Tensor& weight, const at::Tensor& weight_scale,
-                            int64_t recipe, const c10::intrusive_ptr<Float8Sharding>& sharding) {
+                            int64_t recipe, const c10::intrusive_ptr<Float8Sharding>& sharding,
+                            bool kept) {
     ctx->save_for_backward({x, weight});
     ctx->saved_data["recipe"] = recipe;
+    ctx->saved_data["kept"] = kept;
     if (sharding) {
       ctx->saved_data["sharding"] = c10::IValue::make_capsule(sharding);
     }
@@ -215,7 +222,8 @@ struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
     Fp8 b;
     if (weight_scale.numel() > 0) { // an empty tensor: no scale (autograd takes no undefined input)
       a = to_float8({{x2, r.input, 1, {&s.x_rows, &s.x_cols}}}, r.pow2_scales)[0];
-      b = {float8_cast(weight.t(), weight_scale, r.weight.dtype), weight_scale, false};
+      b = {kept ? kept_bits(weight).t() : float8_cast(weight.t(), weight_scale, r.weight.dtype),
+           weight_scale, false};
     } else {
       auto ops = to_float8({{x2, r.input, 1, {&s.x_rows, &s.x_cols}},
                             {weight.t(), r.weight, 0, {&s.w_cols, &s.w_rows}}},
@@ -264,7 +272,10 @@ struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
       w8 = f[next++];
     } else {
       const at::Tensor sc = scale->second.toTensor();
-      w8 = {float8_cast(weight.t(), sc, r.weight_for_grad_input.dtype), sc, false};
+      w8 = {ctx->saved_data["kept"].toBool()
+                ? kept_bits(weight).t()
+                : float8_cast(weight.t(), sc, r.weight_for_grad_input.dtype),
+            sc, false};
     }
     std::vector<int64_t> shape = grads[0].sizes().vec();
     shape.back() = weight.size(1);
@@ -272,7 +283,15 @@ struct Float8LinearFn : torch::autograd::Function<Float8LinearFn> {
     at::Tensor grad_input = scaled_mm(f[0], w8.t(), dtype, fast).reshape(shape);
     at::Tensor grad_weight =
         gw_fp8 ? scaled_mm(f[next].t(), f[next + 1], dtype, fast) : at::mm(go.t(), x2);
-    return {grad_input, grad_weight, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_input, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+
+  // The float8 bits fully_shard keeps for `weight`, its unit unsharded first if it is not.
+  static at::Tensor kept_bits(const at::Tensor& weight) {
+    const std::vector<at::Tensor> kept = gathered_unsharded(weight);
+    DTENSOR_CHECK(kept.size() == 1 && kept[0].scalar_type() == at::kFloat8_e4m3fn,
+                  "float8_linear: the weight is no longer kept by fully_shard as float8");
+    return kept[0];
   }
 };
 
@@ -282,7 +301,13 @@ at::Tensor float8_mm(const at::Tensor& x, const at::Tensor& weight, const at::Te
                      Float8Recipe recipe, const c10::intrusive_ptr<Float8Sharding>& sharding) {
   const at::Tensor scale =
       weight_scale.defined() ? weight_scale : at::empty({0}, at::TensorOptions(at::kFloat));
-  return Float8LinearFn::apply(x, weight, scale, static_cast<int64_t>(recipe), sharding);
+  return Float8LinearFn::apply(x, weight, scale, static_cast<int64_t>(recipe), sharding, false);
+}
+
+at::Tensor float8_mm_kept(const at::Tensor& x, const at::Tensor& weight,
+                          const at::Tensor& weight_scale, Float8Recipe recipe) {
+  return Float8LinearFn::apply(x, weight, weight_scale, static_cast<int64_t>(recipe),
+                               c10::intrusive_ptr<Float8Sharding>(), true);
 }
 
 // Each expert's rows through Float8LinearFn in the grouped recipe; an expert with no rows adds
@@ -298,7 +323,8 @@ at::Tensor float8_grouped_mm_local(const at::Tensor& x, const at::Tensor& w,
   for (int64_t e = 0; e < w.size(0); ++e) {
     if (n[e] > 0) {
       parts.push_back(Float8LinearFn::apply(x.narrow(0, start, n[e]), w.select(0, e), none,
-                                            kGroupedRowwise, c10::intrusive_ptr<Float8Sharding>()));
+                                            kGroupedRowwise, c10::intrusive_ptr<Float8Sharding>(),
+                                            false));
     }
     start += n[e];
   }

@@ -27,6 +27,11 @@ struct Float8Sharding : torch::CustomClassHolder {
 // the whole tensor's.
 at::Tensor float8_mm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& weight_scale,
                      Float8Recipe recipe, const c10::intrusive_ptr<Float8Sharding>& sharding);
+// The same with `weight` a fully_shard parameter that its unit keeps as the float8 bits it
+// gathered with `weight_scale` (gathered_unsharded): the products read those bits, and the
+// gradient goes to the parameter.
+at::Tensor float8_mm_kept(const at::Tensor& x, const at::Tensor& weight,
+                          const at::Tensor& weight_scale, Float8Recipe recipe);
 
 } // namespace dtensor::detail
 

@@ -11,6 +11,9 @@
 
 #include "internal/check.h"
 #include "parallel/fsdp/fsdp_param_group.h"
+#include "parallel/fsdp/fsdp_state.h"
+#include "parallel/fsdp/memory.h"
+#include "tensor/dispatch/op_args.h"
 
 namespace dtensor::detail {
 
@@ -136,11 +139,46 @@ at::Tensor gathered_piece(const at::Tensor& gathered, const ExtensionGather& gat
 }
 
 void check_inputs(const FSDPParamGroup& group, const FSDPParam& fp, const AllGatherInputs& in) {
+  const auto dim = static_cast<size_t>(fp.shard_dim);
   for (const at::Tensor& t : in.tensors) {
     DTENSOR_CHECK(t.defined(),
                   "fully_shard unit '{}': all-gather extension '{}' of '{}' gave an undefined "
                   "tensor to send",
                   group.name, fp.extension->name(), fp.fqn);
+    DTENSOR_CHECK(!fp.keeps_gathered || (t.dim() == static_cast<int64_t>(fp.shape.size()) &&
+                                         t.size(fp.shard_dim) == fp.chunk),
+                  "fully_shard unit '{}': all-gather extension '{}' of '{}' keeps what is "
+                  "gathered, so each tensor it sends must be {}-D with the padded shard's {} rows "
+                  "along dim {}, got {}",
+                  group.name, fp.extension->name(), fp.fqn, fp.shape.size(), fp.chunk, dim,
+                  c10::str(t.sizes()));
+  }
+}
+
+// A parameter kept as gathered: every rank's own rows of each gathered piece ([shard size,
+// *padded]) into the kept tensors, made on the first unshard and refilled on later ones.
+void copy_out_kept(FSDPParam& fp, const std::vector<at::Tensor>& pieces, int64_t shards) {
+  if (fp.kept.size() != pieces.size()) {
+    fp.kept.clear();
+    for (const at::Tensor& p : pieces) {
+      fp.kept.push_back(at::empty({0}, p.options()));
+    }
+  }
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    at::Tensor& k = fp.kept[i];
+    std::vector<int64_t> shape = pieces[i].sizes().slice(1).vec();
+    shape[static_cast<size_t>(fp.shard_dim)] = fp.shape[static_cast<size_t>(fp.shard_dim)];
+    if (k.sizes().vec() != shape) {
+      k.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
+    }
+    allocate_storage(k);
+    for (int64_t r = 0; r < shards; ++r) {
+      const int64_t rows = fp.rows_on(r, shards);
+      if (rows > 0) {
+        k.narrow(fp.shard_dim, r * fp.chunk, rows)
+            .copy_(pieces[i][r].narrow(fp.shard_dim, 0, rows));
+      }
+    }
   }
 }
 
@@ -211,6 +249,10 @@ void extension_copy_out(FSDPParamGroup& group, const ExtensionGather& gather,
     for (; k < gather.pieces.size() && gather.pieces[k].param == i; ++k) {
       pieces.push_back(gathered_piece(gathered, gather, gather.pieces[k], shards));
     }
+    if (fp.keeps_gathered) {
+      copy_out_kept(group.params[i], pieces, shards);
+      continue;
+    }
     at::Tensor rebuilt;
     if (fp.extension) {
       rebuilt = fp.extension->post_all_gather(pieces, gather.sent[i], gather.described[i]);
@@ -239,6 +281,30 @@ void extension_copy_out(FSDPParamGroup& group, const ExtensionGather& gather,
   }
 }
 
+at::Tensor kept_unsharded_value(const FSDPParamGroup& group, const FSDPParam& fp) {
+  DTENSOR_CHECK(group.state == ShardState::Unsharded && !fp.kept.empty(),
+                "fully_shard unit '{}': '{}' is used unsharded while its unit is not", group.name,
+                fp.fqn);
+  at::Tensor v = fp.extension->unsharded_value(fp.kept, describe_gather(group, fp));
+  DTENSOR_CHECK(v.defined() && v.sizes().vec() == fp.shape && v.scalar_type() == group.param_dtype,
+                "fully_shard unit '{}': all-gather extension '{}' of '{}' must make its value as a "
+                "{} tensor of shape {}, got {}",
+                group.name, fp.extension->name(), fp.fqn, c10::toString(group.param_dtype),
+                c10::str(c10::IntArrayRef(fp.shape)),
+                v.defined()
+                    ? fmt::format("{} {}", c10::toString(v.scalar_type()), c10::str(v.sizes()))
+                    : std::string("none"));
+  return v;
+}
+
+void free_kept(FSDPParamGroup& group) {
+  for (FSDPParam& fp : group.params) {
+    for (const at::Tensor& k : fp.kept) {
+      free_storage(k);
+    }
+  }
+}
+
 void extensions_after_backward(FSDPParamGroup& group) {
   for (FSDPParam& fp : group.params) {
     if (fp.extension) {
@@ -250,6 +316,29 @@ void extensions_after_backward(FSDPParamGroup& group) {
 } // namespace dtensor::detail
 
 namespace dtensor {
+
+at::Tensor AllGatherExtension::unsharded_value(const std::vector<at::Tensor>& kept,
+                                               const AllGatherParam& param) {
+  (void)kept;
+  DTENSOR_FAIL("all-gather extension '{}' keeps what is gathered for '{}' but makes no value of "
+               "it in the parameter dtype (AllGatherExtension::unsharded_value), which an op "
+               "other than its own consumer needs",
+               name(), param.name);
+}
+
+std::vector<at::Tensor> gathered_unsharded(const at::Tensor& param) {
+  const auto tag = param.defined() ? detail::fsdp_tag(param) : nullptr;
+  const std::shared_ptr<detail::FSDPParamGroup> group = tag ? tag->group.lock() : nullptr;
+  if (!group || tag->is_view() || !group->params.at(tag->index).keeps_gathered) {
+    return {};
+  }
+  const bool backward = detail::in_backward();
+  detail::FSDPState& unit = group->fsdp_state();
+  if (!unit.ready_by_seam(backward)) {
+    unit.before_use(backward);
+  }
+  return group->params.at(tag->index).kept;
+}
 
 void set_all_gather_extension(const at::Tensor& param,
                               std::shared_ptr<AllGatherExtension> extension) {

@@ -12,6 +12,7 @@
 
 namespace dtensor::detail {
 
+struct FSDPParam;
 struct FSDPParamGroup;
 
 // fully_shard: the extension registered on `param` (the registration is used up); null
@@ -43,5 +44,10 @@ void extension_copy_out(FSDPParamGroup& group, const ExtensionGather& gather,
                         const at::Tensor& gathered);
 // The unit's backward ended: each extension told once.
 void extensions_after_backward(FSDPParamGroup& group);
+// A parameter kept as gathered (FSDPParam::keeps_gathered): its value in the parameter dtype,
+// made by its extension from the kept tensors, for an op other than the extension's consumer.
+at::Tensor kept_unsharded_value(const FSDPParamGroup& group, const FSDPParam& fp);
+// Reshard: the kept tensors' storage goes (the tensors stay, refilled by the next unshard).
+void free_kept(FSDPParamGroup& group);
 
 } // namespace dtensor::detail

@@ -105,7 +105,7 @@ bool sharded_use(const OpArgs& args, const Touches& t, const std::string& name) 
 at::Tensor unsharded_value(const Touch& t) {
   switch (t.tag->role) {
   case FsdpRole::Parameter:
-    return t.group->params.at(t.tag->index).unsharded_value();
+    return t.group->unsharded_value(t.tag->index);
   case FsdpRole::UnshardedView:
     return t.meta->local;
   case FsdpRole::UnshardedDTensorView:
@@ -265,7 +265,7 @@ at::Tensor fsdp_local_source(const at::Tensor& t) {
   if (!unit.ready_by_seam(backward)) {
     unit.before_use(backward);
   }
-  return group->params.at(tag->index).unsharded_value();
+  return group->unsharded_value(tag->index);
 }
 
 [[maybe_unused]] const bool fsdp_local_source_registered =

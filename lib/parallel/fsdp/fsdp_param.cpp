@@ -96,13 +96,13 @@ void FSDPParam::to_sharded(const at::Tensor& flat_shard, std::shared_ptr<FsdpTag
   replace_data(param, dt);
 }
 
-at::Tensor FSDPParam::unsharded_value() const {
+at::Tensor FSDPParam::unsharded_value_of(const at::Tensor& value) const {
   if (!tp_spec) {
-    return unsharded;
+    return value;
   }
   DTensorSpec s = *tp_spec;
-  s.dtype = unsharded.scalar_type();
-  at::Tensor dt = make_dtensor(unsharded, s);
+  s.dtype = value.scalar_type();
+  at::Tensor dt = make_dtensor(value, s);
   set_tp_tag(dt, tp_tag);
   return dt;
 }

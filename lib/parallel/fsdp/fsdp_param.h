@@ -76,6 +76,10 @@ struct FSDPParam {
   // What the unit's all-gather sends for it and how it is rebuilt, when not its values in the
   // parameter dtype ([Note: the all-gather extension] in all_gather_extension.cpp).
   std::shared_ptr<AllGatherExtension> extension;
+  // Its extension keeps what was gathered (keeps_gathered): `kept` is the unsharded value, one
+  // tensor per tensor sent, and `unsharded` only its shape and dtype, never allocated.
+  bool keeps_gathered = false;
+  std::vector<at::Tensor> kept;
   at::Tensor unsharded_grad;
   bool grad_received = false; // in the current backward
   compat::NodePtr grad_node;
@@ -97,7 +101,10 @@ struct FSDPParam {
   void to_sharded(const at::Tensor& flat_shard, std::shared_ptr<FsdpTag> tag);
   // What the ops of forward and backward use: the unsharded view, or for a tensor-parallel
   // parameter a DTensor over it.
-  at::Tensor unsharded_value() const;
+  at::Tensor unsharded_value() const { return unsharded_value_of(unsharded); }
+  // `value` (in the unsharded view's shape) as the ops see it: a DTensor over it for a
+  // tensor-parallel parameter.
+  at::Tensor unsharded_value_of(const at::Tensor& value) const;
   // Copies rank r's rows of every rank out of an all-gather's output (each rank's flat
   // shard after the other's, `shard_numel` each) into the unsharded view.
   void copy_out(const at::Tensor& gathered, int64_t shard_numel, int64_t shard_size) const;

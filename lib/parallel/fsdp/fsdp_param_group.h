@@ -118,6 +118,9 @@ struct FSDPParamGroup : FSDPModule::Unit {
   at::Tensor take_post_forward_piece();
   int64_t post_forward_bytes() const;
   int64_t unsharded_storage_bytes() const;
+  // What the ops of forward and backward run on for params[index]: its unsharded value, or,
+  // kept as gathered, the extension's value made from the kept tensors.
+  at::Tensor unsharded_value(size_t index) const;
   // A gradient for params[index] from autograd, unsharded.
   void on_grad(size_t index, const at::Tensor& grad);
   bool has_pending_grads() const; // unsharded gradients not reduced yet

@@ -146,18 +146,24 @@ void FSDPParamGroup::allocate_buffers() {
   flat_shard =
       at::zeros({shard_numel},
                 at::TensorOptions().dtype(orig_dtype).device(shard_device).pinned_memory(pinned));
+  // A parameter kept as gathered has no place in the unsharded buffer: its `unsharded` is a
+  // shape and dtype over a storage never allocated.
   int64_t total = 0;
   for (const FSDPParam& fp : params) {
-    total += c10::multiply_integers(fp.shape);
+    total += fp.keeps_gathered ? 0 : c10::multiply_integers(fp.shape);
   }
   aliased = aliases_shard();
   const auto as_param = at::TensorOptions().dtype(param_dtype).device(device);
   unsharded_flat = aliased ? view_into(flat_shard, 0, {total}) : unallocated(total, as_param);
+  const at::Tensor nowhere = unallocated(0, as_param);
   int64_t unsharded_offset = 0;
   for (FSDPParam& fp : params) {
-    const int64_t numel = c10::multiply_integers(fp.shape);
+    if (fp.keeps_gathered) {
+      fp.unsharded = view_into(nowhere, 0, fp.shape);
+      continue;
+    }
     fp.unsharded = view_into(unsharded_flat, unsharded_offset, fp.shape);
-    unsharded_offset += numel;
+    unsharded_offset += c10::multiply_integers(fp.shape);
   }
 }
 
@@ -251,6 +257,14 @@ void FSDPParamGroup::init_sharded(std::vector<std::pair<std::string, at::Tensor>
   if (params.empty()) {
     return;
   }
+  // An int reshard_after_forward keeps unsharded values in param_dtype after forward: its
+  // units rebuild with post_all_gather ([Note: the all-gather extension]).
+  const auto& raf = options.reshard_after_forward();
+  const bool to_smaller_group =
+      raf && raf->is_group_size() && raf->group_size() > 1 && raf->group_size() < shard_size;
+  for (FSDPParam& fp : params) {
+    fp.keeps_gathered = fp.extension && fp.extension->keeps_gathered() && !to_smaller_group;
+  }
   orig_dtype = params.front().param.scalar_type();
   const auto& mp = options.mp_policy();
   param_dtype = mp.param_dtype().value_or(orig_dtype);
@@ -332,13 +346,26 @@ void FSDPParamGroup::reshard() {
   if (unsharded_flat.defined() && !aliased) {
     free_storage(unsharded_flat);
   }
+  free_kept(*this);
 }
 
 int64_t FSDPParamGroup::unsharded_storage_bytes() const {
   if (!unsharded_flat.defined() || aliased) {
     return 0; // an aliased buffer is the flat shard's memory
   }
-  return static_cast<int64_t>(unsharded_flat.storage().nbytes());
+  int64_t bytes = static_cast<int64_t>(unsharded_flat.storage().nbytes());
+  for (const FSDPParam& fp : params) {
+    for (const at::Tensor& k : fp.kept) {
+      bytes += static_cast<int64_t>(k.storage().nbytes());
+    }
+  }
+  return bytes;
+}
+
+at::Tensor FSDPParamGroup::unsharded_value(size_t index) const {
+  const FSDPParam& fp = params.at(index);
+  return fp.keeps_gathered ? fp.unsharded_value_of(kept_unsharded_value(*this, fp))
+                           : fp.unsharded_value();
 }
 
 } // namespace dtensor::detail
