@@ -29,7 +29,16 @@ namespace dtensor::detail {
 // on its own: an extension's tensors depend only on the padded shard's shape, which every
 // rank shares. The extension rebuilds every rank's padded rows; the unit keeps each rank's
 // own rows, cast to the parameter dtype, in the ordinary unsharded parameter: autograd, the
-// gradient's reduce-scatter and the optimizer never see the format. Before the parameters'
+// gradient's reduce-scatter and the optimizer never see the format. Or, as FSDP2's unsharded
+// parameter may be a subclass over the all-gather outputs (torchao's float8 weight is its
+// gathered bytes), the extension keeps what was gathered (keeps_gathered): the unit keeps
+// every rank's rows of each sent tensor whole, has no place for the parameter in its unsharded
+// buffer, and frees the kept tensors' storage when it reshards as it frees the buffer's (the
+// tensors stay, so that what holds them sees the next unshard's values). The extension's
+// consumer reads them (gathered_unsharded) in an autograd function that takes the parameter
+// itself, whose gradient reaches the unit's accumulator as any op's does; every other op of
+// forward and backward runs on the extension's value made from them, for that op (the
+// fallback's interceptor asks FSDPParamGroup::unsharded_value). Before the parameters'
 // pre_all_gather, each type of extension is given all of the unit's parameters it serves
 // once (prepare), so that one collective can serve them (float8's amaxes: one all-reduce per
 // unit, as before the protocol existed); at the end of each backward each extension learns
