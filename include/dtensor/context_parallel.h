@@ -29,8 +29,8 @@ class Module;
 
 namespace dtensor {
 
-// How K/V reach the queries of other ranks ([Note: two methods] and [Note: Ulysses] in
-// lib/parallel/cp/methods.cpp).
+// How K/V reach the queries of other ranks ([Note: two methods] in
+// lib/parallel/cp/methods.cpp, [Note: Ulysses] in lib/parallel/cp/head_methods.cpp).
 enum class CpMethod {
   // K/V Shard -> Replicate (one all-gather per call), their gradient Partial -> Shard (one
   // reduce-scatter): torchtitan's 2026 design, on dtensor's redistribution.
@@ -40,11 +40,12 @@ enum class CpMethod {
   Ring,
   // DeepSpeed-Ulysses: one all-to-all gives each rank the whole sequence of 1/cp of the heads,
   // one takes the output back (backward: the mirror); the heads (after tensor parallelism),
-  // query and key / value alike, must divide by cp ([Note: Ulysses] in methods.cpp).
+  // query and key / value alike, must divide by cp ([Note: Ulysses] in head_methods.cpp).
   Ulysses,
   // Ulysses inside groups of ContextParallelOptions::ulysses_degree consecutive cp ranks (a
   // node), the ring across the groups ("USP"): an all-to-all in the group, the ring over the
-  // ranks holding the same heads, an all-to-all back ([Note: hierarchical] in methods.cpp).
+  // ranks holding the same heads, an all-to-all back ([Note: hierarchical] in
+  // head_methods.cpp).
   Hierarchical,
 };
 
