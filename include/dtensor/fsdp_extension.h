@@ -76,10 +76,12 @@ class AllGatherExtension {
   // When true, every tensor pre_all_gather sends has `padded`'s rows along shard_dim (and its
   // number of dims); the unit keeps every rank's own rows of each, whole (the sent shape with
   // the parameter's rows, the sent dtype), frees them when it reshards, and never rebuilds the
-  // parameter in param_dtype. The extension's own consumer
-  // reads them with gathered_unsharded(); any other op of forward or backward on the parameter
-  // runs on unsharded_value(kept), made for that use. A unit resharding after forward to a
-  // smaller group (an int reshard_after_forward) rebuilds with post_all_gather instead.
+  // parameter in param_dtype. The extension's own consumer reads them with
+  // gathered_unsharded(), inside an autograd function that takes the parameter itself as an
+  // input (its gradient then reaches the parameter as any op's does); any other op of forward
+  // or backward on the parameter runs on unsharded_value(kept), made for that use. A unit
+  // resharding after forward to a smaller group (an int reshard_after_forward) rebuilds with
+  // post_all_gather instead.
   virtual bool keeps_gathered() const { return false; }
   // With keeps_gathered: the parameter's value ([unsharded_shape], param_dtype) from the kept
   // tensors. The default refuses, naming the extension.

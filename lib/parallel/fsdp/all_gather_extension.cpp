@@ -341,11 +341,7 @@ std::vector<at::Tensor> gathered_unsharded(const at::Tensor& param) {
   if (!group || tag->is_view() || !group->params.at(tag->index).keeps_gathered) {
     return {};
   }
-  const bool backward = detail::in_backward();
-  detail::FSDPState& unit = group->fsdp_state();
-  if (!unit.ready_by_seam(backward)) {
-    unit.before_use(backward);
-  }
+  group->fsdp_state().ready_for_use(detail::in_backward());
   return group->params.at(tag->index).kept;
 }
 

@@ -124,10 +124,7 @@ at::Tensor unsharded_value(const Touch& t) {
 void substitute_unsharded(const OpArgs& args, const Touches& t, const std::string& name) {
   const bool backward = in_backward();
   for (const Touch& touch : t.touches) {
-    FSDPState& unit = touch.group->fsdp_state();
-    if (!unit.ready_by_seam(backward)) {
-      unit.before_use(backward);
-    }
+    touch.group->fsdp_state().ready_for_use(backward);
   }
   for (const Touch& touch : t.touches) {
     // A later touch may have resharded an earlier one's unit (two units in one op).
@@ -260,11 +257,7 @@ at::Tensor fsdp_local_source(const at::Tensor& t) {
   auto group = tag->group.lock();
   DTENSOR_CHECK(group != nullptr,
                 "local_map: a parameter belongs to a fully_shard unit that no longer exists");
-  const bool backward = in_backward();
-  FSDPState& unit = group->fsdp_state();
-  if (!unit.ready_by_seam(backward)) {
-    unit.before_use(backward);
-  }
+  group->fsdp_state().ready_for_use(in_backward());
   return group->unsharded_value(tag->index);
 }
 

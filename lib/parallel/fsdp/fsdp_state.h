@@ -90,6 +90,13 @@ struct FSDPState : std::enable_shared_from_this<FSDPState> {
   // made them ready for this forward or backward.
   void before_use(bool in_backward);
   bool ready_by_seam(bool in_backward) const;
+  // An op of forward or backward is about to use the unit's unsharded parameters: the
+  // fallback trigger, unless the seam made them ready.
+  void ready_for_use(bool in_backward) {
+    if (!ready_by_seam(in_backward)) {
+      before_use(in_backward);
+    }
+  }
   // Queues the end-of-backward callback of this unit's root, once per backward.
   void queue_final_callback();
 
